@@ -1,0 +1,29 @@
+// Parameters in HDF5: one float dataset per parameter at the file's root, named as
+// in the model, with attributes model_spec (string), clock, seed and replica on the
+// root group. Files are written under a temporary name, flushed and renamed, so a
+// reader never sees a partial file and an existing file survives a failed write.
+#pragma once
+
+#include "engine/base/params.h"
+
+#include <cstdint>
+#include <string>
+
+namespace orpheus::ckpt {
+
+struct ModelFileInfo {
+  std::string modelSpec;
+  int64_t clock = 0;
+  uint64_t seed = 0;
+  int64_t replica = 0;
+};
+
+// Throws IoError naming the path when the file cannot be written.
+void saveParams(const std::string& path, const ParamSet& params, const ModelFileInfo& info);
+
+// Throws InputError naming the path when the file is missing, not HDF5, or holds
+// no float datasets. Datasets are returned in the order of their names' creation
+// (the order saveParams wrote them).
+ParamSet loadParams(const std::string& path, ModelFileInfo* info = nullptr);
+
+}  // namespace orpheus::ckpt

@@ -1,0 +1,107 @@
+#include "comm/mpi/mpi_transport.h"
+
+#include "engine/base/error.h"
+
+#include <thread>
+
+namespace orpheus::comm::mpi {
+namespace {
+
+// One checking macro for MPI: names the call and MPI's own error string.
+void checkMpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(fmt::format("{} failed: {}", call, std::string(text, static_cast<size_t>(len))));
+}
+
+#define ORPHEUS_MPI_CHECK(call) checkMpi((call), #call)
+
+}  // namespace
+
+MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
+  ORPHEUS_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  ORPHEUS_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  // Errors come back as return codes so they become exceptions with context.
+  ORPHEUS_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+}
+
+void MpiTransport::wait(MPI_Request& request, const char* what, uint64_t clock) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  int done = 0;
+  // Spin briefly for latency, then back off so oversubscribed ranks share the cores.
+  for (int spins = 0;; ++spins) {
+    ORPHEUS_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (spins < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
+      throw TimeoutError(fmt::format("rank {}: {} at clock {} did not complete within {} s (a peer is stalled or gone)",
+                                     rank_, what, clock, timeout_.count() / 1000.0));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+Gathered MpiTransport::allgatherv(std::span<const std::byte> local, uint64_t clock) {
+  Gathered out;
+  std::vector<long long> sizes(static_cast<size_t>(size_));
+  long long mine = static_cast<long long>(local.size());
+  MPI_Request req;
+  ORPHEUS_MPI_CHECK(MPI_Iallgather(&mine, 1, MPI_LONG_LONG, sizes.data(), 1, MPI_LONG_LONG, comm_, &req));
+  wait(req, "allgather of record sizes", clock);
+
+  out.offsets.assign(static_cast<size_t>(size_) + 1, 0);
+  std::vector<int> counts(static_cast<size_t>(size_));
+  std::vector<int> displs(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    ORPHEUS_ENFORCE(sizes[r] >= 0 && sizes[r] <= INT32_MAX, "record of rank {} has {} bytes (limit 2 GiB)", r,
+                    sizes[r]);
+    out.offsets[r + 1] = out.offsets[r] + static_cast<size_t>(sizes[r]);
+    counts[r] = static_cast<int>(sizes[r]);
+  }
+  ORPHEUS_ENFORCE(out.offsets.back() <= INT32_MAX, "records of clock {} total {} bytes (limit 2 GiB)", clock,
+                  out.offsets.back());
+  for (int r = 0; r < size_; ++r) displs[r] = static_cast<int>(out.offsets[r]);
+  out.data.resize(out.offsets.back());
+  ORPHEUS_MPI_CHECK(MPI_Iallgatherv(local.data(), static_cast<int>(local.size()), MPI_BYTE, out.data.data(),
+                                    counts.data(), displs.data(), MPI_BYTE, comm_, &req));
+  wait(req, "allgatherv of SV batches", clock);
+  counters_.bytesSent += static_cast<uint64_t>(local.size()) * static_cast<uint64_t>(size_ - 1);
+  counters_.messages += static_cast<uint64_t>(size_ - 1);
+  return out;
+}
+
+void MpiTransport::allreduceSum(std::span<float> data, uint64_t clock) {
+  ORPHEUS_ENFORCE(data.size() <= INT32_MAX, "allreduce of {} floats exceeds MPI's count limit", data.size());
+  MPI_Request req;
+  ORPHEUS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM,
+                                   comm_, &req));
+  wait(req, "allreduce of gradients", clock);
+  if (size_ > 1) {
+    const uint64_t bytes = data.size() * sizeof(float);
+    counters_.bytesSent += 2 * bytes * static_cast<uint64_t>(size_ - 1) / static_cast<uint64_t>(size_);
+    counters_.messages += 2 * static_cast<uint64_t>(size_ - 1);
+  }
+}
+
+void MpiTransport::controlReduce(std::span<double> data, MPI_Op op) {
+  MPI_Request req;
+  ORPHEUS_MPI_CHECK(
+      MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_DOUBLE, op, comm_, &req));
+  wait(req, "control allreduce", 0);
+}
+
+void MpiTransport::controlSum(std::span<double> data) { controlReduce(data, MPI_SUM); }
+void MpiTransport::controlMax(std::span<double> data) { controlReduce(data, MPI_MAX); }
+void MpiTransport::controlMin(std::span<double> data) { controlReduce(data, MPI_MIN); }
+
+void MpiTransport::abortJob(int exitCode) {
+  MPI_Abort(comm_, exitCode);
+  std::_Exit(exitCode);
+}
+
+}  // namespace orpheus::comm::mpi

@@ -1,0 +1,70 @@
+// The transport interface the engine talks to. Modeled after c10d: one virtual per
+// collective, each with a deadline; what a backend cannot do throws, never a silent
+// no-op.
+//
+// Contract for every call:
+//  - Collective: every rank calls it, in the same order, with the same clock.
+//  - Blocking: returns when this rank's part is complete, or throws TimeoutError
+//    naming the operation, the clock and the peers still missing once `timeout`
+//    has passed.
+//  - Not thread-safe: one thread per transport object drives it.
+// Traffic counters record what this rank hands to the network for training data
+// (SV batches, gradients); control traffic (metrics, error agreement) is not counted.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace orpheus::comm {
+
+struct TrafficCounters {
+  uint64_t bytesSent = 0;
+  uint64_t messages = 0;
+};
+
+// Every rank's contribution to an allgather, concatenated in rank order.
+struct Gathered {
+  std::vector<std::byte> data;
+  std::vector<size_t> offsets;  // size() + 1 entries
+
+  size_t count() const { return offsets.empty() ? 0 : offsets.size() - 1; }
+  std::span<const std::byte> part(size_t rank) const {
+    return {data.data() + offsets[rank], offsets[rank + 1] - offsets[rank]};
+  }
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;
+
+  // Full broadcast of variable-size records: sizes first, then the payloads.
+  virtual Gathered allgatherv(std::span<const std::byte> local, uint64_t clock) = 0;
+  // Training data: in-place sum over ranks.
+  virtual void allreduceSum(std::span<float> data, uint64_t clock) = 0;
+  // Control: in-place sum / max / min over ranks; not counted as traffic.
+  virtual void controlSum(std::span<double> data) = 0;
+  virtual void controlMax(std::span<double> data) = 0;
+  virtual void controlMin(std::span<double> data) = 0;
+
+  // Ends the whole job at once (all ranks) with the given exit code. Used when one
+  // rank hits an error the others cannot know about.
+  [[noreturn]] virtual void abortJob(int exitCode) = 0;
+
+  const TrafficCounters& counters() const { return counters_; }
+  void setTimeout(std::chrono::milliseconds t) { timeout_ = t; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ protected:
+  TrafficCounters counters_;
+  std::chrono::milliseconds timeout_{std::chrono::minutes(5)};
+};
+
+}  // namespace orpheus::comm

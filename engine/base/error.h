@@ -1,0 +1,63 @@
+// Error types shared by every library. The CLI maps them to exit codes:
+// InputError (and its subclasses) -> 2, everything else -> 1.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace orpheus {
+
+// An internal invariant failed: a bug, not the user's fault.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bad input from the user: flags, data files, model files, parameter files.
+class InputError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A record (SV batch, log segment) failed validation. The message names the
+// sender and clock it claimed or was expected to have.
+class CorruptRecordError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+// A wait ran past its deadline. The message names the peer and clock.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The operating system refused a file operation.
+class IoError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+namespace detail {
+[[noreturn]] void throwEnforce(const char* file, int line, const char* cond, const std::string& msg);
+}  // namespace detail
+
+}  // namespace orpheus
+
+// Checks an internal invariant; on failure throws orpheus::Error naming file and line.
+#define ORPHEUS_ENFORCE(cond, ...)                                                        \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      ::orpheus::detail::throwEnforce(__FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__)); \
+    }                                                                                     \
+  } while (0)
+
+// Checks user input; on failure throws orpheus::InputError with the message only.
+#define ORPHEUS_CHECK_INPUT(cond, ...)                              \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      throw ::orpheus::InputError(fmt::format(__VA_ARGS__));        \
+    }                                                               \
+  } while (0)

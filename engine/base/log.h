@@ -1,0 +1,15 @@
+// Logging through spdlog, one logger per process, prefixed with the rank.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+namespace orpheus {
+
+// Sets the process-wide log pattern "[rank R] level: message" on stderr, and the
+// level from a name ("debug", "info", "warn", "error").
+void setupLogging(int rank, const std::string& level);
+
+// Limits BLAS to the given number of threads (a no-op without a BLAS).
+void setBlasThreads(int threads);
+
+}  // namespace orpheus

@@ -1,0 +1,105 @@
+// The SV batch: the one record of the system. It is what a worker sends at a
+// clock and what the checkpoint log stores.
+//
+// Columnar per parameter matrix W (J x K) for the n SVGs (one per example) of a
+// batch: U (J x n), V (K x n, dense or sparse) and the coefficients that say how
+// the columns combine. The update a batch stands for is, for every matrix,
+//     W += U * diag(coeffs) * V^T        (per-column coefficients), or
+//     W += U * core * V^T                (an n x n core, after selection)
+// and, when the matrix has a bias vector b, b += U * diag(coeffs) * 1 (or
+// U * core * 1): the bias is updated from the same SVs with v = 1.
+//
+// Wire format, little-endian, all offsets in bytes:
+//   header (64 bytes)
+//     0  magic "ORSV"            4  version u16 (=1)      6  flags u16 (=0)
+//     8  job id u64             16  sender u32           20  replica u32
+//    24  clock u64              32  epoch u32            36  matrices u32
+//    40  columns n u32          44  dtype u8 (1 = f32)   45  reserved (3 bytes, zero)
+//    48  payload length u64     56  crc32c u32 of header (crc field zero) + table + payload
+//    60  reserved u32 (zero)
+//   matrix table, 32 bytes per matrix
+//     0 param id u32   4 bias id i32 (-1 none)   8 rows J u32   12 cols K u32
+//    16 v kind u8 (0 dense, 1 sparse)   17 coeff kind u8 (0 per column, 1 core)
+//    18 reserved u16   20 reserved u32   24 nnz of V u64 (dense: K*n)
+//   payload
+//     coeffs: n f32
+//     per matrix, in table order:
+//       U: J*n f32, column-major
+//       V dense: K*n f32, column-major | V sparse (CSC): n+1 u64 column starts,
+//         nnz u32 row indices (strictly increasing within a column), nnz f32 values
+//       core (coeff kind 1 only): n*n f32, column-major
+// Decoding validates every field, the CRC, index ranges and that all values are
+// finite; any violation is a CorruptRecordError naming sender and clock.
+#pragma once
+
+#include "engine/base/params.h"
+
+#include <Eigen/SparseCore>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace orpheus {
+
+using SparseMatrix = Eigen::SparseMatrix<float, Eigen::ColMajor, int32_t>;
+
+inline constexpr uint32_t kSvBatchMagic = 0x5653524fu;  // "ORSV" read little-endian
+inline constexpr uint16_t kSvBatchVersion = 1;
+inline constexpr size_t kSvBatchHeaderBytes = 64;
+inline constexpr size_t kSvBatchMatrixEntryBytes = 32;
+
+// SVs of one parameter matrix for the n SVGs of a batch.
+struct SvMatrix {
+  uint32_t paramId = 0;  // index of W in the model's ParamSet
+  int32_t biasId = -1;   // index of a bias vector (J x 1) updated from U, or -1
+  Matrix u;              // J x n
+  bool sparseV = false;
+  Matrix vDense;         // K x n when !sparseV
+  SparseMatrix vSparse;  // K x n when sparseV
+  Matrix core;           // n x n, or empty: then the batch's per-column coeffs apply
+
+  int64_t vRows() const { return sparseV ? vSparse.rows() : vDense.rows(); }
+  int64_t vCols() const { return sparseV ? vSparse.cols() : vDense.cols(); }
+};
+
+struct SvBatchHeader {
+  uint64_t jobId = 0;
+  uint32_t sender = 0;   // rank that produced the batch
+  uint32_t replica = 0;  // replica the SVs were computed on
+  uint64_t clock = 0;
+  uint32_t epoch = 0;    // membership epoch
+};
+
+struct SvBatch {
+  SvBatchHeader header;
+  Vector coeffs;                  // n per-column coefficients (used where a matrix has no core)
+  std::vector<SvMatrix> matrices;
+
+  int64_t numColumns() const { return coeffs.size(); }
+};
+
+// What the receiver knows independently of the bytes; used to validate them.
+struct SvBatchExpectation {
+  int64_t sender = -1;  // rank the bytes arrived from, or -1 if unknown
+  int64_t clock = -1;   // clock the receiver waits for, or -1 for any
+  // Shapes (rows, cols) of the model's parameters indexed by param id; when non-empty,
+  // every matrix and bias id must refer to one of them with matching shape.
+  std::vector<std::pair<int64_t, int64_t>> paramShapes;
+};
+
+// Exact size in bytes of encode(batch).
+size_t encodedSize(const SvBatch& batch);
+
+// Appends the encoded batch to out. Throws Error if the batch is inconsistent
+// (shapes disagree with n, non-finite values).
+void encode(const SvBatch& batch, std::vector<std::byte>& out);
+std::vector<std::byte> encode(const SvBatch& batch);
+
+// Decodes and fully validates one record. Throws CorruptRecordError naming the
+// sender and clock (from the expectation when known, else from the header).
+SvBatch decode(std::span<const std::byte> bytes, const SvBatchExpectation& expect = {});
+
+}  // namespace orpheus

@@ -1,0 +1,149 @@
+// orpheus: the command-line entry point. `train` runs under mpirun (every rank is
+// a symmetric worker); `eval` scores a saved model in one process.
+// Exit codes: 0 success, 2 bad input or usage, 1 internal failure.
+#include "comm/mpi/mpi_transport.h"
+#include "engine/base/error.h"
+#include "engine/base/log.h"
+#include "engine/job.h"
+#include "orpheus/config.h"
+
+#include <CLI/CLI.hpp>
+#include <mpi.h>
+
+#include <cstdlib>
+#include <map>
+
+namespace {
+
+using orpheus::engine::EvalConfig;
+using orpheus::engine::SyncMode;
+using orpheus::engine::TrainConfig;
+
+// The launcher's rank before MPI is up, so only one copy of a usage error prints.
+int launcherRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  }
+  return 0;
+}
+
+void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
+  cmd.add_option("--model", c.model, "Model to train: 'mlr' (multinomial logistic regression)")
+      ->capture_default_str();
+  cmd.add_option("--train", c.train,
+                 "Training data: an IDX images file (.gz or raw; labels found by name), a LIBSVM file, a CSV file "
+                 "(label first), or synthetic:examples=N,features=D,classes=K")
+      ->required();
+  cmd.add_option("--test", c.test, "Test data, same formats; evaluated on every rank's shard");
+  cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv")->capture_default_str();
+  cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: from the data")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--classes", c.classes, "Number of classes; default: largest training label + 1")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--clocks", c.clocks, "Clocks (iterations) to run")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--batch", c.batch, "Minibatch size per rank per clock")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--lr", c.lr, "Learning rate of SGD on the mean loss of the global minibatch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--seed", c.seed, "Job seed: initialisation, sampling and every other random choice")
+      ->capture_default_str();
+  const std::map<std::string, SyncMode> syncModes{{"sv", SyncMode::kSv}, {"dense", SyncMode::kDense}};
+  cmd.add_option("--sync", c.sync,
+                 "sv: broadcast sufficient vectors and rebuild updates; dense: allreduce dense gradients")
+      ->transform(CLI::CheckedTransformer(syncModes, CLI::ignore_case))
+      ->default_str("sv");
+  cmd.add_option("--eval-every", c.evalEvery, "Evaluate on the test data every N clocks (0: only at the end)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--metrics", c.metrics, "Write per-clock metrics as JSON lines to this file (rank 0)");
+  cmd.add_option("--save", c.save, "Save the final parameters to this HDF5 file (rank 0)");
+  cmd.add_option("--timeout", c.timeoutSeconds, "Seconds any wait for a peer may take before the job fails")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--blas-threads", c.blasThreads, "Threads for BLAS in each rank")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--log-level", c.logLevel, "Log level: debug, info, warn, error")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
+  cmd.add_option("--progress", c.progress, "Live progress line: auto (on a terminal), on, off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+}
+
+void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
+  cmd.add_option("--params", c.params, "HDF5 parameter file written by 'orpheus train --save'")->required();
+  cmd.add_option("--model", c.model, "Model the parameters belong to: 'mlr'")->capture_default_str();
+  cmd.add_option("--test", c.test, "Test data (IDX, LIBSVM or CSV)")->required();
+  cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv")->capture_default_str();
+  cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: the model's")
+      ->check(CLI::PositiveNumber);
+}
+
+int trainMain(TrainConfig& config) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  int code = 0;
+  {
+    orpheus::comm::mpi::MpiTransport transport(MPI_COMM_WORLD);
+    orpheus::setupLogging(transport.rank(), config.logLevel);
+    orpheus::setBlasThreads(config.blasThreads);
+    try {
+      code = orpheus::engine::runTrain(config, transport);
+    } catch (const orpheus::engine::JobFailed& e) {
+      code = e.code();
+    } catch (const std::exception& e) {
+      orpheus::engine::reportError(e.what());
+      code = orpheus::engine::exitCodeFor(e);
+    }
+  }
+  MPI_Finalize();
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Orpheus: peer-to-peer training of matrix-parameterized models with sufficient vectors"};
+  app.set_version_flag("--version", std::string(ORPHEUS_VERSION));
+  app.require_subcommand(1);
+  app.set_config("--config", "", "Read flags from a TOML/INI file");
+
+  TrainConfig train;
+  std::string trainFormat = "auto";
+  CLI::App* trainCmd = app.add_subcommand("train", "Train a model; launch with mpirun, one rank per worker");
+  addTrainFlags(*trainCmd, train, trainFormat);
+
+  EvalConfig eval;
+  std::string evalFormat = "auto";
+  CLI::App* evalCmd = app.add_subcommand("eval", "Evaluate saved parameters on test data; prints one JSON line");
+  addEvalFlags(*evalCmd, eval, evalFormat);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    if (launcherRank() == 0) orpheus::engine::reportError(std::string(e.what()) + " (see orpheus --help)");
+    return 2;
+  }
+
+  try {
+    if (trainCmd->parsed()) {
+      train.format = orpheus::data::parseFormat(trainFormat);
+      return trainMain(train);
+    }
+    eval.format = orpheus::data::parseFormat(evalFormat);
+    orpheus::setupLogging(0, "warn");
+    return orpheus::engine::runEval(eval);
+  } catch (const std::exception& e) {
+    if (launcherRank() == 0) orpheus::engine::reportError(e.what());
+    return orpheus::engine::exitCodeFor(e);
+  }
+}

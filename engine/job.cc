@@ -1,0 +1,228 @@
+#include "engine/job.h"
+
+#include "ckpt/model_file.h"
+#include "engine/base/error.h"
+#include "engine/metrics.h"
+#include "engine/synthetic_data.h"
+#include "engine/worker.h"
+#include "ops/mlr.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <filesystem>
+
+namespace orpheus::engine {
+namespace {
+
+// Runs `step` on every rank. If it throws anywhere, the lowest failing rank prints
+// its message and every rank throws JobFailed with that rank's exit code, so a
+// bad shard on one rank stops the whole job with one line and no hang.
+template <typename Step>
+void collectively(comm::Transport& transport, Step&& step) {
+  std::string message;
+  int code = 0;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    message = e.what();
+    code = exitCodeFor(e);
+  }
+  const int size = transport.size();
+  double agree[2] = {code != 0 ? static_cast<double>(transport.rank()) : static_cast<double>(size),
+                     static_cast<double>(code)};
+  transport.controlMin({agree, 1});
+  double worst[1] = {static_cast<double>(code)};
+  transport.controlMax(worst);
+  if (agree[0] < size) {
+    if (static_cast<int>(agree[0]) == transport.rank()) reportError(message);
+    throw JobFailed(static_cast<int>(worst[0]));
+  }
+}
+
+data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
+                        int64_t features, int indexBase) {
+  if (isSyntheticSource(path)) {
+    return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
+  }
+  data::ReadOptions options;
+  options.format = config.format;
+  options.rank = transport.rank();
+  options.worldSize = transport.size();
+  options.features = features;
+  options.indexBase = indexBase;
+  return data::readDataset(path, options);
+}
+
+}  // namespace
+
+int exitCodeFor(const std::exception& e) {
+  if (const auto* failed = dynamic_cast<const JobFailed*>(&e)) return failed->code();
+  return dynamic_cast<const InputError*>(&e) != nullptr ? 2 : 1;
+}
+
+void reportError(const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "orpheus: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+std::unique_ptr<ops::Model> makeModel(const std::string& name, int64_t features, int64_t classes) {
+  if (name == "mlr") return std::make_unique<ops::MultinomialLogisticRegression>(features, classes);
+  throw InputError(fmt::format("unknown model '{}' (built-in models: mlr)", name));
+}
+
+int runTrain(const TrainConfig& config, comm::Transport& transport) {
+  transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
+  const bool leader = transport.rank() == 0;
+
+  // Training shard, then the shape every rank agrees on.
+  data::Dataset train;
+  int indexBase = -1;
+  collectively(transport, [&] {
+    if (!isSyntheticSource(config.train)) {
+      indexBase = data::detectIndexBase(config.train, config.format);
+    }
+    train = readShard(config.train, config, transport, config.features, indexBase);
+  });
+  double shape[3] = {static_cast<double>(train.features), static_cast<double>(train.maxLabel()),
+                     train.sparse ? 1.0 : 0.0};
+  transport.controlMax(shape);
+  double minFeatures[1] = {static_cast<double>(train.features)};
+  transport.controlMin(minFeatures);
+  const auto features = static_cast<int64_t>(shape[0]);
+  collectively(transport, [&] {
+    if (train.sparse) {
+      data::widen(train, features);
+    } else {
+      ORPHEUS_CHECK_INPUT(static_cast<int64_t>(minFeatures[0]) == features,
+                          "training data '{}' has rows of {} and of {} features", config.train,
+                          static_cast<int64_t>(minFeatures[0]), features);
+    }
+  });
+  const int64_t maxLabel = static_cast<int64_t>(shape[1]);
+  const int64_t classes = config.classes > 0 ? config.classes : maxLabel + 1;
+  collectively(transport, [&] {
+    ORPHEUS_CHECK_INPUT(maxLabel < classes, "training data '{}' has label {} but --classes is {} (labels 0..{})",
+                        config.train, maxLabel, classes, classes - 1);
+    ORPHEUS_CHECK_INPUT(classes >= 2, "training data '{}' has a single class; need at least two", config.train);
+    ORPHEUS_CHECK_INPUT(train.size() >= 1, "rank {} got no training examples from '{}'", transport.rank(),
+                        config.train);
+  });
+
+  // Test shard, read to the training data's width.
+  data::Dataset test;
+  const bool haveTest = !config.test.empty();
+  if (haveTest) {
+    collectively(transport, [&] {
+      test = readShard(config.test, config, transport, train.sparse ? features : -1, indexBase);
+      if (test.sparse) {
+        ORPHEUS_CHECK_INPUT(test.features <= features,
+                            "test data '{}' has {} features but the training data has {} (set --features)",
+                            config.test, test.features, features);
+        data::widen(test, features);
+      }
+      ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the training data '{}' has {}",
+                          config.test, test.features, config.train, features);
+      ORPHEUS_CHECK_INPUT(test.maxLabel() < classes,
+                          "test data '{}' has label {} but the model has {} classes (labels 0..{})", config.test,
+                          test.maxLabel(), classes, classes - 1);
+    });
+  }
+
+  std::unique_ptr<ops::Model> model;
+  std::unique_ptr<MetricsWriter> metrics;
+  collectively(transport, [&] {
+    model = makeModel(config.model, features, classes);
+    metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
+    if (leader && !config.save.empty()) {
+      const auto dir = std::filesystem::path(config.save).parent_path();
+      ORPHEUS_CHECK_INPUT(dir.empty() || std::filesystem::is_directory(dir),
+                          "cannot save the model to '{}': directory '{}' does not exist", config.save, dir.string());
+    }
+  });
+  if (leader) {
+    spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
+                 transport.size(), model->spec(), transport.name(), train.globalSize, haveTest ? test.globalSize : 0,
+                 toString(config.sync), config.clocks, config.batch);
+  }
+
+  Worker worker(config, *model, transport, train, haveTest ? &test : nullptr);
+  try {
+    worker.run(*metrics);
+  } catch (const std::exception& e) {
+    // Peers cannot know about this rank's failure: report it and end the job.
+    reportError(e.what());
+    transport.abortJob(exitCodeFor(e));
+  }
+
+  if (leader) {
+    if (!config.save.empty()) {
+      ckpt::ModelFileInfo info;
+      info.modelSpec = model->spec();
+      info.clock = config.clocks;
+      info.seed = config.seed;
+      ckpt::saveParams(config.save, worker.replica(), info);
+    }
+    const EvalResult& eval = worker.lastEval();
+    std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model->spec().c_str(), transport.size(),
+                static_cast<long long>(config.clocks), worker.trainSeconds());
+    if (haveTest) std::printf(", test accuracy %.4f, test loss %.4f", eval.accuracy, eval.loss);
+    std::printf("\n");
+    if (!config.metrics.empty()) std::printf("metrics: %s\n", config.metrics.c_str());
+    if (!config.save.empty()) std::printf("model: %s\n", config.save.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int runEval(const EvalConfig& config) {
+  ckpt::ModelFileInfo info;
+  const ParamSet params = ckpt::loadParams(config.params, &info);
+  ORPHEUS_CHECK_INPUT(config.model == "mlr", "unknown model '{}' (built-in models: mlr)", config.model);
+  const int w = params.find("W");
+  const int b = params.find("b");
+  ORPHEUS_CHECK_INPUT(w >= 0 && b >= 0, "parameter file '{}' lacks the datasets 'W' and 'b' of an MLR model",
+                      config.params);
+  const int64_t classes = params[w].rows();
+  const int64_t features = params[w].cols();
+  ORPHEUS_CHECK_INPUT(params[b].rows() == classes && params[b].cols() == 1,
+                      "parameter file '{}': 'b' has shape {}x{}, expected {}x1", config.params, params[b].rows(),
+                      params[b].cols(), classes);
+  auto model = makeModel(config.model, features, classes);
+  ParamSet ordered = model->zeroParams();
+  ordered[0] = params[w];
+  ordered[1] = params[b];
+
+  data::ReadOptions options;
+  options.format = config.format;
+  options.features = config.features;
+  const data::Format format = data::resolveFormat(config.test, config.format);
+  if (format == data::Format::kLibsvm && options.features < 0) options.features = features;
+  data::Dataset test = data::readDataset(config.test, options);
+  if (test.sparse && test.features < features) data::widen(test, features);
+  ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the model '{}' has {}",
+                      config.test, test.features, config.params, features);
+  ORPHEUS_CHECK_INPUT(test.maxLabel() < classes, "test data '{}' has label {} but the model has {} classes (labels 0..{})",
+                      config.test, test.maxLabel(), classes, classes - 1);
+
+  ops::EvalSums sums;
+  for (int64_t begin = 0; begin < test.size(); begin += 2000) {
+    const data::Batch chunk = data::slice(test, begin, std::min(test.size(), begin + 2000));
+    const ops::EvalSums part = model->evaluate(ordered, view(chunk));
+    sums.lossSum += part.lossSum;
+    sums.correct += part.correct;
+    sums.count += part.count;
+  }
+  JsonLine line;
+  line.add("params", config.params)
+      .add("model_spec", info.modelSpec)
+      .add("clock", info.clock)
+      .add("examples", static_cast<int64_t>(sums.count))
+      .add("test_loss", sums.lossSum / sums.count)
+      .add("test_accuracy", sums.correct / sums.count);
+  std::printf("%s\n", line.str().c_str());
+  return 0;
+}
+
+}  // namespace orpheus::engine

@@ -1,0 +1,31 @@
+#include "ops/model.h"
+
+#include "ops/rebuild.h"
+
+namespace orpheus::ops {
+
+void Model::computeUpdate(std::span<const SvBatch* const> batches, ParamSet& w) const {
+  applySvBatches(batches, w);
+}
+
+ParamSet Model::denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
+  const SvBatch svg = computeSvg(w, x, meanLoss);
+  ParamSet grad = zeroParams();
+  const SvBatch* one[] = {&svg};
+  applySvBatches(one, grad);
+  return grad;
+}
+
+std::vector<std::pair<int64_t, int64_t>> Model::paramShapes() const {
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const auto& s : paramSpecs()) shapes.emplace_back(s.rows, s.cols);
+  return shapes;
+}
+
+ParamSet Model::zeroParams() const {
+  ParamSet p;
+  for (const auto& s : paramSpecs()) p.params.push_back({s.name, Matrix::Zero(s.rows, s.cols)});
+  return p;
+}
+
+}  // namespace orpheus::ops

@@ -1,0 +1,72 @@
+// The programming model of Algorithm 1: a model turns (parameters, examples)
+// into sufficient vector groups (compute_svg) and SVGs into parameter updates
+// (compute_update). One SVG per example; the SVGs of a minibatch are held
+// columnar in an SvBatch so a clock runs as matrix operations.
+#pragma once
+
+#include "engine/base/params.h"
+#include "engine/base/sv_batch.h"
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace orpheus::ops {
+
+// A minibatch as the model sees it: examples as columns, not owned.
+struct ExampleBatch {
+  const Matrix* dense = nullptr;         // D x B, or null when sparse
+  const SparseMatrix* sparse = nullptr;  // D x B, or null when dense
+  const Eigen::VectorXi* labels = nullptr;
+
+  int64_t size() const { return labels->size(); }
+  int64_t features() const { return dense ? dense->rows() : sparse->rows(); }
+};
+
+struct ParamSpec {
+  std::string name;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// Sums over the examples of a batch, so ranks can add them up.
+struct EvalSums {
+  double lossSum = 0.0;
+  double correct = 0.0;
+  double count = 0.0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // A one-line description stored with saved parameters, e.g. "mlr features=784 classes=10".
+  virtual std::string spec() const = 0;
+  virtual std::vector<ParamSpec> paramSpecs() const = 0;
+  // W0 = h(G0): initial parameters generated from the job seed alone.
+  virtual ParamSet initParams(uint64_t seed) const = 0;
+
+  // compute_svg for every example of the batch: column i of each matrix's U and V
+  // is example i's SVG. Coefficients are 1; the caller scales them (learning rate,
+  // averaging). The SVs stand for the gradient of the summed per-example loss.
+  // Returns the mean loss of the batch through `meanLoss`.
+  virtual SvBatch computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const = 0;
+
+  // compute_update for a set of SV batches applied together: W += U diag(c) V^T.
+  // The default rebuilds every matrix with one GEMM over all batches' columns.
+  virtual void computeUpdate(std::span<const SvBatch* const> batches, ParamSet& w) const;
+
+  // Dense gradient of the summed per-example loss (the baseline's message), shaped
+  // like the parameters. The default rebuilds it from the batch's own SVGs.
+  virtual ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const;
+
+  virtual EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const = 0;
+
+  // Shapes indexed by param id, for validating received SV batches.
+  std::vector<std::pair<int64_t, int64_t>> paramShapes() const;
+  // Parameters of the right shapes, all zero.
+  ParamSet zeroParams() const;
+};
+
+}  // namespace orpheus::ops

@@ -1,0 +1,72 @@
+#include "ckpt/model_file.h"
+#include "engine/base/error.h"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+using namespace orpheus;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path tempDir() {
+  const auto dir = fs::temp_directory_path() / ("orpheus_ckpt_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+ParamSet sample() {
+  ParamSet p;
+  Matrix w(3, 4);
+  for (int i = 0; i < 12; ++i) w.data()[i] = 0.25f * static_cast<float>(i) - 1.0f;
+  p.params.push_back({"W", w});
+  p.params.push_back({"b", Matrix::Constant(3, 1, 0.5f)});
+  p.params.push_back({"A", Matrix::Constant(2, 2, -3.0f)});  // names are not in alphabetical order
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("parameters round-trip through HDF5 with their attributes and order", "[ckpt]") {
+  const auto dir = tempDir();
+  const std::string path = (dir / "model.h5").string();
+  ckpt::ModelFileInfo info{"mlr features=4 classes=3", 77, 12345, 2};
+  ckpt::saveParams(path, sample(), info);
+  ckpt::ModelFileInfo back;
+  const ParamSet loaded = ckpt::loadParams(path, &back);
+  REQUIRE(loaded.size() == 3);
+  CHECK(loaded.params[0].name == "W");
+  CHECK(loaded.params[1].name == "b");
+  CHECK(loaded.params[2].name == "A");
+  CHECK(loaded[0] == sample()[0]);
+  CHECK(loaded[1] == sample()[1]);
+  CHECK(back.modelSpec == info.modelSpec);
+  CHECK(back.clock == 77);
+  CHECK(back.seed == 12345u);
+  CHECK(back.replica == 2);
+  // No temporary file is left beside it.
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
+  CHECK(files == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a failed save leaves no file and keeps an existing one", "[ckpt]") {
+  const auto dir = tempDir();
+  CHECK_THROWS_AS(ckpt::saveParams((dir / "missing" / "m.h5").string(), sample(), {}), IoError);
+  CHECK_FALSE(fs::exists(dir / "missing"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("loading a missing or foreign file is an input error naming it", "[ckpt]") {
+  const auto dir = tempDir();
+  CHECK_THROWS_WITH(ckpt::loadParams((dir / "nope.h5").string()), Catch::Contains("nope.h5"));
+  const auto text = dir / "text.h5";
+  std::ofstream(text) << "not hdf5\n";
+  CHECK_THROWS_AS(ckpt::loadParams(text.string()), InputError);
+  CHECK_THROWS_WITH(ckpt::loadParams(text.string()), Catch::Contains("not an HDF5 file"));
+  fs::remove_all(dir);
+}

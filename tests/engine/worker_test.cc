@@ -1,0 +1,182 @@
+// The worker's clock loop run as threads over the loopback transport.
+#include "comm/loopback/loopback_transport.h"
+#include "engine/base/error.h"
+#include "engine/data/sampler.h"
+#include "engine/synthetic_data.h"
+#include "engine/worker.h"
+#include "ops/mlr.h"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+using namespace orpheus;
+using comm::loopback::LoopbackHub;
+using comm::loopback::LoopbackTransport;
+
+namespace {
+
+constexpr int64_t kFeatures = 40;
+constexpr int64_t kClasses = 5;
+
+// Flips one byte of `victim`'s record as seen by this rank at `clock`.
+class CorruptingTransport final : public comm::Transport {
+ public:
+  CorruptingTransport(comm::Transport& inner, int victim, uint64_t clock)
+      : inner_(inner), victim_(victim), clock_(clock) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string name() const override { return "corrupting"; }
+  comm::Gathered allgatherv(std::span<const std::byte> local, uint64_t clock) override {
+    comm::Gathered all = inner_.allgatherv(local, clock);
+    if (clock == clock_) all.data[all.offsets[static_cast<size_t>(victim_)] + 100] ^= std::byte{0x40};
+    return all;
+  }
+  void allreduceSum(std::span<float> d, uint64_t c) override { inner_.allreduceSum(d, c); }
+  void controlSum(std::span<double> d) override { inner_.controlSum(d); }
+  void controlMax(std::span<double> d) override { inner_.controlMax(d); }
+  void controlMin(std::span<double> d) override { inner_.controlMin(d); }
+  [[noreturn]] void abortJob(int code) override { inner_.abortJob(code); }
+
+ private:
+  comm::Transport& inner_;
+  int victim_;
+  uint64_t clock_;
+};
+
+// Runs `clocks` clocks on `ranks` threads and returns every rank's replica.
+std::vector<ParamSet> train(engine::TrainConfig config, int ranks, int64_t clocks) {
+  auto hub = std::make_shared<LoopbackHub>(ranks);
+  std::vector<ParamSet> out(static_cast<size_t>(ranks));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        LoopbackTransport t(hub, r);
+        const data::Dataset shard = engine::makeSyntheticShard(
+            fmt::format("synthetic:examples=2000,features={},classes={}", kFeatures, kClasses), config.seed, r, ranks);
+        ops::MultinomialLogisticRegression model(kFeatures, kClasses);
+        engine::Worker worker(config, model, t, shard, nullptr);
+        data::MinibatchSampler sampler(shard.size(), config.batch, config.seed, r);
+        for (int64_t c = 1; c <= clocks; ++c) worker.runClock(static_cast<uint64_t>(c), data::gather(shard, sampler.next()));
+        out[static_cast<size_t>(r)] = worker.replica();
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+bool bitwiseEqual(const ParamSet& a, const ParamSet& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("SV broadcast training equals dense allreduce training (loopback, 4 ranks, 50 clocks)", "[engine]") {
+  engine::TrainConfig config;
+  config.batch = 16;
+  config.lr = 0.5;
+  config.sync = engine::SyncMode::kSv;
+  const auto sv = train(config, 4, 50);
+  config.sync = engine::SyncMode::kDense;
+  const auto dense = train(config, 4, 50);
+  const ParamSet init = ops::MultinomialLogisticRegression(kFeatures, kClasses).initParams(config.seed);
+  // Training moved the parameters, and both modes moved them the same way.
+  CHECK(relativeDifference(sv[0], init) > 0.1);
+  const double diff = relativeDifference(sv[0], dense[0]);
+  INFO("relative difference " << diff);
+  CHECK(diff <= 1e-5);
+  // Every replica holds the same parameters.
+  for (int r = 1; r < 4; ++r) CHECK(bitwiseEqual(sv[0], sv[static_cast<size_t>(r)]));
+}
+
+TEST_CASE("same seed and flags give bitwise the same parameters; another seed does not", "[engine]") {
+  engine::TrainConfig config;
+  config.batch = 8;
+  const auto a = train(config, 3, 10);
+  const auto b = train(config, 3, 10);
+  CHECK(bitwiseEqual(a[0], b[0]));
+  config.seed = 2;
+  const auto c = train(config, 3, 10);
+  CHECK_FALSE(bitwiseEqual(a[0], c[0]));
+}
+
+TEST_CASE("a corrupted SV batch is an error naming its sender and clock", "[engine]") {
+  const int ranks = 3;
+  auto hub = std::make_shared<LoopbackHub>(ranks);
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  engine::TrainConfig config;
+  config.batch = 8;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      LoopbackTransport inner(hub, r);
+      CorruptingTransport t(inner, /*victim=*/2, /*clock=*/3);
+      const data::Dataset shard =
+          engine::makeSyntheticShard("synthetic:examples=300,features=40,classes=5", config.seed, r, ranks);
+      ops::MultinomialLogisticRegression model(kFeatures, kClasses);
+      engine::Worker worker(config, model, t, shard, nullptr);
+      data::MinibatchSampler sampler(shard.size(), config.batch, config.seed, r);
+      try {
+        for (uint64_t c = 1; c <= 3; ++c) worker.runClock(c, data::gather(shard, sampler.next()));
+      } catch (const CorruptRecordError& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK_THAT(errors[0], Catch::Contains("rank 2") && Catch::Contains("clock 3"));
+  CHECK_THAT(errors[1], Catch::Contains("rank 2") && Catch::Contains("clock 3"));
+  CHECK(errors[2].empty());  // its own batch is never decoded
+}
+
+TEST_CASE("run() writes a metrics line per clock and a summary with traffic totals", "[engine]") {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("orpheus_worker_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "metrics.jsonl").string();
+  const int ranks = 2;
+  auto hub = std::make_shared<LoopbackHub>(ranks);
+  engine::TrainConfig config;
+  config.batch = 10;
+  config.clocks = 12;
+  config.evalEvery = 5;
+  config.progress = "off";
+  std::vector<std::thread> threads;
+  std::vector<uint64_t> bytes(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      LoopbackTransport t(hub, r);
+      const std::string spec = "synthetic:examples=400,features=40,classes=5";
+      const data::Dataset shard = engine::makeSyntheticShard(spec, config.seed, r, ranks);
+      const data::Dataset test = engine::makeSyntheticShard(spec, config.seed + 1, r, ranks);
+      ops::MultinomialLogisticRegression model(kFeatures, kClasses);
+      engine::Worker worker(config, model, t, shard, &test);
+      engine::MetricsWriter metrics(r == 0 ? path : std::string());
+      worker.run(metrics);
+      bytes[static_cast<size_t>(r)] = t.counters().bytesSent;
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 13);
+  CHECK_THAT(lines[0], Catch::StartsWith("{\"clock\": 1,") && !Catch::Contains("test_accuracy"));
+  CHECK_THAT(lines[4], Catch::Contains("\"test_accuracy\""));
+  CHECK_THAT(lines[11], Catch::Contains("\"test_accuracy\""));  // the last clock is always evaluated
+  CHECK_THAT(lines[12], Catch::Contains("\"summary\": true"));
+  // Totals are counted at the transport: every rank sends its batch to the one peer.
+  CHECK_THAT(lines[12], Catch::Contains(fmt::format("\"bytes_sent\": {}", bytes[0] + bytes[1])));
+  CHECK_THAT(lines[12], Catch::Contains("\"messages\": 24"));
+  std::filesystem::remove_all(dir);
+}

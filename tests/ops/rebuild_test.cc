@@ -1,0 +1,178 @@
+#include "engine/base/error.h"
+#include "engine/base/rng.h"
+#include "ops/mlr.h"
+#include "ops/rebuild.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+using namespace orpheus;
+
+namespace {
+
+Matrix randomMatrix(int64_t rows, int64_t cols, uint64_t key) {
+  CounterRng rng(7, RngPurpose::kTest, key, 0);
+  Matrix m(rows, cols);
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t i = 0; i < rows; ++i) m(i, j) = static_cast<float>(rng.normal());
+  return m;
+}
+
+SparseMatrix randomSparse(int64_t rows, int64_t cols, double density, uint64_t key) {
+  CounterRng rng(7, RngPurpose::kTest, key, 1);
+  std::vector<Eigen::Triplet<float, int32_t>> t;
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t i = 0; i < rows; ++i)
+      if (rng.uniform() < density) t.emplace_back(i, j, static_cast<float>(rng.normal()));
+  SparseMatrix s(rows, cols);
+  s.setFromTriplets(t.begin(), t.end());
+  return s;
+}
+
+// The reference: a loop of rank-1 updates in double precision.
+void applyNaive(const SvBatch& b, std::vector<Eigen::MatrixXd>& w) {
+  for (const auto& m : b.matrices) {
+    const Eigen::MatrixXd u = m.u.cast<double>();
+    const Eigen::MatrixXd v = m.sparseV ? Eigen::MatrixXd(m.vSparse.cast<double>()) : Eigen::MatrixXd(m.vDense.cast<double>());
+    const int64_t n = u.cols();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double c = 0;
+        if (m.core.size() > 0) {
+          c = m.core(i, j);
+        } else if (i == j) {
+          c = b.coeffs(i);
+        }
+        if (c == 0) continue;
+        w[m.paramId] += c * u.col(i) * v.col(j).transpose();
+        if (m.biasId >= 0) w[m.biasId].col(0) += c * u.col(i);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("rebuild GEMM equals the sum of rank-1 updates", "[ops][rebuild]") {
+  ParamSet w;
+  w.params.push_back({"A", randomMatrix(6, 9, 1)});
+  w.params.push_back({"a", randomMatrix(6, 1, 2)});
+  w.params.push_back({"B", randomMatrix(5, 12, 3)});
+  std::vector<Eigen::MatrixXd> ref;
+  for (const auto& p : w.params) ref.push_back(p.value.cast<double>());
+
+  std::vector<SvBatch> batches(3);
+  for (size_t k = 0; k < batches.size(); ++k) {
+    SvBatch& b = batches[k];
+    const int64_t n = 4 + static_cast<int64_t>(k);
+    b.coeffs = randomMatrix(n, 1, 10 + k).col(0);
+    SvMatrix dense;
+    dense.paramId = 0;
+    dense.biasId = 1;
+    dense.u = randomMatrix(6, n, 20 + k);
+    dense.vDense = randomMatrix(9, n, 30 + k);
+    SvMatrix sparse;
+    sparse.paramId = 2;
+    sparse.u = randomMatrix(5, n, 40 + k);
+    sparse.sparseV = true;
+    sparse.vSparse = randomSparse(12, n, 0.3, 50 + k);
+    if (k == 2) sparse.core = randomMatrix(n, n, 60);  // a selected batch carries a core
+    b.matrices = {dense, sparse};
+  }
+  std::vector<const SvBatch*> ptrs;
+  for (const auto& b : batches) {
+    ptrs.push_back(&b);
+    applyNaive(b, ref);
+  }
+  ops::applySvBatches(ptrs, w);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double err = (w[i].cast<double>() - ref[i]).norm() / ref[i].norm();
+    INFO("parameter " << w.params[i].name);
+    CHECK(err < 1e-6);
+  }
+}
+
+TEST_CASE("rebuild refuses SVs that do not fit the parameter", "[ops][rebuild]") {
+  ParamSet w;
+  w.params.push_back({"W", Matrix::Zero(3, 4)});
+  SvBatch b;
+  b.coeffs = Vector::Ones(2);
+  SvMatrix m;
+  m.u = Matrix::Ones(3, 2);
+  m.vDense = Matrix::Ones(5, 2);
+  b.matrices.push_back(m);
+  const SvBatch* one[] = {&b};
+  CHECK_THROWS_WITH(ops::applySvBatches(one, w), Catch::Contains("3x5") && Catch::Contains("3x4"));
+}
+
+TEST_CASE("MLR SVs are the gradient of the summed loss", "[ops][mlr]") {
+  const int64_t d = 7, k = 4, n = 5;
+  ops::MultinomialLogisticRegression model(d, k, 0.5f);
+  ParamSet w = model.initParams(3);
+  w[1] = randomMatrix(k, 1, 5) * 0.1f;
+  const Matrix x = randomMatrix(d, n, 6);
+  Eigen::VectorXi labels(n);
+  labels << 0, 3, 1, 2, 3;
+  ops::ExampleBatch batch;
+  batch.dense = &x;
+  batch.labels = &labels;
+
+  double mean = 0;
+  const SvBatch svg = model.computeSvg(w, batch, &mean);
+  REQUIRE(svg.matrices.size() == 1);
+  CHECK(svg.matrices[0].u.cols() == n);
+  CHECK(svg.matrices[0].vDense.isApprox(x));  // v = x
+  const ParamSet grad = model.denseGradient(w, batch, nullptr);
+
+  // u = p - onehot(t): each column sums to zero.
+  CHECK(svg.matrices[0].u.colwise().sum().cwiseAbs().maxCoeff() < 1e-6);
+
+  auto summedLoss = [&](const ParamSet& p) {
+    const ops::EvalSums s = model.evaluate(p, batch);
+    return s.lossSum;
+  };
+  CHECK(std::abs(summedLoss(w) / n - mean) < 1e-5);
+  for (int param = 0; param < 2; ++param) {
+    for (int64_t i = 0; i < w[param].size(); i += 3) {
+      ParamSet plus = w, minus = w;
+      const float h = 1e-2f;
+      plus[param].data()[i] += h;
+      minus[param].data()[i] -= h;
+      const double fd = (summedLoss(plus) - summedLoss(minus)) / (2 * h);
+      INFO("param " << param << " element " << i);
+      CHECK(std::abs(fd - grad[param].data()[i]) < 2e-3 * std::max(1.0, std::abs(fd)));
+    }
+  }
+}
+
+TEST_CASE("MLR handles sparse examples like dense ones", "[ops][mlr]") {
+  const int64_t d = 20, k = 3, n = 6;
+  ops::MultinomialLogisticRegression model(d, k);
+  const ParamSet w = model.initParams(11);
+  const SparseMatrix xs = randomSparse(d, n, 0.25, 9);
+  const Matrix xd = Matrix(xs);
+  Eigen::VectorXi labels(n);
+  labels << 0, 1, 2, 2, 1, 0;
+  ops::ExampleBatch sparse{nullptr, &xs, &labels};
+  ops::ExampleBatch dense{&xd, nullptr, &labels};
+  const ParamSet gs = model.denseGradient(w, sparse, nullptr);
+  const ParamSet gd = model.denseGradient(w, dense, nullptr);
+  CHECK(relativeDifference(gs, gd) < 1e-6);
+}
+
+TEST_CASE("MLR refuses bad shapes and labels", "[ops][mlr]") {
+  CHECK_THROWS_AS(ops::MultinomialLogisticRegression(0, 3), InputError);
+  CHECK_THROWS_AS(ops::MultinomialLogisticRegression(4, 1), InputError);
+  ops::MultinomialLogisticRegression model(4, 3);
+  const ParamSet w = model.initParams(1);
+  const Matrix x = Matrix::Ones(5, 2);
+  Eigen::VectorXi labels(2);
+  labels << 0, 1;
+  ops::ExampleBatch b{&x, nullptr, &labels};
+  CHECK_THROWS_WITH(model.computeSvg(w, b, nullptr), Catch::Contains("5 features") && Catch::Contains("expects 4"));
+  const Matrix x4 = Matrix::Ones(4, 2);
+  labels << 0, 3;
+  ops::ExampleBatch b4{&x4, nullptr, &labels};
+  CHECK_THROWS_WITH(model.computeSvg(w, b4, nullptr), Catch::Contains("label 3"));
+}
