@@ -141,9 +141,12 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
                           "cannot save the model to '{}': directory '{}' does not exist", config.save, dir.string());
     }
   });
+  double counts[2] = {static_cast<double>(train.size()), static_cast<double>(test.size())};
+  transport.controlSum(counts);
   if (leader) {
     spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
-                 transport.size(), model->spec(), transport.name(), train.globalSize, haveTest ? test.globalSize : 0,
+                 transport.size(), model->spec(), transport.name(), static_cast<int64_t>(counts[0]),
+                 static_cast<int64_t>(counts[1]),
                  toString(config.sync), config.clocks, config.batch);
   }
 
