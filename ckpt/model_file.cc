@@ -113,6 +113,8 @@ void saveParams(const std::string& path, const ParamSet& params, const ModelFile
       writeInt64Attr(file.get(), "clock", info.clock);
       writeInt64Attr(file.get(), "seed", static_cast<int64_t>(info.seed));
       writeInt64Attr(file.get(), "replica", info.replica);
+      writeInt64Attr(file.get(), "features", info.features);
+      writeInt64Attr(file.get(), "classes", info.classes);
       if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) throw IoError(fmt::format("cannot flush '{}'", path));
     }
     fsyncPath(tmp);
@@ -173,6 +175,8 @@ ParamSet loadParams(const std::string& path, ModelFileInfo* info) {
     int64_t seed = 0;
     if (readInt64Attr(file.get(), "seed", &seed)) info->seed = static_cast<uint64_t>(seed);
     readInt64Attr(file.get(), "replica", &info->replica);
+    readInt64Attr(file.get(), "features", &info->features);
+    readInt64Attr(file.get(), "classes", &info->classes);
   }
   return params;
 }

@@ -1,5 +1,5 @@
 // Parameters in HDF5: one float dataset per parameter at the file's root, named as
-// in the model, with attributes model_spec (string), clock, seed and replica on the
+// in the model, with attributes model_spec (string), clock, seed, replica, features and classes on the
 // root group. Files are written under a temporary name, flushed and renamed, so a
 // reader never sees a partial file and an existing file survives a failed write.
 #pragma once
@@ -16,6 +16,8 @@ struct ModelFileInfo {
   int64_t clock = 0;
   uint64_t seed = 0;
   int64_t replica = 0;
+  int64_t features = 0;  // the data width the model was built for (0: unknown)
+  int64_t classes = 0;
 };
 
 // Throws IoError naming the path when the file cannot be written.

@@ -5,6 +5,7 @@
 #include "engine/metrics.h"
 #include "engine/synthetic_data.h"
 #include "engine/worker.h"
+#include "ops/graph_model.h"
 #include "ops/mlr.h"
 
 #include <spdlog/spdlog.h>
@@ -67,9 +68,12 @@ void reportError(const std::string& message) {
   std::fflush(stderr);
 }
 
-std::unique_ptr<ops::Model> makeModel(const std::string& name, int64_t features, int64_t classes) {
+std::unique_ptr<ops::Model> makeModel(const std::string& name, int64_t features, int64_t classes, uint64_t seed) {
   if (name == "mlr") return std::make_unique<ops::MultinomialLogisticRegression>(features, classes);
-  throw InputError(fmt::format("unknown model '{}' (built-in models: mlr)", name));
+  if (name.size() > 5 && name.ends_with(".loss")) {
+    return ops::GraphModel::fromFile(name, ops::LossDims{features, classes}, seed);
+  }
+  throw InputError(fmt::format("unknown model '{}' (a .loss file, or the built-in 'mlr')", name));
 }
 
 int runTrain(const TrainConfig& config, comm::Transport& transport) {
@@ -105,7 +109,6 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
   collectively(transport, [&] {
     ORPHEUS_CHECK_INPUT(maxLabel < classes, "training data '{}' has label {} but --classes is {} (labels 0..{})",
                         config.train, maxLabel, classes, classes - 1);
-    ORPHEUS_CHECK_INPUT(classes >= 2, "training data '{}' has a single class; need at least two", config.train);
     ORPHEUS_CHECK_INPUT(train.size() >= 1, "rank {} got no training examples from '{}'", transport.rank(),
                         config.train);
   });
@@ -133,7 +136,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
   std::unique_ptr<ops::Model> model;
   std::unique_ptr<MetricsWriter> metrics;
   collectively(transport, [&] {
-    model = makeModel(config.model, features, classes);
+    model = makeModel(config.model, features, classes, config.seed);
     metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
     if (leader && !config.save.empty()) {
       const auto dir = std::filesystem::path(config.save).parent_path();
@@ -165,12 +168,15 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
       info.modelSpec = model->spec();
       info.clock = config.clocks;
       info.seed = config.seed;
+      info.features = features;
+      info.classes = classes;
       ckpt::saveParams(config.save, worker.replica(), info);
     }
     const EvalResult& eval = worker.lastEval();
     std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model->spec().c_str(), transport.size(),
                 static_cast<long long>(config.clocks), worker.trainSeconds());
-    if (haveTest) std::printf(", test accuracy %.4f, test loss %.4f", eval.accuracy, eval.loss);
+    if (haveTest && model->hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
+    if (haveTest) std::printf(", test loss %.4f", eval.loss);
     std::printf("\n");
     if (!config.metrics.empty()) std::printf("metrics: %s\n", config.metrics.c_str());
     if (!config.save.empty()) std::printf("model: %s\n", config.save.c_str());
@@ -181,28 +187,37 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
 
 int runEval(const EvalConfig& config) {
   ckpt::ModelFileInfo info;
-  const ParamSet params = ckpt::loadParams(config.params, &info);
-  ORPHEUS_CHECK_INPUT(config.model == "mlr", "unknown model '{}' (built-in models: mlr)", config.model);
-  const int w = params.find("W");
-  const int b = params.find("b");
-  ORPHEUS_CHECK_INPUT(w >= 0 && b >= 0, "parameter file '{}' lacks the datasets 'W' and 'b' of an MLR model",
-                      config.params);
-  const int64_t classes = params[w].rows();
-  const int64_t features = params[w].cols();
-  ORPHEUS_CHECK_INPUT(params[b].rows() == classes && params[b].cols() == 1,
-                      "parameter file '{}': 'b' has shape {}x{}, expected {}x1", config.params, params[b].rows(),
-                      params[b].cols(), classes);
-  auto model = makeModel(config.model, features, classes);
-  ParamSet ordered = model->zeroParams();
-  ordered[0] = params[w];
-  ordered[1] = params[b];
+  const ParamSet saved = ckpt::loadParams(config.params, &info);
 
   data::ReadOptions options;
   options.format = config.format;
-  options.features = config.features;
+  options.features = config.features > 0 ? config.features : info.features;
   const data::Format format = data::resolveFormat(config.test, config.format);
-  if (format == data::Format::kLibsvm && options.features < 0) options.features = features;
+  if (format != data::Format::kLibsvm && config.features <= 0) options.features = -1;
   data::Dataset test = data::readDataset(config.test, options);
+
+  // The model's shape: from the file's attributes, else from its parameters (MLR) or the data.
+  int64_t features = info.features > 0 ? info.features : test.features;
+  int64_t classes = info.classes > 0 ? info.classes : test.maxLabel() + 1;
+  if (config.model == "mlr" && info.features <= 0) {
+    const int w = saved.find("W");
+    ORPHEUS_CHECK_INPUT(w >= 0, "parameter file '{}' lacks the dataset 'W' of an MLR model", config.params);
+    classes = saved[w].rows();
+    features = saved[w].cols();
+  }
+  auto model = makeModel(config.model, features, classes, info.seed);
+  // Parameters by name, in the model's order, with the model's shapes.
+  ParamSet params = model->zeroParams();
+  for (auto& p : params.params) {
+    const int i = saved.find(p.name);
+    ORPHEUS_CHECK_INPUT(i >= 0, "parameter file '{}' lacks the parameter '{}' of model '{}'", config.params, p.name,
+                        config.model);
+    ORPHEUS_CHECK_INPUT(saved[i].rows() == p.value.rows() && saved[i].cols() == p.value.cols(),
+                        "parameter '{}' in '{}' has shape {}x{}, but model '{}' expects {}x{}", p.name, config.params,
+                        saved[i].rows(), saved[i].cols(), config.model, p.value.rows(), p.value.cols());
+    p.value = saved[i];
+  }
+
   if (test.sparse && test.features < features) data::widen(test, features);
   ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the model '{}' has {}",
                       config.test, test.features, config.params, features);
@@ -212,7 +227,7 @@ int runEval(const EvalConfig& config) {
   ops::EvalSums sums;
   for (int64_t begin = 0; begin < test.size(); begin += 2000) {
     const data::Batch chunk = data::slice(test, begin, std::min(test.size(), begin + 2000));
-    const ops::EvalSums part = model->evaluate(ordered, view(chunk));
+    const ops::EvalSums part = model->evaluate(params, view(chunk));
     sums.lossSum += part.lossSum;
     sums.correct += part.correct;
     sums.count += part.count;
@@ -222,8 +237,8 @@ int runEval(const EvalConfig& config) {
       .add("model_spec", info.modelSpec)
       .add("clock", info.clock)
       .add("examples", static_cast<int64_t>(sums.count))
-      .add("test_loss", sums.lossSum / sums.count)
-      .add("test_accuracy", sums.correct / sums.count);
+      .add("test_loss", sums.lossSum / sums.count);
+  if (model->hasAccuracy()) line.add("test_accuracy", sums.correct / sums.count);
   std::printf("%s\n", line.str().c_str());
   return 0;
 }

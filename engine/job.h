@@ -30,8 +30,8 @@ int exitCodeFor(const std::exception& e);
 // Prints "orpheus: <message>" as one line on stderr.
 void reportError(const std::string& message);
 
-// The model named on the command line ("mlr"), for data of the given shape.
-std::unique_ptr<ops::Model> makeModel(const std::string& name, int64_t features, int64_t classes);
+// The model named on the command line (a .loss file or "mlr"), for data of the given shape.
+std::unique_ptr<ops::Model> makeModel(const std::string& name, int64_t features, int64_t classes, uint64_t seed);
 
 // Runs `config` on this rank (collective). Returns 0 on success; throws JobFailed
 // after a reported failure.

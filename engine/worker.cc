@@ -30,6 +30,7 @@ ops::ExampleBatch view(const data::Batch& batch) {
     x.dense = &batch.dense;
   }
   x.labels = &batch.labels;
+  x.indices = &batch.indices;
   return x;
 }
 
@@ -183,10 +184,11 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
           .add("comm_seconds", sums[4] / ranks)
           .add("update_seconds", sums[5] / ranks);
       if (evalClock && test_ != nullptr) {
-        line.add("test_loss", lastEval.loss).add("test_accuracy", lastEval.accuracy);
+        line.add("test_loss", lastEval.loss);
+        if (model_.hasAccuracy()) line.add("test_accuracy", lastEval.accuracy);
       }
       metrics.write(line);
-      progress.update(clock, sums[0] / ranks, evaluated ? lastEval.accuracy : -1.0, trainSeconds,
+      progress.update(clock, sums[0] / ranks, evaluated && model_.hasAccuracy() ? lastEval.accuracy : -1.0, trainSeconds,
                       evalClock && test_ != nullptr);
     }
   }
@@ -204,7 +206,10 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
         .add("bytes_sent", totalBytes)
         .add("messages", totalMessages)
         .add("bytes_per_clock", config_.clocks > 0 ? static_cast<double>(totalBytes) / config_.clocks : 0.0);
-    if (evaluated) summary.add("test_loss", lastEval.loss).add("test_accuracy", lastEval.accuracy);
+    if (evaluated) {
+      summary.add("test_loss", lastEval.loss);
+      if (model_.hasAccuracy()) summary.add("test_accuracy", lastEval.accuracy);
+    }
     metrics.write(summary);
   }
   lastEval_ = lastEval;

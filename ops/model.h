@@ -19,6 +19,8 @@ struct ExampleBatch {
   const Matrix* dense = nullptr;         // D x B, or null when sparse
   const SparseMatrix* sparse = nullptr;  // D x B, or null when dense
   const Eigen::VectorXi* labels = nullptr;
+  // Index of each example in its rank's shard (keys data-dependent variables), or null.
+  const std::vector<int64_t>* indices = nullptr;
 
   int64_t size() const { return labels->size(); }
   int64_t features() const { return dense ? dense->rows() : sparse->rows(); }
@@ -62,6 +64,8 @@ class Model {
   virtual ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const;
 
   virtual EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const = 0;
+  // False for models without a predicted class (e.g. topic models): no accuracy.
+  virtual bool hasAccuracy() const { return true; }
 
   // Shapes indexed by param id, for validating received SV batches.
   std::vector<std::pair<int64_t, int64_t>> paramShapes() const;

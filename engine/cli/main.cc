@@ -28,7 +28,8 @@ int launcherRank() {
 }
 
 void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
-  cmd.add_option("--model", c.model, "Model to train: 'mlr' (multinomial logistic regression)")
+  cmd.add_option("--model", c.model,
+                 "Model to train: a .loss file (see examples/), or the built-in 'mlr' (multinomial logistic regression)")
       ->capture_default_str();
   cmd.add_option("--train", c.train,
                  "Training data: an IDX images file (.gz or raw; labels found by name), a LIBSVM file, a CSV file "
@@ -75,7 +76,7 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
 
 void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
   cmd.add_option("--params", c.params, "HDF5 parameter file written by 'orpheus train --save'")->required();
-  cmd.add_option("--model", c.model, "Model the parameters belong to: 'mlr'")->capture_default_str();
+  cmd.add_option("--model", c.model, "Model the parameters belong to: a .loss file or 'mlr'")->capture_default_str();
   cmd.add_option("--test", c.test, "Test data (IDX, LIBSVM or CSV)")->required();
   cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv")->capture_default_str();
   cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: the model's")

@@ -110,6 +110,7 @@ Batch gather(const Dataset& data, const std::vector<int64_t>& indices) {
   const auto count = static_cast<int64_t>(indices.size());
   Batch batch;
   batch.sparse = data.sparse;
+  batch.indices = indices;
   batch.labels.resize(count);
   for (int64_t j = 0; j < count; ++j) {
     const int64_t i = indices[j];
@@ -152,6 +153,8 @@ Batch slice(const Dataset& data, int64_t begin, int64_t end) {
     Batch batch;
     batch.dense = data.dense.middleCols(begin, end - begin);
     batch.labels = Eigen::Map<const Eigen::VectorXi>(data.labels.data() + begin, end - begin);
+    batch.indices.resize(static_cast<size_t>(end - begin));
+    for (int64_t i = begin; i < end; ++i) batch.indices[static_cast<size_t>(i - begin)] = i;
     return batch;
   }
   std::vector<int64_t> indices(end - begin);

@@ -81,6 +81,7 @@ struct Batch {
   Matrix dense;                 // D x B
   SparseMatrix sparseX;         // D x B
   Eigen::VectorXi labels;       // B
+  std::vector<int64_t> indices; // B: each example's index in the shard
   int64_t size() const { return labels.size(); }
 };
 

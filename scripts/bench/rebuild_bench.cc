@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -53,34 +54,52 @@ double median(std::vector<double> v) {
   return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-// Times `call` in samples long enough (>= minSampleSeconds) that timer resolution
-// and scheduler noise stay small against the work, after one untimed warm-up call
-// that faults in pages and lets OpenBLAS allocate its buffers.
-template <typename Call>
-Timing timeCalls(Call&& call, int samples, double minSampleSeconds) {
-  call();
+// One timed operation. Samples repeat the call enough times (>= minSampleSeconds)
+// that timer resolution stays small against the work.
+struct BenchCase {
+  std::string kind;
+  std::string shape;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t columns = 0;
+  int batches = 1;
+  double minSampleSeconds = 0.05;
+  std::function<void()> call;
   int calls = 1;
-  for (;;) {
-    const auto t = BenchClock::now();
-    for (int i = 0; i < calls; ++i) call();
-    const double s = std::chrono::duration<double>(BenchClock::now() - t).count();
-    if (s >= minSampleSeconds || calls >= (1 << 20)) break;
-    calls *= 2;
-  }
   std::vector<double> perCall;
-  perCall.reserve(static_cast<size_t>(samples));
-  for (int k = 0; k < samples; ++k) {
+
+  void calibrate() {
+    call();  // faults in pages and lets OpenBLAS allocate its buffers
+    for (;;) {
+      const double s = sampleSeconds() * calls;
+      if (s >= minSampleSeconds || calls >= (1 << 20)) break;
+      calls *= 2;
+    }
+  }
+  double sampleSeconds() {
     const auto t = BenchClock::now();
     for (int i = 0; i < calls; ++i) call();
-    perCall.push_back(std::chrono::duration<double>(BenchClock::now() - t).count() / calls);
+    return std::chrono::duration<double>(BenchClock::now() - t).count() / calls;
   }
-  Timing r;
-  r.medianSeconds = median(perCall);
-  r.minSeconds = *std::min_element(perCall.begin(), perCall.end());
-  r.maxSeconds = *std::max_element(perCall.begin(), perCall.end());
-  r.samples = samples;
-  r.callsPerSample = calls;
-  return r;
+  Timing timing() const {
+    Timing r;
+    r.medianSeconds = median(perCall);
+    r.minSeconds = *std::min_element(perCall.begin(), perCall.end());
+    r.maxSeconds = *std::max_element(perCall.begin(), perCall.end());
+    r.samples = static_cast<int>(perCall.size());
+    r.callsPerSample = calls;
+    return r;
+  }
+};
+
+// Samples every case in turn, round after round, so a change in the machine's
+// speed during the run (another process, clock scaling) hits the peak and the
+// rebuild alike instead of skewing their ratio.
+void runInterleaved(std::vector<BenchCase>& cases, int rounds) {
+  for (BenchCase& c : cases) c.calibrate();
+  for (int round = 0; round < rounds; ++round) {
+    for (BenchCase& c : cases) c.perCall.push_back(c.sampleSeconds());
+  }
 }
 
 Matrix randomMatrix(int64_t rows, int64_t cols, std::mt19937_64& gen, float scale) {
@@ -90,38 +109,56 @@ Matrix randomMatrix(int64_t rows, int64_t cols, std::mt19937_64& gen, float scal
   return m;
 }
 
-void printResult(const std::string& kind, const std::string& shape, int64_t j, int64_t k, int64_t columns,
-                 int batches, const Timing& t) {
-  const double flops = 2.0 * static_cast<double>(j) * static_cast<double>(k) * static_cast<double>(columns);
+void printResult(const BenchCase& c) {
+  const Timing t = c.timing();
+  const double flops =
+      2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(c.columns);
   fmt::print(
       "{{\"kind\": \"{}\", \"shape\": \"{}\", \"rows\": {}, \"cols\": {}, \"columns\": {}, \"batches\": {}, "
       "\"flops\": {:.6g}, \"median_seconds\": {:.6g}, \"min_seconds\": {:.6g}, \"max_seconds\": {:.6g}, "
       "\"gflops\": {:.6g}, \"gflops_best\": {:.6g}, \"samples\": {}, \"calls_per_sample\": {}}}\n",
-      kind, shape, j, k, columns, batches, flops, t.medianSeconds, t.minSeconds, t.maxSeconds,
+      c.kind, c.shape, c.rows, c.cols, c.columns, c.batches, flops, t.medianSeconds, t.minSeconds, t.maxSeconds,
       flops / t.medianSeconds / 1e9, flops / t.minSeconds / 1e9, t.samples, t.callsPerSample);
   std::fflush(stdout);
 }
 
-void benchPeak(const BenchOptions& o, std::mt19937_64& gen) {
-  const int64_t n = o.peakSize;
-  const Matrix a = randomMatrix(n, n, gen, 1.0f);
-  const Matrix b = randomMatrix(n, n, gen, 1.0f);
-  Matrix c(n, n);
-  const Timing t = timeCalls([&] { c.noalias() = a * b; }, o.quick ? 3 : 7, 0.2);
-  printResult("peak", fmt::format("{0}x{0} * {0}x{0}", n), n, n, n, 1, t);
+// Operands of the benchmarks; they outlive the cases that refer to them.
+struct SquareProblem {
+  Matrix a, b, c;
+};
+
+struct RebuildProblem {
+  std::vector<SvBatch> batches;
+  std::vector<const SvBatch*> pointers;
+  ParamSet w;
+  Matrix u, v, target;  // the same product, operands already weighted and concatenated
+};
+
+BenchCase peakCase(int64_t n, SquareProblem& p, std::mt19937_64& gen) {
+  p.a = randomMatrix(n, n, gen, 1.0f);
+  p.b = randomMatrix(n, n, gen, 1.0f);
+  p.c.resize(n, n);
+  BenchCase c;
+  c.kind = "peak";
+  c.shape = fmt::format("{0}x{0} * {0}x{0}", n);
+  c.rows = c.cols = c.columns = n;
+  c.minSampleSeconds = 0.15;
+  c.call = [&p] { p.c.noalias() = p.a * p.b; };
+  return c;
 }
 
 // One clock's rebuild at `ranks` ranks for a J x K parameter with bias: the update
-// every replica applies after receiving all batches.
-void benchRebuild(const BenchOptions& o, const std::string& shape, int64_t j, int64_t k, std::mt19937_64& gen) {
+// every replica applies after receiving all batches; plus the bare GEMM of that shape.
+std::vector<BenchCase> rebuildCases(const BenchOptions& o, const std::string& shape, int64_t j, int64_t k,
+                                    RebuildProblem& p, std::mt19937_64& gen) {
   const int64_t n = o.columns;
   const int64_t total = n * o.ranks;
   // Small values keep W finite over the many repeated applications.
   constexpr float kScale = 1e-3f;
 
-  std::vector<SvBatch> batches(static_cast<size_t>(o.ranks));
+  p.batches.resize(static_cast<size_t>(o.ranks));
   for (int r = 0; r < o.ranks; ++r) {
-    SvBatch& b = batches[static_cast<size_t>(r)];
+    SvBatch& b = p.batches[static_cast<size_t>(r)];
     b.header.sender = static_cast<uint32_t>(r);
     b.header.replica = static_cast<uint32_t>(r);
     b.header.clock = 1;
@@ -133,24 +170,26 @@ void benchRebuild(const BenchOptions& o, const std::string& shape, int64_t j, in
     m.vDense = randomMatrix(k, n, gen, 1.0f);
     b.matrices.push_back(std::move(m));
   }
-  std::vector<const SvBatch*> pointers;
-  for (const SvBatch& b : batches) pointers.push_back(&b);
+  for (const SvBatch& b : p.batches) p.pointers.push_back(&b);
+  p.w.params.push_back({"W", Matrix::Zero(j, k)});
+  p.w.params.push_back({"b", Matrix::Zero(j, 1)});
+  p.u = randomMatrix(j, total, gen, kScale);
+  p.v = randomMatrix(k, total, gen, 1.0f);
+  p.target = Matrix::Zero(j, k);
 
-  ParamSet w;
-  w.params.push_back({"W", Matrix::Zero(j, k)});
-  w.params.push_back({"b", Matrix::Zero(j, 1)});
+  BenchCase gemm;
+  gemm.kind = "gemm";
+  gemm.shape = shape;
+  gemm.rows = j;
+  gemm.cols = k;
+  gemm.columns = total;
+  gemm.call = [&p] { p.target.noalias() += p.u * p.v.transpose(); };
 
-  const int samples = o.quick ? 5 : 15;
-  const Timing rebuild = timeCalls([&] { ops::applySvBatches(pointers, w); }, samples, 0.05);
-
-  // The same product with the operands already weighted and concatenated.
-  const Matrix u = randomMatrix(j, total, gen, kScale);
-  const Matrix v = randomMatrix(k, total, gen, 1.0f);
-  Matrix target = Matrix::Zero(j, k);
-  const Timing gemm = timeCalls([&] { target.noalias() += u * v.transpose(); }, samples, 0.05);
-
-  printResult("gemm", shape, j, k, total, 1, gemm);
-  printResult("rebuild", shape, j, k, total, o.ranks, rebuild);
+  BenchCase rebuild = gemm;
+  rebuild.kind = "rebuild";
+  rebuild.batches = o.ranks;
+  rebuild.call = [&p] { ops::applySvBatches(p.pointers, p.w); };
+  return {std::move(gemm), std::move(rebuild)};
 }
 
 BenchOptions parseOptions(int argc, char** argv) {
@@ -189,8 +228,15 @@ int main(int argc, char** argv) {
   const char* blas = openblas_get_config != nullptr ? openblas_get_config() : "none";
   fmt::print("{{\"kind\": \"info\", \"blas\": \"{}\", \"ranks\": {}, \"columns_per_rank\": {}}}\n", blas,
              options.ranks, options.columns);
-  benchPeak(options, gen);
-  benchRebuild(options, "2048x2048", 2048, 2048, gen);
-  benchRebuild(options, "10x784 (MLR)", 10, 784, gen);
+
+  SquareProblem square;
+  RebuildProblem large;
+  RebuildProblem mlr;
+  std::vector<BenchCase> cases;
+  cases.push_back(peakCase(options.peakSize, square, gen));
+  for (BenchCase& c : rebuildCases(options, "2048x2048", 2048, 2048, large, gen)) cases.push_back(std::move(c));
+  for (BenchCase& c : rebuildCases(options, "10x784 (MLR)", 10, 784, mlr, gen)) cases.push_back(std::move(c));
+  runInterleaved(cases, options.quick ? 3 : 9);
+  for (const BenchCase& c : cases) printResult(c);
   return 0;
 }

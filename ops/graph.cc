@@ -1,0 +1,297 @@
+#include "ops/graph.h"
+
+#include "engine/base/error.h"
+
+#include <algorithm>
+
+namespace orpheus::ops {
+namespace {
+
+std::string describe(const Node& n) {
+  if (n.kind == NodeKind::kParam) return fmt::format("'{}' is {}x{}", n.name, n.rows, n.cols);
+  if (n.rows == 1) return fmt::format("'{}' is a scalar per example", n.name);
+  return fmt::format("'{}' has {} rows per example", n.name, n.rows);
+}
+
+}  // namespace
+
+int Graph::add(Node n) {
+  if (n.kind != NodeKind::kOp) {
+    ORPHEUS_CHECK_INPUT(find(n.name) < 0, "{}'{}' is declared twice", where(-1), n.name);
+    ORPHEUS_CHECK_INPUT(n.rows > 0 && n.cols > 0, "'{}' needs a positive shape, got {}x{}", n.name, n.rows, n.cols);
+  }
+  n.id = static_cast<int>(nodes_.size());
+  nodes_.push_back(std::move(n));
+  return nodes_.back().id;
+}
+
+int Graph::param(const std::string& name, int64_t rows, int64_t cols, Init init, SourceLoc loc) {
+  Node n;
+  n.kind = NodeKind::kParam;
+  n.name = name;
+  n.rows = rows;
+  n.cols = cols;
+  n.init = init;
+  n.loc = loc;
+  const int id = add(std::move(n));
+  params_.push_back(id);
+  return id;
+}
+
+int Graph::input(const std::string& name, int64_t rows, SourceLoc loc) {
+  ORPHEUS_CHECK_INPUT(input_ < 0, "{}only one input may be declared ('{}' after '{}')", where(-1), name,
+                      input_ >= 0 ? node(input_).name : "");
+  Node n;
+  n.kind = NodeKind::kInput;
+  n.name = name;
+  n.rows = rows;
+  n.perExample = true;
+  n.loc = loc;
+  return input_ = add(std::move(n));
+}
+
+int Graph::label(const std::string& name, int64_t rows, SourceLoc loc) {
+  ORPHEUS_CHECK_INPUT(label_ < 0, "only one label may be declared ('{}')", name);
+  Node n;
+  n.kind = NodeKind::kLabel;
+  n.name = name;
+  n.rows = rows;
+  n.perExample = true;
+  n.loc = loc;
+  return label_ = add(std::move(n));
+}
+
+int Graph::local(const std::string& name, int64_t rows, Init init, int innerSteps, double innerLr, SourceLoc loc) {
+  ORPHEUS_CHECK_INPUT(innerSteps >= 0 && innerLr >= 0, "'{}': inner steps and rate must be non-negative", name);
+  Node n;
+  n.kind = NodeKind::kLocal;
+  n.name = name;
+  n.rows = rows;
+  n.perExample = true;
+  n.init = init;
+  n.innerSteps = innerSteps;
+  n.innerLr = innerLr;
+  n.loc = loc;
+  const int id = add(std::move(n));
+  locals_.push_back(id);
+  return id;
+}
+
+int Graph::apply(OpKind op, std::vector<int> inputs, const std::string& text, double attr, SourceLoc loc) {
+  ORPHEUS_ENFORCE(static_cast<int>(inputs.size()) == arity(op), "{} takes {} operands, got {}", opName(op), arity(op),
+                  inputs.size());
+  for (int in : inputs) ORPHEUS_ENFORCE(in >= 0 && in < static_cast<int>(nodes_.size()), "bad operand {}", in);
+  Node n;
+  n.kind = NodeKind::kOp;
+  n.op = op;
+  n.name = text;
+  n.inputs = inputs;
+  n.attr = attr;
+  n.perExample = true;
+  n.loc = loc;
+  const std::string at = loc.line > 0 ? fmt::format("{}:{}:{}: ", source_, loc.line, loc.column) : "";
+  const Node& a = node(inputs[0]);
+  const auto mismatch = [&](const std::string& why) {
+    if (inputs.size() == 1) {
+      return InputError(fmt::format("{}shape mismatch in '{}': {}; {}", at, text, why, describe(a)));
+    }
+    return InputError(
+        fmt::format("{}shape mismatch in '{}': {}; {} and {}", at, text, why, describe(a), describe(node(inputs[1]))));
+  };
+  const auto requirePerExample = [&](const Node& x) {
+    if (!x.perExample) {
+      throw InputError(fmt::format("{}'{}' uses parameter '{}' directly in {}, which takes per-example vectors", at,
+                                   text, x.name, opName(op)));
+    }
+  };
+  switch (operatorType(op)) {
+    case 1:
+      requirePerExample(a);
+      n.rows = 1;
+      break;
+    case 2:
+      requirePerExample(a);
+      n.rows = a.rows;
+      break;
+    case 3: {
+      const Node& b = node(inputs[1]);
+      requirePerExample(a);
+      requirePerExample(b);
+      if (a.rows != b.rows) throw mismatch(fmt::format("{} needs operands of equal length", opName(op)));
+      n.rows = 1;
+      break;
+    }
+    case 4: {
+      const Node& b = node(inputs[1]);
+      if (!a.perExample && !b.perExample) {
+        throw InputError(fmt::format("{}'{}' combines two parameters; one operand must be per-example", at, text));
+      }
+      const Node& param = a.perExample ? b : a;
+      if (!param.perExample && param.cols != 1) {
+        throw mismatch(fmt::format("{} broadcasts only a vector parameter (n x 1)", opName(op)));
+      }
+      if (a.rows != b.rows) throw mismatch(fmt::format("{} needs operands of equal length", opName(op)));
+      n.rows = a.rows;
+      break;
+    }
+    case 5: {
+      const Node& v = node(inputs[1]);
+      if (a.kind != NodeKind::kParam) {
+        throw InputError(
+            fmt::format("{}'{}': the left operand of a matrix-vector product must be a parameter matrix, got '{}'", at,
+                        text, a.name));
+      }
+      requirePerExample(v);
+      if (a.cols != v.rows) throw mismatch(fmt::format("{} columns must equal the vector's length", a.name));
+      n.rows = a.rows;
+      break;
+    }
+    default:
+      ORPHEUS_ENFORCE(false, "unknown operator type");
+  }
+  return add(std::move(n));
+}
+
+void Graph::setLoss(int id) {
+  const Node& n = node(id);
+  ORPHEUS_CHECK_INPUT(n.perExample && n.rows == 1, "{}the loss '{}' must be a scalar per example, but it has {} rows",
+                      where(id), n.name, n.rows);
+  loss_ = id;
+}
+
+void Graph::setPrediction(int id) {
+  const Node& n = node(id);
+  ORPHEUS_CHECK_INPUT(n.perExample, "{}the prediction '{}' must be a per-example vector", where(id), n.name);
+  ORPHEUS_CHECK_INPUT(label_ < 0 || n.rows == node(label_).rows,
+                      "{}the prediction '{}' has {} rows but the label '{}' has {}", where(id), n.name, n.rows,
+                      node(label_).name, node(label_).rows);
+  prediction_ = id;
+}
+
+int Graph::paramIndex(int id) const {
+  const auto it = std::find(params_.begin(), params_.end(), id);
+  return it == params_.end() ? -1 : static_cast<int>(it - params_.begin());
+}
+
+int Graph::find(const std::string& name) const {
+  for (const Node& n : nodes_) {
+    if (n.kind != NodeKind::kOp && n.name == name) return n.id;
+  }
+  return -1;
+}
+
+std::vector<int> Graph::consumers(int id) const {
+  std::vector<int> out;
+  for (const Node& n : nodes_) {
+    if (std::find(n.inputs.begin(), n.inputs.end(), id) != n.inputs.end()) out.push_back(n.id);
+  }
+  return out;
+}
+
+std::string Graph::where(int id) const {
+  if (id < 0 || node(id).loc.line == 0) return source_.empty() ? "" : source_ + ": ";
+  return fmt::format("{}:{}:{}: ", source_, node(id).loc.line, node(id).loc.column);
+}
+
+std::vector<SvSite> Graph::identifySvs() const {
+  ORPHEUS_CHECK_INPUT(loss_ >= 0, "{}the model declares no loss", where(-1));
+  // Nodes the loss depends on.
+  std::vector<bool> feedsLoss(nodes_.size(), false);
+  feedsLoss[static_cast<size_t>(loss_)] = true;
+  for (int id = loss_; id >= 0; --id) {
+    if (!feedsLoss[static_cast<size_t>(id)]) continue;
+    for (int in : node(id).inputs) feedsLoss[static_cast<size_t>(in)] = true;
+  }
+
+  std::vector<SvSite> sites;
+  for (int p : params_) {
+    const Node& param = node(p);
+    const std::vector<int> users = consumers(p);
+    const bool usedAsMatrix = std::any_of(users.begin(), users.end(), [&](int u) {
+      return node(u).op == OpKind::kMatVec && node(u).inputs[0] == p;
+    });
+    if (users.empty() || !feedsLoss[static_cast<size_t>(p)]) {
+      throw InputError(fmt::format("{}parameter '{}' has no SV form: it does not influence the loss", where(p),
+                                   param.name));
+    }
+    if (usedAsMatrix || param.cols > 1) {
+      for (int u : users) {
+        const Node& user = node(u);
+        if (user.op != OpKind::kMatVec || user.inputs[0] != p) {
+          throw InputError(fmt::format(
+              "{}parameter '{}' has no SV form: it is used by '{}' ({}), but a matrix parameter may only multiply a "
+              "vector (W * v)",
+              where(u), param.name, user.name, opName(user.op)));
+        }
+      }
+      continue;
+    }
+    // A vector parameter: must be a bias added to matrix-vector products that feed only that addition.
+    for (int u : users) {
+      const Node& user = node(u);
+      const int other = user.inputs.size() == 2 ? (user.inputs[0] == p ? user.inputs[1] : user.inputs[0]) : -1;
+      const bool biasOfProduct = user.op == OpKind::kAdd && other >= 0 && node(other).kind == NodeKind::kOp &&
+                                 node(other).op == OpKind::kMatVec && consumers(other).size() == 1;
+      if (!biasOfProduct) {
+        throw InputError(fmt::format(
+            "{}parameter '{}' has no SV form: it is used by '{}' ({}), but a vector parameter must be a bias added to a "
+            "matrix-vector product used nowhere else (W * v + b)",
+            where(u), param.name, user.name, opName(user.op)));
+      }
+    }
+  }
+
+  for (const Node& n : nodes_) {
+    if (n.kind != NodeKind::kOp || n.op != OpKind::kMatVec || !feedsLoss[static_cast<size_t>(n.id)]) continue;
+    SvSite site;
+    site.param = paramIndex(n.inputs[0]);
+    site.matvecNode = n.id;
+    site.vectorNode = n.inputs[1];
+    for (int u : consumers(n.id)) {
+      const Node& user = node(u);
+      if (user.op != OpKind::kAdd) continue;
+      const int other = user.inputs[0] == n.id ? user.inputs[1] : user.inputs[0];
+      if (node(other).kind == NodeKind::kParam) site.bias = paramIndex(other);
+    }
+    sites.push_back(site);
+  }
+  return sites;
+}
+
+std::vector<FusedStep> Graph::fusionPlan() const {
+  std::vector<FusedStep> steps;
+  std::vector<int> chainOf(nodes_.size(), -1);  // index into `chains` of the chain a node ends
+  std::vector<std::vector<int>> chains;
+  for (const Node& n : nodes_) {
+    if (n.kind != NodeKind::kOp) continue;
+    // softmax -> cross_entropy: the pair's gradient is p * sum(t) - t.
+    if (n.op == OpKind::kCrossEntropy) {
+      const Node& p = node(n.inputs[0]);
+      if (p.kind == NodeKind::kOp && p.op == OpKind::kSoftmax && consumers(p.id).size() == 1 &&
+          n.inputs[1] != p.id) {
+        steps.push_back({FusedStep::Kind::kSoftmaxCrossEntropy, {p.id, n.id}});
+      }
+      continue;
+    }
+    if (!isElementwise(n.op)) continue;
+    int joined = -1;
+    for (int in : n.inputs) {
+      const int c = chainOf[static_cast<size_t>(in)];
+      if (c >= 0 && consumers(in).size() == 1 && joined < 0) joined = c;
+    }
+    if (joined >= 0) {
+      chains[static_cast<size_t>(joined)].push_back(n.id);
+    } else {
+      joined = static_cast<int>(chains.size());
+      chains.push_back({n.id});
+    }
+    chainOf[static_cast<size_t>(n.id)] = joined;
+  }
+  for (auto& c : chains) {
+    if (c.size() >= 2) steps.push_back({FusedStep::Kind::kElementwise, std::move(c)});
+  }
+  std::sort(steps.begin(), steps.end(), [](const FusedStep& a, const FusedStep& b) { return a.nodes[0] < b.nodes[0]; });
+  return steps;
+}
+
+}  // namespace orpheus::ops

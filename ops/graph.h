@@ -1,0 +1,120 @@
+// Expression graphs of loss functions: what a model is in Orpheus. A graph holds
+// parameters (matrices and bias vectors), per-example terminals (the input x, the
+// one-hot label, data-dependent variables), and operator nodes (ops/operators.h).
+// Building a node infers its shape and refuses mismatches; `identifySvs()` finds,
+// for every parameter, the sufficient vectors of its gradient (section 3.1.1):
+//   - a matrix W used in a type-5 operator a = W v contributes the pair (df/da, v),
+//     one pair per site where it is used;
+//   - a bias vector b added to such an output (a = W v + b) is updated from the same
+//     SVs: b += U c.
+// A parameter used any other way has no SV form and is refused with the reason.
+#pragma once
+
+#include "ops/operators.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace orpheus::ops {
+
+enum class NodeKind { kParam, kInput, kLabel, kLocal, kOp };
+
+// How a parameter or data-dependent variable starts.
+struct Init {
+  enum class Kind { kZeros, kConstant, kNormal, kUniform, kGlorot, kHe } kind = Kind::kZeros;
+  double value = 0.0;  // constant value, normal stddev, or uniform half-width
+};
+
+// Where a node came from in a .loss file (line 0: built with the C++ API).
+struct SourceLoc {
+  int line = 0;
+  int column = 0;
+};
+
+struct Node {
+  int id = 0;
+  NodeKind kind = NodeKind::kOp;
+  std::string name;  // declared name, or the expression text for operator nodes
+  OpKind op = OpKind::kAdd;
+  std::vector<int> inputs;
+  int64_t rows = 0;          // per-example vector length, or a parameter's rows
+  int64_t cols = 1;          // a parameter's columns; 1 for everything else
+  bool perExample = false;   // one column per example (all but parameters)
+  double attr = 1.0;         // kScale's factor
+  Init init;                 // parameters and data-dependent variables
+  int innerSteps = 0;        // data-dependent variables: gradient steps per clock
+  double innerLr = 0.0;
+  SourceLoc loc;
+};
+
+// One SV site: the parameter matrix of a type-5 node and what it is updated from.
+struct SvSite {
+  int param = 0;        // index among parameters (ParamSet order)
+  int bias = -1;        // index among parameters of the bias added to the output, or -1
+  int matvecNode = 0;   // node a = W v: U = df/da
+  int vectorNode = 0;   // node v: V = v
+};
+
+// Nodes computed in one pass over memory: a chain of elementwise operators, or a
+// softmax followed by cross-entropy (whose gradient p - t needs no Jacobian).
+struct FusedStep {
+  enum class Kind { kElementwise, kSoftmaxCrossEntropy } kind = Kind::kElementwise;
+  std::vector<int> nodes;  // in evaluation order; the last one is the step's output
+};
+
+class Graph {
+ public:
+  // Terminals. Names must be unique; shapes positive.
+  int param(const std::string& name, int64_t rows, int64_t cols, Init init, SourceLoc loc = {});
+  int input(const std::string& name, int64_t rows, SourceLoc loc = {});
+  int label(const std::string& name, int64_t rows, SourceLoc loc = {});
+  int local(const std::string& name, int64_t rows, Init init, int innerSteps, double innerLr, SourceLoc loc = {});
+
+  // An operator node. Throws InputError naming both shapes and `text` (the
+  // expression, for messages) when the operand shapes do not fit `op`.
+  int apply(OpKind op, std::vector<int> inputs, const std::string& text, double attr = 1.0, SourceLoc loc = {});
+
+  // The loss: a per-example scalar (1 row). The engine minimises its sum over examples.
+  void setLoss(int node);
+  // Optional: a per-example vector whose argmax is the predicted class.
+  void setPrediction(int node);
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const Node& node(int id) const { return nodes_.at(static_cast<size_t>(id)); }
+  int loss() const { return loss_; }
+  int prediction() const { return prediction_; }
+  // Parameter node ids in declaration order (the ParamSet order).
+  const std::vector<int>& params() const { return params_; }
+  int paramIndex(int node) const;  // -1 if not a parameter
+  int inputNode() const { return input_; }
+  int labelNode() const { return label_; }
+  const std::vector<int>& locals() const { return locals_; }
+  int find(const std::string& name) const;  // node id of a declared name, or -1
+  // Nodes that use `id` as an operand.
+  std::vector<int> consumers(int id) const;
+
+  // Throws InputError naming the parameter and why it has no SV form; also when the
+  // loss is missing, or some parameter does not influence the loss.
+  std::vector<SvSite> identifySvs() const;
+  std::vector<FusedStep> fusionPlan() const;
+
+  // "file:line:col: " for messages about node `id`, or "" for C++-built nodes.
+  std::string where(int id) const;
+  void setSourceName(const std::string& name) { source_ = name; }
+  const std::string& sourceName() const { return source_; }
+
+ private:
+  int add(Node n);
+
+  std::vector<Node> nodes_;
+  std::vector<int> params_;
+  std::vector<int> locals_;
+  int input_ = -1;
+  int label_ = -1;
+  int loss_ = -1;
+  int prediction_ = -1;
+  std::string source_;
+};
+
+}  // namespace orpheus::ops

@@ -1,0 +1,188 @@
+#include "ops/graph_model.h"
+
+#include "engine/base/error.h"
+#include "engine/base/rng.h"
+
+#include <cmath>
+
+namespace orpheus::ops {
+
+Matrix initialValue(const Init& init, int64_t rows, int64_t cols, uint64_t seed, uint64_t key, uint64_t index) {
+  Matrix m(rows, cols);
+  CounterRng rng(seed, RngPurpose::kInit, key, index);
+  // Fan-in and fan-out of a layer W (out x in); a vector's fan-in is its length.
+  const double fanIn = static_cast<double>(cols > 1 ? cols : rows);
+  const double fanOut = static_cast<double>(rows);
+  switch (init.kind) {
+    case Init::Kind::kZeros:
+      m.setZero();
+      break;
+    case Init::Kind::kConstant:
+      m.setConstant(static_cast<float>(init.value));
+      break;
+    case Init::Kind::kNormal:
+      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(rng.normal() * init.value);
+      break;
+    case Init::Kind::kUniform:
+      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>((2 * rng.uniform() - 1) * init.value);
+      break;
+    case Init::Kind::kGlorot: {
+      const double a = std::sqrt(6.0 / (fanIn + fanOut));
+      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>((2 * rng.uniform() - 1) * a);
+      break;
+    }
+    case Init::Kind::kHe: {
+      const double s = std::sqrt(2.0 / fanIn);
+      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(rng.normal() * s);
+      break;
+    }
+  }
+  return m;
+}
+
+GraphModel::GraphModel(Graph graph, std::string spec, uint64_t seed)
+    : graph_(std::move(graph)), spec_(std::move(spec)), seed_(seed) {
+  exec_ = std::make_unique<GraphExecutor<float>>(graph_);  // identifies the SVs: refuses models without them
+  kept_.resize(graph_.locals().size());
+}
+
+std::unique_ptr<GraphModel> GraphModel::fromFile(const std::string& path, const LossDims& dims, uint64_t seed) {
+  Graph graph = parseLossFile(path, dims);
+  return std::make_unique<GraphModel>(std::move(graph),
+                                      fmt::format("graph {} features={} classes={}", path, dims.features, dims.classes),
+                                      seed);
+}
+
+std::vector<ParamSpec> GraphModel::paramSpecs() const {
+  std::vector<ParamSpec> specs;
+  for (int id : graph_.params()) {
+    const Node& n = graph_.node(id);
+    specs.push_back({n.name, n.rows, n.cols});
+  }
+  return specs;
+}
+
+ParamSet GraphModel::initParams(uint64_t seed) const {
+  ParamSet p;
+  for (size_t i = 0; i < graph_.params().size(); ++i) {
+    const Node& n = graph_.node(graph_.params()[i]);
+    p.params.push_back({n.name, initialValue(n.init, n.rows, n.cols, seed, 0, i)});
+  }
+  return p;
+}
+
+bool GraphModel::hasAccuracy() const { return graph_.prediction() >= 0 && graph_.labelNode() >= 0; }
+
+std::vector<const Matrix*> GraphModel::paramPointers(const ParamSet& w) const {
+  ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
+                      graph_.params().size(), w.size());
+  std::vector<const Matrix*> ptrs;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const Node& n = graph_.node(graph_.params()[i]);
+    ORPHEUS_CHECK_INPUT(w[i].rows() == n.rows && w[i].cols() == n.cols,
+                        "parameter '{}' has shape {}x{}, the model expects {}x{}", n.name, w[i].rows(), w[i].cols(),
+                        n.rows, n.cols);
+    ptrs.push_back(&w[i]);
+  }
+  return ptrs;
+}
+
+std::vector<Matrix> GraphModel::initialLocals(const ExampleBatch& x, bool kept) const {
+  std::vector<Matrix> locals;
+  const int64_t b = x.size();
+  for (size_t k = 0; k < graph_.locals().size(); ++k) {
+    const Node& n = graph_.node(graph_.locals()[k]);
+    Matrix m(n.rows, b);
+    for (int64_t j = 0; j < b; ++j) {
+      const int64_t index = x.indices ? (*x.indices)[static_cast<size_t>(j)] : j;
+      if (kept) {
+        const auto it = kept_[k].find(index);
+        if (it != kept_[k].end()) {
+          m.col(j) = it->second;
+          continue;
+        }
+      }
+      m.col(j) = initialValue(n.init, n.rows, 1, seed_, 1 + k, static_cast<uint64_t>(index)).col(0);
+    }
+    locals.push_back(std::move(m));
+  }
+  return locals;
+}
+
+void GraphModel::keepLocals(const ExampleBatch& x, const std::vector<Matrix>& locals) const {
+  if (!x.indices) return;
+  for (size_t k = 0; k < locals.size(); ++k) {
+    for (int64_t j = 0; j < x.size(); ++j) kept_[k][(*x.indices)[static_cast<size_t>(j)]] = locals[k].col(j);
+  }
+}
+
+namespace {
+
+GraphInputs<float> inputsOf(const ExampleBatch& x, std::vector<Matrix>* locals) {
+  GraphInputs<float> in;
+  in.dense = x.dense;
+  in.sparse = x.sparse;
+  in.labels = x.labels;
+  in.locals = locals;
+  return in;
+}
+
+}  // namespace
+
+SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
+  const std::vector<const Matrix*> params = paramPointers(w);
+  std::vector<Matrix> locals = initialLocals(x, true);
+  const GraphInputs<float> in = inputsOf(x, &locals);
+  if (!locals.empty()) {
+    exec_->optimizeLocals(params, in);
+    keepLocals(x, locals);
+  }
+  const double loss = exec_->forward(params, in);
+  exec_->backward(params, in);
+  if (meanLoss) *meanLoss = x.size() > 0 ? loss / static_cast<double>(x.size()) : 0.0;
+
+  SvBatch batch;
+  batch.coeffs = Vector::Ones(x.size());
+  for (const SvSite& site : exec_->sites()) {
+    SvMatrix m;
+    m.paramId = static_cast<uint32_t>(site.param);
+    m.biasId = site.bias;
+    const Matrix& u = exec_->grad(site.matvecNode);
+    m.u = u.size() > 0 ? u : Matrix::Zero(graph_.node(site.matvecNode).rows, x.size());
+    const Node& v = graph_.node(site.vectorNode);
+    if (v.kind == NodeKind::kInput && x.sparse) {
+      m.sparseV = true;
+      m.vSparse = *x.sparse;
+    } else if (v.kind == NodeKind::kInput) {
+      m.vDense = *x.dense;
+    } else if (v.kind == NodeKind::kLocal) {
+      const auto& ids = graph_.locals();
+      m.vDense = locals[static_cast<size_t>(std::find(ids.begin(), ids.end(), v.id) - ids.begin())];
+    } else {
+      m.vDense = exec_->value(site.vectorNode);
+    }
+    batch.matrices.push_back(std::move(m));
+  }
+  return batch;
+}
+
+EvalSums GraphModel::evaluate(const ParamSet& w, const ExampleBatch& x) const {
+  const std::vector<const Matrix*> params = paramPointers(w);
+  std::vector<Matrix> locals = initialLocals(x, false);
+  const GraphInputs<float> in = inputsOf(x, &locals);
+  if (!locals.empty()) exec_->optimizeLocals(params, in);
+  EvalSums sums;
+  sums.lossSum = exec_->forward(params, in);
+  sums.count = static_cast<double>(x.size());
+  if (hasAccuracy()) {
+    const Matrix& scores = exec_->value(graph_.prediction());
+    for (int64_t j = 0; j < x.size(); ++j) {
+      Eigen::Index best = 0;
+      scores.col(j).maxCoeff(&best);
+      sums.correct += best == (*x.labels)(j) ? 1.0 : 0.0;
+    }
+  }
+  return sums;
+}
+
+}  // namespace orpheus::ops

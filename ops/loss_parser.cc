@@ -1,0 +1,401 @@
+#include "ops/loss_parser.h"
+
+#include "engine/base/error.h"
+
+#include <cctype>
+#include <charconv>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace orpheus::ops {
+namespace {
+
+struct Token {
+  enum class Kind { kIdent, kNumber, kPunct, kEnd } kind = Kind::kEnd;
+  std::string text;
+  size_t begin = 0;  // byte offset in the line
+  size_t end = 0;
+  int column = 0;    // 1-based
+};
+
+std::string describe(const Token& t) {
+  if (t.kind == Token::Kind::kEnd) return "end of line";
+  return "'" + t.text + "'";
+}
+
+// What an expression evaluates to while parsing: a graph node or a number.
+struct Value {
+  int node = -1;
+  double number = 0.0;
+  bool isNumber() const { return node < 0; }
+};
+
+class LineParser {
+ public:
+  LineParser(Graph& graph, std::map<std::string, int64_t>& dims, std::map<std::string, int>& names,
+             const std::string& source, const std::string& line, int lineNo)
+      : graph_(graph), dims_(dims), names_(names), source_(source), line_(line), lineNo_(lineNo) {
+    tokenize();
+  }
+
+  void statement() {
+    if (peek().kind == Token::Kind::kEnd) return;
+    const Token first = next();
+    if (first.kind != Token::Kind::kIdent) fail(first, "a declaration or an assignment");
+    if (first.text == "dim") {
+      const Token name = expectIdent("a dimension name");
+      expectPunct("=");
+      const Token value = expect(Token::Kind::kNumber, "an integer");
+      dims_[name.text] = integer(value);
+    } else if (first.text == "param") {
+      const Token name = expectIdent("a parameter name");
+      expectPunct("[");
+      const int64_t rows = dimension();
+      int64_t cols = 1;
+      if (acceptPunct(",")) cols = dimension();
+      expectPunct("]");
+      Init init;
+      if (acceptWord("init")) init = initSpec();
+      declare(name, graph_.param(name.text, rows, cols, init, loc(name)));
+    } else if (first.text == "input" || first.text == "label") {
+      const Token name = expectIdent("a name");
+      expectPunct("[");
+      const int64_t rows = dimension();
+      expectPunct("]");
+      declare(name, first.text == "input" ? graph_.input(name.text, rows, loc(name))
+                                          : graph_.label(name.text, rows, loc(name)));
+    } else if (first.text == "local") {
+      const Token name = expectIdent("a name");
+      expectPunct("[");
+      const int64_t rows = dimension();
+      expectPunct("]");
+      Init init;
+      int steps = 5;
+      double lr = 0.1;
+      for (;;) {
+        if (acceptWord("init")) {
+          init = initSpec();
+        } else if (acceptWord("steps")) {
+          steps = static_cast<int>(integer(expect(Token::Kind::kNumber, "a number of steps")));
+        } else if (acceptWord("lr")) {
+          lr = number(expect(Token::Kind::kNumber, "a learning rate"));
+        } else {
+          break;
+        }
+      }
+      declare(name, graph_.local(name.text, rows, init, steps, lr, loc(name)));
+    } else if (first.text == "loss") {
+      acceptPunct("=");
+      const Value v = expression();
+      requireNode(v, first, "the loss");
+      graph_.setLoss(v.node);
+    } else if (first.text == "predict") {
+      const Value v = expression();
+      requireNode(v, first, "the prediction");
+      graph_.setPrediction(v.node);
+    } else {
+      expectPunct("=");
+      const Value v = expression();
+      requireNode(v, first, "'" + first.text + "'");
+      if (names_.count(first.text) || dims_.count(first.text)) {
+        throw InputError(fmt::format("{}'{}' is already defined", at(first), first.text));
+      }
+      names_[first.text] = v.node;
+    }
+    if (peek().kind != Token::Kind::kEnd) fail(peek(), "end of line");
+  }
+
+ private:
+  void tokenize() {
+    size_t i = 0;
+    while (i < line_.size()) {
+      const char c = line_[i];
+      if (c == '#') break;
+      if (std::isspace(static_cast<unsigned char>(c))) {
+        ++i;
+        continue;
+      }
+      Token t;
+      t.begin = i;
+      t.column = static_cast<int>(i) + 1;
+      if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+        while (i < line_.size() && (std::isalnum(static_cast<unsigned char>(line_[i])) || line_[i] == '_')) ++i;
+        t.kind = Token::Kind::kIdent;
+      } else if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
+        while (i < line_.size() && (std::isalnum(static_cast<unsigned char>(line_[i])) || line_[i] == '.' ||
+                                    ((line_[i] == '-' || line_[i] == '+') && (line_[i - 1] == 'e' || line_[i - 1] == 'E')))) {
+          ++i;
+        }
+        t.kind = Token::Kind::kNumber;
+      } else if (std::string_view("()[],=+-*").find(c) != std::string_view::npos) {
+        ++i;
+        t.kind = Token::Kind::kPunct;
+      } else {
+        throw InputError(fmt::format("{}:{}:{}: unexpected character '{}'", source_, lineNo_, i + 1, c));
+      }
+      t.end = i;
+      t.text = line_.substr(t.begin, t.end - t.begin);
+      tokens_.push_back(t);
+    }
+    Token end;
+    end.begin = end.end = line_.size();
+    end.column = static_cast<int>(line_.size()) + 1;
+    tokens_.push_back(end);
+  }
+
+  const Token& peek() const { return tokens_[pos_]; }
+  Token next() { return tokens_[pos_ < tokens_.size() - 1 ? pos_++ : pos_]; }
+  std::string at(const Token& t) const { return fmt::format("{}:{}:{}: ", source_, lineNo_, t.column); }
+  SourceLoc loc(const Token& t) const { return {lineNo_, t.column}; }
+
+  [[noreturn]] void fail(const Token& t, const std::string& expected) const {
+    throw InputError(fmt::format("{}expected {}, found {}", at(t), expected, describe(t)));
+  }
+  Token expect(Token::Kind kind, const std::string& what) {
+    if (peek().kind != kind) fail(peek(), what);
+    return next();
+  }
+  Token expectIdent(const std::string& what) { return expect(Token::Kind::kIdent, what); }
+  void expectPunct(const char* p) {
+    if (!acceptPunct(p)) fail(peek(), fmt::format("'{}'", p));
+  }
+  bool acceptPunct(const char* p) {
+    if (peek().kind == Token::Kind::kPunct && peek().text == p) {
+      next();
+      return true;
+    }
+    return false;
+  }
+  bool acceptWord(const char* w) {
+    if (peek().kind == Token::Kind::kIdent && peek().text == w) {
+      next();
+      return true;
+    }
+    return false;
+  }
+  int64_t integer(const Token& t) const {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
+    if (ec != std::errc() || end != t.text.data() + t.text.size() || v <= 0) fail(t, "a positive integer");
+    return v;
+  }
+  double number(const Token& t) const {
+    double v = 0;
+    const auto [end, ec] = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
+    if (ec != std::errc() || end != t.text.data() + t.text.size()) fail(t, "a number");
+    return v;
+  }
+  int64_t dimension() {
+    const Token t = next();
+    if (t.kind == Token::Kind::kNumber) return integer(t);
+    if (t.kind != Token::Kind::kIdent) fail(t, "a size (an integer or a dimension name)");
+    const auto it = dims_.find(t.text);
+    if (it == dims_.end()) {
+      throw InputError(fmt::format("{}unknown dimension '{}' (known: features, classes and names declared with dim)",
+                                   at(t), t.text));
+    }
+    return it->second;
+  }
+  Init initSpec() {
+    const Token t = expectIdent("an initialisation (zeros, constant, normal, uniform, glorot, he)");
+    Init init;
+    const auto arg = [&] {
+      expectPunct("(");
+      const bool negative = acceptPunct("-");
+      const double v = number(expect(Token::Kind::kNumber, "a number"));
+      expectPunct(")");
+      return negative ? -v : v;
+    };
+    if (t.text == "zeros") {
+      init.kind = Init::Kind::kZeros;
+    } else if (t.text == "constant") {
+      init.kind = Init::Kind::kConstant;
+      init.value = arg();
+    } else if (t.text == "normal") {
+      init.kind = Init::Kind::kNormal;
+      init.value = arg();
+    } else if (t.text == "uniform") {
+      init.kind = Init::Kind::kUniform;
+      init.value = arg();
+    } else if (t.text == "glorot") {
+      init.kind = Init::Kind::kGlorot;
+    } else if (t.text == "he") {
+      init.kind = Init::Kind::kHe;
+    } else {
+      fail(t, "an initialisation (zeros, constant, normal, uniform, glorot, he)");
+    }
+    return init;
+  }
+  void declare(const Token& name, int node) {
+    if (names_.count(name.text)) throw InputError(fmt::format("{}'{}' is already defined", at(name), name.text));
+    names_[name.text] = node;
+  }
+  void requireNode(const Value& v, const Token& t, const std::string& what) const {
+    if (v.isNumber()) throw InputError(fmt::format("{}{} must be an expression of the model, not a number", at(t), what));
+  }
+
+  std::string textFrom(size_t begin) const {
+    const size_t end = tokens_[pos_ > 0 ? pos_ - 1 : 0].end;
+    return line_.substr(begin, end > begin ? end - begin : 0);
+  }
+
+  Value apply(OpKind op, std::vector<int> inputs, size_t begin, const Token& where, double attr = 1.0) {
+    Value v;
+    v.node = graph_.apply(op, std::move(inputs), textFrom(begin), attr, loc(where));
+    return v;
+  }
+
+  Value expression() {
+    const size_t begin = peek().begin;
+    const Token startTok = peek();
+    Value left = term();
+    while (peek().kind == Token::Kind::kPunct && (peek().text == "+" || peek().text == "-")) {
+      const Token op = next();
+      const Value right = term();
+      if (left.isNumber() && right.isNumber()) {
+        left.number = op.text == "+" ? left.number + right.number : left.number - right.number;
+        continue;
+      }
+      if (left.isNumber() || right.isNumber()) {
+        throw InputError(fmt::format("{}a number can only scale an expression ('{}' adds one)", at(op),
+                                     textFrom(begin)));
+      }
+      left = apply(op.text == "+" ? OpKind::kAdd : OpKind::kSubtract, {left.node, right.node}, begin, startTok);
+    }
+    return left;
+  }
+
+  Value term() {
+    const size_t begin = peek().begin;
+    const Token startTok = peek();
+    Value left = unary();
+    while (peek().kind == Token::Kind::kPunct && peek().text == "*") {
+      next();
+      const Value right = unary();
+      if (left.isNumber() && right.isNumber()) {
+        left.number *= right.number;
+      } else if (left.isNumber() || right.isNumber()) {
+        const double factor = left.isNumber() ? left.number : right.number;
+        const int node = left.isNumber() ? right.node : left.node;
+        left = apply(OpKind::kScale, {node}, begin, startTok, factor);
+      } else if (const Node& l = graph_.node(left.node);
+                 l.kind == NodeKind::kParam && !(l.cols == 1 && graph_.node(right.node).rows == l.rows)) {
+        // A parameter matrix times a vector; a vector parameter times an equally long
+        // vector is elementwise.
+        left = apply(OpKind::kMatVec, {left.node, right.node}, begin, startTok);
+      } else {
+        left = apply(OpKind::kMultiply, {left.node, right.node}, begin, startTok);
+      }
+    }
+    return left;
+  }
+
+  Value unary() {
+    if (peek().kind == Token::Kind::kPunct && peek().text == "-") {
+      const Token minus = next();
+      const size_t begin = minus.begin;
+      Value v = unary();
+      if (v.isNumber()) {
+        v.number = -v.number;
+        return v;
+      }
+      return apply(OpKind::kScale, {v.node}, begin, minus, -1.0);
+    }
+    return primary();
+  }
+
+  Value primary() {
+    const Token t = next();
+    if (t.kind == Token::Kind::kNumber) {
+      Value v;
+      v.number = number(t);
+      return v;
+    }
+    if (t.kind == Token::Kind::kPunct && t.text == "(") {
+      const Value v = expression();
+      expectPunct(")");
+      return v;
+    }
+    if (t.kind != Token::Kind::kIdent) fail(t, "an expression");
+    if (peek().kind == Token::Kind::kPunct && peek().text == "(") {
+      next();
+      const auto op = opFromName(t.text);
+      if (!op) throw InputError(fmt::format("{}unknown operator '{}'", at(t), t.text));
+      std::vector<Value> args;
+      if (!(peek().kind == Token::Kind::kPunct && peek().text == ")")) {
+        args.push_back(expression());
+        while (acceptPunct(",")) args.push_back(expression());
+      }
+      expectPunct(")");
+      const size_t wanted = *op == OpKind::kScale ? 2 : static_cast<size_t>(arity(*op));
+      if (args.size() != wanted) {
+        throw InputError(fmt::format("{}{} takes {} argument{}, got {}", at(t), t.text, wanted, wanted == 1 ? "" : "s",
+                                     args.size()));
+      }
+      if (*op == OpKind::kScale) {
+        if (args[0].isNumber() || !args[1].isNumber()) {
+          throw InputError(fmt::format("{}scale takes an expression and a number: scale(x, 0.5)", at(t)));
+        }
+        return apply(OpKind::kScale, {args[0].node}, t.begin, t, args[1].number);
+      }
+      std::vector<int> inputs;
+      for (const Value& a : args) {
+        if (a.isNumber()) throw InputError(fmt::format("{}{} takes expressions, not numbers", at(t), t.text));
+        inputs.push_back(a.node);
+      }
+      return apply(*op, std::move(inputs), t.begin, t);
+    }
+    const auto it = names_.find(t.text);
+    if (it == names_.end()) {
+      if (dims_.count(t.text)) {
+        throw InputError(fmt::format("{}'{}' is a dimension; it can only give a size in [...]", at(t), t.text));
+      }
+      throw InputError(fmt::format("{}unknown name '{}'", at(t), t.text));
+    }
+    Value v;
+    v.node = it->second;
+    return v;
+  }
+
+  Graph& graph_;
+  std::map<std::string, int64_t>& dims_;
+  std::map<std::string, int>& names_;
+  const std::string& source_;
+  std::string line_;
+  int lineNo_;
+  std::vector<Token> tokens_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+Graph parseLoss(const std::string& text, const std::string& source, const LossDims& dims) {
+  Graph graph;
+  graph.setSourceName(source);
+  std::map<std::string, int64_t> dimTable;
+  if (dims.features > 0) dimTable["features"] = dims.features;
+  if (dims.classes > 0) dimTable["classes"] = dims.classes;
+  std::map<std::string, int> names;
+  std::istringstream in(text);
+  std::string line;
+  int lineNo = 0;
+  while (std::getline(in, line)) {
+    ++lineNo;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    LineParser parser(graph, dimTable, names, source, line, lineNo);
+    parser.statement();
+  }
+  ORPHEUS_CHECK_INPUT(graph.loss() >= 0, "{}: no loss declared (add a line 'loss EXPR')", source);
+  return graph;
+}
+
+Graph parseLossFile(const std::string& path, const LossDims& dims) {
+  std::ifstream in(path);
+  ORPHEUS_CHECK_INPUT(in.good(), "cannot read model file '{}'", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parseLoss(text.str(), path, dims);
+}
+
+}  // namespace orpheus::ops

@@ -1,0 +1,91 @@
+// The operators a loss expression is built from, grouped as in Table 1 of the
+// Orpheus paper. Every operator works on a whole minibatch at once: a "vector"
+// variable is an r x B matrix holding one r-vector per example (column), a
+// "scalar" is 1 x B, and a matrix parameter is J x K. So a clock runs as matrix
+// operations, never a loop over examples.
+//
+// Each operator has a forward and a backward (vector-Jacobian product). Templated
+// on the scalar type: float for training, double for gradient checks.
+#pragma once
+
+#include <Eigen/Dense>
+#include <Eigen/SparseCore>
+
+#include <optional>
+#include <span>
+#include <string>
+
+namespace orpheus::ops {
+
+enum class OpKind {
+  // Type 1: vector -> scalar.
+  kSquaredL2,  // sum_i x_i^2
+  kL2Norm,     // sqrt(sum_i x_i^2)
+  kL1,         // sum_i |x_i|
+  kSum,        // sum_i x_i
+  // Type 2: vector -> vector.
+  kSoftmax,
+  kLogSoftmax,
+  kSigmoid,
+  kTanh,
+  kRelu,
+  kExp,
+  kLog,
+  kScale,  // attr * x
+  // Type 3: (vector, vector) -> scalar.
+  kCrossEntropy,      // -sum_i t_i log p_i   (inputs: p, t)
+  kDot,               // sum_i a_i b_i
+  kSquaredDistance,   // sum_i (a_i - b_i)^2
+  // Type 4: (vector, vector) -> vector, elementwise.
+  kAdd,
+  kSubtract,
+  kMultiply,
+  // Type 5: (matrix, vector) -> vector.
+  kMatVec,  // W x
+};
+
+// 1..5 as in Table 1.
+int operatorType(OpKind op);
+// Number of inputs (1 or 2).
+int arity(OpKind op);
+// Name in the .loss language: "sq_l2", "l2_norm", "l1", "sum", "softmax", "log_softmax",
+// "sigmoid", "tanh", "relu", "exp", "log", "scale", "cross_entropy", "dot", "sq_dist",
+// "add", "sub", "mul", "matvec".
+const char* opName(OpKind op);
+std::optional<OpKind> opFromName(const std::string& name);
+// True for operators applied independently per element (sigmoid, tanh, relu, exp,
+// log, scale, add, subtract, multiply): these can be fused into one pass.
+bool isElementwise(OpKind op);
+
+template <typename S>
+using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+template <typename S>
+using SparseMat = Eigen::SparseMatrix<S, Eigen::ColMajor, int32_t>;
+
+// The operands of one operator application. For every operator but kMatVec each
+// operand is dense, r x B. Type 4 operators also accept an r x 1 operand (a bias
+// vector) broadcast across the other operand's B columns. kMatVec: `a` is the J x K
+// matrix, the vector operand is `b` (K x B dense) or `bSparse` (K x B sparse; data).
+template <typename S>
+struct Operands {
+  const Mat<S>* a = nullptr;
+  const Mat<S>* b = nullptr;
+  const SparseMat<S>* bSparse = nullptr;
+  S attr = S(1);  // kScale's factor
+};
+
+// Output of `op` on the operands (shape: 1 x B for types 1 and 3, r x B otherwise,
+// J x B for kMatVec). Log of a non-positive number and the like follow IEEE rules;
+// kCrossEntropy clamps p at the smallest normal number before the log.
+template <typename S>
+Mat<S> forward(OpKind op, const Operands<S>& in);
+
+// Vector-Jacobian product: given the upstream gradient `grad` (the output's shape)
+// and the forward output `out`, returns d(sum of grad . output)/d(operand `which`),
+// 0 for a/the first operand, 1 for b. The result has that operand's shape: an r x 1
+// broadcast operand gets the column sum; for kMatVec, which = 0 gives grad * x^T
+// (J x K) and which = 1 gives W^T grad (K x B; dense operands only).
+template <typename S>
+Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, const Mat<S>& grad);
+
+}  // namespace orpheus::ops
