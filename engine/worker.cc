@@ -150,6 +150,9 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   EvalResult lastEval;
   bool evaluated = false;
   const int ranks = transport_.size();
+  // The starting point, so a run's progress can be read as a ratio.
+  EvalResult initialEval;
+  if (test_ != nullptr) initialEval = evaluate();
 
   for (uint64_t clock = 1; clock <= static_cast<uint64_t>(config_.clocks); ++clock) {
     const auto start = Clock::now();
@@ -206,6 +209,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
         .add("bytes_sent", totalBytes)
         .add("messages", totalMessages)
         .add("bytes_per_clock", config_.clocks > 0 ? static_cast<double>(totalBytes) / config_.clocks : 0.0);
+    if (test_ != nullptr) summary.add("initial_test_loss", initialEval.loss);
     if (evaluated) {
       summary.add("test_loss", lastEval.loss);
       if (model_.hasAccuracy()) summary.add("test_accuracy", lastEval.accuracy);

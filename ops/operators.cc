@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <limits>
 #include <utility>
@@ -55,9 +56,6 @@ const OpInfo& info(OpKind op) {
   if (i >= kOps.size()) throw Error(fmt::format("unknown operator kind {}", i));
   return kOps[i];
 }
-
-template <typename S>
-using RowVec = Eigen::Matrix<S, 1, Eigen::Dynamic>;
 
 struct Shape {
   Eigen::Index rows;
@@ -129,47 +127,87 @@ void checkShape(OpKind op, const char* what, const Mat<S>& m, Shape want) {
                   opName(op), what, shapeStr(m), want.rows, want.cols);
 }
 
+// The operators below work one column (one example) at a time where a row
+// vector would otherwise be broadcast across the batch: in column-major storage
+// Eigen evaluates such rowwise() broadcasts one scalar at a time, while each
+// column pass here is a single vectorized, cache-resident expression.
+
+// Builds a rows x cols matrix column by column: fill(column j, j).
+template <typename S, typename Fill>
+Mat<S> byColumn(Eigen::Index rows, Eigen::Index cols, Fill&& fill) {
+  Mat<S> out(rows, cols);
+  for (Eigen::Index j = 0; j < cols; ++j) fill(out.col(j), j);
+  return out;
+}
+
+// m with column j multiplied by factor(j): the vector-Jacobian product of a
+// type 1 or 3 operator whose per-column derivative is m, under a 1 x B gradient.
+template <typename S, typename Derived, typename Factor>
+Mat<S> scaleColumns(const Eigen::MatrixBase<Derived>& m, Factor&& factor) {
+  return byColumn<S>(m.rows(), m.cols(), [&](auto col, Eigen::Index j) { col = m.col(j) * factor(j); });
+}
+
+// Sum over the columns of m, as the r x 1 gradient of a broadcast operand.
+template <typename S, typename Derived>
+Mat<S> sumColumns(const Eigen::MatrixBase<Derived>& m) {
+  Mat<S> sum = Mat<S>::Zero(m.rows(), 1);
+  for (Eigen::Index j = 0; j < m.cols(); ++j) sum += m.col(j);
+  return sum;
+}
+
 // Column-wise softmax. Subtracting each column's max first keeps exp from
 // overflowing without changing the result.
 template <typename S>
 Mat<S> softmaxForward(const Mat<S>& x) {
-  if (x.size() == 0) return Mat<S>(x.rows(), x.cols());  // maxCoeff is undefined on empty columns
-  const RowVec<S> colMax = x.colwise().maxCoeff();
-  Mat<S> p = (x.rowwise() - colMax).array().exp().matrix();
-  const RowVec<S> inv = p.colwise().sum().cwiseInverse();
-  p.array().rowwise() *= inv.array();
-  return p;
+  if (x.rows() == 0) return Mat<S>(x.rows(), x.cols());  // maxCoeff is undefined on empty columns
+  return byColumn<S>(x.rows(), x.cols(), [&](auto p, Eigen::Index j) {
+    p = (x.col(j).array() - x.col(j).maxCoeff()).exp().matrix();
+    p *= S(1) / p.sum();
+  });
 }
 
 template <typename S>
 Mat<S> logSoftmaxForward(const Mat<S>& x) {
-  if (x.size() == 0) return Mat<S>(x.rows(), x.cols());
-  const RowVec<S> colMax = x.colwise().maxCoeff();
-  Mat<S> out = x.rowwise() - colMax;
-  const RowVec<S> logSum = out.array().exp().colwise().sum().log().matrix();
-  out.rowwise() -= logSum;
-  return out;
+  if (x.rows() == 0) return Mat<S>(x.rows(), x.cols());
+  return byColumn<S>(x.rows(), x.cols(), [&](auto out, Eigen::Index j) {
+    out = x.col(j).array() - x.col(j).maxCoeff();
+    out.array() -= std::log(out.array().exp().sum());
+  });
 }
 
 template <typename S>
 Mat<S> typeFourForward(OpKind op, const Mat<S>& a, const Mat<S>& b) {
   const Broadcast bc = broadcastOf(a, b);
-  switch (op) {
-    case OpKind::kAdd:
-      if (bc == Broadcast::kB) return a.colwise() + b.col(0);
-      if (bc == Broadcast::kA) return b.colwise() + a.col(0);
-      return a + b;
-    case OpKind::kSubtract:
-      if (bc == Broadcast::kB) return a.colwise() - b.col(0);
-      if (bc == Broadcast::kA) return a.col(0).replicate(1, b.cols()) - b;
-      return a - b;
-    case OpKind::kMultiply:
-      if (bc == Broadcast::kB) return (a.array().colwise() * b.col(0).array()).matrix();
-      if (bc == Broadcast::kA) return (b.array().colwise() * a.col(0).array()).matrix();
-      return a.cwiseProduct(b);
-    default:
-      throw Error(fmt::format("{} is not a type 4 operator", opName(op)));
+  if (bc == Broadcast::kNone) {
+    switch (op) {
+      case OpKind::kAdd:
+        return a + b;
+      case OpKind::kSubtract:
+        return a - b;
+      case OpKind::kMultiply:
+        return a.cwiseProduct(b);
+      default:
+        break;
+    }
+  } else {
+    const Mat<S>& full = bc == Broadcast::kA ? b : a;
+    const auto column = (bc == Broadcast::kA ? a : b).col(0);
+    switch (op) {
+      case OpKind::kAdd:
+        return byColumn<S>(full.rows(), full.cols(), [&](auto o, Eigen::Index j) { o = full.col(j) + column; });
+      case OpKind::kSubtract:
+        if (bc == Broadcast::kA) {
+          return byColumn<S>(full.rows(), full.cols(), [&](auto o, Eigen::Index j) { o = column - full.col(j); });
+        }
+        return byColumn<S>(full.rows(), full.cols(), [&](auto o, Eigen::Index j) { o = full.col(j) - column; });
+      case OpKind::kMultiply:
+        return byColumn<S>(full.rows(), full.cols(),
+                           [&](auto o, Eigen::Index j) { o = full.col(j).cwiseProduct(column); });
+      default:
+        break;
+    }
   }
+  throw Error(fmt::format("{} is not a type 4 operator", opName(op)));
 }
 
 // d/d(operand which) of a type 4 operator. `grad` is r x B; a broadcast operand's
@@ -181,19 +219,18 @@ Mat<S> typeFourBackward(OpKind op, int which, const Mat<S>& a, const Mat<S>& b, 
   const bool otherBroadcast = (which == 0 && bc == Broadcast::kB) || (which == 1 && bc == Broadcast::kA);
   switch (op) {
     case OpKind::kAdd:
-      if (selfBroadcast) return grad.rowwise().sum();
-      return grad;
+      return selfBroadcast ? sumColumns<S>(grad) : grad;
     case OpKind::kSubtract:
-      if (which == 0) {
-        if (selfBroadcast) return grad.rowwise().sum();
-        return grad;
-      }
-      if (selfBroadcast) return -grad.rowwise().sum();
-      return -grad;
+      if (which == 0) return selfBroadcast ? sumColumns<S>(grad) : grad;
+      return selfBroadcast ? sumColumns<S>(-grad) : Mat<S>(-grad);
     case OpKind::kMultiply: {
       const Mat<S>& other = which == 0 ? b : a;
-      if (selfBroadcast) return (grad.array() * other.array()).rowwise().sum().matrix();
-      if (otherBroadcast) return (grad.array().colwise() * other.col(0).array()).matrix();
+      if (selfBroadcast) return sumColumns<S>(grad.cwiseProduct(other));
+      if (otherBroadcast) {
+        const auto column = other.col(0);
+        return byColumn<S>(grad.rows(), grad.cols(),
+                           [&](auto o, Eigen::Index j) { o = grad.col(j).cwiseProduct(column); });
+      }
       return grad.cwiseProduct(other);
     }
     default:
@@ -281,32 +318,31 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
   checkShape(op, "gradient", grad, c.out);
   const Mat<S>& x = *c.a;
   constexpr S tiny = std::numeric_limits<S>::min();
-  // Type 1 and 3 gradients are 1 x B: one factor per column, broadcast down the rows.
-  const auto g = [&grad] { return grad.row(0).array(); };
+  // Type 1 and 3 gradients are 1 x B: one factor per column.
+  const auto g = [&grad](Eigen::Index j) { return grad(0, j); };
   switch (op) {
     case OpKind::kSquaredL2:
-      return (x.array().rowwise() * (S(2) * g())).matrix();
-    case OpKind::kL2Norm: {
+      return scaleColumns<S>(x, [&](Eigen::Index j) { return S(2) * g(j); });
+    case OpKind::kL2Norm:
       checkShape(op, "forward output", out, c.out);
       // d||x||/dx = x / ||x||, taken as 0 at x = 0 where the norm has no gradient.
-      const RowVec<S> coef = (out.array() > S(0)).select(grad.array() / out.array(), S(0)).matrix();
-      return (x.array().rowwise() * coef.array()).matrix();
-    }
+      return scaleColumns<S>(x, [&](Eigen::Index j) { return out(0, j) > S(0) ? g(j) / out(0, j) : S(0); });
     case OpKind::kL1:
-      return (x.array().sign().rowwise() * g()).matrix();
+      return scaleColumns<S>(x.cwiseSign(), g);
     case OpKind::kSum:
-      return grad.replicate(x.rows(), 1);
-    case OpKind::kSoftmax: {
+      return byColumn<S>(x.rows(), x.cols(), [&](auto col, Eigen::Index j) { col.setConstant(g(j)); });
+    case OpKind::kSoftmax:
       checkShape(op, "forward output", out, c.out);
-      const RowVec<S> pg = out.cwiseProduct(grad).colwise().sum();
-      return (out.array() * (grad.array().rowwise() - pg.array())).matrix();
-    }
-    case OpKind::kLogSoftmax: {
+      return byColumn<S>(x.rows(), x.cols(), [&](auto col, Eigen::Index j) {
+        const auto p = out.col(j);
+        col = p.cwiseProduct((grad.col(j).array() - p.dot(grad.col(j))).matrix());
+      });
+    case OpKind::kLogSoftmax:
       checkShape(op, "forward output", out, c.out);
       // softmax(x) is exp of the output, so it need not be recomputed from x.
-      const RowVec<S> gSum = grad.colwise().sum();
-      return (grad.array() - out.array().exp().rowwise() * gSum.array()).matrix();
-    }
+      return byColumn<S>(x.rows(), x.cols(), [&](auto col, Eigen::Index j) {
+        col = grad.col(j) - (out.col(j).array().exp() * grad.col(j).sum()).matrix();
+      });
     case OpKind::kSigmoid:
       checkShape(op, "forward output", out, c.out);
       return (grad.array() * out.array() * (S(1) - out.array())).matrix();
@@ -322,13 +358,17 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
       return grad.cwiseQuotient(x);
     case OpKind::kScale:
       return in.attr * grad;
-    case OpKind::kCrossEntropy:
-      if (which == 0) return ((c.b->array() / x.array().max(tiny)).rowwise() * -g()).matrix();
-      return (x.array().max(tiny).log().rowwise() * -g()).matrix();
+    case OpKind::kCrossEntropy: {
+      const auto minusG = [&](Eigen::Index j) { return -g(j); };
+      if (which == 0) return scaleColumns<S>(c.b->cwiseQuotient(x.cwiseMax(tiny)), minusG);
+      return scaleColumns<S>(x.cwiseMax(tiny).array().log().matrix(), minusG);
+    }
     case OpKind::kDot:
-      return ((which == 0 ? *c.b : x).array().rowwise() * g()).matrix();
-    case OpKind::kSquaredDistance:
-      return ((x - *c.b).array().rowwise() * ((which == 0 ? S(2) : S(-2)) * g())).matrix();
+      return scaleColumns<S>(which == 0 ? *c.b : x, g);
+    case OpKind::kSquaredDistance: {
+      const S sign = which == 0 ? S(2) : S(-2);
+      return scaleColumns<S>(x - *c.b, [&](Eigen::Index j) { return sign * g(j); });
+    }
     case OpKind::kAdd:
     case OpKind::kSubtract:
     case OpKind::kMultiply:
