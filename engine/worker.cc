@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace orpheus::engine {
 namespace {
@@ -48,6 +49,7 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   auto t = Clock::now();
   // compute_svg(W, x) for each x of the minibatch: S.
   SvBatch local = model_.computeSvg(replica_, examples, &stats.loss);
+  if (!std::isfinite(stats.loss)) return;  // reported by runClock
   ops::scaleCoefficients(local, stepScale_);
   local.header.sender = static_cast<uint32_t>(transport_.rank());
   local.header.replica = static_cast<uint32_t>(transport_.rank());
@@ -111,6 +113,10 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
     svClock(clock, examples, stats);
   } else {
     denseClock(clock, examples, stats);
+  }
+  if (!std::isfinite(stats.loss)) {
+    throw InputError(fmt::format("training diverged at clock {} on rank {}: the loss is not finite (lower --lr)", clock,
+                                 transport_.rank()));
   }
   stats.bytesSent = transport_.counters().bytesSent - before.bytesSent;
   stats.messages = transport_.counters().messages - before.messages;

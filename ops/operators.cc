@@ -13,6 +13,56 @@ namespace orpheus::ops {
 
 namespace {
 
+// Eigen 3.4 evaluates select() and sign() one scalar at a time, with a branch that
+// mispredicts on mixed-sign data; these two functors give relu and l1 gradients a
+// vectorized, branch-free path using comparison masks.
+
+// g where x > 0, else 0.
+template <typename S>
+struct PassWherePositiveOp {
+  S operator()(const S& x, const S& g) const { return x > S(0) ? g : S(0); }
+  template <typename Packet>
+  Packet packetOp(const Packet& x, const Packet& g) const {
+    using namespace Eigen::internal;
+    return pand(pcmp_lt(pzero(x), x), g);
+  }
+};
+
+// sign(x): -1, 0 or 1.
+template <typename S>
+struct SignOp {
+  S operator()(const S& x) const { return x > S(0) ? S(1) : (x < S(0) ? S(-1) : S(0)); }
+  template <typename Packet>
+  Packet packetOp(const Packet& x) const {
+    using namespace Eigen::internal;
+    const Packet zero = pzero(x);
+    const Packet one = pset1<Packet>(S(1));
+    return psub(pand(pcmp_lt(zero, x), one), pand(pcmp_lt(x, zero), one));
+  }
+};
+
+}  // namespace
+
+}  // namespace orpheus::ops
+
+namespace Eigen::internal {
+
+template <typename S>
+struct functor_traits<orpheus::ops::PassWherePositiveOp<S>> {
+  enum { Cost = 2 * NumTraits<S>::AddCost, PacketAccess = packet_traits<S>::HasCmp };
+};
+
+template <typename S>
+struct functor_traits<orpheus::ops::SignOp<S>> {
+  enum { Cost = 4 * NumTraits<S>::AddCost, PacketAccess = packet_traits<S>::HasCmp };
+};
+
+}  // namespace Eigen::internal
+
+namespace orpheus::ops {
+
+namespace {
+
 struct OpInfo {
   OpKind op;
   const char* name;
@@ -328,7 +378,7 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
       // d||x||/dx = x / ||x||, taken as 0 at x = 0 where the norm has no gradient.
       return scaleColumns<S>(x, [&](Eigen::Index j) { return out(0, j) > S(0) ? g(j) / out(0, j) : S(0); });
     case OpKind::kL1:
-      return scaleColumns<S>(x.cwiseSign(), g);
+      return scaleColumns<S>(x.unaryExpr(SignOp<S>()), g);
     case OpKind::kSum:
       return byColumn<S>(x.rows(), x.cols(), [&](auto col, Eigen::Index j) { col.setConstant(g(j)); });
     case OpKind::kSoftmax:
@@ -350,7 +400,7 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
       checkShape(op, "forward output", out, c.out);
       return (grad.array() * (S(1) - out.array().square())).matrix();
     case OpKind::kRelu:
-      return (x.array() > S(0)).select(grad.array(), S(0)).matrix();
+      return x.binaryExpr(grad, PassWherePositiveOp<S>());
     case OpKind::kExp:
       checkShape(op, "forward output", out, c.out);
       return grad.cwiseProduct(out);
@@ -383,8 +433,8 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
         }
         return dw;
       }
-      // Data enters as a sparse operand and is never trained, so its gradient is
-      // not defined rather than densified at J x B cost.
+      // A sparse operand is data, which is never trained: refusing beats silently
+      // producing a dense K x B gradient nobody reads.
       ORPHEUS_ENFORCE(c.b != nullptr, "matvec: no gradient for sparse data");
       Mat<S> dx(x.cols(), grad.cols());
       dx.noalias() = x.transpose() * grad;

@@ -343,6 +343,8 @@ TEST_CASE("mismatched shapes throw naming both shapes", "[operators]") {
   const MatD out = MatD::Zero(1, 5);
   const MatD wrongGrad = MatD::Zero(1, 4);
   CHECK_THROWS_AS(backward(OpKind::kSum, 0, in, out, wrongGrad), Error);
+  // So is an operand index the operator does not have.
+  CHECK_THROWS_AS(backward(OpKind::kSum, 1, in, out, out), Error);
 }
 
 TEST_CASE("operator names, types and elementwise flags", "[operators]") {
@@ -426,6 +428,17 @@ TEST_CASE("operators stay finite at extreme and degenerate inputs", "[operators]
     const MatD grad = MatD::Ones(1, 1);
     CHECK(backward(OpKind::kCrossEntropy, 0, in, out, grad).allFinite());
     CHECK(backward(OpKind::kCrossEntropy, 1, in, out, grad).allFinite());
+  }
+
+  SECTION("relu passes no gradient at zero") {
+    MatD x(1, 3);
+    x << -0.0, 0.0, 2.0;
+    in.a = &x;
+    const MatD out = forward(OpKind::kRelu, in);
+    const MatD g = backward(OpKind::kRelu, 0, in, out, MatD::Ones(1, 3));
+    CHECK(g(0, 0) == 0.0);
+    CHECK(g(0, 1) == 0.0);
+    CHECK(g(0, 2) == 1.0);
   }
 
   SECTION("norms have zero gradient at zero") {
