@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,6 +39,17 @@ struct Gathered {
   }
 };
 
+// Point-to-point messages travel on a channel: training data (counted as traffic)
+// or control (metrics, coordination; not counted).
+enum class Channel : int { kData = 1, kControl = 2 };
+
+struct Message {
+  int peer = -1;  // the sender
+  std::vector<std::byte> bytes;
+};
+
+using SharedBytes = std::shared_ptr<const std::vector<std::byte>>;
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -53,6 +66,15 @@ class Transport {
   virtual void controlSum(std::span<double> data) = 0;
   virtual void controlMax(std::span<double> data) = 0;
   virtual void controlMin(std::span<double> data) = 0;
+
+  // Point-to-point, nonblocking and not collective. The transport keeps `bytes`
+  // alive until the send completes. Messages from one sender on one channel arrive
+  // in the order they were sent.
+  virtual void sendAsync(int peer, Channel channel, SharedBytes bytes) = 0;
+  // A message that has arrived on `channel` from any peer, or nothing; never blocks.
+  virtual std::optional<Message> tryReceive(Channel channel) = 0;
+  // Waits until every send posted so far has completed (TimeoutError after timeout()).
+  virtual void flushSends() = 0;
 
   // Ends the whole job at once (all ranks) with the given exit code. Used when one
   // rank hits an error the others cannot know about.

@@ -2,7 +2,9 @@
 // command line (engine/cli) and passed down; no globals.
 #pragma once
 
+#include "comm/schedule.h"
 #include "engine/data/dataset.h"
+#include "engine/select.h"
 
 #include <cstdint>
 #include <string>
@@ -10,6 +12,8 @@
 namespace orpheus::engine {
 
 enum class SyncMode { kSv, kDense };
+enum class Consistency { kBsp, kSsp };
+
 
 struct TrainConfig {
   std::string model = "mlr";
@@ -23,6 +27,16 @@ struct TrainConfig {
   double lr = 0.1;
   uint64_t seed = 1;
   SyncMode sync = SyncMode::kSv;
+  // Communication co-designs (section 3.2) and consistency.
+  int64_t select = 0;  // C: SVGs sent per clock; 0 = all B
+  SelectionMethod selectMethod = SelectionMethod::kJmcss;
+  comm::MulticastKind multicast = comm::MulticastKind::kAll;
+  int fanout = 0;  // Q peers per clock; 0 = P - 1
+  Consistency consistency = Consistency::kBsp;
+  int staleness = 0;       // s, for SSP
+  double dropLinks = 0.0;  // F: fraction of directed links broken per clock
+  int delayRank = -1;      // testing aid: this rank sleeps delayMs every clock
+  int delayMs = 0;
   int64_t evalEvery = 100;  // 0: only at the end
   std::string metrics;
   std::string save;
@@ -33,5 +47,9 @@ struct TrainConfig {
 };
 
 std::string toString(SyncMode mode);
+std::string toString(Consistency c);
+
+// Refuses inconsistent settings for `ranks` workers with one clear InputError.
+void validate(const TrainConfig& config, int ranks);
 
 }  // namespace orpheus::engine

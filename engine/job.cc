@@ -80,6 +80,8 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
   transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
   const bool leader = transport.rank() == 0;
 
+  collectively(transport, [&] { validate(config, transport.size()); });
+
   // Training shard, then the shape every rank agrees on.
   data::Dataset train;
   int indexBase = -1;
@@ -149,8 +151,20 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
   if (leader) {
     spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
                  transport.size(), model->spec(), transport.name(), static_cast<int64_t>(counts[0]),
-                 static_cast<int64_t>(counts[1]),
-                 toString(config.sync), config.clocks, config.batch);
+                 static_cast<int64_t>(counts[1]), toString(config.sync), config.clocks, config.batch);
+    if (config.sync == SyncMode::kSv && transport.size() > 1) {
+      spdlog::info("{}; {} consistency{}; {}", comm::MulticastSchedule(comm::ScheduleConfig{
+                                                                       config.multicast, transport.size(),
+                                                                       config.multicast == comm::MulticastKind::kAll
+                                                                           ? transport.size() - 1
+                                                                           : config.fanout,
+                                                                       config.seed, config.dropLinks})
+                                                   .describe(),
+                   toString(config.consistency),
+                   config.consistency == Consistency::kSsp ? fmt::format(" (staleness {})", config.staleness) : "",
+                   config.select > 0 ? fmt::format("{} of {} SVGs sent per clock", config.select, config.batch)
+                                     : "every SVG sent");
+    }
   }
 
   Worker worker(config, *model, transport, train, haveTest ? &test : nullptr);

@@ -3,12 +3,19 @@
 #include "engine/base/error.h"
 #include "engine/data/sampler.h"
 #include "engine/progress.h"
+#include "engine/base/rng.h"
+#include "engine/select.h"
 #include "ops/rebuild.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
+#include <thread>
+
+#include <fmt/ranges.h>
 
 namespace orpheus::engine {
 namespace {
@@ -20,8 +27,6 @@ double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(
 constexpr int64_t kEvalChunk = 2000;
 
 }  // namespace
-
-std::string toString(SyncMode mode) { return mode == SyncMode::kSv ? "sv" : "dense"; }
 
 ops::ExampleBatch view(const data::Batch& batch) {
   ops::ExampleBatch x;
@@ -35,6 +40,20 @@ ops::ExampleBatch view(const data::Batch& batch) {
   return x;
 }
 
+namespace {
+
+comm::ScheduleConfig scheduleConfig(const TrainConfig& c, int ranks) {
+  comm::ScheduleConfig sc;
+  sc.kind = c.multicast;
+  sc.ranks = ranks;
+  sc.fanout = c.multicast == comm::MulticastKind::kAll ? std::max(ranks - 1, 1) : std::max(c.fanout, 1);
+  sc.seed = c.seed;
+  sc.dropLinks = c.dropLinks;
+  return sc;
+}
+
+}  // namespace
+
 Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transport& transport,
                const data::Dataset& train, const data::Dataset* test)
     : config_(config),
@@ -43,7 +62,21 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       train_(train),
       test_(test),
       replica_(model.initParams(config.seed)),
-      stepScale_(static_cast<float>(-config.lr / static_cast<double>(config.batch * transport.size()))) {}
+      stepScale_(static_cast<float>(-config.lr / static_cast<double>(config.batch * transport.size()))),
+      pointToPoint_(config.sync == SyncMode::kSv &&
+                    (config.multicast != comm::MulticastKind::kAll || config.consistency == Consistency::kSsp ||
+                     config.dropLinks > 0.0)),
+      schedule_(scheduleConfig(config, transport.size())),
+      shapes_(model.paramShapes()) {}
+
+SvBatchHeader Worker::header(uint64_t clock) const {
+  SvBatchHeader h;
+  h.sender = static_cast<uint32_t>(transport_.rank());
+  h.replica = static_cast<uint32_t>(transport_.rank());
+  h.clock = clock;
+  h.jobId = config_.seed;
+  return h;
+}
 
 void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
   auto t = Clock::now();
@@ -51,16 +84,37 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   SvBatch local = model_.computeSvg(replica_, examples, &stats.loss);
   if (!std::isfinite(stats.loss)) return;  // reported by runClock
   ops::scaleCoefficients(local, stepScale_);
-  local.header.sender = static_cast<uint32_t>(transport_.rank());
-  local.header.replica = static_cast<uint32_t>(transport_.rank());
-  local.header.clock = clock;
-  local.header.jobId = config_.seed;
+  local.header = header(clock);
   stats.computeSeconds = secondsSince(t);
+  if (pointToPoint_) {
+    svMulticastClock(clock, local, stats);
+  } else {
+    svBroadcastClock(clock, local, stats);
+  }
+}
+
+// Selects C of the batch's SVGs to send (the whole batch when selection is off).
+// The sender's own replica always gets the whole batch.
+static SvBatch toSend(const TrainConfig& config, const SvBatch& local, uint64_t clock, int rank, ClockStats& stats) {
+  if (config.select <= 0 || config.select >= local.numColumns()) return local;
+  const auto t = Clock::now();
+  CounterRng rng(config.seed, RngPurpose::kSelect, clock, static_cast<uint64_t>(rank));
+  SvBatch sent = selectSvgs(local, config.select, config.selectMethod, rng);
+  stats.selectSeconds = secondsSince(t);
+  stats.computeSeconds += stats.selectSeconds;
+  return sent;
+}
+
+void Worker::svBroadcastClock(uint64_t clock, SvBatch& local, ClockStats& stats) {
+  const bool selecting = config_.select > 0 && config_.select < local.numColumns();
+  SvBatch selected;
+  if (selecting) selected = toSend(config_, local, clock, transport_.rank(), stats);
+  const SvBatch& sent = selecting ? selected : local;
 
   // Send S to the other workers; receive their SVG sets T.
-  t = Clock::now();
+  auto t = Clock::now();
   encoded_.clear();
-  encode(local, encoded_);
+  encode(sent, encoded_);
   const comm::Gathered all = transport_.allgatherv(encoded_, clock);
   std::vector<SvBatch> remote = decodeRemote(all, clock);
   stats.commSeconds = secondsSince(t);
@@ -75,6 +129,124 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   }
   model_.computeUpdate(batches, replica_);
   stats.updateSeconds = secondsSince(t);
+}
+
+void Worker::svMulticastClock(uint64_t clock, SvBatch& local, ClockStats& stats) {
+  const SvBatch sent = toSend(config_, local, clock, transport_.rank(), stats);
+
+  // Send S to this clock's peers of the schedule.
+  auto t = Clock::now();
+  auto bytes = std::make_shared<std::vector<std::byte>>();
+  encode(sent, *bytes);
+  for (int peer : schedule_.receivers(clock, transport_.rank())) transport_.sendAsync(peer, comm::Channel::kData, bytes);
+  sentThrough_ = clock;
+  pump();
+  stats.commSeconds = secondsSince(t);
+
+  if (config_.consistency == Consistency::kSsp) {
+    // SSP: the own batch at once; received batches are applied as they arrive.
+    t = Clock::now();
+    const SvBatch* one[] = {&local};
+    model_.computeUpdate(one, replica_);
+    stats.updateSeconds = secondsSince(t);
+    return;
+  }
+  // BSP: every batch of this clock, applied together in rank order.
+  waitComplete(clock, stats);
+  t = Clock::now();
+  std::map<int, SvBatch>& received = pending_[clock];
+  std::vector<const SvBatch*> batches;
+  bool ownAdded = false;
+  for (auto& [sender, batch] : received) {
+    if (!ownAdded && sender > transport_.rank()) {
+      batches.push_back(&local);
+      ownAdded = true;
+    }
+    batches.push_back(&batch);
+  }
+  if (!ownAdded) batches.push_back(&local);
+  model_.computeUpdate(batches, replica_);
+  pending_.erase(clock);
+  stats.updateSeconds = secondsSince(t);
+}
+
+void Worker::pump() {
+  while (auto message = transport_.tryReceive(comm::Channel::kData)) accept(std::move(*message));
+  if (idle_) idle_();
+}
+
+void Worker::accept(comm::Message message) {
+  SvBatchExpectation expect;
+  expect.sender = message.peer;
+  expect.paramShapes = shapes_;
+  SvBatch batch = decode(message.bytes, expect);
+  const uint64_t clock = batch.header.clock;
+  const int sender = message.peer;
+  const int me = transport_.rank();
+  const auto receivers = clock >= 1 && clock <= static_cast<uint64_t>(config_.clocks)
+                             ? schedule_.receivers(clock, sender)
+                             : std::vector<int>{};
+  if (clock <= completeThrough_ || std::find(receivers.begin(), receivers.end(), me) == receivers.end() ||
+      arrived_[clock].count(sender) > 0) {
+    throw CorruptRecordError(fmt::format(
+        "unexpected SV batch from rank {} at clock {}: the schedule does not send it to rank {} (or it came twice)",
+        sender, clock, me));
+  }
+  arrived_[clock].insert(sender);
+  if (config_.consistency == Consistency::kSsp) {
+    const SvBatch* one[] = {&batch};
+    model_.computeUpdate(one, replica_);
+  } else {
+    pending_[clock].emplace(sender, std::move(batch));
+  }
+  advanceComplete();
+}
+
+void Worker::advanceComplete() {
+  while (completeThrough_ < static_cast<uint64_t>(config_.clocks)) {
+    const uint64_t next = completeThrough_ + 1;
+    const size_t expected = schedule_.senders(next, transport_.rank()).size();
+    const auto it = arrived_.find(next);
+    const size_t got = it == arrived_.end() ? 0 : it->second.size();
+    if (got < expected) return;
+    if (it != arrived_.end()) arrived_.erase(it);
+    completeThrough_ = next;
+  }
+}
+
+std::vector<int> Worker::missingSenders(uint64_t clock) const {
+  std::vector<int> missing;
+  const auto it = arrived_.find(clock);
+  for (int s : schedule_.senders(clock, transport_.rank())) {
+    if (it == arrived_.end() || it->second.count(s) == 0) missing.push_back(s);
+  }
+  return missing;
+}
+
+void Worker::waitComplete(uint64_t clock, ClockStats& stats) {
+  advanceComplete();
+  if (completeThrough_ >= clock) return;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000));
+  while (completeThrough_ < clock) {
+    pump();
+    if (completeThrough_ >= clock) break;
+    if (Clock::now() > deadline) {
+      const uint64_t stuck = completeThrough_ + 1;
+      throw TimeoutError(fmt::format("rank {} waited {} s at clock {} for the SV batches of clock {} from ranks {}",
+                                     transport_.rank(), config_.timeoutSeconds, clock_ + 1, stuck,
+                                     fmt::join(missingSenders(stuck), ", ")));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  stats.waitSeconds += secondsSince(start);
+}
+
+void Worker::drain(uint64_t lastClock) {
+  if (!pointToPoint_) return;
+  ClockStats ignored;
+  waitComplete(lastClock, ignored);
+  transport_.flushSends();
 }
 
 std::vector<SvBatch> Worker::decodeRemote(const comm::Gathered& all, uint64_t clock) const {
@@ -109,6 +281,17 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
   ClockStats stats;
   const comm::TrafficCounters before = transport_.counters();
   const ops::ExampleBatch examples = view(batch);
+  if (transport_.rank() == config_.delayRank && config_.delayMs > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(config_.delayMs));
+  }
+  if (pointToPoint_) {
+    pump();
+    // SSP: start clock t only once every batch addressed here from clocks <= t-s-1 is in.
+    if (config_.consistency == Consistency::kSsp && clock > static_cast<uint64_t>(config_.staleness) + 1) {
+      waitComplete(clock - static_cast<uint64_t>(config_.staleness) - 1, stats);
+    }
+    stats.clockGap = static_cast<int64_t>(clock - 1) - static_cast<int64_t>(std::min(completeThrough_, clock - 1));
+  }
   if (config_.sync == SyncMode::kSv) {
     svClock(clock, examples, stats);
   } else {
@@ -124,17 +307,21 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
   return stats;
 }
 
-EvalResult Worker::evaluate() {
+ops::EvalSums Worker::evaluateLocal() const {
   ops::EvalSums sums;
-  if (test_ != nullptr) {
-    for (int64_t begin = 0; begin < test_->size(); begin += kEvalChunk) {
-      const data::Batch chunk = data::slice(*test_, begin, std::min(test_->size(), begin + kEvalChunk));
-      const ops::EvalSums part = model_.evaluate(replica_, view(chunk));
-      sums.lossSum += part.lossSum;
-      sums.correct += part.correct;
-      sums.count += part.count;
-    }
+  if (test_ == nullptr) return sums;
+  for (int64_t begin = 0; begin < test_->size(); begin += kEvalChunk) {
+    const data::Batch chunk = data::slice(*test_, begin, std::min(test_->size(), begin + kEvalChunk));
+    const ops::EvalSums part = model_.evaluate(replica_, view(chunk));
+    sums.lossSum += part.lossSum;
+    sums.correct += part.correct;
+    sums.count += part.count;
   }
+  return sums;
+}
+
+EvalResult Worker::evaluate() {
+  const ops::EvalSums sums = evaluateLocal();
   double v[3] = {sums.lossSum, sums.correct, sums.count};
   transport_.controlSum(v);
   EvalResult r;
@@ -144,86 +331,212 @@ EvalResult Worker::evaluate() {
   return r;
 }
 
+namespace {
+
+// One rank's report of one clock, sent to rank 0 on the control channel so metrics
+// never synchronise the workers.
+enum Field : size_t {
+  kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
+  kHasEval, kEvalLoss, kEvalCorrect, kEvalCount, kFieldCount
+};
+using ClockRecord = std::array<double, kFieldCount>;
+
+comm::SharedBytes encodeRecord(const ClockRecord& r) {
+  auto bytes = std::make_shared<std::vector<std::byte>>(sizeof(ClockRecord));
+  std::memcpy(bytes->data(), r.data(), sizeof(ClockRecord));
+  return bytes;
+}
+
+// Rank 0 adds up the records of every rank and writes a clock's line once all
+// have arrived, in clock order.
+class MetricsAggregator {
+ public:
+  MetricsAggregator(int ranks, MetricsWriter& out, ProgressLine& progress, const ops::Model& model, uint64_t clocks)
+      : ranks_(ranks), out_(out), progress_(progress), model_(model), clocks_(clocks) {}
+
+  void add(const ClockRecord& r) {
+    const auto clock = static_cast<uint64_t>(r[kClock]);
+    ORPHEUS_ENFORCE(clock >= next_ && clock <= clocks_, "metrics record for clock {} arrived out of order", clock);
+    Entry& e = entries_[clock];
+    if (e.count == 0) e.sum.fill(0.0);
+    for (size_t f = 0; f < kFieldCount; ++f) e.sum[f] += r[f];
+    e.maxGap = std::max(e.maxGap, r[kGap]);
+    e.maxWait = std::max(e.maxWait, r[kWait]);
+    if (r[kSeconds] > 0 && e.leaderSeconds == 0) e.leaderSeconds = r[kSeconds];
+    ++e.count;
+    flush();
+  }
+  bool done() const { return next_ > clocks_; }
+  uint64_t totalBytes() const { return totalBytes_; }
+  uint64_t totalMessages() const { return totalMessages_; }
+  double maxGap() const { return maxGapSeen_; }
+
+ private:
+  struct Entry {
+    int count = 0;
+    ClockRecord sum{};
+    double maxGap = 0;
+    double maxWait = 0;
+    double leaderSeconds = 0;
+  };
+
+  void flush() {
+    for (auto it = entries_.find(next_); it != entries_.end() && it->second.count == ranks_;
+         it = entries_.find(next_)) {
+      const Entry& e = it->second;
+      const double p = ranks_;
+      JsonLine line;
+      line.add("clock", next_)
+          .add("seconds", e.leaderSeconds)
+          .add("clock_seconds", e.sum[kClockSeconds] / p)
+          .add("train_loss", e.sum[kLoss] / p)
+          .add("bytes_sent", static_cast<uint64_t>(e.sum[kBytes]))
+          .add("messages", static_cast<uint64_t>(e.sum[kMessages]))
+          .add("compute_seconds", e.sum[kCompute] / p)
+          .add("comm_seconds", e.sum[kComm] / p)
+          .add("update_seconds", e.sum[kUpdate] / p)
+          .add("wait_seconds", e.sum[kWait] / p)
+          .add("max_wait_seconds", e.maxWait)
+          .add("select_seconds", e.sum[kSelect] / p)
+          .add("clock_gap", static_cast<int64_t>(e.maxGap));
+      double accuracy = -1.0;
+      if (e.sum[kHasEval] > 0 && e.sum[kEvalCount] > 0) {
+        line.add("test_loss", e.sum[kEvalLoss] / e.sum[kEvalCount]);
+        if (model_.hasAccuracy()) {
+          accuracy = e.sum[kEvalCorrect] / e.sum[kEvalCount];
+          line.add("test_accuracy", accuracy);
+        }
+      }
+      out_.write(line);
+      if (accuracy >= 0) lastAccuracy_ = accuracy;
+      progress_.update(next_, e.sum[kLoss] / p, lastAccuracy_, e.leaderSeconds, e.sum[kHasEval] > 0);
+      totalBytes_ += static_cast<uint64_t>(e.sum[kBytes]);
+      totalMessages_ += static_cast<uint64_t>(e.sum[kMessages]);
+      maxGapSeen_ = std::max(maxGapSeen_, e.maxGap);
+      entries_.erase(it);
+      ++next_;
+    }
+  }
+
+  int ranks_;
+  MetricsWriter& out_;
+  ProgressLine& progress_;
+  const ops::Model& model_;
+  uint64_t clocks_;
+  uint64_t next_ = 1;
+  std::map<uint64_t, Entry> entries_;
+  uint64_t totalBytes_ = 0;
+  uint64_t totalMessages_ = 0;
+  double maxGapSeen_ = 0;
+  double lastAccuracy_ = -1.0;
+};
+
+}  // namespace
+
 const ParamSet& Worker::run(MetricsWriter& metrics) {
   const bool leader = transport_.rank() == 0;
+  const uint64_t clocks = static_cast<uint64_t>(config_.clocks);
   data::PrefetchQueue queue(train_, data::MinibatchSampler(train_.size(), config_.batch, config_.seed, transport_.rank()),
                             2, std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
-  ProgressLine progress(leader ? config_.progress : "off", static_cast<uint64_t>(config_.clocks));
+  ProgressLine progress(leader ? config_.progress : "off", clocks);
+  MetricsAggregator aggregator(transport_.size(), metrics, progress, model_, clocks);
+  const auto collect = [&] {
+    while (auto m = transport_.tryReceive(comm::Channel::kControl)) {
+      ORPHEUS_ENFORCE(m->bytes.size() == sizeof(ClockRecord), "metrics record of {} bytes from rank {}",
+                      m->bytes.size(), m->peer);
+      ClockRecord r;
+      std::memcpy(r.data(), m->bytes.data(), sizeof(ClockRecord));
+      aggregator.add(r);
+    }
+  };
+  if (leader) idle_ = collect;
 
-  double trainSeconds = 0.0;
-  uint64_t totalBytes = 0;
-  uint64_t totalMessages = 0;
-  EvalResult lastEval;
-  bool evaluated = false;
-  const int ranks = transport_.size();
   // The starting point, so a run's progress can be read as a ratio.
   EvalResult initialEval;
   if (test_ != nullptr) initialEval = evaluate();
 
-  for (uint64_t clock = 1; clock <= static_cast<uint64_t>(config_.clocks); ++clock) {
+  double trainSeconds = 0.0;
+  for (uint64_t clock = 1; clock <= clocks; ++clock) {
     const auto start = Clock::now();
     const data::Batch batch = queue.next();
-    ClockStats stats = runClock(clock, batch);
+    const ClockStats stats = runClock(clock, batch);
     const double clockSeconds = secondsSince(start);
     trainSeconds += clockSeconds;
 
-    // One small control reduction per clock carries the metrics of every rank.
-    double sums[7] = {stats.loss,          static_cast<double>(stats.bytesSent), static_cast<double>(stats.messages),
-                      stats.computeSeconds, stats.commSeconds,                    stats.updateSeconds,
-                      clockSeconds};
-    transport_.controlSum(sums);
-    totalBytes += static_cast<uint64_t>(sums[1]);
-    totalMessages += static_cast<uint64_t>(sums[2]);
-
-    const bool evalClock = clock == static_cast<uint64_t>(config_.clocks) ||
-                           (config_.evalEvery > 0 && clock % static_cast<uint64_t>(config_.evalEvery) == 0);
+    ClockRecord r{};
+    r[kClock] = static_cast<double>(clock);
+    r[kSeconds] = leader ? trainSeconds : 0.0;
+    r[kLoss] = stats.loss;
+    r[kBytes] = static_cast<double>(stats.bytesSent);
+    r[kMessages] = static_cast<double>(stats.messages);
+    r[kCompute] = stats.computeSeconds;
+    r[kComm] = stats.commSeconds;
+    r[kUpdate] = stats.updateSeconds;
+    r[kWait] = stats.waitSeconds;
+    r[kSelect] = stats.selectSeconds;
+    r[kClockSeconds] = clockSeconds;
+    r[kGap] = static_cast<double>(stats.clockGap);
+    const bool evalClock =
+        clock == clocks || (config_.evalEvery > 0 && clock % static_cast<uint64_t>(config_.evalEvery) == 0);
     if (evalClock && test_ != nullptr) {
-      lastEval = evaluate();
-      evaluated = true;
+      // Each rank scores its own replica on its own test shard: no collective here.
+      const ops::EvalSums sums = evaluateLocal();
+      r[kHasEval] = 1.0;
+      r[kEvalLoss] = sums.lossSum;
+      r[kEvalCorrect] = sums.correct;
+      r[kEvalCount] = sums.count;
     }
     if (leader) {
-      JsonLine line;
-      line.add("clock", clock)
-          .add("seconds", trainSeconds)
-          .add("clock_seconds", sums[6] / ranks)
-          .add("train_loss", sums[0] / ranks)
-          .add("bytes_sent", static_cast<uint64_t>(sums[1]))
-          .add("messages", static_cast<uint64_t>(sums[2]))
-          .add("compute_seconds", sums[3] / ranks)
-          .add("comm_seconds", sums[4] / ranks)
-          .add("update_seconds", sums[5] / ranks);
-      if (evalClock && test_ != nullptr) {
-        line.add("test_loss", lastEval.loss);
-        if (model_.hasAccuracy()) line.add("test_accuracy", lastEval.accuracy);
-      }
-      metrics.write(line);
-      progress.update(clock, sums[0] / ranks, evaluated && model_.hasAccuracy() ? lastEval.accuracy : -1.0, trainSeconds,
-                      evalClock && test_ != nullptr);
+      aggregator.add(r);
+      collect();
+    } else {
+      transport_.sendAsync(0, comm::Channel::kControl, encodeRecord(r));
     }
   }
+
+  // Every batch addressed here applied, every send and metrics record delivered.
+  drain(clocks);
+  if (leader) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000));
+    while (!aggregator.done()) {
+      collect();
+      if (Clock::now() > deadline) throw TimeoutError("rank 0 timed out collecting the last clocks' metrics");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  } else {
+    transport_.flushSends();
+  }
+  idle_ = nullptr;
   progress.finish();
 
+  if (test_ != nullptr) lastEval_ = evaluate();
+  trainSeconds_ = trainSeconds;
   if (leader) {
     JsonLine summary;
     summary.add("summary", true)
         .add("clocks", config_.clocks)
-        .add("ranks", ranks)
+        .add("ranks", transport_.size())
         .add("sync", toString(config_.sync))
         .add("model", model_.spec())
         .add("batch_per_rank", config_.batch)
+        .add("select", config_.select)
+        .add("multicast", comm::multicastName(config_.multicast))
+        .add("fanout", schedule_.fanout())
+        .add("consistency", toString(config_.consistency))
+        .add("staleness", config_.staleness)
+        .add("drop_links", config_.dropLinks)
         .add("seconds", trainSeconds)
-        .add("bytes_sent", totalBytes)
-        .add("messages", totalMessages)
-        .add("bytes_per_clock", config_.clocks > 0 ? static_cast<double>(totalBytes) / config_.clocks : 0.0);
-    if (test_ != nullptr) summary.add("initial_test_loss", initialEval.loss);
-    if (evaluated) {
-      summary.add("test_loss", lastEval.loss);
-      if (model_.hasAccuracy()) summary.add("test_accuracy", lastEval.accuracy);
+        .add("bytes_sent", aggregator.totalBytes())
+        .add("messages", aggregator.totalMessages())
+        .add("bytes_per_clock", config_.clocks > 0 ? static_cast<double>(aggregator.totalBytes()) / config_.clocks : 0.0)
+        .add("max_clock_gap", static_cast<int64_t>(aggregator.maxGap()));
+    if (test_ != nullptr) {
+      summary.add("initial_test_loss", initialEval.loss);
+      summary.add("test_loss", lastEval_.loss);
+      if (model_.hasAccuracy()) summary.add("test_accuracy", lastEval_.accuracy);
     }
     metrics.write(summary);
   }
-  lastEval_ = lastEval;
-  trainSeconds_ = trainSeconds;
   return replica_;
 }
 

@@ -1,7 +1,9 @@
 // One symmetric worker: a data shard, a parameter replica, and the clock loop of
-// the paper's Algorithm 1.
+// the paper's Algorithm 1 with its communication co-designs: SV selection,
+// multicast to a schedule's peers, and BSP or SSP consistency.
 #pragma once
 
+#include "comm/schedule.h"
 #include "comm/transport.h"
 #include "engine/config.h"
 #include "engine/data/dataset.h"
@@ -9,6 +11,9 @@
 #include "ops/model.h"
 
 #include <chrono>
+#include <functional>
+#include <map>
+#include <set>
 #include <vector>
 
 namespace orpheus::engine {
@@ -16,9 +21,12 @@ namespace orpheus::engine {
 // What one clock measured on this rank.
 struct ClockStats {
   double loss = 0.0;
-  double computeSeconds = 0.0;   // forward/backward and SV identification
-  double commSeconds = 0.0;      // encode, exchange, decode (or gradient allreduce)
-  double updateSeconds = 0.0;    // rebuild / apply
+  double computeSeconds = 0.0;  // forward/backward, SV identification and selection
+  double commSeconds = 0.0;     // encode, send, receive, decode (or gradient allreduce)
+  double updateSeconds = 0.0;   // rebuild / apply
+  double waitSeconds = 0.0;     // blocked on peers (BSP barrier or SSP staleness bound)
+  double selectSeconds = 0.0;
+  int64_t clockGap = 0;         // this clock minus the newest clock whose batches have all arrived, minus 1
   uint64_t bytesSent = 0;
   uint64_t messages = 0;
 };
@@ -35,27 +43,48 @@ class Worker {
   Worker(const TrainConfig& config, const ops::Model& model, comm::Transport& transport, const data::Dataset& train,
          const data::Dataset* test);
 
-  // Runs config.clocks clocks, writing metrics on rank 0, and returns the replica.
+  // Runs config.clocks clocks, writing metrics on rank 0, and returns the replica
+  // once every batch addressed to this rank has been applied.
   const ParamSet& run(MetricsWriter& metrics);
 
   // One clock on the given minibatch; public so tests can drive clocks directly.
   ClockStats runClock(uint64_t clock, const data::Batch& batch);
+  // Waits for and applies every batch still addressed to this rank up to `lastClock`,
+  // and completes this rank's sends (point-to-point modes; a no-op otherwise).
+  void drain(uint64_t lastClock);
 
-  // Loss and accuracy over every rank's test shard (collective).
+  // Loss and accuracy over every rank's test shard, each with its own replica (collective).
   EvalResult evaluate();
+  // This rank's replica on this rank's test shard.
+  ops::EvalSums evaluateLocal() const;
 
   const ParamSet& replica() const { return replica_; }
   uint64_t clock() const { return clock_; }
-  // After run(): the last evaluation and the training time (evaluation excluded).
   const EvalResult& lastEval() const { return lastEval_; }
   double trainSeconds() const { return trainSeconds_; }
+  // True when batches travel point to point (multicast, SSP, link failures).
+  bool pointToPoint() const { return pointToPoint_; }
 
  private:
-  // --sync sv: compute_svg, send S, receive T, compute_update(S ∪ T).
+  // --sync sv: compute_svg, select, send S, receive T, compute_update(S ∪ T).
   void svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
+  void svBroadcastClock(uint64_t clock, SvBatch& local, ClockStats& stats);
+  void svMulticastClock(uint64_t clock, SvBatch& local, ClockStats& stats);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline).
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
   std::vector<SvBatch> decodeRemote(const comm::Gathered& all, uint64_t clock) const;
+
+  // Point-to-point bookkeeping: receive what has arrived; under SSP apply it at once.
+  void pump();
+  void accept(comm::Message message);
+  // Clocks whose every expected batch has arrived (and, under SSP, been applied).
+  uint64_t completeThrough() const { return completeThrough_; }
+  void advanceComplete();
+  // Blocks (pumping) until completeThrough() >= clock; TimeoutError naming the missing peers.
+  void waitComplete(uint64_t clock, ClockStats& stats);
+  std::vector<int> missingSenders(uint64_t clock) const;
+
+  SvBatchHeader header(uint64_t clock) const;
 
   const TrainConfig& config_;
   const ops::Model& model_;
@@ -66,9 +95,18 @@ class Worker {
   uint64_t clock_ = 0;
   // Every update is a mean over the global minibatch: W -= lr / (B P) * sum of per-example gradients.
   float stepScale_;
-  std::vector<std::byte> encoded_;  // reused send buffer
+  std::vector<std::byte> encoded_;  // reused send buffer (broadcast path)
+  bool pointToPoint_;
+  comm::MulticastSchedule schedule_;
+  std::vector<std::pair<int64_t, int64_t>> shapes_;
+  // Batches received and not yet applied (BSP), by clock then sender.
+  std::map<uint64_t, std::map<int, SvBatch>> pending_;
+  std::map<uint64_t, std::set<int>> arrived_;  // senders heard from, by clock
+  uint64_t completeThrough_ = 0;
+  uint64_t sentThrough_ = 0;  // the newest clock this rank has sent
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
+  std::function<void()> idle_;  // run() on rank 0: collects metrics while waiting
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

@@ -87,7 +87,15 @@ void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w) {
         ORPHEUS_ENFORCE(static_cast<size_t>(m.biasId) < w.size() && w[m.biasId].rows() == m.u.rows() &&
                             w[m.biasId].cols() == 1,
                         "bias {} does not fit SVs with {} rows", m.biasId, m.u.rows());
-        w[m.biasId].col(0) += piece.weightedU.rowwise().sum();
+        if (m.core.size() > 0) {
+          // With a core the bias is not U core 1: selection fits the bias update on its own.
+          ORPHEUS_ENFORCE(m.biasCoeffs.size() == m.u.cols(),
+                          "SV matrix for parameter '{}' has a core and bias {} but {} bias coefficients for {} columns",
+                          w.params[m.paramId].name, m.biasId, m.biasCoeffs.size(), m.u.cols());
+          w[m.biasId].col(0).noalias() += m.u * m.biasCoeffs;
+        } else {
+          w[m.biasId].col(0) += piece.weightedU.rowwise().sum();
+        }
       }
       byParam[m.paramId].push_back(std::move(piece));
     }
@@ -101,6 +109,7 @@ void scaleCoefficients(SvBatch& batch, float factor) {
   batch.coeffs *= factor;
   for (auto& m : batch.matrices) {
     if (m.core.size() > 0) m.core *= factor;
+    m.biasCoeffs *= factor;  // empty unless a core is present
   }
 }
 

@@ -86,6 +86,31 @@ void LoopbackTransport::controlMin(std::span<double> data) {
   reduce(data, [](double a, double b) { return std::min(a, b); }, "control allreduce", 0);
 }
 
+void LoopbackHub::post(int to, Channel channel, Message m) {
+  std::lock_guard lock(mailMu_);
+  mail_[{to, static_cast<int>(channel)}].push_back(std::move(m));
+}
+
+std::optional<Message> LoopbackHub::take(int rank, Channel channel) {
+  std::lock_guard lock(mailMu_);
+  auto& box = mail_[{rank, static_cast<int>(channel)}];
+  if (box.empty()) return std::nullopt;
+  Message m = std::move(box.front());
+  box.pop_front();
+  return m;
+}
+
+void LoopbackTransport::sendAsync(int peer, Channel channel, SharedBytes bytes) {
+  ORPHEUS_ENFORCE(peer >= 0 && peer < size() && peer != rank_, "rank {} cannot send to rank {}", rank_, peer);
+  if (channel == Channel::kData) {
+    counters_.bytesSent += bytes->size();
+    counters_.messages += 1;
+  }
+  hub_->post(peer, channel, Message{rank_, *bytes});
+}
+
+std::optional<Message> LoopbackTransport::tryReceive(Channel channel) { return hub_->take(rank_, channel); }
+
 void LoopbackTransport::abortJob(int exitCode) { std::_Exit(exitCode); }
 
 }  // namespace orpheus::comm::loopback

@@ -6,6 +6,8 @@
 #include "comm/transport.h"
 
 #include <condition_variable>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -23,8 +25,14 @@ class LoopbackHub {
                                                                        std::chrono::milliseconds timeout,
                                                                        const char* what, uint64_t clock);
 
+ // Point-to-point mailboxes, one per (receiver, channel).
+  void post(int to, Channel channel, Message m);
+  std::optional<Message> take(int rank, Channel channel);
+
  private:
   int size_;
+  std::mutex mailMu_;
+  std::map<std::pair<int, int>, std::deque<Message>> mail_;
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t round_ = 0;
@@ -46,6 +54,9 @@ class LoopbackTransport final : public Transport {
   void controlSum(std::span<double> data) override;
   void controlMax(std::span<double> data) override;
   void controlMin(std::span<double> data) override;
+  void sendAsync(int peer, Channel channel, SharedBytes bytes) override;
+  std::optional<Message> tryReceive(Channel channel) override;
+  void flushSends() override {}
   [[noreturn]] void abortJob(int exitCode) override;
 
  private:

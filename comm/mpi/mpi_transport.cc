@@ -99,6 +99,68 @@ void MpiTransport::controlSum(std::span<double> data) { controlReduce(data, MPI_
 void MpiTransport::controlMax(std::span<double> data) { controlReduce(data, MPI_MAX); }
 void MpiTransport::controlMin(std::span<double> data) { controlReduce(data, MPI_MIN); }
 
+MpiTransport::~MpiTransport() {
+  // Sends still in flight at destruction belong to a job that is failing anyway.
+  for (auto& s : sends_) {
+    MPI_Cancel(&s.request);
+    MPI_Request_free(&s.request);
+  }
+}
+
+void MpiTransport::reapSends() {
+  size_t kept = 0;
+  for (auto& s : sends_) {
+    int done = 0;
+    ORPHEUS_MPI_CHECK(MPI_Test(&s.request, &done, MPI_STATUS_IGNORE));
+    if (!done) sends_[kept++] = std::move(s);
+  }
+  sends_.resize(kept);
+}
+
+void MpiTransport::sendAsync(int peer, Channel channel, SharedBytes bytes) {
+  ORPHEUS_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "rank {} cannot send to rank {}", rank_, peer);
+  ORPHEUS_ENFORCE(bytes->size() <= INT32_MAX, "a message of {} bytes exceeds MPI's count limit", bytes->size());
+  reapSends();
+  PendingSend s;
+  s.bytes = std::move(bytes);
+  ORPHEUS_MPI_CHECK(MPI_Isend(s.bytes->data(), static_cast<int>(s.bytes->size()), MPI_BYTE, peer,
+                              static_cast<int>(channel), comm_, &s.request));
+  if (channel == Channel::kData) {
+    counters_.bytesSent += s.bytes->size();
+    counters_.messages += 1;
+  }
+  sends_.push_back(std::move(s));
+}
+
+std::optional<Message> MpiTransport::tryReceive(Channel channel) {
+  reapSends();
+  int flag = 0;
+  MPI_Message handle;
+  MPI_Status status;
+  ORPHEUS_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, static_cast<int>(channel), comm_, &flag, &handle, &status));
+  if (!flag) return std::nullopt;
+  int count = 0;
+  ORPHEUS_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
+  Message m;
+  m.peer = status.MPI_SOURCE;
+  m.bytes.resize(static_cast<size_t>(count));
+  ORPHEUS_MPI_CHECK(MPI_Mrecv(m.bytes.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE));
+  return m;
+}
+
+void MpiTransport::flushSends() {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (;;) {
+    reapSends();
+    if (sends_.empty()) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw TimeoutError(fmt::format("rank {}: {} sends did not complete within {} s (a peer is stalled or gone)",
+                                     rank_, sends_.size(), timeout_.count() / 1000.0));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 void MpiTransport::abortJob(int exitCode) {
   MPI_Abort(comm_, exitCode);
   std::_Exit(exitCode);

@@ -10,6 +10,8 @@
 
 #include <mpi.h>
 
+#include <vector>
+
 namespace orpheus::comm::mpi {
 
 class MpiTransport final : public Transport {
@@ -26,9 +28,19 @@ class MpiTransport final : public Transport {
   void controlSum(std::span<double> data) override;
   void controlMax(std::span<double> data) override;
   void controlMin(std::span<double> data) override;
+  void sendAsync(int peer, Channel channel, SharedBytes bytes) override;
+  std::optional<Message> tryReceive(Channel channel) override;
+  void flushSends() override;
   [[noreturn]] void abortJob(int exitCode) override;
+  ~MpiTransport() override;
 
  private:
+  struct PendingSend {
+    MPI_Request request;
+    SharedBytes bytes;
+  };
+  // Completes finished sends and releases their buffers.
+  void reapSends();
   // Polls `request` until done or the deadline passes (TimeoutError naming `what` and `clock`).
   void wait(MPI_Request& request, const char* what, uint64_t clock);
   void controlReduce(std::span<double> data, MPI_Op op);
@@ -36,6 +48,7 @@ class MpiTransport final : public Transport {
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<PendingSend> sends_;
 };
 
 }  // namespace orpheus::comm::mpi

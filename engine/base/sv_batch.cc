@@ -122,6 +122,10 @@ void appendWords(std::vector<std::byte>& out, const void* src, size_t count) {
 
 bool hasCore(const SvMatrix& m) { return m.core.rows() != 0 || m.core.cols() != 0; }
 
+// A core replaces the per-column coefficients for the bias too, so a matrix with a
+// core and a bias carries its own bias coefficients; no other matrix may carry any.
+bool hasBiasCoeffs(const SvMatrix& m) { return hasCore(m) && m.biasId >= 0; }
+
 // Start and length of column j of a sparse matrix, compressed or not.
 struct SparseColumns {
   explicit SparseColumns(const SparseMatrix& s)
@@ -181,6 +185,17 @@ void checkForEncode(const SvBatch& batch) {
                       i, m.core.rows(), m.core.cols(), n);
       ORPHEUS_ENFORCE(allFinite(m.core.data(), static_cast<size_t>(m.core.size())),
                       "SV matrix {} has a non-finite value in its core", i);
+    }
+    if (hasBiasCoeffs(m)) {
+      ORPHEUS_ENFORCE(m.biasCoeffs.size() == n,
+                      "SV matrix {} has a core and a bias but {} bias coefficients, batch has {} columns", i,
+                      m.biasCoeffs.size(), n);
+      ORPHEUS_ENFORCE(allFinite(m.biasCoeffs.data(), static_cast<size_t>(n)),
+                      "SV matrix {} has a non-finite bias coefficient", i);
+    } else {
+      ORPHEUS_ENFORCE(m.biasCoeffs.size() == 0,
+                      "SV matrix {} has {} bias coefficients but {}; they go only with a core and a bias", i,
+                      m.biasCoeffs.size(), hasCore(m) ? "no bias" : "no core");
     }
   }
 }
@@ -287,6 +302,7 @@ class Decoder {
         fits = fits && addProduct(expectedPayload, 8, n + 1) && addProduct(expectedPayload, 8, e.nnz);
       }
       if (e.coeffKind == kCoeffCore) fits = fits && addProduct(expectedPayload, 4 * n, n);
+      if (e.coeffKind == kCoeffCore && e.biasId >= 0) fits = fits && addProduct(expectedPayload, 4, n);
       if (!fits) corrupt("matrix table implies a payload of more than 2^64 bytes");
     }
     if (expectedPayload != payloadLength) {
@@ -407,6 +423,10 @@ class Decoder {
     if (e.coeffKind == kCoeffCore) {
       m.core.resize(cols, cols);
       readFloats(r, m.core.data(), n * n, cols, "core", i);
+      if (e.biasId >= 0) {
+        m.biasCoeffs.resize(cols);
+        readFloats(r, m.biasCoeffs.data(), n, static_cast<int64_t>(n), "bias coefficients", i);
+      }
     }
   }
 
@@ -471,6 +491,7 @@ size_t encodedSize(const SvBatch& batch) {
       size += 4 * static_cast<size_t>(m.vDense.rows()) * n;
     }
     if (hasCore(m)) size += 4 * n * n;
+    if (hasBiasCoeffs(m)) size += 4 * n;
   }
   return size;
 }
@@ -539,6 +560,7 @@ void encode(const SvBatch& batch, std::vector<std::byte>& out) {
       appendWords(out, m.vDense.data(), static_cast<size_t>(m.vDense.size()));
     }
     if (hasCore(m)) appendWords(out, m.core.data(), static_cast<size_t>(m.core.size()));
+    if (hasBiasCoeffs(m)) appendWords(out, m.biasCoeffs.data(), n);
   }
   ORPHEUS_ENFORCE(out.size() == start + size, "SV batch encoded to {} bytes, expected {}", out.size() - start, size);
 

@@ -28,6 +28,7 @@
 //       V dense: K*n f32, column-major | V sparse (CSC): n+1 u64 column starts,
 //         nnz u32 row indices (strictly increasing within a column), nnz f32 values
 //       core (coeff kind 1 only): n*n f32, column-major
+//       bias coefficients (coeff kind 1 and bias id >= 0 only): n f32
 // Decoding validates every field, the CRC, index ranges and that all values are
 // finite; any violation is a CorruptRecordError naming sender and clock.
 #pragma once
@@ -60,6 +61,7 @@ struct SvMatrix {
   Matrix vDense;         // K x n when !sparseV
   SparseMatrix vSparse;  // K x n when sparseV
   Matrix core;           // n x n, or empty: then the batch's per-column coeffs apply
+  Vector biasCoeffs;     // n, with a core and a bias: b += U * biasCoeffs
 
   int64_t vRows() const { return sparseV ? vSparse.rows() : vDense.rows(); }
   int64_t vCols() const { return sparseV ? vSparse.cols() : vDense.cols(); }

@@ -55,6 +55,51 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
                  "sv: broadcast sufficient vectors and rebuild updates; dense: allreduce dense gradients")
       ->transform(CLI::CheckedTransformer(syncModes, CLI::ignore_case))
       ->default_str("sv");
+  cmd.add_option("--select", c.select,
+                 "SV selection: send C of the B SVGs of each clock, chosen jointly across matrices (0: send all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  const std::map<std::string, orpheus::engine::SelectionMethod> selectMethods{
+      {"jmcss", orpheus::engine::SelectionMethod::kJmcss}, {"uniform", orpheus::engine::SelectionMethod::kUniform}};
+  cmd.add_option("--select-method", c.selectMethod,
+                 "jmcss: joint matrix column subset selection with a least-squares core; uniform: C at random, "
+                 "rescaled by B/C")
+      ->transform(CLI::CheckedTransformer(selectMethods, CLI::ignore_case))
+      ->default_str("jmcss");
+  const std::map<std::string, orpheus::comm::MulticastKind> multicasts{
+      {"all", orpheus::comm::MulticastKind::kAll},
+      {"random", orpheus::comm::MulticastKind::kRandom},
+      {"fixed", orpheus::comm::MulticastKind::kFixed},
+      {"ring", orpheus::comm::MulticastKind::kRing}};
+  cmd.add_option("--multicast", c.multicast,
+                 "Who gets a worker's SV batch each clock: all (broadcast), random (Q peers drawn per clock), fixed "
+                 "(the same Q peers), ring (Q peers in circular order over clocks)")
+      ->transform(CLI::CheckedTransformer(multicasts, CLI::ignore_case))
+      ->default_str("all");
+  cmd.add_option("--fanout", c.fanout, "Q: peers per clock for random, fixed and ring multicast (at most P-1)")
+      ->check(CLI::PositiveNumber);
+  const std::map<std::string, orpheus::engine::Consistency> consistencies{
+      {"bsp", orpheus::engine::Consistency::kBsp}, {"ssp", orpheus::engine::Consistency::kSsp}};
+  cmd.add_option("--consistency", c.consistency,
+                 "bsp: a clock starts once every batch of the previous one is applied; ssp: once every batch from "
+                 "clocks <= t-s-1 is")
+      ->transform(CLI::CheckedTransformer(consistencies, CLI::ignore_case))
+      ->default_str("bsp");
+  cmd.add_option("--staleness", c.staleness, "s: how many clocks a worker may run ahead under SSP")
+      ->capture_default_str();
+  cmd.add_option("--drop-links", c.dropLinks,
+                 "Failure injection: fraction F in [0,1) of directed links broken each clock (seeded)")
+      ->capture_default_str();
+  cmd.add_option_function<std::string>(
+         "--inject-delay",
+         [&c](const std::string& v) {
+           const auto colon = v.find(':');
+           if (colon == std::string::npos) throw CLI::ValidationError("--inject-delay", "expected RANK:MS");
+           c.delayRank = std::stoi(v.substr(0, colon));
+           c.delayMs = std::stoi(v.substr(colon + 1));
+         },
+         "Testing aid: RANK:MS makes that rank sleep MS milliseconds every clock")
+      ->group("Testing");
   cmd.add_option("--eval-every", c.evalEvery, "Evaluate on the test data every N clocks (0: only at the end)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

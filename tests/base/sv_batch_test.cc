@@ -259,6 +259,89 @@ TEST_CASE("SV batch encode rejects inconsistent batches", "[sv_batch]") {
                   Error);
 }
 
+// makeBatch() with a bias (param 3, 3x1) on the cored sparse matrix: its record
+// gains n bias coefficients after the core.
+SvBatch makeBiasCoreBatch() {
+  SvBatch b = makeBatch();
+  b.matrices[1].biasId = 3;
+  b.matrices[1].biasCoeffs = Vector(3);
+  b.matrices[1].biasCoeffs << 0.25f, -0.0f, -4.5f;
+  return b;
+}
+
+SvBatchExpectation makeBiasCoreExpectation() {
+  SvBatchExpectation e = makeExpectation();
+  e.paramShapes.push_back({3, 1});
+  return e;
+}
+
+TEST_CASE("SV batch carries bias coefficients with a core and a bias", "[sv_batch]") {
+  // Records without them are unchanged.
+  const SvBatch plain = decode(encode(makeBatch()), makeExpectation());
+  CHECK(plain.matrices[0].biasCoeffs.size() == 0);
+  CHECK(plain.matrices[1].biasCoeffs.size() == 0);
+
+  const SvBatch in = makeBiasCoreBatch();
+  const Bytes bytes = encode(in);
+  constexpr size_t kBiasCoeffsAt = kRecordBytes;
+  REQUIRE(bytes.size() == kRecordBytes + 3 * 4);
+  CHECK(encodedSize(in) == bytes.size());
+  CHECK(std::memcmp(bytes.data() + kBiasCoeffsAt, in.matrices[1].biasCoeffs.data(), 12) == 0);
+  const Bytes plainBytes = encode(makeBatch());
+  // Everything before them is the core-only record but the bias id, the payload length and the CRC.
+  CHECK(std::equal(bytes.begin() + kPayload, bytes.begin() + kRecordBytes, plainBytes.begin() + kPayload));
+
+  const SvBatch out = decode(bytes, makeBiasCoreExpectation());
+  REQUIRE(out.matrices.size() == 2);
+  CHECK(out.matrices[1].biasId == 3);
+  REQUIRE(out.matrices[1].biasCoeffs.size() == 3);
+  CHECK(sameBits(out.matrices[1].biasCoeffs.data(), in.matrices[1].biasCoeffs.data(), 3));
+  CHECK(std::signbit(out.matrices[1].biasCoeffs[1]));
+  CHECK(sameBits(out.matrices[1].core, in.matrices[1].core));
+  CHECK(out.matrices[0].biasCoeffs.size() == 0);  // a bias without a core uses the per-column coeffs
+  CHECK(encode(out) == bytes);
+
+  SECTION("encode requires them exactly where a core meets a bias") {
+    auto encodeMutated = [](auto mutate) {
+      SvBatch b = makeBiasCoreBatch();
+      mutate(b);
+      return encode(b);
+    };
+    CHECK_THROWS_AS(encodeMutated([](SvBatch& b) { b.matrices[1].biasCoeffs.resize(0); }), Error);
+    CHECK_THROWS_AS(encodeMutated([](SvBatch& b) { b.matrices[1].biasCoeffs = Vector::Ones(2); }), Error);
+    CHECK_THROWS_AS(encodeMutated([](SvBatch& b) { b.matrices[1].biasCoeffs[2] = std::nanf(""); }), Error);
+    CHECK_THROWS_AS(encodeMutated([](SvBatch& b) { b.matrices[1].biasId = -1; }), Error);  // core, no bias
+    CHECK_THROWS_AS(encodeMutated([](SvBatch& b) { b.matrices[0].biasCoeffs = Vector::Ones(3); }), Error);  // no core
+  }
+
+  SECTION("decode rejects non-finite, missing and surplus bias coefficients") {
+    Bytes nan = bytes;
+    writeU32(nan, kBiasCoeffsAt + 8, 0x7FC00000u);
+    fixCrc(nan);
+    std::string msg = decodeError(nan, makeBiasCoreExpectation());
+    requireNamesSenderAndClock(msg);
+    CHECK(msg.find("non-finite value nan in bias coefficients of matrix 1 at row 2") != std::string::npos);
+
+    Bytes shorter(bytes.begin(), bytes.end() - 12);
+    fixCrc(shorter);
+    requireNamesSenderAndClock(decodeError(shorter, makeBiasCoreExpectation()));
+
+    // The table says "no bias" but the coefficients are still there: the sizes disagree.
+    Bytes noBias = bytes;
+    writeU32(noBias, kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes + 4, 0xFFFFFFFFu);
+    fixCrc(noBias);
+    msg = decodeError(noBias, makeExpectation());
+    requireNamesSenderAndClock(msg);
+    CHECK(msg.find("payload") != std::string::npos);
+
+    // A bias named on the cored matrix of a record that has no coefficients for it.
+    Bytes plainWithBias = plainBytes;
+    writeU32(plainWithBias, kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes + 4, 3);
+    fixCrc(plainWithBias);
+    requireNamesSenderAndClock(decodeError(plainWithBias, makeBiasCoreExpectation()));
+  }
+}
+
 TEST_CASE("SV batch decode rejects corrupt records naming sender and clock", "[sv_batch]") {
   const Bytes good = encode(makeBatch());
   REQUIRE_NOTHROW(decode(good, makeExpectation()));

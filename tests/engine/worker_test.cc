@@ -38,7 +38,13 @@ class CorruptingTransport final : public comm::Transport {
   void controlSum(std::span<double> d) override { inner_.controlSum(d); }
   void controlMax(std::span<double> d) override { inner_.controlMax(d); }
   void controlMin(std::span<double> d) override { inner_.controlMin(d); }
-  [[noreturn]] void abortJob(int code) override { inner_.abortJob(code); }
+  void sendAsync(int peer, comm::Channel ch, comm::SharedBytes b) override { inner_.sendAsync(peer, ch, std::move(b)); }
+  std::optional<comm::Message> tryReceive(comm::Channel ch) override { return inner_.tryReceive(ch); }
+  void flushSends() override { inner_.flushSends(); }
+  [[noreturn]] void abortJob(int code) override {
+    inner_.abortJob(code);
+    std::abort();
+  }
 
  private:
   comm::Transport& inner_;
@@ -47,7 +53,10 @@ class CorruptingTransport final : public comm::Transport {
 };
 
 // Runs `clocks` clocks on `ranks` threads and returns every rank's replica.
-std::vector<ParamSet> train(engine::TrainConfig config, int ranks, int64_t clocks) {
+std::vector<ParamSet> train(engine::TrainConfig config, int ranks, int64_t clocks,
+                            std::vector<std::vector<int64_t>>* gaps = nullptr, std::vector<uint64_t>* bytes = nullptr) {
+  if (gaps) gaps->assign(static_cast<size_t>(ranks), {});
+  if (bytes) bytes->assign(static_cast<size_t>(ranks), 0);
   auto hub = std::make_shared<LoopbackHub>(ranks);
   std::vector<ParamSet> out(static_cast<size_t>(ranks));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
@@ -61,7 +70,12 @@ std::vector<ParamSet> train(engine::TrainConfig config, int ranks, int64_t clock
         ops::MultinomialLogisticRegression model(kFeatures, kClasses);
         engine::Worker worker(config, model, t, shard, nullptr);
         data::MinibatchSampler sampler(shard.size(), config.batch, config.seed, r);
-        for (int64_t c = 1; c <= clocks; ++c) worker.runClock(static_cast<uint64_t>(c), data::gather(shard, sampler.next()));
+        for (int64_t c = 1; c <= clocks; ++c) {
+          const engine::ClockStats stats = worker.runClock(static_cast<uint64_t>(c), data::gather(shard, sampler.next()));
+          if (gaps) (*gaps)[static_cast<size_t>(r)].push_back(stats.clockGap);
+          if (bytes) (*bytes)[static_cast<size_t>(r)] += stats.bytesSent;
+        }
+        worker.drain(static_cast<uint64_t>(clocks));
         out[static_cast<size_t>(r)] = worker.replica();
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();
@@ -179,4 +193,87 @@ TEST_CASE("run() writes a metrics line per clock and a summary with traffic tota
   CHECK_THAT(lines[12], Catch::Contains(fmt::format("\"bytes_sent\": {}", bytes[0] + bytes[1])));
   CHECK_THAT(lines[12], Catch::Contains("\"messages\": 24"));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("with C = B, Q = P-1 and BSP, point-to-point multicast equals the broadcast bit for bit", "[engine]") {
+  engine::TrainConfig config;
+  config.batch = 12;
+  config.clocks = 15;
+  const auto broadcast = train(config, 4, 15);
+  config.multicast = comm::MulticastKind::kRandom;
+  config.fanout = 3;
+  config.select = 12;  // C = B
+  const auto multicast = train(config, 4, 15);
+  for (int r = 0; r < 4; ++r) CHECK(bitwiseEqual(broadcast[static_cast<size_t>(r)], multicast[static_cast<size_t>(r)]));
+}
+
+TEST_CASE("random multicast with selection sends C SVGs to Q peers: bytes match the analytic count", "[engine]") {
+  engine::TrainConfig config;
+  config.batch = 20;
+  config.clocks = 10;
+  config.select = 5;
+  config.multicast = comm::MulticastKind::kRandom;
+  config.fanout = 2;
+  std::vector<uint64_t> bytes;
+  const auto replicas = train(config, 4, 10, nullptr, &bytes);
+  // Per batch: header 64 + one matrix entry 32 + coeffs 4C + U 4JC + V 4KC + core 4C^2 + bias coefficients 4C.
+  const uint64_t c = 5, j = kClasses, k = kFeatures;
+  const uint64_t record = 64 + 32 + 4 * c + 4 * j * c + 4 * k * c + 4 * c * c + 4 * c;
+  for (int r = 0; r < 4; ++r) CHECK(bytes[static_cast<size_t>(r)] == record * 2 * 10);
+  // Replicas diverge under multicast but stay finite.
+  CHECK_FALSE(bitwiseEqual(replicas[0], replicas[1]));
+  for (const auto& p : replicas) CHECK(p[0].allFinite());
+}
+
+TEST_CASE("SSP: a slowed rank never lets another run more than s clocks ahead", "[engine]") {
+  engine::TrainConfig config;
+  config.batch = 8;
+  config.clocks = 30;
+  config.multicast = comm::MulticastKind::kRandom;
+  config.fanout = 2;
+  config.consistency = engine::Consistency::kSsp;
+  config.staleness = 2;
+  config.delayRank = 1;
+  config.delayMs = 3;
+  std::vector<std::vector<int64_t>> gaps;
+  train(config, 4, 30, &gaps);
+  int64_t worst = 0;
+  for (const auto& g : gaps)
+    for (int64_t x : g) worst = std::max(worst, x);
+  CHECK(worst <= 2);
+  CHECK(worst >= 1);  // the fast ranks did run ahead of the slow one
+}
+
+TEST_CASE("broken links: nobody waits for a message that cannot come", "[engine]") {
+  engine::TrainConfig config;
+  config.batch = 8;
+  config.clocks = 20;
+  config.dropLinks = 0.3;
+  for (auto kind : {comm::MulticastKind::kRandom, comm::MulticastKind::kFixed, comm::MulticastKind::kRing}) {
+    config.multicast = kind;
+    config.fanout = 2;
+    config.timeoutSeconds = 20;
+    const auto replicas = train(config, 5, 20);
+    for (const auto& p : replicas) CHECK(p[0].allFinite());
+  }
+}
+
+TEST_CASE("inconsistent flags are refused with one clear message", "[engine]") {
+  engine::TrainConfig c;
+  c.batch = 10;
+  c.select = 11;
+  CHECK_THROWS_WITH(engine::validate(c, 4), Catch::Contains("--select 11"));
+  c.select = 0;
+  c.multicast = comm::MulticastKind::kRandom;
+  c.fanout = 4;
+  CHECK_THROWS_WITH(engine::validate(c, 4), Catch::Contains("--fanout 4") && Catch::Contains("P-1 = 3"));
+  c.fanout = 2;
+  c.staleness = -1;
+  CHECK_THROWS_WITH(engine::validate(c, 4), Catch::Contains("--staleness -1"));
+  c.staleness = 0;
+  c.dropLinks = 1.0;
+  CHECK_THROWS_WITH(engine::validate(c, 4), Catch::Contains("--drop-links"));
+  c.dropLinks = 0.0;
+  c.sync = engine::SyncMode::kDense;
+  CHECK_THROWS_WITH(engine::validate(c, 4), Catch::Contains("--sync dense"));
 }

@@ -435,7 +435,7 @@ TEST_CASE("operators stay finite at extreme and degenerate inputs", "[operators]
     x << -0.0, 0.0, 2.0;
     in.a = &x;
     const MatD out = forward(OpKind::kRelu, in);
-    const MatD g = backward(OpKind::kRelu, 0, in, out, MatD::Ones(1, 3));
+    const MatD g = backward(OpKind::kRelu, 0, in, out, MatD(MatD::Ones(1, 3)));
     CHECK(g(0, 0) == 0.0);
     CHECK(g(0, 1) == 0.0);
     CHECK(g(0, 2) == 1.0);

@@ -46,8 +46,10 @@ void applyNaive(const SvBatch& b, std::vector<Eigen::MatrixXd>& w) {
         }
         if (c == 0) continue;
         w[m.paramId] += c * u.col(i) * v.col(j).transpose();
-        if (m.biasId >= 0) w[m.biasId].col(0) += c * u.col(i);
+        if (m.biasId >= 0 && m.core.size() == 0) w[m.biasId].col(0) += c * u.col(i);
       }
+      // A core's bias update has coefficients of its own.
+      if (m.biasId >= 0 && m.core.size() > 0) w[m.biasId].col(0) += m.biasCoeffs(i) * u.col(i);
     }
   }
 }
@@ -91,6 +93,65 @@ TEST_CASE("rebuild GEMM equals the sum of rank-1 updates", "[ops][rebuild]") {
     INFO("parameter " << w.params[i].name);
     CHECK(err < 1e-6);
   }
+}
+
+TEST_CASE("rebuild applies a core's bias coefficients", "[ops][rebuild]") {
+  ParamSet w;
+  w.params.push_back({"A", randomMatrix(6, 9, 71)});
+  w.params.push_back({"a", randomMatrix(6, 1, 72)});
+  w.params.push_back({"B", randomMatrix(5, 12, 73)});
+  w.params.push_back({"b", randomMatrix(5, 1, 74)});
+  std::vector<Eigen::MatrixXd> ref;
+  for (const auto& p : w.params) ref.push_back(p.value.cast<double>());
+
+  // One selected batch (cores, dense and sparse V, both with a bias) and one plain batch.
+  std::vector<SvBatch> batches(2);
+  for (size_t k = 0; k < batches.size(); ++k) {
+    SvBatch& b = batches[k];
+    const int64_t n = 3 + static_cast<int64_t>(k);
+    b.coeffs = randomMatrix(n, 1, 80 + k).col(0);
+    SvMatrix dense;
+    dense.paramId = 0;
+    dense.biasId = 1;
+    dense.u = randomMatrix(6, n, 82 + k);
+    dense.vDense = randomMatrix(9, n, 84 + k);
+    SvMatrix sparse;
+    sparse.paramId = 2;
+    sparse.biasId = 3;
+    sparse.u = randomMatrix(5, n, 86 + k);
+    sparse.sparseV = true;
+    sparse.vSparse = randomSparse(12, n, 0.4, 88 + k);
+    if (k == 0) {
+      for (SvMatrix* m : {&dense, &sparse}) {
+        m->core = randomMatrix(n, n, 90 + m->paramId);
+        m->biasCoeffs = randomMatrix(n, 1, 92 + m->paramId).col(0);
+      }
+    }
+    b.matrices = {dense, sparse};
+  }
+  std::vector<const SvBatch*> ptrs;
+  for (const auto& b : batches) {
+    ptrs.push_back(&b);
+    applyNaive(b, ref);
+  }
+  ops::applySvBatches(ptrs, w);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double err = (w[i].cast<double>() - ref[i]).norm() / ref[i].norm();
+    INFO("parameter " << w.params[i].name);
+    CHECK(err < 1e-6);
+  }
+
+  // Scaling reaches the bias coefficients with the core.
+  SvBatch scaled = batches[0];
+  ops::scaleCoefficients(scaled, -0.5f);
+  CHECK(scaled.matrices[0].biasCoeffs.isApprox(-0.5f * batches[0].matrices[0].biasCoeffs));
+  CHECK(scaled.matrices[1].core.isApprox(-0.5f * batches[0].matrices[1].core));
+
+  // A core with a bias but no bias coefficients is a bug upstream, not a zero bias update.
+  SvBatch missing = batches[0];
+  missing.matrices[1].biasCoeffs.resize(0);
+  const SvBatch* one[] = {&missing};
+  CHECK_THROWS_AS(ops::applySvBatches(one, w), Error);
 }
 
 TEST_CASE("rebuild refuses SVs that do not fit the parameter", "[ops][rebuild]") {

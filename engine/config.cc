@@ -1,0 +1,28 @@
+#include "engine/config.h"
+
+#include "engine/base/error.h"
+
+namespace orpheus::engine {
+
+std::string toString(SyncMode mode) { return mode == SyncMode::kSv ? "sv" : "dense"; }
+std::string toString(Consistency c) { return c == Consistency::kBsp ? "bsp" : "ssp"; }
+void validate(const TrainConfig& c, int ranks) {
+  ORPHEUS_CHECK_INPUT(c.select >= 0 && c.select <= c.batch,
+                      "--select {} must be between 1 and the batch size --batch {} (0 sends every SVG)", c.select,
+                      c.batch);
+  if (c.multicast != comm::MulticastKind::kAll) {
+    ORPHEUS_CHECK_INPUT(c.fanout >= 1, "--multicast {} needs --fanout Q >= 1", comm::multicastName(c.multicast));
+  }
+  ORPHEUS_CHECK_INPUT(c.fanout >= 0 && (ranks == 1 || c.fanout <= ranks - 1),
+                      "--fanout {} needs at most P-1 = {} peers (P = {} ranks)", c.fanout, ranks - 1, ranks);
+  ORPHEUS_CHECK_INPUT(c.staleness >= 0, "--staleness {} must be >= 0", c.staleness);
+  ORPHEUS_CHECK_INPUT(c.dropLinks >= 0.0 && c.dropLinks < 1.0, "--drop-links {} must be in [0, 1)", c.dropLinks);
+  if (c.sync == SyncMode::kDense) {
+    ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll && c.consistency == Consistency::kBsp &&
+                            c.dropLinks == 0.0,
+                        "--sync dense allreduces whole gradients: it takes no --select, --multicast, --consistency "
+                        "ssp or --drop-links");
+  }
+}
+
+}  // namespace orpheus::engine

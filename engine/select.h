@@ -1,0 +1,83 @@
+// SV selection (the paper's section 3.2.1 and Algorithm 2): a worker sends C of the
+// B SVGs of its batch instead of all of them, chosen jointly across all parameter
+// matrices so that one SVG index selects the same example everywhere.
+//
+// Joint matrix column subset selection (JMCSS). Every parameter matrix site of the
+// batch contributes two matrices X^(p) to the selection: its U (J x B) and its V
+// (K x B). Each step samples an index i with probability proportional to
+//     prod_p || column i of the residual X^(p)_t ||^2
+// and then projects every residual off column i. One orthonormal basis per matrix
+// is kept up to date by Gram-Schmidt with reorthogonalization, and the residual
+// norms are updated from the new basis vector alone, so a step costs one pass over
+// each X^(p), never a pseudo-inverse.
+//
+// Two refinements make the product usable on real models, documented here because
+// they are not in the paper's pseudo-code:
+//  - A column whose residual is below 1e-10 of its own squared norm counts as lying
+//    in the span already (float rounding leaves residuals of about 1e-14 there).
+//  - A matrix whose columns all lie in the span of the selected ones has nothing
+//    left to add; its factor (zero for every column) leaves the product. Otherwise
+//    selection would end at the rank of the smallest matrix: the U of a softmax
+//    layer with 10 classes has rank 9, and selection would never pass 9 SVGs. If no
+//    column has a non-zero product while some matrix still has residual, the step
+//    samples by the sum of the remaining matrices' relative residuals instead.
+// Selection stops early, with fewer than C SVGs, once every matrix's columns lie in
+// the span of the selected ones: then the selected SVGs reproduce the batch exactly.
+//
+// Sending the selected columns alone, rescaled by B/C, approximates the update
+// badly (worse than sending nothing on MLR). The selected batch therefore carries,
+// per matrix, the C x C least-squares core
+//     A = S_U^+ (U diag(c) V^T) (S_V^+)^T,
+// so that S_U A S_V^T is the orthogonal projection P_U (U diag(c) V^T) P_V of the
+// full update onto the spans of the selected columns: the closest update those
+// columns can express. The bias update U c is likewise projected: S_U biasCoeffs =
+// P_U U c. Both are computed from the Gram-Schmidt coordinates Q^T X (C x B), never
+// from a J x K matrix.
+#pragma once
+
+#include "engine/base/rng.h"
+#include "engine/base/sv_batch.h"
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace orpheus::engine {
+
+enum class SelectionMethod {
+  kJmcss,    // Algorithm 2 with least-squares cores
+  kUniform,  // C distinct SVGs uniformly at random, coefficients scaled by B/C (the paper's baseline)
+};
+
+std::string toString(SelectionMethod method);
+// Parses "jmcss" or "uniform"; throws InputError naming the choices otherwise.
+SelectionMethod parseSelectionMethod(const std::string& name);
+
+struct SelectionStats {
+  double seconds = 0.0;          // wall time of the selection, cores included
+  int64_t requested = 0;         // C
+  int64_t selected = 0;          // SVGs in the result: min(C, B), or fewer when JMCSS stopped early
+  std::vector<int64_t> indices;  // the columns of the full batch kept, in the order of the result
+};
+
+// Chooses c of the n SVGs of `full` (the same indices for every matrix) and returns
+// them as a batch with `full`'s header.
+//  - kJmcss: the columns in the order they were drawn; every matrix carries its
+//    least-squares core (and, with a bias, its bias coefficients), so the batch's
+//    per-column coefficients are unused and set to one. `full` may carry cores of
+//    its own: the fit is then against U core V^T.
+//  - kUniform: no core; coefficients are full.coeffs[i] * n / c. `full` must not
+//    carry cores.
+// With c >= n the result is `full` unchanged (no core, bit for bit), so selection
+// switched off and C = B take the same path. c must be at least 1. Every random
+// choice comes from `rng`: the same stream gives the same selection.
+SvBatch selectSvgs(const SvBatch& full, int64_t c, SelectionMethod method, CounterRng& rng,
+                   SelectionStats* stats = nullptr);
+
+// The columns `columns` (distinct, in range) of `full` with the least-squares cores
+// described above, whatever the columns: what kJmcss returns for the columns it
+// drew. Columns that add no direction to a matrix still appear in the result.
+SvBatch projectOntoColumns(const SvBatch& full, std::span<const int64_t> columns);
+
+}  // namespace orpheus::engine

@@ -1,0 +1,399 @@
+#include "engine/select.h"
+
+#include "engine/base/error.h"
+#include "engine/base/rng.h"
+#include "ops/rebuild.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <vector>
+
+using namespace orpheus;
+using engine::SelectionMethod;
+using engine::SelectionStats;
+
+namespace {
+
+using MatrixD = Eigen::MatrixXd;
+using VectorD = Eigen::VectorXd;
+
+Matrix randomMatrix(CounterRng& rng, int64_t rows, int64_t cols) {
+  Matrix m(rows, cols);
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t i = 0; i < rows; ++i) m(i, j) = static_cast<float>(rng.normal());
+  return m;
+}
+
+// A matrix whose singular values decay like decay^k: what SVs of a trained model
+// look like (a few dominant directions), unlike white noise.
+Matrix decayingMatrix(CounterRng& rng, int64_t rows, int64_t cols, double decay) {
+  const int64_t r = std::min(rows, cols);
+  Matrix a = randomMatrix(rng, rows, r);
+  const Matrix b = randomMatrix(rng, r, cols);
+  for (int64_t k = 0; k < r; ++k) a.col(k) *= static_cast<float>(std::pow(decay, static_cast<double>(k)));
+  return a * b;
+}
+
+SparseMatrix toSparse(const Matrix& dense, CounterRng& rng, double density) {
+  std::vector<Eigen::Triplet<float, int32_t>> t;
+  for (int64_t j = 0; j < dense.cols(); ++j)
+    for (int64_t i = 0; i < dense.rows(); ++i)
+      if (rng.uniform() < density) t.emplace_back(static_cast<int32_t>(i), static_cast<int32_t>(j), dense(i, j));
+  SparseMatrix s(dense.rows(), dense.cols());
+  s.setFromTriplets(t.begin(), t.end());
+  return s;
+}
+
+// Params: 0 W0 (8x12) with bias 1, dense V; 2 W1 (6x20) with bias 3, sparse V;
+// 4 W2 (3x7), dense V, no bias, and U with columns summing to zero (rank 2, like
+// the U = p - onehot(t) of a softmax layer).
+ParamSet zeroParams() {
+  ParamSet w;
+  w.params.push_back({"W0", Matrix::Zero(8, 12)});
+  w.params.push_back({"b0", Matrix::Zero(8, 1)});
+  w.params.push_back({"W1", Matrix::Zero(6, 20)});
+  w.params.push_back({"b1", Matrix::Zero(6, 1)});
+  w.params.push_back({"W2", Matrix::Zero(3, 7)});
+  return w;
+}
+
+// decay 0: plain Gaussian SVs; otherwise SVs with decaying spectra.
+SvBatch makeBatch(uint64_t key, int64_t n, double decay = 0.0) {
+  CounterRng rng(11, RngPurpose::kTest, key, 0);
+  auto make = [&](int64_t rows, int64_t cols) {
+    return decay > 0.0 ? decayingMatrix(rng, rows, cols, decay) : randomMatrix(rng, rows, cols);
+  };
+  SvBatch b;
+  b.header = {.jobId = 5, .sender = 2, .replica = 1, .clock = 9, .epoch = 3};
+  b.coeffs.resize(n);
+  for (int64_t j = 0; j < n; ++j) b.coeffs[j] = static_cast<float>(0.5 + rng.uniform());
+
+  SvMatrix m0;
+  m0.paramId = 0;
+  m0.biasId = 1;
+  m0.u = make(8, n);
+  m0.vDense = make(12, n);
+
+  SvMatrix m1;
+  m1.paramId = 2;
+  m1.biasId = 3;
+  m1.u = make(6, n);
+  m1.sparseV = true;
+  m1.vSparse = toSparse(make(20, n), rng, 0.4);
+
+  SvMatrix m2;
+  m2.paramId = 4;
+  m2.u = make(3, n);
+  m2.u.rowwise() -= m2.u.colwise().mean();
+  m2.vDense = make(7, n);
+  b.matrices = {m0, m1, m2};
+  return b;
+}
+
+MatrixD denseV(const SvMatrix& m) {
+  return m.sparseV ? MatrixD(m.vSparse.cast<double>()) : MatrixD(m.vDense.cast<double>());
+}
+
+MatrixD pinv(const MatrixD& s) { return Eigen::CompleteOrthogonalDecomposition<MatrixD>(s).pseudoInverse(); }
+
+// The update a batch stands for, applied to zero parameters.
+ParamSet rebuilt(const SvBatch& b) {
+  ParamSet w = zeroParams();
+  const SvBatch* one[] = {&b};
+  ops::applySvBatches(one, w);
+  return w;
+}
+
+double relativeError(const SvBatch& approx, const SvBatch& full) {
+  return relativeDifference(rebuilt(approx), rebuilt(full));
+}
+
+std::vector<std::byte> bytesOf(const SvBatch& b) { return encode(b); }
+
+bool sameColumn(const SvMatrix& a, int64_t ja, const SvMatrix& b, int64_t jb) {
+  if (a.u.col(ja) != b.u.col(jb)) return false;
+  return denseV(a).col(ja) == denseV(b).col(jb);
+}
+
+}  // namespace
+
+TEST_CASE("JMCSS core is the projection of the update onto the selected spans", "[select]") {
+  for (int64_t c : {3, 5, 8}) {
+    for (uint64_t key = 0; key < 4; ++key) {
+      const SvBatch full = makeBatch(key, 16);
+      CounterRng rng(1, RngPurpose::kSelect, key, 0);
+      SelectionStats stats;
+      const SvBatch sel = engine::selectSvgs(full, c, SelectionMethod::kJmcss, rng, &stats);
+      REQUIRE(stats.selected == c);
+      REQUIRE(sel.numColumns() == c);
+      const std::vector<int64_t>& idx = stats.indices;
+      INFO("C = " << c << ", key " << key);
+      for (size_t p = 0; p < full.matrices.size(); ++p) {
+        const SvMatrix& m = full.matrices[p];
+        const SvMatrix& s = sel.matrices[p];
+        INFO("matrix " << p);
+        REQUIRE(s.core.rows() == c);
+        REQUIRE(s.core.cols() == c);
+        const MatrixD u = m.u.cast<double>();
+        const MatrixD v = denseV(m);
+        const VectorD coeffs = full.coeffs.cast<double>();
+        const MatrixD update = u * coeffs.asDiagonal() * v.transpose();
+        const MatrixD su = u(Eigen::all, idx);
+        const MatrixD sv = v(Eigen::all, idx);
+        const MatrixD pu = su * pinv(su);
+        const MatrixD pv = sv * pinv(sv);
+        const MatrixD expected = pu * update * pv;
+        const MatrixD got = su * s.core.cast<double>() * sv.transpose();
+        CHECK((got - expected).norm() <= 1e-5 * update.norm());
+        // The core itself is S_U^+ M (S_V^+)^T where the selected columns are
+        // independent (C below both dimensions and no rank-2 U).
+        if (c < std::min(m.u.rows(), v.rows()) && p != 2) {
+          const MatrixD a = pinv(su) * update * pinv(sv).transpose();
+          CHECK((s.core.cast<double>() - a).norm() <= 1e-4 * a.norm());
+        }
+        if (m.biasId >= 0) {
+          REQUIRE(s.biasCoeffs.size() == c);
+          const VectorD exact = u * coeffs;
+          CHECK((su * s.biasCoeffs.cast<double>() - pu * exact).norm() <= 1e-5 * exact.norm());
+        } else {
+          CHECK(s.biasCoeffs.size() == 0);
+        }
+      }
+      CHECK(sel.coeffs == Vector::Ones(c));
+    }
+  }
+}
+
+TEST_CASE("selecting every SVG reproduces the update", "[select]") {
+  const SvBatch full = makeBatch(3, 10);
+  // All columns through the core path, in a scrambled order.
+  const std::vector<int64_t> all = {4, 0, 9, 2, 7, 1, 8, 3, 6, 5};
+  const SvBatch proj = engine::projectOntoColumns(full, all);
+  CHECK(relativeError(proj, full) < 1e-5);
+
+  // c >= n is the "selection off" path: the batch itself, bit for bit.
+  for (SelectionMethod method : {SelectionMethod::kJmcss, SelectionMethod::kUniform}) {
+    for (int64_t c : {10, 11, 100}) {
+      CounterRng rng(1, RngPurpose::kSelect, 0, 0);
+      SelectionStats stats;
+      const SvBatch same = engine::selectSvgs(full, c, method, rng, &stats);
+      CHECK(bytesOf(same) == bytesOf(full));
+      CHECK(stats.selected == 10);
+      CHECK(same.matrices[0].core.size() == 0);
+    }
+  }
+}
+
+TEST_CASE("selected indices are distinct and the same for every matrix", "[select]") {
+  const SvBatch full = makeBatch(5, 30, 0.6);
+  for (SelectionMethod method : {SelectionMethod::kJmcss, SelectionMethod::kUniform}) {
+    for (uint64_t key = 0; key < 5; ++key) {
+      CounterRng rng(2, RngPurpose::kSelect, key, 0);
+      SelectionStats stats;
+      const SvBatch sel = engine::selectSvgs(full, 7, method, rng, &stats);
+      INFO(engine::toString(method) << " key " << key);
+      REQUIRE(stats.indices.size() == 7);
+      REQUIRE(stats.requested == 7);
+      CHECK(stats.seconds >= 0.0);
+      CHECK(std::set<int64_t>(stats.indices.begin(), stats.indices.end()).size() == 7);
+      for (int64_t i : stats.indices) CHECK((i >= 0 && i < 30));
+      for (size_t p = 0; p < full.matrices.size(); ++p) {
+        CHECK(sel.matrices[p].sparseV == full.matrices[p].sparseV);
+        CHECK(sel.matrices[p].paramId == full.matrices[p].paramId);
+        CHECK(sel.matrices[p].biasId == full.matrices[p].biasId);
+        for (int64_t t = 0; t < 7; ++t) CHECK(sameColumn(sel.matrices[p], t, full.matrices[p], stats.indices[t]));
+      }
+      CHECK(sel.header.clock == full.header.clock);
+      CHECK(sel.header.sender == full.header.sender);
+      CHECK(sel.header.replica == full.header.replica);
+      CHECK(sel.header.epoch == full.header.epoch);
+      CHECK(sel.header.jobId == full.header.jobId);
+    }
+  }
+}
+
+TEST_CASE("selection is determined by the random stream", "[select]") {
+  const SvBatch full = makeBatch(6, 40, 0.7);
+  for (SelectionMethod method : {SelectionMethod::kJmcss, SelectionMethod::kUniform}) {
+    CounterRng a(3, RngPurpose::kSelect, 12, 1);
+    CounterRng b(3, RngPurpose::kSelect, 12, 1);
+    SelectionStats sa, sb;
+    const SvBatch x = engine::selectSvgs(full, 10, method, a, &sa);
+    const SvBatch y = engine::selectSvgs(full, 10, method, b, &sb);
+    CHECK(sa.indices == sb.indices);
+    CHECK(bytesOf(x) == bytesOf(y));
+    // Another clock's stream picks other SVGs (almost surely for 10 of 40).
+    CounterRng other(3, RngPurpose::kSelect, 13, 1);
+    SelectionStats so;
+    engine::selectSvgs(full, 10, method, other, &so);
+    CHECK(so.indices != sa.indices);
+  }
+}
+
+TEST_CASE("JMCSS with cores approximates better than uniform selection", "[select]") {
+  double jmcss = 0.0, uniform = 0.0;
+  int jmcssWins = 0;
+  const int trials = 30;
+  for (int t = 0; t < trials; ++t) {
+    const SvBatch full = makeBatch(100 + static_cast<uint64_t>(t), 40, 0.7);
+    CounterRng r1(4, RngPurpose::kSelect, static_cast<uint64_t>(t), 0);
+    CounterRng r2(4, RngPurpose::kSelect, static_cast<uint64_t>(t), 1);
+    const double ej = relativeError(engine::selectSvgs(full, 5, SelectionMethod::kJmcss, r1), full);
+    const double eu = relativeError(engine::selectSvgs(full, 5, SelectionMethod::kUniform, r2), full);
+    jmcss += ej / trials;
+    uniform += eu / trials;
+    jmcssWins += ej <= eu;
+  }
+  INFO("mean relative error: JMCSS " << jmcss << ", uniform " << uniform);
+  CHECK(jmcss < uniform);
+  CHECK(jmcss < 1.0);  // better than sending nothing
+  CHECK(jmcssWins >= trials * 3 / 4);
+}
+
+TEST_CASE("JMCSS stops once the selected SVGs span the batch", "[select]") {
+  // Every matrix's columns are combinations of 3 columns: 3 SVGs say everything.
+  SvBatch full = makeBatch(7, 12);
+  CounterRng rng(12, RngPurpose::kTest, 0, 0);
+  const Matrix mix = randomMatrix(rng, 3, 12);
+  for (SvMatrix& m : full.matrices) {
+    m.u = randomMatrix(rng, m.u.rows(), 3) * mix;
+    const Matrix v = randomMatrix(rng, m.vRows(), 3) * mix;
+    if (m.sparseV) {
+      m.vSparse = v.sparseView();
+    } else {
+      m.vDense = v;
+    }
+  }
+  CounterRng sel(1, RngPurpose::kSelect, 0, 0);
+  SelectionStats stats;
+  const SvBatch out = engine::selectSvgs(full, 5, SelectionMethod::kJmcss, sel, &stats);
+  CHECK(stats.requested == 5);
+  CHECK(stats.selected == 3);
+  CHECK(out.numColumns() == 3);
+  CHECK(relativeError(out, full) < 1e-5);
+  CHECK_NOTHROW(decode(encode(out)));
+
+  // A batch with nothing in it selects nothing, and says so exactly.
+  SvBatch zero = full;
+  for (SvMatrix& m : zero.matrices) {
+    m.u.setZero();
+    m.vDense.setZero();
+    m.vSparse.setZero();
+  }
+  SelectionStats none;
+  const SvBatch empty = engine::selectSvgs(zero, 5, SelectionMethod::kJmcss, sel, &none);
+  CHECK(none.selected == 0);
+  CHECK(empty.numColumns() == 0);
+  CHECK(rebuilt(empty).numElements() == zeroParams().numElements());
+  CHECK(decode(encode(empty)).numColumns() == 0);
+}
+
+TEST_CASE("a low-rank matrix does not end selection at its rank", "[select]") {
+  // The third matrix's U has rank 2; the others have room for 10 SVGs.
+  const SvBatch full = makeBatch(8, 20);
+  CounterRng rng(1, RngPurpose::kSelect, 0, 0);
+  SelectionStats stats;
+  const SvBatch sel = engine::selectSvgs(full, 10, SelectionMethod::kJmcss, rng, &stats);
+  CHECK(stats.selected == 10);
+  // ... and the projection is still the one onto the selected spans.
+  const SvBatch proj = engine::projectOntoColumns(full, stats.indices);
+  CHECK(bytesOf(proj) == bytesOf(sel));
+}
+
+TEST_CASE("a selected batch round-trips through the wire format", "[select]") {
+  const SvBatch full = makeBatch(9, 25, 0.8);
+  CounterRng rng(1, RngPurpose::kSelect, 0, 0);
+  const SvBatch sel = engine::selectSvgs(full, 6, SelectionMethod::kJmcss, rng);
+  const std::vector<std::byte> bytes = encode(sel);
+  CHECK(bytes.size() == encodedSize(sel));
+  SvBatchExpectation expect;
+  expect.sender = 2;
+  expect.clock = 9;
+  expect.paramShapes = {{8, 12}, {8, 1}, {6, 20}, {6, 1}, {3, 7}};
+  const SvBatch back = decode(bytes, expect);
+  REQUIRE(back.matrices.size() == 3);
+  for (size_t p = 0; p < 3; ++p) {
+    const SvMatrix& a = sel.matrices[p];
+    const SvMatrix& b = back.matrices[p];
+    CHECK(std::memcmp(a.core.data(), b.core.data(), sizeof(float) * 36) == 0);
+    CHECK(b.biasCoeffs.size() == a.biasCoeffs.size());
+    CHECK(b.biasCoeffs == a.biasCoeffs);
+  }
+  CHECK(encode(back) == bytes);
+  CHECK(relativeDifference(rebuilt(back), rebuilt(sel)) == 0.0);
+}
+
+TEST_CASE("applying a selected batch adds S_U A S_V^T and S_U biasCoeffs", "[select]") {
+  const SvBatch full = makeBatch(10, 18, 0.7);
+  CounterRng rng(1, RngPurpose::kSelect, 0, 0);
+  const SvBatch sel = engine::selectSvgs(full, 6, SelectionMethod::kJmcss, rng);
+  ParamSet w = zeroParams();
+  CounterRng init(2, RngPurpose::kTest, 0, 0);
+  for (auto& p : w.params) p.value = randomMatrix(init, p.value.rows(), p.value.cols());
+  std::vector<MatrixD> expected;
+  for (const auto& p : w.params) expected.push_back(p.value.cast<double>());
+  for (const SvMatrix& m : sel.matrices) {
+    const MatrixD u = m.u.cast<double>();
+    expected[m.paramId] += u * m.core.cast<double>() * denseV(m).transpose();
+    if (m.biasId >= 0) expected[static_cast<size_t>(m.biasId)] += u * m.biasCoeffs.cast<double>();
+  }
+  const SvBatch* one[] = {&sel};
+  ops::applySvBatches(one, w);
+  for (size_t i = 0; i < w.size(); ++i) {
+    INFO("parameter " << w.params[i].name);
+    CHECK((w[i].cast<double>() - expected[i]).norm() <= 1e-5 * expected[i].norm());
+  }
+}
+
+TEST_CASE("uniform selection rescales by B/C and draws every SVG alike", "[select]") {
+  const SvBatch full = makeBatch(11, 10);
+  std::vector<int> hits(10, 0);
+  const int draws = 3000;
+  for (int d = 0; d < draws; ++d) {
+    CounterRng rng(5, RngPurpose::kSelect, static_cast<uint64_t>(d), 0);
+    SelectionStats stats;
+    const SvBatch sel = engine::selectSvgs(full, 4, SelectionMethod::kUniform, rng, &stats);
+    REQUIRE(stats.selected == 4);
+    for (int64_t t = 0; t < 4; ++t) {
+      ++hits[static_cast<size_t>(stats.indices[t])];
+      if (d == 0) CHECK(sel.coeffs[t] == Approx(full.coeffs[stats.indices[t]] * 2.5f));
+    }
+    if (d == 0) {
+      for (const SvMatrix& m : sel.matrices) {
+        CHECK(m.core.size() == 0);
+        CHECK(m.biasCoeffs.size() == 0);
+      }
+    }
+  }
+  for (int h : hits) CHECK(std::abs(h / static_cast<double>(draws) - 0.4) < 0.04);
+}
+
+TEST_CASE("selection from a batch that already carries cores fits that update", "[select]") {
+  const SvBatch full = makeBatch(12, 15, 0.8);
+  CounterRng rng(1, RngPurpose::kSelect, 0, 0);
+  const SvBatch once = engine::selectSvgs(full, 8, SelectionMethod::kJmcss, rng);
+  // Keeping every column of a cored batch reproduces it.
+  const std::vector<int64_t> all = {7, 6, 5, 4, 3, 2, 1, 0};
+  CHECK(relativeDifference(rebuilt(engine::projectOntoColumns(once, all)), rebuilt(once)) < 1e-5);
+  // Selecting again never does better than the first, larger selection.
+  const SvBatch twice = engine::selectSvgs(once, 4, SelectionMethod::kJmcss, rng);
+  CHECK(relativeError(twice, full) >= relativeError(once, full) - 1e-6);
+  CHECK_THROWS_AS(engine::selectSvgs(once, 4, SelectionMethod::kUniform, rng), Error);
+}
+
+TEST_CASE("selection refuses bad requests", "[select]") {
+  const SvBatch full = makeBatch(13, 6);
+  CounterRng rng(1, RngPurpose::kSelect, 0, 0);
+  CHECK_THROWS_AS(engine::selectSvgs(full, 0, SelectionMethod::kJmcss, rng), Error);
+  const std::vector<int64_t> twice = {1, 1};
+  CHECK_THROWS_AS(engine::projectOntoColumns(full, twice), Error);
+  const std::vector<int64_t> outside = {6};
+  CHECK_THROWS_AS(engine::projectOntoColumns(full, outside), Error);
+  CHECK(engine::parseSelectionMethod("jmcss") == SelectionMethod::kJmcss);
+  CHECK(engine::parseSelectionMethod("uniform") == SelectionMethod::kUniform);
+  CHECK_THROWS_AS(engine::parseSelectionMethod("best"), InputError);
+}
