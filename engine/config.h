@@ -35,6 +35,10 @@ struct TrainConfig {
   Consistency consistency = Consistency::kBsp;
   int staleness = 0;       // s, for SSP
   double dropLinks = 0.0;  // F: fraction of directed links broken per clock
+  // Coordinator (section 3.4): barriers every R / S clocks; 0 = off.
+  int64_t averageEvery = 0;  // periodic centralized synchronization: replicas averaged
+  int64_t rotateEvery = 0;   // parameter-replica rotation along the ring of ranks
+  std::string saveReplicas;  // directory: every rank saves its replica as replica-<id>.h5
   int delayRank = -1;      // testing aid: this rank sleeps delayMs every clock
   int delayMs = 0;
   int64_t evalEvery = 100;  // 0: only at the end

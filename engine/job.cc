@@ -167,6 +167,16 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
     }
   }
 
+  if (leader && transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {
+    spdlog::warn("one rank: --average-every and --rotate-every have nothing to do");
+  }
+  if (!config.saveReplicas.empty()) {
+    collectively(transport, [&] {
+      ORPHEUS_CHECK_INPUT(std::filesystem::is_directory(config.saveReplicas),
+                          "cannot save replicas to '{}': not a directory", config.saveReplicas);
+    });
+  }
+
   Worker worker(config, *model, transport, train, haveTest ? &test : nullptr);
   try {
     worker.run(*metrics);
@@ -176,6 +186,16 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
     transport.abortJob(exitCodeFor(e));
   }
 
+  if (!config.saveReplicas.empty()) {
+    ckpt::ModelFileInfo info;
+    info.modelSpec = model->spec();
+    info.clock = config.clocks;
+    info.seed = config.seed;
+    info.features = features;
+    info.classes = classes;
+    info.replica = worker.replicaId();
+    ckpt::saveParams(fmt::format("{}/replica-{}.h5", config.saveReplicas, worker.replicaId()), worker.replica(), info);
+  }
   if (leader) {
     if (!config.save.empty()) {
       ckpt::ModelFileInfo info;
@@ -184,6 +204,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
       info.seed = config.seed;
       info.features = features;
       info.classes = classes;
+      info.replica = worker.replicaId();
       ckpt::saveParams(config.save, worker.replica(), info);
     }
     const EvalResult& eval = worker.lastEval();

@@ -27,15 +27,35 @@ constexpr double kInSpanTolerance = 1e-10;
 
 bool hasCore(const SvMatrix& m) { return m.core.size() > 0; }
 
+// The large buffers of one Residual. They are kept per thread across calls: a
+// worker selects from batches of the same shapes every clock, and fresh
+// multi-megabyte buffers would page-fault each time, which costs about as much as
+// the selection itself.
+struct ResidualScratch {
+  MatrixD dense;   // X in double (dense X only)
+  MatrixD basis;   // rows x (capacity or more)
+  MatrixD coords;  // (capacity or more) x n
+};
+
+std::vector<ResidualScratch>& scratchFor(size_t count) {
+  thread_local std::vector<ResidualScratch> scratch;
+  if (scratch.size() < count) scratch.resize(count);
+  return scratch;
+}
+
 // One matrix X^(p) of Algorithm 2 (the U or the V of a site) as its residual shrinks.
 // Works in double: the residual norms are differences of squares, and float would
 // blur the line between "in the span" and "a small new direction".
 class Residual {
  public:
-  Residual(const Matrix& x, int64_t capacity) : dense_(x.cast<double>()) {
+  Residual(const Matrix& x, int64_t capacity, ResidualScratch& scratch)
+      : dense_(scratch.dense), basis_(scratch.basis), coords_(scratch.coords) {
+    dense_ = x.cast<double>();  // reuses the buffer when the shape is unchanged
     init(dense_.colwise().squaredNorm().transpose(), dense_.rows(), capacity);
   }
-  Residual(const SparseMatrix& x, int64_t capacity) : sparse_(x.cast<double>()), isSparse_(true) {
+  Residual(const SparseMatrix& x, int64_t capacity, ResidualScratch& scratch)
+      : dense_(scratch.dense), sparse_(x.cast<double>()), isSparse_(true), basis_(scratch.basis),
+        coords_(scratch.coords) {
     VectorD norms(sparse_.cols());
     for (int64_t j = 0; j < sparse_.cols(); ++j) norms[j] = sparse_.col(j).squaredNorm();
     init(norms, sparse_.rows(), capacity);
@@ -57,12 +77,16 @@ class Residual {
   void add(int64_t i) {
     if (effective_[i] > 0.0) {
       VectorD r = column(i);
-      // Classical Gram-Schmidt twice ("twice is enough"): the second pass removes
-      // what rounding left of the basis directions in the first.
-      for (int pass = 0; pass < 2 && rank_ > 0; ++pass) {
+      if (rank_ > 0) {
+        // Classical Gram-Schmidt; the first pass's Q^T x_i is column i of Q^T X,
+        // known already. A second pass ("twice is enough") removes what rounding left
+        // of the basis directions when the first cancelled much of x_i.
         const auto q = basis_.leftCols(rank_);
-        const VectorD h = q.transpose() * r;
-        r.noalias() -= q * h;
+        r.noalias() -= q * coords_.col(i).head(rank_);
+        if (r.squaredNorm() < 0.5 * norms_[i]) {
+          const VectorD h = q.transpose() * r;
+          r.noalias() -= q * h;
+        }
       }
       const double r2 = r.squaredNorm();
       if (r2 > kInSpanTolerance * norms_[i]) {
@@ -81,8 +105,9 @@ class Residual {
   void init(const VectorD& norms, int64_t rows, int64_t capacity) {
     norms_ = norms;
     residual_ = norms;
-    basis_.resize(rows, capacity);
-    coords_.resize(capacity, norms.size());
+    // Grow only, so that a different C on the next call reuses the memory.
+    if (basis_.rows() != rows || basis_.cols() < capacity) basis_.resize(rows, capacity);
+    if (coords_.cols() != norms.size() || coords_.rows() < capacity) coords_.resize(capacity, norms.size());
     refresh();
   }
 
@@ -105,7 +130,7 @@ class Residual {
     exhausted_ = total_ == 0.0;
   }
 
-  MatrixD dense_;
+  MatrixD& dense_;
   SparseD sparse_;
   bool isSparse_ = false;
   VectorD norms_;      // squared column norms of X
@@ -113,8 +138,8 @@ class Residual {
   VectorD effective_;  // residual_ with columns in the span set to zero
   double total_ = 0.0;
   bool exhausted_ = false;
-  MatrixD basis_;   // rows x capacity; the first rank_ columns are orthonormal
-  MatrixD coords_;  // capacity x n; the first rank_ rows are Q^T X
+  MatrixD& basis_;   // the first rank_ columns are orthonormal
+  MatrixD& coords_;  // the first rank_ rows are Q^T X
   int64_t rank_ = 0;
 };
 
@@ -202,14 +227,15 @@ void fitCore(const SvMatrix& m, const Vector& coeffs, const Residual& u, const R
 
 // Per matrix of `full`, its U and its V, in that order.
 std::vector<Residual> residualsOf(const SvBatch& full, int64_t capacity) {
+  std::vector<ResidualScratch>& scratch = scratchFor(2 * full.matrices.size());
   std::vector<Residual> res;
   res.reserve(2 * full.matrices.size());
   for (const SvMatrix& m : full.matrices) {
-    res.emplace_back(m.u, capacity);
+    res.emplace_back(m.u, capacity, scratch[res.size()]);
     if (m.sparseV) {
-      res.emplace_back(m.vSparse, capacity);
+      res.emplace_back(m.vSparse, capacity, scratch[res.size()]);
     } else {
-      res.emplace_back(m.vDense, capacity);
+      res.emplace_back(m.vDense, capacity, scratch[res.size()]);
     }
   }
   return res;
@@ -244,40 +270,68 @@ int64_t drawWeighted(const Eigen::ArrayXd& weights, double total, CounterRng& rn
   return last;  // rounding left target at the very end
 }
 
+// The factor a matrix contributes to a column's sampling weight (see select.h).
+const VectorD& factors(const Residual& r) { return r.exhausted() ? r.norms() : r.residuals(); }
+
+// Sampling weights of Algorithm 2: the product over the matrices of their factors,
+// zero for taken columns. Each matrix's factors are scaled by their largest, which
+// does not change the distribution and keeps products of small norms away from
+// underflow; should a product underflow anyway, the weights are formed from logs.
+// All weights are zero when every column has some factor of zero.
+void productWeights(const std::vector<Residual>& res, const std::vector<char>& taken, Eigen::ArrayXd& weights) {
+  const auto n = static_cast<int64_t>(taken.size());
+  weights.setOnes(n);
+  for (const Residual& r : res) {
+    const VectorD& f = factors(r);
+    const double top = f.maxCoeff();
+    if (top > 0.0) {
+      weights *= f.array() / top;
+    } else {
+      weights.setZero();
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    if (taken[static_cast<size_t>(j)]) weights[j] = 0.0;
+  }
+  if (weights.maxCoeff() > 0.0) return;
+
+  weights.setZero();  // log 0 = -inf marks a zero factor
+  for (const Residual& r : res) weights += factors(r).array().log();
+  for (int64_t j = 0; j < n; ++j) {
+    if (taken[static_cast<size_t>(j)]) weights[j] = -std::numeric_limits<double>::infinity();
+  }
+  const double top = weights.maxCoeff();
+  if (std::isfinite(top)) {
+    weights = (weights - top).exp();
+  } else {
+    weights.setZero();
+  }
+}
+
 // Algorithm 2: returns the drawn columns, in order; res ends up holding the bases.
 std::vector<int64_t> drawJmcss(std::vector<Residual>& res, int64_t n, int64_t c, CounterRng& rng) {
   std::vector<int64_t> picks;
   picks.reserve(static_cast<size_t>(c));
   std::vector<char> taken(static_cast<size_t>(n), 0);
-  Eigen::ArrayXd score(n);
+  Eigen::ArrayXd weights(n);
   while (static_cast<int64_t>(picks.size()) < c) {
-    // log of the product of the factors; log 0 = -inf.
-    score.setZero();
     bool active = false;
-    for (const Residual& r : res) {
-      active = active || !r.exhausted();
-      score += (r.exhausted() ? r.norms() : r.residuals()).array().log();
-    }
+    for (const Residual& r : res) active = active || !r.exhausted();
     if (!active) break;  // the selected columns span every matrix: the fit is exact
-    for (int64_t j = 0; j < n; ++j) {
-      if (taken[static_cast<size_t>(j)]) score[j] = -std::numeric_limits<double>::infinity();
-    }
-    const double top = score.maxCoeff();
-    if (std::isfinite(top)) {
-      // Shifting by the maximum keeps a product of many small norms representable.
-      score = (score - top).exp();
-    } else {
-      score.setZero();
+    productWeights(res, taken, weights);
+    if (!(weights.maxCoeff() > 0.0)) {
+      // Every column has a zero factor, yet some matrix has residual left.
+      weights.setZero();
       for (const Residual& r : res) {
-        if (!r.exhausted()) score += r.residuals().array() / r.totalResidual();
+        if (!r.exhausted()) weights += r.residuals().array() / r.totalResidual();
       }
       for (int64_t j = 0; j < n; ++j) {
-        if (taken[static_cast<size_t>(j)]) score[j] = 0.0;
+        if (taken[static_cast<size_t>(j)]) weights[j] = 0.0;
       }
     }
-    const double total = score.sum();
+    const double total = weights.sum();
     if (!(total > 0.0)) break;
-    const int64_t i = drawWeighted(score, total, rng);
+    const int64_t i = drawWeighted(weights, total, rng);
     taken[static_cast<size_t>(i)] = 1;
     picks.push_back(i);
     for (Residual& r : res) r.add(i);

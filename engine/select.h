@@ -15,12 +15,15 @@
 // they are not in the paper's pseudo-code:
 //  - A column whose residual is below 1e-10 of its own squared norm counts as lying
 //    in the span already (float rounding leaves residuals of about 1e-14 there).
-//  - A matrix whose columns all lie in the span of the selected ones has nothing
-//    left to add; its factor (zero for every column) leaves the product. Otherwise
-//    selection would end at the rank of the smallest matrix: the U of a softmax
-//    layer with 10 classes has rank 9, and selection would never pass 9 SVGs. If no
-//    column has a non-zero product while some matrix still has residual, the step
-//    samples by the sum of the remaining matrices' relative residuals instead.
+//  - A matrix whose columns all lie in the span of the selected ones has no residual
+//    left, and its factor would be zero for every column: selection would end at
+//    the rank of the smallest matrix (the U of a softmax layer with 10 classes has
+//    rank 9, so selection would never pass 9 SVGs). Such a matrix contributes the
+//    squared norms of its columns instead: how much of the update each SVG still
+//    carries there (a softmax u near zero carries little, whatever its v). Without
+//    that weight, picks past the rank follow V alone, and the MLR error at C = 50
+//    more than doubles. If no column has a non-zero product while some matrix still has a
+//    residual, the step samples by the sum of those matrices' relative residuals.
 // Selection stops early, with fewer than C SVGs, once every matrix's columns lie in
 // the span of the selected ones: then the selected SVGs reproduce the batch exactly.
 //
@@ -72,6 +75,9 @@ struct SelectionStats {
 // With c >= n the result is `full` unchanged (no core, bit for bit), so selection
 // switched off and C = B take the same path. c must be at least 1. Every random
 // choice comes from `rng`: the same stream gives the same selection.
+// kJmcss keeps scratch memory per calling thread between calls (8 bytes times the
+// rows of all U and V together, times B + C), since a worker selects from batches of
+// the same shapes every clock; its cost is one pass over every U and V per drawn SVG.
 SvBatch selectSvgs(const SvBatch& full, int64_t c, SelectionMethod method, CounterRng& rng,
                    SelectionStats* stats = nullptr);
 

@@ -62,17 +62,24 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       train_(train),
       test_(test),
       replica_(model.initParams(config.seed)),
-      stepScale_(static_cast<float>(-config.lr / static_cast<double>(config.batch * transport.size()))),
+      stepScale_(0.0f),
       pointToPoint_(config.sync == SyncMode::kSv &&
                     (config.multicast != comm::MulticastKind::kAll || config.consistency == Consistency::kSsp ||
                      config.dropLinks > 0.0)),
       schedule_(scheduleConfig(config, transport.size())),
-      shapes_(model.paramShapes()) {}
+      shapes_(model.paramShapes()) {
+  // Every update is a mean over the examples a replica hears about in a clock: its
+  // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
+  // and dense sync), so --lr means the same step whatever the fanout.
+  const double heard = static_cast<double>(config.batch) * (schedule_.fanout() + 1);
+  stepScale_ = static_cast<float>(-config.lr / heard);
+  replicaId_ = transport.rank();
+}
 
 SvBatchHeader Worker::header(uint64_t clock) const {
   SvBatchHeader h;
   h.sender = static_cast<uint32_t>(transport_.rank());
-  h.replica = static_cast<uint32_t>(transport_.rank());
+  h.replica = static_cast<uint32_t>(replicaId_);
   h.clock = clock;
   h.jobId = config_.seed;
   return h;
@@ -307,6 +314,56 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
   return stats;
 }
 
+Worker::Coordination Worker::coordinate(uint64_t clock) {
+  Coordination done;
+  const bool average = config_.averageEvery > 0 && clock % static_cast<uint64_t>(config_.averageEvery) == 0;
+  const bool rotate = config_.rotateEvery > 0 && clock % static_cast<uint64_t>(config_.rotateEvery) == 0;
+  if ((!average && !rotate) || transport_.size() == 1) return done;
+  // A consistent cut: every batch of every clock <= `clock` is applied everywhere.
+  // Nobody has sent anything newer, since every rank stops here after `clock`.
+  if (pointToPoint_) {
+    ClockStats ignored;
+    waitComplete(clock, ignored);
+  }
+  if (average) done = averageReplicas(clock);
+  if (rotate) {
+    rotateReplica(clock);
+    done.rotated = true;
+  }
+  return done;
+}
+
+Worker::Coordination Worker::averageReplicas(uint64_t clock) {
+  Coordination done;
+  done.averaged = true;
+  const double p = transport_.size();
+  ParamSet mean = replica_;
+  for (auto& param : mean.params) {
+    transport_.allreduceSum({param.value.data(), static_cast<size_t>(param.value.size())}, clock);
+    param.value /= static_cast<float>(p);
+  }
+  double stats[2] = {relativeDifference(replica_, mean), 0.0};
+  stats[1] = stats[0];
+  double maxStat[1] = {stats[0]};
+  transport_.controlMax(maxStat);
+  double sumStat[1] = {stats[1]};
+  transport_.controlSum(sumStat);
+  done.divergenceMax = maxStat[0];
+  done.divergenceMean = sumStat[0] / p;
+  replica_ = std::move(mean);  // bitwise the same on every rank (see Transport::allreduceSum)
+  return done;
+}
+
+void Worker::rotateReplica(uint64_t clock) {
+  for (auto& param : replica_.params) {
+    transport_.shiftRing({param.value.data(), static_cast<size_t>(param.value.size())}, clock);
+  }
+  // The replica now here is the one rank-1 held; its id travels with it.
+  std::vector<float> carried = {static_cast<float>(replicaId_)};
+  transport_.shiftRing(carried, clock);
+  replicaId_ = static_cast<int>(carried[0]);
+}
+
 ops::EvalSums Worker::evaluateLocal() const {
   ops::EvalSums sums;
   if (test_ == nullptr) return sums;
@@ -337,7 +394,9 @@ namespace {
 // never synchronise the workers.
 enum Field : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
-  kHasEval, kEvalLoss, kEvalCorrect, kEvalCount, kFieldCount
+  kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
+  // Set by rank 0 only, so the sum over ranks is rank 0's value.
+  kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean, kFieldCount
 };
 using ClockRecord = std::array<double, kFieldCount>;
 
@@ -398,7 +457,14 @@ class MetricsAggregator {
           .add("wait_seconds", e.sum[kWait] / p)
           .add("max_wait_seconds", e.maxWait)
           .add("select_seconds", e.sum[kSelect] / p)
-          .add("clock_gap", static_cast<int64_t>(e.maxGap));
+          .add("clock_gap", static_cast<int64_t>(e.maxGap))
+          .add("replica", static_cast<int64_t>(e.sum[kReplica]));
+      if (e.sum[kAveraged] > 0) {
+        line.add("averaged", true)
+            .add("divergence_max", e.sum[kDivergenceMax])
+            .add("divergence_mean", e.sum[kDivergenceMean]);
+      }
+      if (e.sum[kRotated] > 0) line.add("rotated", true);
       double accuracy = -1.0;
       if (e.sum[kHasEval] > 0 && e.sum[kEvalCount] > 0) {
         line.add("test_loss", e.sum[kEvalLoss] / e.sum[kEvalCount]);
@@ -460,6 +526,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     const auto start = Clock::now();
     const data::Batch batch = queue.next();
     const ClockStats stats = runClock(clock, batch);
+    const Coordination coordination = coordinate(clock);
     const double clockSeconds = secondsSince(start);
     trainSeconds += clockSeconds;
 
@@ -476,6 +543,13 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     r[kSelect] = stats.selectSeconds;
     r[kClockSeconds] = clockSeconds;
     r[kGap] = static_cast<double>(stats.clockGap);
+    if (leader) {
+      r[kReplica] = replicaId_;
+      r[kAveraged] = coordination.averaged ? 1.0 : 0.0;
+      r[kRotated] = coordination.rotated ? 1.0 : 0.0;
+      r[kDivergenceMax] = coordination.divergenceMax;
+      r[kDivergenceMean] = coordination.divergenceMean;
+    }
     const bool evalClock =
         clock == clocks || (config_.evalEvery > 0 && clock % static_cast<uint64_t>(config_.evalEvery) == 0);
     if (evalClock && test_ != nullptr) {
@@ -529,7 +603,10 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
         .add("bytes_sent", aggregator.totalBytes())
         .add("messages", aggregator.totalMessages())
         .add("bytes_per_clock", config_.clocks > 0 ? static_cast<double>(aggregator.totalBytes()) / config_.clocks : 0.0)
-        .add("max_clock_gap", static_cast<int64_t>(aggregator.maxGap()));
+        .add("max_clock_gap", static_cast<int64_t>(aggregator.maxGap()))
+        .add("average_every", config_.averageEvery)
+        .add("rotate_every", config_.rotateEvery)
+        .add("replica", static_cast<int64_t>(replicaId_));
     if (test_ != nullptr) {
       summary.add("initial_test_loss", initialEval.loss);
       summary.add("test_loss", lastEval_.loss);

@@ -53,6 +53,24 @@ class Worker {
   // and completes this rank's sends (point-to-point modes; a no-op otherwise).
   void drain(uint64_t lastClock);
 
+  // The coordinator's barrier after `clock` (collective; every rank calls it after
+  // every clock): drains every batch of clocks <= clock, then averages replicas
+  // every R clocks and rotates them every S clocks. Returns what it did.
+  struct Coordination {
+    bool averaged = false;
+    bool rotated = false;
+    double divergenceMax = 0.0;   // max over replicas of ||W_r - mean|| / ||mean||, before averaging
+    double divergenceMean = 0.0;
+  };
+  Coordination coordinate(uint64_t clock);
+  // Periodic centralized synchronization: every replica becomes the average (collective).
+  Coordination averageReplicas(uint64_t clock);
+  // Replica rotation: this rank's replica goes to rank+1, rank-1's comes here (collective).
+  void rotateReplica(uint64_t clock);
+  // The id of the replica this rank holds (its rank at the start; rotation moves it).
+  int replicaId() const { return replicaId_; }
+  ParamSet& mutableReplica() { return replica_; }
+
   // Loss and accuracy over every rank's test shard, each with its own replica (collective).
   EvalResult evaluate();
   // This rank's replica on this rank's test shard.
@@ -93,7 +111,7 @@ class Worker {
   const data::Dataset* test_;
   ParamSet replica_;
   uint64_t clock_ = 0;
-  // Every update is a mean over the global minibatch: W -= lr / (B P) * sum of per-example gradients.
+  // W -= lr / (B (Q + 1)) * sum of per-example gradients (see the constructor).
   float stepScale_;
   std::vector<std::byte> encoded_;  // reused send buffer (broadcast path)
   bool pointToPoint_;
@@ -106,6 +124,7 @@ class Worker {
   uint64_t sentThrough_ = 0;  // the newest clock this rank has sent
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
+  int replicaId_ = 0;
   std::function<void()> idle_;  // run() on rank 0: collects metrics while waiting
 };
 

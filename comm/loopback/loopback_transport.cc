@@ -68,12 +68,27 @@ void LoopbackTransport::reduce(std::span<T> data, Op op, const char* what, uint6
 
 void LoopbackTransport::allreduceSum(std::span<float> data, uint64_t clock) {
   reduce(data, [](float a, float b) { return a + b; }, "allreduce of gradients", clock);
-  const int p = size();
+  const auto p = static_cast<uint64_t>(size());
   if (p > 1) {
-    const uint64_t bytes = data.size() * sizeof(float);
-    counters_.bytesSent += 2 * bytes * static_cast<uint64_t>(p - 1) / static_cast<uint64_t>(p);
-    counters_.messages += 2 * static_cast<uint64_t>(p - 1);
+    // Counted as the MPI transport's reduce-scatter + allgather: blocks of ceil(N/P).
+    const uint64_t block = (data.size() + p - 1) / p * sizeof(float);
+    counters_.bytesSent += 2 * block * (p - 1);
+    counters_.messages += 2 * (p - 1);
   }
+}
+
+void LoopbackTransport::shiftRing(std::span<float> data, uint64_t clock) {
+  const int p = size();
+  if (p == 1) return;
+  std::vector<std::byte> bytes(data.size_bytes());
+  std::memcpy(bytes.data(), data.data(), data.size_bytes());
+  auto all = hub_->exchange(rank_, std::move(bytes), timeout_, "replica rotation", clock);
+  const auto& left = (*all)[static_cast<size_t>((rank_ + p - 1) % p)];
+  ORPHEUS_ENFORCE(left.size() == data.size_bytes(), "replica rotation: rank {} sent {} bytes, expected {}",
+                  (rank_ + p - 1) % p, left.size(), data.size_bytes());
+  std::memcpy(data.data(), left.data(), left.size());
+  counters_.bytesSent += data.size_bytes();
+  counters_.messages += 1;
 }
 
 void LoopbackTransport::controlSum(std::span<double> data) {

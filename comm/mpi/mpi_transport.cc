@@ -2,6 +2,7 @@
 
 #include "engine/base/error.h"
 
+#include <algorithm>
 #include <thread>
 
 namespace orpheus::comm::mpi {
@@ -75,16 +76,55 @@ Gathered MpiTransport::allgatherv(std::span<const std::byte> local, uint64_t clo
   return out;
 }
 
+namespace {
+// Collectives on parameters run in chunks so extra memory stays bounded (64 MiB).
+constexpr size_t kChunkFloats = size_t{1} << 24;
+constexpr int kRingTag = 3;
+}  // namespace
+
 void MpiTransport::allreduceSum(std::span<float> data, uint64_t clock) {
-  ORPHEUS_ENFORCE(data.size() <= INT32_MAX, "allreduce of {} floats exceeds MPI's count limit", data.size());
-  MPI_Request req;
-  ORPHEUS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM,
-                                   comm_, &req));
-  wait(req, "allreduce of gradients", clock);
-  if (size_ > 1) {
-    const uint64_t bytes = data.size() * sizeof(float);
-    counters_.bytesSent += 2 * bytes * static_cast<uint64_t>(size_ - 1) / static_cast<uint64_t>(size_);
-    counters_.messages += 2 * static_cast<uint64_t>(size_ - 1);
+  if (size_ == 1) return;
+  // Reduce-scatter then allgather: every element is summed in one place, so every
+  // rank ends with bitwise the same result (a plain allreduce does not promise that).
+  const auto p = static_cast<size_t>(size_);
+  std::vector<float> all;
+  std::vector<float> mine;
+  for (size_t offset = 0; offset < data.size(); offset += kChunkFloats) {
+    const size_t n = std::min(kChunkFloats, data.size() - offset);
+    const size_t block = (n + p - 1) / p;
+    all.assign(block * p, 0.0f);
+    std::copy(data.begin() + static_cast<long>(offset), data.begin() + static_cast<long>(offset + n), all.begin());
+    mine.resize(block);
+    MPI_Request req;
+    ORPHEUS_MPI_CHECK(MPI_Ireduce_scatter_block(all.data(), mine.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM,
+                                                comm_, &req));
+    wait(req, "reduce-scatter of parameters", clock);
+    ORPHEUS_MPI_CHECK(MPI_Iallgather(mine.data(), static_cast<int>(block), MPI_FLOAT, all.data(),
+                                     static_cast<int>(block), MPI_FLOAT, comm_, &req));
+    wait(req, "allgather of parameters", clock);
+    std::copy(all.begin(), all.begin() + static_cast<long>(n), data.begin() + static_cast<long>(offset));
+    const uint64_t bytes = block * sizeof(float);
+    counters_.bytesSent += 2 * bytes * (p - 1);
+    counters_.messages += 2 * (p - 1);
+  }
+}
+
+void MpiTransport::shiftRing(std::span<float> data, uint64_t clock) {
+  if (size_ == 1) return;
+  const int right = (rank_ + 1) % size_;
+  const int left = (rank_ + size_ - 1) % size_;
+  std::vector<float> outgoing;
+  for (size_t offset = 0; offset < data.size(); offset += kChunkFloats) {
+    const size_t n = std::min(kChunkFloats, data.size() - offset);
+    outgoing.assign(data.begin() + static_cast<long>(offset), data.begin() + static_cast<long>(offset + n));
+    MPI_Request reqs[2];
+    ORPHEUS_MPI_CHECK(MPI_Irecv(data.data() + offset, static_cast<int>(n), MPI_FLOAT, left, kRingTag, comm_, &reqs[0]));
+    ORPHEUS_MPI_CHECK(
+        MPI_Isend(outgoing.data(), static_cast<int>(n), MPI_FLOAT, right, kRingTag, comm_, &reqs[1]));
+    wait(reqs[0], "replica rotation (receive)", clock);
+    wait(reqs[1], "replica rotation (send)", clock);
+    counters_.bytesSent += n * sizeof(float);
+    counters_.messages += 1;
   }
 }
 

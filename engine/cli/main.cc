@@ -8,6 +8,7 @@
 #include "orpheus/config.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <mpi.h>
 
 #include <cstdlib>
@@ -27,6 +28,37 @@ int launcherRank() {
   return 0;
 }
 
+// Range checks whose messages read well: "--clocks: must be at least 1, got 0".
+CLI::Validator atLeast(double min) {
+  return CLI::Validator(
+      [min](std::string& s) -> std::string {
+        double v = 0;
+        try {
+          v = std::stod(s);
+        } catch (...) {
+          return "expected a number, got '" + s + "'";
+        }
+        if (!(v >= min)) return fmt::format("must be at least {}, got {}", min, s);
+        return {};
+      },
+      fmt::format(">= {}", min));
+}
+
+CLI::Validator positive() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        double v = 0;
+        try {
+          v = std::stod(s);
+        } catch (...) {
+          return "expected a number, got '" + s + "'";
+        }
+        if (!(v > 0)) return "must be positive, got " + s;
+        return {};
+      },
+      "> 0");
+}
+
 void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--model", c.model,
                  "Model to train: a .loss file (see examples/), or the built-in 'mlr' (multinomial logistic regression)")
@@ -38,16 +70,16 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--test", c.test, "Test data, same formats; evaluated on every rank's shard");
   cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv")->capture_default_str();
   cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: from the data")
-      ->check(CLI::PositiveNumber);
+      ->check(atLeast(1));
   cmd.add_option("--classes", c.classes, "Number of classes; default: largest training label + 1")
-      ->check(CLI::PositiveNumber);
-  cmd.add_option("--clocks", c.clocks, "Clocks (iterations) to run")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(atLeast(1));
+  cmd.add_option("--clocks", c.clocks, "Clocks (iterations) to run")->capture_default_str()->check(atLeast(1));
   cmd.add_option("--batch", c.batch, "Minibatch size per rank per clock")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd.add_option("--lr", c.lr, "Learning rate of SGD on the mean loss of the global minibatch")
+      ->check(atLeast(1));
+  cmd.add_option("--lr", c.lr, "Learning rate of SGD on the mean loss of the examples a replica hears of per clock")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd.add_option("--seed", c.seed, "Job seed: initialisation, sampling and every other random choice")
       ->capture_default_str();
   const std::map<std::string, SyncMode> syncModes{{"sv", SyncMode::kSv}, {"dense", SyncMode::kDense}};
@@ -58,7 +90,7 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--select", c.select,
                  "SV selection: send C of the B SVGs of each clock, chosen jointly across matrices (0: send all)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(atLeast(0));
   const std::map<std::string, orpheus::engine::SelectionMethod> selectMethods{
       {"jmcss", orpheus::engine::SelectionMethod::kJmcss}, {"uniform", orpheus::engine::SelectionMethod::kUniform}};
   cmd.add_option("--select-method", c.selectMethod,
@@ -77,7 +109,7 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
       ->transform(CLI::CheckedTransformer(multicasts, CLI::ignore_case))
       ->default_str("all");
   cmd.add_option("--fanout", c.fanout, "Q: peers per clock for random, fixed and ring multicast (at most P-1)")
-      ->check(CLI::PositiveNumber);
+      ->check(atLeast(1));
   const std::map<std::string, orpheus::engine::Consistency> consistencies{
       {"bsp", orpheus::engine::Consistency::kBsp}, {"ssp", orpheus::engine::Consistency::kSsp}};
   cmd.add_option("--consistency", c.consistency,
@@ -90,6 +122,14 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--drop-links", c.dropLinks,
                  "Failure injection: fraction F in [0,1) of directed links broken each clock (seeded)")
       ->capture_default_str();
+  cmd.add_option("--average-every", c.averageEvery,
+                 "Periodic centralized synchronization: every R clocks the coordinator averages all replicas")
+      ->check(atLeast(1));
+  cmd.add_option("--rotate-every", c.rotateEvery,
+                 "Parameter-replica rotation: every S clocks each replica moves to the next rank of the ring")
+      ->check(atLeast(1));
+  cmd.add_option("--save-replicas", c.saveReplicas,
+                 "Directory where every rank saves the replica it holds at the end as replica-<id>.h5");
   cmd.add_option_function<std::string>(
          "--inject-delay",
          [&c](const std::string& v) {
@@ -102,15 +142,15 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
       ->group("Testing");
   cmd.add_option("--eval-every", c.evalEvery, "Evaluate on the test data every N clocks (0: only at the end)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(atLeast(0));
   cmd.add_option("--metrics", c.metrics, "Write per-clock metrics as JSON lines to this file (rank 0)");
   cmd.add_option("--save", c.save, "Save the final parameters to this HDF5 file (rank 0)");
   cmd.add_option("--timeout", c.timeoutSeconds, "Seconds any wait for a peer may take before the job fails")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd.add_option("--blas-threads", c.blasThreads, "Threads for BLAS in each rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(atLeast(1));
   cmd.add_option("--log-level", c.logLevel, "Log level: debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
@@ -125,7 +165,7 @@ void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
   cmd.add_option("--test", c.test, "Test data (IDX, LIBSVM or CSV)")->required();
   cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv")->capture_default_str();
   cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: the model's")
-      ->check(CLI::PositiveNumber);
+      ->check(atLeast(1));
 }
 
 int trainMain(TrainConfig& config) {

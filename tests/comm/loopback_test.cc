@@ -60,7 +60,7 @@ TEST_CASE("loopback reductions agree on every rank", "[comm][loopback]") {
     t.allreduceSum(v, 1);
     CHECK(v[0] == 6.0f);
     CHECK(v[1] == 8.0f);
-    CHECK(t.counters().bytesSent == 2 * 8 * 3 / 4);
+    CHECK(t.counters().bytesSent == 2 * 4 * 3);  // blocks of ceil(2/4) = 1 float, to 3 peers, twice
     std::vector<double> d = {static_cast<double>(t.rank())};
     t.controlMax(d);
     CHECK(d[0] == 3.0);
@@ -80,4 +80,13 @@ TEST_CASE("a missing rank ends a loopback wait with a timeout naming the clock",
   LoopbackTransport t2(hub2, 0);
   t2.setTimeout(std::chrono::milliseconds(100));
   CHECK_THROWS_WITH(t2.allgatherv(mine, 42), Catch::Contains("clock 42") && Catch::Contains("1 of 2"));
+}
+
+TEST_CASE("loopback ring shift hands every rank its left neighbour's data", "[comm][loopback]") {
+  runRanks(4, [](comm::Transport& t) {
+    std::vector<float> v(5, static_cast<float>(t.rank()));
+    t.shiftRing(v, 1);
+    for (float x : v) CHECK(x == static_cast<float>((t.rank() + 3) % 4));
+    CHECK(t.counters().bytesSent == 20u);
+  });
 }

@@ -35,6 +35,7 @@ class CorruptingTransport final : public comm::Transport {
     return all;
   }
   void allreduceSum(std::span<float> d, uint64_t c) override { inner_.allreduceSum(d, c); }
+  void shiftRing(std::span<float> d, uint64_t c) override { inner_.shiftRing(d, c); }
   void controlSum(std::span<double> d) override { inner_.controlSum(d); }
   void controlMax(std::span<double> d) override { inner_.controlMax(d); }
   void controlMin(std::span<double> d) override { inner_.controlMin(d); }
@@ -54,7 +55,8 @@ class CorruptingTransport final : public comm::Transport {
 
 // Runs `clocks` clocks on `ranks` threads and returns every rank's replica.
 std::vector<ParamSet> train(engine::TrainConfig config, int ranks, int64_t clocks,
-                            std::vector<std::vector<int64_t>>* gaps = nullptr, std::vector<uint64_t>* bytes = nullptr) {
+                            std::vector<std::vector<int64_t>>* gaps = nullptr, std::vector<uint64_t>* bytes = nullptr,
+                            std::vector<double>* divergence = nullptr) {
   if (gaps) gaps->assign(static_cast<size_t>(ranks), {});
   if (bytes) bytes->assign(static_cast<size_t>(ranks), 0);
   auto hub = std::make_shared<LoopbackHub>(ranks);
@@ -74,6 +76,8 @@ std::vector<ParamSet> train(engine::TrainConfig config, int ranks, int64_t clock
           const engine::ClockStats stats = worker.runClock(static_cast<uint64_t>(c), data::gather(shard, sampler.next()));
           if (gaps) (*gaps)[static_cast<size_t>(r)].push_back(stats.clockGap);
           if (bytes) (*bytes)[static_cast<size_t>(r)] += stats.bytesSent;
+          const auto done = worker.coordinate(static_cast<uint64_t>(c));
+          if (divergence && done.averaged && r == 0) divergence->push_back(done.divergenceMax);
         }
         worker.drain(static_cast<uint64_t>(clocks));
         out[static_cast<size_t>(r)] = worker.replica();
@@ -276,4 +280,64 @@ TEST_CASE("inconsistent flags are refused with one clear message", "[engine]") {
   c.dropLinks = 0.0;
   c.sync = engine::SyncMode::kDense;
   CHECK_THROWS_WITH(engine::validate(c, 4), Catch::Contains("--sync dense"));
+}
+
+TEST_CASE("after an averaging barrier every replica is bitwise the average", "[engine][coordinator]") {
+  engine::TrainConfig config;
+  config.batch = 10;
+  config.multicast = comm::MulticastKind::kRandom;
+  config.fanout = 1;  // replicas drift apart between barriers
+  config.consistency = engine::Consistency::kSsp;
+  config.staleness = 2;
+  config.averageEvery = 5;
+  std::vector<double> divergence;
+  const auto replicas = train(config, 4, 20, nullptr, nullptr, &divergence);
+  for (int r = 1; r < 4; ++r) CHECK(bitwiseEqual(replicas[0], replicas[static_cast<size_t>(r)]));
+  REQUIRE(divergence.size() == 4);
+  for (double d : divergence) CHECK(d > 0.0);
+  // Without averaging the same run leaves different replicas.
+  config.averageEvery = 0;
+  const auto drifting = train(config, 4, 20);
+  CHECK_FALSE(bitwiseEqual(drifting[0], drifting[1]));
+}
+
+TEST_CASE("rotation moves each replica and its id one rank along the ring; P rotations bring it home",
+          "[engine][coordinator]") {
+  const int ranks = 4;
+  auto hub = std::make_shared<LoopbackHub>(ranks);
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      LoopbackTransport t(hub, r);
+      engine::TrainConfig config;
+      const data::Dataset shard =
+          engine::makeSyntheticShard("synthetic:examples=40,features=40,classes=5", config.seed, r, ranks);
+      ops::MultinomialLogisticRegression model(kFeatures, kClasses);
+      engine::Worker worker(config, model, t, shard, nullptr);
+      for (auto& p : worker.mutableReplica().params) p.value.setConstant(static_cast<float>(r) + 0.25f);
+      const ParamSet mine = worker.replica();
+      worker.rotateReplica(1);
+      const int from = (r + ranks - 1) % ranks;
+      if (worker.replicaId() != from) failures[r] += "id after one rotation; ";
+      if (worker.replica()[0](0, 0) != static_cast<float>(from) + 0.25f) failures[r] += "content after one rotation; ";
+      for (int k = 1; k < ranks; ++k) worker.rotateReplica(1 + k);
+      if (worker.replicaId() != r) failures[r] += "id after P rotations; ";
+      if (!bitwiseEqual(worker.replica(), mine)) failures[r] += "content after P rotations; ";
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) CHECK(failures[r].empty());
+}
+
+TEST_CASE("averaging and rotation are no-ops on one rank", "[engine][coordinator]") {
+  engine::TrainConfig config;
+  config.batch = 5;
+  config.averageEvery = 2;
+  config.rotateEvery = 3;
+  const auto one = train(config, 1, 6);
+  config.averageEvery = 0;
+  config.rotateEvery = 0;
+  const auto plain = train(config, 1, 6);
+  CHECK(bitwiseEqual(one[0], plain[0]));
 }
