@@ -147,11 +147,11 @@ void checkShapes(const SvBatch& full) {
   const int64_t n = full.numColumns();
   for (size_t p = 0; p < full.matrices.size(); ++p) {
     const SvMatrix& m = full.matrices[p];
-    ORPHEUS_ENFORCE(m.u.cols() == n && m.vCols() == n, "SV matrix {} has U with {} and V with {} columns, batch has {}",
-                    p, m.u.cols(), m.vCols(), n);
+    ORPHEUS_ENFORCE(m.u.cols() == n && m.vCols() == n,
+                    "SV matrix {} has U with {} and V with {} columns, batch has {}", p, m.u.cols(), m.vCols(), n);
     if (hasCore(m)) {
-      ORPHEUS_ENFORCE(m.core.rows() == n && m.core.cols() == n, "SV matrix {} has a {}x{} core, batch has {} columns", p,
-                      m.core.rows(), m.core.cols(), n);
+      ORPHEUS_ENFORCE(m.core.rows() == n && m.core.cols() == n,
+                      "SV matrix {} has a {}x{} core, batch has {} columns", p, m.core.rows(), m.core.cols(), n);
       ORPHEUS_ENFORCE(m.biasId < 0 || m.biasCoeffs.size() == n,
                       "SV matrix {} has a core and a bias but {} bias coefficients", p, m.biasCoeffs.size());
     }
@@ -217,8 +217,9 @@ void fitCore(const SvMatrix& m, const Vector& coeffs, const Residual& u, const R
       core = codV.solve(left.transpose()).transpose();
     }
     if (m.biasId >= 0) {
-      const VectorD target = hasCore(m) ? VectorD(wu * m.biasCoeffs.cast<double>()) : VectorD(wu * coeffs.cast<double>());
-      bias = codU.solve(target);
+      // The exact bias update is U c, or U biasCoeffs for a batch that has cores already.
+      const VectorD weights = hasCore(m) ? m.biasCoeffs.cast<double>() : coeffs.cast<double>();
+      bias = codU.solve(VectorD(wu * weights));
     }
   }
   out.core = core.cast<float>();

@@ -15,7 +15,7 @@ namespace orpheus::ops {
 // (checked: Error on mismatch, since received batches were validated on decode).
 void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w);
 
-// Scales every batch column's coefficient (or core) by `factor`.
+// Scales every batch column's coefficient (or core and bias coefficients) by `factor`.
 void scaleCoefficients(SvBatch& batch, float factor);
 
 }  // namespace orpheus::ops

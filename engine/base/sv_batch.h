@@ -6,8 +6,8 @@
 // the columns combine. The update a batch stands for is, for every matrix,
 //     W += U * diag(coeffs) * V^T        (per-column coefficients), or
 //     W += U * core * V^T                (an n x n core, after selection)
-// and, when the matrix has a bias vector b, b += U * diag(coeffs) * 1 (or
-// U * core * 1): the bias is updated from the same SVs with v = 1.
+// and, when the matrix has a bias vector b, b += U * diag(coeffs) * 1, or with a
+// core b += U * biasCoeffs: the bias is updated from the same SVs.
 //
 // Wire format, little-endian, all offsets in bytes:
 //   header (64 bytes)

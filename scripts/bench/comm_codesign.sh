@@ -139,7 +139,7 @@ train() {  # key rep
     say "  reusing $base.jsonl"
     return 0
   fi
-  rm -f "$base.jsonl"
+  rm -f "$base.jsonl" "$base.load"
   echo "${cmd[*]}" >"$base.cmd"
   local t0=$SECONDS rc=0
   "${MPIRUN[@]}" "$ORPHEUS" train "${COMMON[@]}" "${conf[@]}" --metrics "$base.jsonl" >"$base.log" 2>&1 || rc=$?
@@ -151,7 +151,8 @@ train() {  # key rep
   fi
   local acc
   acc="$(tail -n 1 "$base.jsonl" | "$PYTHON" -c 'import json, sys; print("%.4f" % json.load(sys.stdin).get("test_accuracy", float("nan")))')"
-  say "  done in $((SECONDS - t0)) s, final test accuracy $acc"
+  cut -d' ' -f1 /proc/loadavg >"$base.load"
+  say "  done in $((SECONDS - t0)) s, final test accuracy $acc, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
 load_start="$(cut -d' ' -f1-3 /proc/loadavg)"

@@ -104,10 +104,10 @@ def fmt_mb(b):
     return f"{b / 1e6:.2f}"
 
 
-def target_cell(runs, field, fmt):
+def target_cell(runs, field, fmt, unreached=None):
     reached = [r[field] for r in runs if r[field] is not None]
     if not reached:
-        return f"not reached (best {max(r['best'] for r in runs):.4f})"
+        return unreached or f"not reached (best {max(r['best'] for r in runs):.4f})"
     cell = spread(reached, fmt)
     if len(reached) < len(runs):
         cell += f" ({len(reached)}/{len(runs)} reached)"
@@ -115,7 +115,7 @@ def target_cell(runs, field, fmt):
 
 
 def ratio_cell(num, den):
-    return f"{num / den:.3g}×" if den else ""
+    return f"{num / den:.3f}×" if den else ""
 
 
 def figure_table(fig, spec, results, confs, target):
@@ -147,7 +147,7 @@ def figure_table(fig, spec, results, confs, target):
                            for k in ("compute", "select", "comm", "update", "wait", "other"))
         lines.append(
             f"| {label} | {target_cell(runs, 'to_target_clock', str)} "
-            f"| {target_cell(runs, 'to_target_seconds', lambda s: f'{s:.1f}')} "
+            f"| {target_cell(runs, 'to_target_seconds', lambda s: f'{s:.1f}', '—')} "
             f"| {spread([r['final'] for r in runs], lambda a: f'{a:.4f}')} "
             f"| {spread([r['best'] for r in runs], lambda a: f'{a:.4f}')} "
             f"| {spread(bpc, fmt_mb)} | {vs} "
@@ -155,6 +155,11 @@ def figure_table(fig, spec, results, confs, target):
             f"| {spread([r['clock'] for r in runs], fmt_ms)} | {split} "
             f"| {max(r['max_gap'] for r in runs)} |")
     lines.append("")
+    loads = "; ".join(f"{label}: {', '.join(r['load'] for r in results[key])}"
+                      for key, label in spec["rows"] if results.get(key))
+    if loads:
+        lines.append(f"1-min load average at the end of each run ({os.cpu_count()} cores): {loads}.")
+        lines.append("")
     lines.append("Flags: " + "; ".join(f"{label}: `{confs.get(key, '?')}`" for key, label in spec["rows"]) + ".")
     if fig == "fig12":
         lines += [""] + failure_table(spec, results, target)
@@ -256,6 +261,9 @@ def main():
             else:
                 runs.append(r)
         results[key] = runs
+        for rep, r in enumerate(runs, 1):
+            load = os.path.join(args.raw, f"{key}__{rep}.load")
+            r["load"] = open(load).read().strip() if os.path.exists(load) else "?"
 
     figs = args.fig or sorted(FIGURES, key=lambda f: int(f[3:]))
     lines = ["## Communication co-design: Orpheus paper Figures 9–12 (MLP, Fashion-MNIST)", ""]

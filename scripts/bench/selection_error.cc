@@ -231,7 +231,8 @@ void runModel(const std::string& name, const ops::Model& model, const data::Data
   std::cout << fmt::format("\n### {} ({}), B = {}, after {} steps (lr {}), mean of {} batches\n\n", name,
                            model.spec(), o.batch, o.steps, o.lr, o.batches);
   std::cout << "Relative Frobenius error of the rebuilt update, all weight matrices together:\n\n";
-  std::cout << "| C | selected | jmcss + core | jmcss, columns x B/C | uniform, x B/C |\n| --- | --- | --- | --- | --- |\n";
+  std::cout << "| C | selected | jmcss + core | jmcss, columns x B/C | uniform, x B/C |\n"
+               "| --- | --- | --- | --- | --- |\n";
   for (int64_t c : o.cs) {
     const auto& row = sums[c];
     std::cout << fmt::format("| {} | {:.1f} | {:.3f} | {:.3f} | {:.3f} |\n", c, selectedCount[c] / n, row[0].all / n,
