@@ -39,6 +39,11 @@ struct TrainConfig {
   int64_t averageEvery = 0;  // periodic centralized synchronization: replicas averaged
   int64_t rotateEvery = 0;   // parameter-replica rotation along the ring of ranks
   std::string saveReplicas;  // directory: every rank saves its replica as replica-<id>.h5
+  // Incremental SV checkpoint (section 3.3).
+  std::string ckptDir;
+  bool ckptSv = false;            // --ckpt sv: log every applied SV batch
+  int64_t snapshotEvery = 1;      // snapshot at every K-th averaging barrier
+  bool resume = false;
   int delayRank = -1;      // testing aid: this rank sleeps delayMs every clock
   int delayMs = 0;
   int64_t evalEvery = 100;  // 0: only at the end

@@ -2,6 +2,7 @@
 
 #include "ckpt/model_file.h"
 #include "engine/base/error.h"
+#include "engine/checkpoint.h"
 #include "engine/metrics.h"
 #include "engine/synthetic_data.h"
 #include "engine/worker.h"
@@ -12,6 +13,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace orpheus::engine {
 namespace {
@@ -80,7 +83,19 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
   transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
   const bool leader = transport.rank() == 0;
 
-  collectively(transport, [&] { validate(config, transport.size()); });
+  collectively(transport, [&] {
+    validate(config, transport.size());
+    if (config.ckptSv || config.resume) {
+      ORPHEUS_CHECK_INPUT(!config.ckptDir.empty(), "--ckpt sv and --resume need --ckpt-dir DIR");
+      ORPHEUS_CHECK_INPUT(config.sync == SyncMode::kSv, "--ckpt sv logs SV batches: it needs --sync sv");
+    }
+    if (config.resume) {
+      ORPHEUS_CHECK_INPUT(std::filesystem::exists(std::filesystem::path(config.ckptDir) / "job.h5"),
+                          "--resume: '{}' holds no checkpoint (no job.h5)", config.ckptDir);
+      ORPHEUS_CHECK_INPUT(config.consistency == Consistency::kBsp,
+                          "--resume continues a job exactly only under --consistency bsp");
+    }
+  });
 
   // Training shard, then the shape every rank agrees on.
   data::Dataset train;
@@ -177,7 +192,53 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
     });
   }
 
+  // The incremental SV checkpoint: a fresh job records what it is; a resumed one
+  // continues from the newest clock every replica's log reaches.
+  uint64_t resumeClock = 0;
+  if (config.ckptSv) {
+    collectively(transport, [&] {
+      if (config.resume) {
+        if (leader) {
+          const ckpt::Inventory inv = ckpt::inspect(config.ckptDir);
+          resumeClock = resumableClock(inv);
+          discardAfter(config.ckptDir, resumeClock);
+        }
+      } else if (leader) {
+        std::error_code ec;
+        std::filesystem::create_directories(config.ckptDir, ec);
+        if (ec) throw IoError(fmt::format("cannot create checkpoint directory '{}': {}", config.ckptDir, ec.message()));
+        ckpt::JobInfo info;
+        info.modelName = config.model;
+        if (config.model.ends_with(".loss")) {
+          std::ifstream in(config.model);
+          std::stringstream text;
+          text << in.rdbuf();
+          info.modelText = text.str();
+        }
+        info.modelSpec = model->spec();
+        info.features = features;
+        info.classes = classes;
+        info.seed = config.seed;
+        info.ranks = transport.size();
+        info.batch = config.batch;
+        info.lr = config.lr;
+        ckpt::writeJobInfo(config.ckptDir, info);
+      }
+    });
+    double shared[1] = {static_cast<double>(resumeClock)};
+    transport.controlSum(shared);
+    resumeClock = static_cast<uint64_t>(shared[0]);
+  }
+
   Worker worker(config, *model, transport, train, haveTest ? &test : nullptr);
+  if (config.resume && resumeClock > 0) {
+    collectively(transport, [&] {
+      const int id = replicaHeldAt(transport.rank(), transport.size(), resumeClock, config.rotateEvery);
+      Restored r = restore(config.ckptDir, id, resumeClock);
+      worker.resumeFrom(resumeClock, std::move(r.params), id);
+    });
+    if (leader) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
+  }
   try {
     worker.run(*metrics);
   } catch (const std::exception& e) {

@@ -74,6 +74,28 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
   const double heard = static_cast<double>(config.batch) * (schedule_.fanout() + 1);
   stepScale_ = static_cast<float>(-config.lr / heard);
   replicaId_ = transport.rank();
+  if (config.ckptSv) log_ = std::make_unique<ckpt::SvLogWriter>(config.ckptDir, replicaId_);
+}
+
+namespace {
+
+ckpt::SharedBytes share(std::span<const std::byte> bytes) {
+  return std::make_shared<const std::vector<std::byte>>(bytes.begin(), bytes.end());
+}
+
+}  // namespace
+
+void Worker::logGroup(std::vector<ckpt::SharedBytes> records) {
+  if (log_) log_->appendGroup(current_, std::move(records));
+}
+
+void Worker::resumeFrom(uint64_t clock, ParamSet replica, int id) {
+  replica_ = std::move(replica);
+  replicaId_ = id;
+  clock_ = clock;
+  completeThrough_ = clock;
+  sentThrough_ = clock;
+  if (log_) log_->switchReplica(id);
 }
 
 SvBatchHeader Worker::header(uint64_t clock) const {
@@ -136,15 +158,28 @@ void Worker::svBroadcastClock(uint64_t clock, SvBatch& local, ClockStats& stats)
   }
   model_.computeUpdate(batches, replica_);
   stats.updateSeconds = secondsSince(t);
+  if (log_) {
+    std::vector<ckpt::SharedBytes> records;
+    for (int r = 0; r < transport_.size(); ++r) {
+      records.push_back(r == transport_.rank() && !selecting ? share(encoded_)
+                        : r == transport_.rank()             ? share(encode(local))
+                                                             : share(all.part(static_cast<size_t>(r))));
+    }
+    logGroup(std::move(records));
+  }
 }
 
 void Worker::svMulticastClock(uint64_t clock, SvBatch& local, ClockStats& stats) {
   const SvBatch sent = toSend(config_, local, clock, transport_.rank(), stats);
+  const bool selecting = sent.numColumns() != local.numColumns() || !sent.matrices.empty() &&
+                                                                         sent.matrices[0].core.size() > 0;
 
   // Send S to this clock's peers of the schedule.
   auto t = Clock::now();
   auto bytes = std::make_shared<std::vector<std::byte>>();
   encode(sent, *bytes);
+  ckpt::SharedBytes ownRecord;
+  if (log_) ownRecord = selecting ? share(encode(local)) : ckpt::SharedBytes(bytes);
   for (int peer : schedule_.receivers(clock, transport_.rank())) transport_.sendAsync(peer, comm::Channel::kData, bytes);
   sentThrough_ = clock;
   pump();
@@ -156,24 +191,32 @@ void Worker::svMulticastClock(uint64_t clock, SvBatch& local, ClockStats& stats)
     const SvBatch* one[] = {&local};
     model_.computeUpdate(one, replica_);
     stats.updateSeconds = secondsSince(t);
+    if (log_) logGroup({ownRecord});
     return;
   }
   // BSP: every batch of this clock, applied together in rank order.
   waitComplete(clock, stats);
   t = Clock::now();
-  std::map<int, SvBatch>& received = pending_[clock];
+  std::map<int, Received>& received = pending_[clock];
   std::vector<const SvBatch*> batches;
+  std::vector<ckpt::SharedBytes> records;
   bool ownAdded = false;
-  for (auto& [sender, batch] : received) {
+  for (auto& [sender, r] : received) {
     if (!ownAdded && sender > transport_.rank()) {
       batches.push_back(&local);
+      records.push_back(ownRecord);
       ownAdded = true;
     }
-    batches.push_back(&batch);
+    batches.push_back(&r.batch);
+    records.push_back(r.bytes);
   }
-  if (!ownAdded) batches.push_back(&local);
+  if (!ownAdded) {
+    batches.push_back(&local);
+    records.push_back(ownRecord);
+  }
   model_.computeUpdate(batches, replica_);
   pending_.erase(clock);
+  if (log_) logGroup(std::move(records));
   stats.updateSeconds = secondsSince(t);
 }
 
@@ -200,11 +243,14 @@ void Worker::accept(comm::Message message) {
         sender, clock, me));
   }
   arrived_[clock].insert(sender);
+  ckpt::SharedBytes bytes;
+  if (log_) bytes = std::make_shared<const std::vector<std::byte>>(std::move(message.bytes));
   if (config_.consistency == Consistency::kSsp) {
     const SvBatch* one[] = {&batch};
     model_.computeUpdate(one, replica_);
+    if (log_) logGroup({bytes});
   } else {
-    pending_[clock].emplace(sender, std::move(batch));
+    pending_[clock].emplace(sender, Received{std::move(batch), bytes});
   }
   advanceComplete();
 }
@@ -286,6 +332,8 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
 
 ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
   ClockStats stats;
+  current_ = clock;
+  if (log_) log_->check();
   const comm::TrafficCounters before = transport_.counters();
   const ops::ExampleBatch examples = view(batch);
   if (transport_.rank() == config_.delayRank && config_.delayMs > 0) {
@@ -325,9 +373,24 @@ Worker::Coordination Worker::coordinate(uint64_t clock) {
     ClockStats ignored;
     waitComplete(clock, ignored);
   }
-  if (average) done = averageReplicas(clock);
+  if (average) {
+    done = averageReplicas(clock);
+    if (log_) {
+      // Every replica is now the average: a snapshot point, the log's record of it.
+      ++averagings_;
+      log_->appendEvent(clock, ckpt::EventKind::kAveraged);
+      if (averagings_ % std::max<int64_t>(config_.snapshotEvery, 1) == 0) {
+        ckpt::writeSnapshotPart(config_.ckptDir, clock, transport_.rank(), transport_.size(), replica_);
+      }
+    }
+  }
   if (rotate) {
+    if (log_) log_->appendEvent(clock, ckpt::EventKind::kRotatedOut);
     rotateReplica(clock);
+    if (log_) {
+      log_->switchReplica(replicaId_);
+      log_->appendEvent(clock, ckpt::EventKind::kRotatedIn);
+    }
     done.rotated = true;
   }
   return done;
@@ -396,7 +459,8 @@ enum Field : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
   // Set by rank 0 only, so the sum over ranks is rank 0's value.
-  kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean, kFieldCount
+  kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
+  kCkptWait, kFieldCount
 };
 using ClockRecord = std::array<double, kFieldCount>;
 
@@ -410,8 +474,9 @@ comm::SharedBytes encodeRecord(const ClockRecord& r) {
 // have arrived, in clock order.
 class MetricsAggregator {
  public:
-  MetricsAggregator(int ranks, MetricsWriter& out, ProgressLine& progress, const ops::Model& model, uint64_t clocks)
-      : ranks_(ranks), out_(out), progress_(progress), model_(model), clocks_(clocks) {}
+  MetricsAggregator(int ranks, MetricsWriter& out, ProgressLine& progress, const ops::Model& model, uint64_t first,
+                    uint64_t clocks)
+      : ranks_(ranks), out_(out), progress_(progress), model_(model), clocks_(clocks), next_(first) {}
 
   void add(const ClockRecord& r) {
     const auto clock = static_cast<uint64_t>(r[kClock]);
@@ -458,7 +523,8 @@ class MetricsAggregator {
           .add("max_wait_seconds", e.maxWait)
           .add("select_seconds", e.sum[kSelect] / p)
           .add("clock_gap", static_cast<int64_t>(e.maxGap))
-          .add("replica", static_cast<int64_t>(e.sum[kReplica]));
+          .add("replica", static_cast<int64_t>(e.sum[kReplica]))
+          .add("ckpt_wait_seconds", e.sum[kCkptWait] / p);
       if (e.sum[kAveraged] > 0) {
         line.add("averaged", true)
             .add("divergence_max", e.sum[kDivergenceMax])
@@ -489,7 +555,7 @@ class MetricsAggregator {
   ProgressLine& progress_;
   const ops::Model& model_;
   uint64_t clocks_;
-  uint64_t next_ = 1;
+  uint64_t next_;
   std::map<uint64_t, Entry> entries_;
   uint64_t totalBytes_ = 0;
   uint64_t totalMessages_ = 0;
@@ -502,10 +568,14 @@ class MetricsAggregator {
 const ParamSet& Worker::run(MetricsWriter& metrics) {
   const bool leader = transport_.rank() == 0;
   const uint64_t clocks = static_cast<uint64_t>(config_.clocks);
-  data::PrefetchQueue queue(train_, data::MinibatchSampler(train_.size(), config_.batch, config_.seed, transport_.rank()),
-                            2, std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
+  // A resumed job continues at clock_ + 1 with the sampler where it was.
+  const uint64_t first = clock_ + 1;
+  data::MinibatchSampler sampler(train_.size(), config_.batch, config_.seed, transport_.rank());
+  for (uint64_t c = 1; c < first; ++c) sampler.next();
+  data::PrefetchQueue queue(train_, std::move(sampler), 2,
+                            std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
   ProgressLine progress(leader ? config_.progress : "off", clocks);
-  MetricsAggregator aggregator(transport_.size(), metrics, progress, model_, clocks);
+  MetricsAggregator aggregator(transport_.size(), metrics, progress, model_, first, clocks);
   const auto collect = [&] {
     while (auto m = transport_.tryReceive(comm::Channel::kControl)) {
       ORPHEUS_ENFORCE(m->bytes.size() == sizeof(ClockRecord), "metrics record of {} bytes from rank {}",
@@ -522,11 +592,13 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   if (test_ != nullptr) initialEval = evaluate();
 
   double trainSeconds = 0.0;
-  for (uint64_t clock = 1; clock <= clocks; ++clock) {
+  for (uint64_t clock = first; clock <= clocks; ++clock) {
     const auto start = Clock::now();
+    const double ckptWaitBefore = checkpointWaitSeconds();
     const data::Batch batch = queue.next();
     const ClockStats stats = runClock(clock, batch);
     const Coordination coordination = coordinate(clock);
+    if (log_) log_->endClock(clock);
     const double clockSeconds = secondsSince(start);
     trainSeconds += clockSeconds;
 
@@ -543,6 +615,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     r[kSelect] = stats.selectSeconds;
     r[kClockSeconds] = clockSeconds;
     r[kGap] = static_cast<double>(stats.clockGap);
+    r[kCkptWait] = checkpointWaitSeconds() - ckptWaitBefore;
     if (leader) {
       r[kReplica] = replicaId_;
       r[kAveraged] = coordination.averaged ? 1.0 : 0.0;
@@ -569,7 +642,9 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   }
 
   // Every batch addressed here applied, every send and metrics record delivered.
+  current_ = clocks;
   drain(clocks);
+  if (log_) log_->flush();
   if (leader) {
     const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000));
     while (!aggregator.done()) {

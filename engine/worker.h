@@ -3,6 +3,7 @@
 // multicast to a schedule's peers, and BSP or SSP consistency.
 #pragma once
 
+#include "ckpt/sv_log.h"
 #include "comm/schedule.h"
 #include "comm/transport.h"
 #include "engine/config.h"
@@ -70,6 +71,10 @@ class Worker {
   // The id of the replica this rank holds (its rank at the start; rotation moves it).
   int replicaId() const { return replicaId_; }
   ParamSet& mutableReplica() { return replica_; }
+  // Resume: continue from `clock` with `replica` (id `id`) restored from a checkpoint.
+  void resumeFrom(uint64_t clock, ParamSet replica, int id);
+  // Seconds the compute thread waited for the checkpoint writer, and bytes it wrote.
+  double checkpointWaitSeconds() const { return log_ ? log_->waitSeconds() : 0.0; }
 
   // Loss and accuracy over every rank's test shard, each with its own replica (collective).
   EvalResult evaluate();
@@ -118,7 +123,11 @@ class Worker {
   comm::MulticastSchedule schedule_;
   std::vector<std::pair<int64_t, int64_t>> shapes_;
   // Batches received and not yet applied (BSP), by clock then sender.
-  std::map<uint64_t, std::map<int, SvBatch>> pending_;
+  struct Received {
+    SvBatch batch;
+    ckpt::SharedBytes bytes;  // kept for the checkpoint log, or null
+  };
+  std::map<uint64_t, std::map<int, Received>> pending_;
   std::map<uint64_t, std::set<int>> arrived_;  // senders heard from, by clock
   uint64_t completeThrough_ = 0;
   uint64_t sentThrough_ = 0;  // the newest clock this rank has sent
@@ -126,6 +135,11 @@ class Worker {
   double trainSeconds_ = 0.0;
   int replicaId_ = 0;
   std::function<void()> idle_;  // run() on rank 0: collects metrics while waiting
+  // The incremental SV checkpoint: every group of batches applied to the replica.
+  std::unique_ptr<ckpt::SvLogWriter> log_;
+  uint64_t current_ = 0;  // the local clock being worked on
+  int64_t averagings_ = 0;
+  void logGroup(std::vector<ckpt::SharedBytes> records);
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

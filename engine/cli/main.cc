@@ -4,6 +4,8 @@
 #include "comm/mpi/mpi_transport.h"
 #include "engine/base/error.h"
 #include "engine/base/log.h"
+#include "ckpt/model_file.h"
+#include "engine/checkpoint.h"
 #include "engine/job.h"
 #include "orpheus/config.h"
 
@@ -130,6 +132,25 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
       ->check(atLeast(1));
   cmd.add_option("--save-replicas", c.saveReplicas,
                  "Directory where every rank saves the replica it holds at the end as replica-<id>.h5");
+  cmd.add_option("--ckpt-dir", c.ckptDir, "Checkpoint directory (with --ckpt sv, or to --resume from)");
+  cmd.add_option_function<std::string>(
+         "--ckpt",
+         [&c](const std::string& v) {
+           if (v == "sv") {
+             c.ckptSv = true;
+           } else if (v != "none") {
+             throw CLI::ValidationError("--ckpt", "expected sv or none, got '" + v + "'");
+           }
+         },
+         "sv: log every SV batch applied to each replica (restore any clock with 'orpheus restore'); none")
+      ->default_str("none");
+  cmd.add_option("--snapshot-every", c.snapshotEvery,
+                 "With --ckpt sv and --average-every: write a snapshot at every K-th averaging barrier")
+      ->capture_default_str()
+      ->check(atLeast(1));
+  cmd.add_flag_function(
+      "--resume", [&c](int64_t) { c.resume = c.ckptSv = true; },
+      "Continue a killed job from the newest clock its --ckpt-dir reaches (same flags, BSP)");
   cmd.add_option_function<std::string>(
          "--inject-delay",
          [&c](const std::string& v) {
@@ -166,6 +187,63 @@ void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
   cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv")->capture_default_str();
   cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: the model's")
       ->check(atLeast(1));
+}
+
+struct RestoreArgs {
+  std::string dir;
+  std::string clock = "latest";
+  int replica = 0;
+  std::string out;
+};
+
+int restoreMain(const RestoreArgs& a) {
+  uint64_t clock = 0;
+  if (a.clock != "latest") {
+    try {
+      clock = std::stoull(a.clock);
+    } catch (...) {
+      throw orpheus::InputError("--clock expects a clock number or 'latest', got '" + a.clock + "'");
+    }
+    if (clock == 0) throw orpheus::InputError("--clock 0 is the initial state; give a clock >= 1");
+  }
+  const auto r = orpheus::engine::restore(a.dir, a.replica, clock);
+  const auto job = orpheus::ckpt::readJobInfo(a.dir);
+  orpheus::ckpt::ModelFileInfo info;
+  info.modelSpec = job.modelSpec;
+  info.clock = static_cast<int64_t>(r.clock);
+  info.seed = job.seed;
+  info.replica = r.replica;
+  info.features = job.features;
+  info.classes = job.classes;
+  orpheus::ckpt::saveParams(a.out, r.params, info);
+  std::printf("restored replica %d at clock %llu (%s, %zu groups replayed) to %s\n", r.replica,
+              static_cast<unsigned long long>(r.clock),
+              r.fromSnapshot ? fmt::format("from the snapshot of clock {}", r.fromSnapshot).c_str() : "from W0",
+              r.groupsReplayed, a.out.c_str());
+  return 0;
+}
+
+int inspectMain(const std::string& dir) {
+  const auto inv = orpheus::ckpt::inspect(dir);
+  std::printf("checkpoint %s: %s, %d ranks, seed %llu, %.1f MB\n", dir.c_str(), inv.job.modelSpec.c_str(),
+              inv.job.ranks, static_cast<unsigned long long>(inv.job.seed), inv.totalBytes / 1e6);
+  for (const auto& r : inv.replicas) {
+    uint64_t bytes = 0;
+    int damaged = 0;
+    for (const auto& s : r.segments) {
+      bytes += s.bytes;
+      damaged += s.intact ? 0 : 1;
+    }
+    std::printf("  replica %d: clocks 1..%llu restorable, %zu segments, %.1f MB\n", r.replica,
+                static_cast<unsigned long long>(r.lastIntactClock), r.segments.size(), bytes / 1e6);
+    for (const auto& s : r.segments) {
+      if (!s.intact) std::printf("    damaged: %s (%s)\n", s.path.c_str(), s.problem.c_str());
+    }
+  }
+  std::printf("  snapshots:");
+  for (auto s : inv.snapshots) std::printf(" %llu", static_cast<unsigned long long>(s));
+  std::printf("%s\n", inv.snapshots.empty() ? " none" : "");
+  return 0;
 }
 
 int trainMain(TrainConfig& config) {
@@ -207,6 +285,16 @@ int main(int argc, char** argv) {
   CLI::App* evalCmd = app.add_subcommand("eval", "Evaluate saved parameters on test data; prints one JSON line");
   addEvalFlags(*evalCmd, eval, evalFormat);
 
+  RestoreArgs restoreArgs;
+  CLI::App* restoreCmd = app.add_subcommand("restore", "Rebuild a replica's parameters at any past clock from a checkpoint");
+  restoreCmd->add_option("--ckpt-dir", restoreArgs.dir, "Checkpoint directory written by train --ckpt sv")->required();
+  restoreCmd->add_option("--clock", restoreArgs.clock, "Clock number, or 'latest'")->capture_default_str();
+  restoreCmd->add_option("--replica", restoreArgs.replica, "Replica id")->capture_default_str()->check(atLeast(0));
+  restoreCmd->add_option("--out", restoreArgs.out, "HDF5 file to write the parameters to")->required();
+  std::string inspectDir;
+  CLI::App* inspectCmd = app.add_subcommand("inspect", "List a checkpoint's replicas, clocks, snapshots, bytes and damage");
+  inspectCmd->add_option("dir", inspectDir, "Checkpoint directory")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -225,8 +313,10 @@ int main(int argc, char** argv) {
       train.format = orpheus::data::parseFormat(trainFormat);
       return trainMain(train);
     }
-    eval.format = orpheus::data::parseFormat(evalFormat);
     orpheus::setupLogging(0, "warn");
+    if (restoreCmd->parsed()) return restoreMain(restoreArgs);
+    if (inspectCmd->parsed()) return inspectMain(inspectDir);
+    eval.format = orpheus::data::parseFormat(evalFormat);
     return orpheus::engine::runEval(eval);
   } catch (const std::exception& e) {
     if (launcherRank() == 0) orpheus::engine::reportError(e.what());

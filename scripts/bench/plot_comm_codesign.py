@@ -61,7 +61,7 @@ def read_metrics(path):
     return clocks, summary
 
 
-def analyse(path, target):
+def analyse(path, target, also=()):
     clocks, summary = read_metrics(path)
     if summary is None or not clocks:
         return None
@@ -86,6 +86,10 @@ def analyse(path, target):
         "max_gap": summary.get("max_clock_gap", 0),
         "fanout": summary.get("fanout"),
     }
+    r["also"] = {}
+    for t in also:
+        h = next((e for e in evals if e[2] >= t), None)
+        r["also"][t] = (h[0], h[1]) if h else None
     r["other"] = r["clock"] - (r["compute"] + r["select"] + r["comm"] + r["update"] + r["wait"])
     return r
 
@@ -118,7 +122,17 @@ def ratio_cell(num, den):
     return f"{num / den:.3f}×" if den else ""
 
 
-def figure_table(fig, spec, results, confs, target):
+def also_cell(runs, t):
+    hits = [r["also"][t] for r in runs if r["also"].get(t)]
+    if not hits:
+        return "—"
+    cell = f"{spread([h[0] for h in hits], str)} ({spread([h[1] for h in hits], lambda s: f'{s:.0f}')} s)"
+    if len(hits) < len(runs):
+        cell += f" ({len(hits)}/{len(runs)} reached)"
+    return cell
+
+
+def figure_table(fig, spec, results, confs, target, also=()):
     lines = [f"### {spec['title']}", ""]
     missing = [k for k, _ in spec["rows"] if not results.get(k)]
     if missing:
@@ -127,15 +141,17 @@ def figure_table(fig, spec, results, confs, target):
     ref_bytes = statistics.median(r["bytes_per_clock"] for r in results[ref]) if results.get(ref) else None
     ref_label = dict(spec["rows"]).get(ref, ref)
     lines += [
-        f"| setting | clocks to {target} | seconds to {target} | final acc. | best acc. "
+        f"| setting | clocks to {target} | seconds to {target} | "
+        + "".join(f"clocks (s) to {t:.2f} | " for t in also)
+        + "final acc. | best acc. "
         f"| MB/clock | {'vs ' + ref_label if ref else 'vs no failures'} | msgs/clock | clock ms "
         "| compute / select / comm / update / wait / other ms | max clock gap |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|" + "---:|" * len(also) + "---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, label in spec["rows"]:
         runs = results.get(key)
         if not runs:
-            lines.append(f"| {label} | failed | | | | | | | | | |")
+            lines.append(f"| {label} | failed |" + " |" * (9 + len(also)))
             continue
         bpc = [r["bytes_per_clock"] for r in runs]
         if ref:
@@ -148,7 +164,8 @@ def figure_table(fig, spec, results, confs, target):
         lines.append(
             f"| {label} | {target_cell(runs, 'to_target_clock', str)} "
             f"| {target_cell(runs, 'to_target_seconds', lambda s: f'{s:.1f}', '—')} "
-            f"| {spread([r['final'] for r in runs], lambda a: f'{a:.4f}')} "
+            + "".join(f"| {also_cell(runs, t)} " for t in also)
+            + f"| {spread([r['final'] for r in runs], lambda a: f'{a:.4f}')} "
             f"| {spread([r['best'] for r in runs], lambda a: f'{a:.4f}')} "
             f"| {spread(bpc, fmt_mb)} | {vs} "
             f"| {spread([r['messages_per_clock'] for r in runs], lambda m: f'{m:.1f}')} "
@@ -241,6 +258,8 @@ def main():
     parser.add_argument("--raw", required=True, help="directory of KEY__REP.jsonl metrics files")
     parser.add_argument("--reps", type=int, default=1, help="read reps 1..N of every configuration")
     parser.add_argument("--target", type=float, default=0.85, help="target test accuracy")
+    parser.add_argument("--also-target", type=float, action="append", default=None,
+                        help="a lower accuracy also reported as clocks (seconds) to reach it; default 0.80 and 0.83")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=FLAGS", help="a configuration")
     parser.add_argument("--fig", action="append", default=[], choices=sorted(FIGURES), help="a figure to report")
     parser.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
@@ -249,13 +268,14 @@ def main():
     parser.add_argument("--png-dir", help="write one PNG per figure here")
     args = parser.parse_args()
 
+    also = [0.80, 0.83] if args.also_target is None else sorted(args.also_target)
     confs = dict(item.split("=", 1) for item in args.conf)
     results = {}
     for key in confs:
         runs = []
         for rep in range(1, args.reps + 1):
             path = os.path.join(args.raw, f"{key}__{rep}.jsonl")
-            r = analyse(path, args.target) if os.path.exists(path) else None
+            r = analyse(path, args.target, also) if os.path.exists(path) else None
             if r is None:
                 print(f"plot_comm_codesign: {path} missing or incomplete (the run failed?)", file=sys.stderr)
             else:
@@ -273,7 +293,8 @@ def main():
     lines += [
         "",
         f"Columns: clocks / seconds to {args.target}: the first eval clock whose test accuracy is ≥ {args.target}, "
-        "and the `seconds` (training time of rank 0, evaluation excluded) at that clock. Final acc.: the test "
+        "and the `seconds` (training time of rank 0, evaluation excluded) at that clock; the same for lower "
+        f"accuracies ({', '.join(f'{t:.2f}' for t in also)}), which more settings reach and where the curves are steeper. Final acc.: the test "
         "accuracy after the last clock (summary line); best acc.: the best eval. MB/clock: bytes all ranks send "
         "per clock (summary `bytes_per_clock`), with its ratio to the figure's reference. Clock ms: mean over "
         "clocks of `clock_seconds` (mean over ranks); the split is the means of the phase times: compute "
@@ -284,7 +305,7 @@ def main():
     ]
     for fig in figs:
         spec = FIGURES[fig]
-        lines += figure_table(fig, spec, results, confs, args.target)
+        lines += figure_table(fig, spec, results, confs, args.target, also)
         if args.png_dir and any(results.get(k) for k, _ in spec["rows"]):
             png = os.path.join(args.png_dir, spec["png"])
             if plot(fig, spec, results, png, args.target):

@@ -1,0 +1,507 @@
+#include "ckpt/sv_log.h"
+#include "engine/base/error.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <unistd.h>
+
+using namespace orpheus;
+using namespace orpheus::ckpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory per test, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::temp_directory_path() /
+            ("orpheus_sv_log_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1)));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  std::string str() const { return path_.string(); }
+  fs::path path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Deterministic record bytes, distinct for every (replica, clock, index).
+SharedBytes record(int replica, uint64_t clock, int index, size_t size) {
+  auto bytes = std::make_shared<std::vector<std::byte>>(size);
+  uint32_t state = 0x9E3779B9u ^ static_cast<uint32_t>(replica * 7919 + clock * 104729 + index * 31);
+  for (auto& b : *bytes) {
+    state = state * 1664525u + 1013904223u;
+    b = static_cast<std::byte>(state >> 24);
+  }
+  return bytes;
+}
+
+LogEntry expectedGroup(uint64_t clock, const std::vector<SharedBytes>& records) {
+  LogEntry e;
+  e.clock = clock;
+  for (const auto& r : records) e.records.push_back(*r);
+  return e;
+}
+
+LogEntry expectedEvent(uint64_t clock, EventKind kind) {
+  LogEntry e;
+  e.clock = clock;
+  e.kind = kind;
+  return e;
+}
+
+void requireSame(const std::vector<LogEntry>& got, const std::vector<LogEntry>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("entry " << i << " of clock " << want[i].clock);
+    REQUIRE(got[i].clock == want[i].clock);
+    REQUIRE(got[i].kind == want[i].kind);
+    REQUIRE(got[i].records == want[i].records);  // bytes identical
+  }
+}
+
+std::vector<LogEntry> between(const std::vector<LogEntry>& all, uint64_t after, uint64_t upTo) {
+  std::vector<LogEntry> out;
+  for (const auto& e : all) {
+    if (e.clock > after && e.clock <= upTo) out.push_back(e);
+  }
+  return out;
+}
+
+std::string segmentName(int replica, uint64_t first, uint64_t last) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "seg-%012llu-%012llu.h5", static_cast<unsigned long long>(first),
+                static_cast<unsigned long long>(last));
+  return "replica-" + std::to_string(replica) + "/" + buf;
+}
+
+// One replica's log of clocks 1..clocks with two records a clock, `clocksPerSegment`
+// clocks a segment; returns what was appended.
+std::vector<LogEntry> writeSimpleLog(const std::string& dir, uint64_t clocks, int clocksPerSegment,
+                                     size_t recordSize = 300) {
+  std::vector<LogEntry> appended;
+  SvLogWriter w(dir, 0, size_t{64} << 20, clocksPerSegment);
+  for (uint64_t c = 1; c <= clocks; ++c) {
+    std::vector<SharedBytes> records = {record(0, c, 0, recordSize), record(0, c, 1, recordSize / 2)};
+    appended.push_back(expectedGroup(c, records));
+    w.appendGroup(c, std::move(records));
+    w.endClock(c);
+  }
+  w.flush();
+  return appended;
+}
+
+std::vector<char> readFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void writeFile(const fs::path& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+const ReplicaInventory& replicaOf(const Inventory& inv, int replica) {
+  const auto it = std::find_if(inv.replicas.begin(), inv.replicas.end(),
+                               [&](const ReplicaInventory& r) { return r.replica == replica; });
+  REQUIRE(it != inv.replicas.end());
+  return *it;
+}
+
+bool hasTempFiles(const fs::path& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.path().filename().string().starts_with(".")) return true;
+  }
+  return false;
+}
+
+ParamSet sampleParams() {
+  ParamSet p;
+  Matrix w(7, 5);  // 7 rows over 3 ranks: blocks of 2, 2 and 3 rows
+  for (Eigen::Index i = 0; i < w.size(); ++i) w.data()[i] = 0.37f * static_cast<float>(i) - 3.1f;
+  p.params.push_back({"W", w});
+  Matrix b(7, 1);
+  for (Eigen::Index i = 0; i < b.size(); ++i) b.data()[i] = 1.0f / static_cast<float>(i + 3);
+  p.params.push_back({"b", b});
+  Matrix small(2, 3);  // fewer rows than ranks: one block is empty
+  small << 1.5f, -2.25f, 3.0f, 4.125f, -5.0f, 6.5f;
+  p.params.push_back({"A", small});
+  return p;
+}
+
+bool bitwiseEqual(const ParamSet& a, const ParamSet& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a.params[i].name != b.params[i].name || a[i].rows() != b[i].rows() || a[i].cols() != b[i].cols()) return false;
+    if (std::memcmp(a[i].data(), b[i].data(), static_cast<size_t>(a[i].size()) * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("job info round-trips through job.h5", "[ckpt][sv_log]") {
+  TempDir dir;
+  JobInfo info;
+  info.modelName = "examples/mlp.loss";
+  info.modelText = std::string(100000, 'x') + "\nloss = softmax_xent(W2 * relu(W1 * x), y)  # ünïcode\n";
+  info.modelSpec = "graph W1=784x128 W2=128x10";
+  info.features = 784;
+  info.classes = 10;
+  info.seed = 0xFEDCBA9876543210ull;
+  info.ranks = 8;
+  info.batch = 64;
+  info.lr = 0.0123456789;
+  info.flags = "orpheus train --model mlr --ckpt-dir /tmp/x";
+  writeJobInfo(dir.str(), info);
+  const JobInfo back = readJobInfo(dir.str());
+  CHECK(back.modelName == info.modelName);
+  CHECK(back.modelText == info.modelText);
+  CHECK(back.modelSpec == info.modelSpec);
+  CHECK(back.features == info.features);
+  CHECK(back.classes == info.classes);
+  CHECK(back.seed == info.seed);
+  CHECK(back.ranks == info.ranks);
+  CHECK(back.batch == info.batch);
+  CHECK(back.lr == info.lr);
+  CHECK(back.flags == info.flags);
+  CHECK_FALSE(hasTempFiles(dir.path()));
+
+  JobInfo empty;
+  writeJobInfo(dir.str(), empty);  // replaces the previous one
+  const JobInfo emptyBack = readJobInfo(dir.str());
+  CHECK(emptyBack.modelName.empty());
+  CHECK(emptyBack.modelText.empty());
+  CHECK(emptyBack.seed == 0);
+
+  TempDir none;
+  CHECK_THROWS_AS(readJobInfo(none.str()), InputError);
+}
+
+TEST_CASE("groups and events round-trip across segments and rotations", "[ckpt][sv_log]") {
+  TempDir dir;
+  // Two ranks hold replicas 0 and 1 and swap them at clock 6 and again at clock 10,
+  // the last clock. Each rank's writer follows the replica it holds.
+  std::map<int, std::vector<LogEntry>> expected;
+  {
+    SvLogWriter a(dir.str(), 0, size_t{1} << 20, 3);
+    SvLogWriter b(dir.str(), 1, size_t{1} << 20, 3);
+    SvLogWriter* writers[2] = {&a, &b};
+    int held[2] = {0, 1};
+    for (uint64_t c = 1; c <= 10; ++c) {
+      for (int rank = 0; rank < 2; ++rank) {
+        SvLogWriter& w = *writers[rank];
+        const int replica = held[rank];
+        std::vector<SharedBytes> records;
+        if (c != 5) {  // clock 5: an empty group
+          records = {record(replica, c, 0, 100 + 37 * c), record(replica, c, 1, 0), record(replica, c, 2, 5000)};
+        }
+        expected[replica].push_back(expectedGroup(c, records));
+        w.appendGroup(c, std::move(records));
+        if (c == 4) {
+          w.appendEvent(c, EventKind::kAveraged);
+          expected[replica].push_back(expectedEvent(c, EventKind::kAveraged));
+        }
+      }
+      if (c == 6 || c == 10) {
+        for (int rank = 0; rank < 2; ++rank) {
+          writers[rank]->appendEvent(c, EventKind::kRotatedOut);
+          expected[held[rank]].push_back(expectedEvent(c, EventKind::kRotatedOut));
+        }
+        for (int rank = 0; rank < 2; ++rank) {
+          held[rank] = 1 - held[rank];
+          writers[rank]->switchReplica(held[rank]);
+          CHECK(writers[rank]->replica() == held[rank]);
+          writers[rank]->appendEvent(c, EventKind::kRotatedIn);
+          // At the last clock the arrival is all that is left open: it is not written,
+          // since the previous holder's segment ends that very clock.
+          if (c != 10) expected[held[rank]].push_back(expectedEvent(c, EventKind::kRotatedIn));
+        }
+      }
+      for (auto* w : writers) {
+        w->endClock(c);
+        w->check();
+      }
+    }
+    a.flush();
+    b.flush();
+    CHECK(a.bytesWritten() > 0);
+    CHECK(a.waitSeconds() == 0.0);
+    CHECK(b.waitSeconds() == 0.0);
+  }
+  for (int replica = 0; replica < 2; ++replica) {
+    INFO("replica " << replica);
+    requireSame(readLog(dir.str(), replica, 0, 10), expected[replica]);
+    requireSame(readLog(dir.str(), replica, 3, 7), between(expected[replica], 3, 7));
+    requireSame(readLog(dir.str(), replica, 6, 6), {});
+    requireSame(readLog(dir.str(), replica, 9, 10), between(expected[replica], 9, 10));
+  }
+  // Replica 0: rank 0 wrote 1..3, 4..6; rank 1 wrote 6..8 (arriving at 6), 9..10.
+  const Inventory inv = inspect(dir.str());
+  REQUIRE(inv.replicas.size() == 2);
+  const ReplicaInventory& r0 = replicaOf(inv, 0);
+  REQUIRE(r0.segments.size() == 4);
+  CHECK(r0.segments[0].path == (dir.path() / segmentName(0, 1, 3)).string());
+  CHECK(r0.segments[2].firstClock == 6);
+  CHECK(r0.segments[2].lastClock == 8);
+  CHECK(r0.lastIntactClock == 10);
+  CHECK(replicaOf(inv, 1).lastIntactClock == 10);
+  CHECK_FALSE(hasTempFiles(dir.path()));
+}
+
+TEST_CASE("a full staging area makes appendGroup wait, and the wait is measured", "[ckpt][sv_log]") {
+  TempDir dir;
+  std::vector<LogEntry> appended;
+  {
+    // Every group is larger than the staging area: each one waits for the previous
+    // clock's segment to reach the disk.
+    SvLogWriter w(dir.str(), 0, 1000, 100);
+    for (uint64_t c = 1; c <= 20; ++c) {
+      std::vector<SharedBytes> records = {record(0, c, 0, 4000)};
+      appended.push_back(expectedGroup(c, records));
+      w.appendGroup(c, std::move(records));
+      w.endClock(c);
+    }
+    w.flush();
+    CHECK(w.waitSeconds() > 0.0);
+  }
+  requireSame(readLog(dir.str(), 0, 0, 20), appended);
+
+  TempDir roomy;
+  SvLogWriter w(roomy.str(), 0, size_t{64} << 20, 100);
+  for (uint64_t c = 1; c <= 20; ++c) {
+    w.appendGroup(c, {record(0, c, 0, 4000)});
+    w.endClock(c);
+  }
+  w.flush();
+  CHECK(w.waitSeconds() == 0.0);
+}
+
+TEST_CASE("entries that arrive after endClock still belong to that clock", "[ckpt][sv_log]") {
+  TempDir dir;
+  std::vector<LogEntry> appended;
+  {
+    SvLogWriter w(dir.str(), 0, size_t{1} << 20, 1);
+    for (uint64_t c = 1; c <= 3; ++c) {
+      std::vector<SharedBytes> records = {record(0, c, 0, 64)};
+      appended.push_back(expectedGroup(c, records));
+      w.appendGroup(c, std::move(records));
+      w.endClock(c);
+      // A late batch of the clock just ended (SSP, the final drain).
+      std::vector<SharedBytes> late = {record(0, c, 1, 32)};
+      appended.push_back(expectedGroup(c, late));
+      w.appendGroup(c, std::move(late));
+    }
+  }  // the destructor writes what is staged
+  requireSame(readLog(dir.str(), 0, 0, 3), appended);
+  const Inventory inv = inspect(dir.str());
+  CHECK(replicaOf(inv, 0).segments.size() == 3);
+}
+
+TEST_CASE("a torn last segment is ignored; the log ends before it", "[ckpt][sv_log]") {
+  TempDir dir;
+  const auto appended = writeSimpleLog(dir.str(), 9, 3);
+  const fs::path last = dir.path() / segmentName(0, 7, 9);
+  REQUIRE(fs::exists(last));
+  fs::resize_file(last, fs::file_size(last) / 2);
+
+  requireSame(readLog(dir.str(), 0, 0, 6), between(appended, 0, 6));
+  requireSame(readLog(dir.str(), 0, 2, 5), between(appended, 2, 5));
+  CHECK_THROWS_WITH(readLog(dir.str(), 0, 0, 8), Catch::Contains("clock 8 is past the log of replica 0 (latest: 6)"));
+
+  const Inventory inv = inspect(dir.str());
+  const ReplicaInventory& r = replicaOf(inv, 0);
+  REQUIRE(r.segments.size() == 3);
+  CHECK(r.segments[0].intact);
+  CHECK(r.segments[1].intact);
+  CHECK_FALSE(r.segments[2].intact);
+  CHECK_FALSE(r.segments[2].problem.empty());
+  CHECK(r.segments[2].path == last.string());
+  CHECK(r.lastIntactClock == 6);
+}
+
+TEST_CASE("a damaged segment before intact ones stops the log with its name", "[ckpt][sv_log]") {
+  TempDir dir;
+  const auto appended = writeSimpleLog(dir.str(), 9, 3);
+  const fs::path middle = dir.path() / segmentName(0, 4, 6);
+  // Flip one byte inside the records of clock 5.
+  std::vector<char> bytes = readFile(middle);
+  const SharedBytes target = record(0, 5, 0, 300);
+  const char* needle = reinterpret_cast<const char*>(target->data());
+  const auto at = std::search(bytes.begin(), bytes.end(), needle, needle + 64);
+  REQUIRE(at != bytes.end());
+  at[10] = static_cast<char>(at[10] ^ 0x40);
+  writeFile(middle, bytes);
+
+  CHECK_THROWS_AS(readLog(dir.str(), 0, 0, 9), InputError);
+  CHECK_THROWS_WITH(readLog(dir.str(), 0, 0, 9), Catch::Contains(middle.string()) && Catch::Contains("up to clock 3"));
+  requireSame(readLog(dir.str(), 0, 0, 3), between(appended, 0, 3));  // the damage is not on the way
+  requireSame(readLog(dir.str(), 0, 6, 9), between(appended, 6, 9));  // nor here: clocks 4..6 are not read
+
+  const Inventory inv = inspect(dir.str());
+  const ReplicaInventory& r = replicaOf(inv, 0);
+  REQUIRE(r.segments.size() == 3);
+  CHECK_FALSE(r.segments[1].intact);
+  CHECK_THAT(r.segments[1].problem, Catch::Contains("CRC"));
+  CHECK(r.segments[2].intact);
+  CHECK(r.lastIntactClock == 3);
+}
+
+TEST_CASE("a missing segment is a gap that stops the log", "[ckpt][sv_log]") {
+  TempDir dir;
+  writeSimpleLog(dir.str(), 9, 3);
+  fs::remove(dir.path() / segmentName(0, 4, 6));
+  CHECK_THROWS_WITH(readLog(dir.str(), 0, 0, 9), Catch::Contains("up to clock 3"));
+  CHECK(replicaOf(inspect(dir.str()), 0).lastIntactClock == 3);
+}
+
+TEST_CASE("reading past the log names the latest clock", "[ckpt][sv_log]") {
+  TempDir dir;
+  writeSimpleLog(dir.str(), 9, 4);
+  CHECK_THROWS_AS(readLog(dir.str(), 0, 0, 12), InputError);
+  CHECK_THROWS_WITH(readLog(dir.str(), 0, 0, 12), "clock 12 is past the log of replica 0 (latest: 9)");
+  CHECK_THROWS_AS(readLog(dir.str(), 3, 0, 1), InputError);  // no such replica
+}
+
+TEST_CASE("an unwritable directory surfaces as IoError and spares written segments", "[ckpt][sv_log]") {
+  TempDir dir;
+  // A path under a regular file cannot be created, even by root.
+  const fs::path file = dir.path() / "afile";
+  writeFile(file, {'x'});
+  const std::string bad = (file / "sub").string();
+  {
+    SvLogWriter w(bad, 0, size_t{1} << 20, 2);
+    w.appendGroup(1, {record(0, 1, 0, 100)});
+    w.endClock(1);
+    CHECK_THROWS_AS(w.flush(), IoError);
+    CHECK_THROWS_WITH(w.flush(), Catch::Contains(bad) && Catch::Contains("Not a directory"));
+    CHECK_THROWS_AS(w.check(), IoError);
+  }  // the destructor reports, never throws
+
+  // A good log, then a rotation into a replica directory that cannot be made.
+  const fs::path good = dir.path() / "good";
+  fs::create_directories(good);
+  writeFile(good / "replica-1", {'x'});
+  std::vector<LogEntry> appended;
+  {
+    SvLogWriter w(good.string(), 0, size_t{1} << 20, 2);
+    for (uint64_t c = 1; c <= 4; ++c) {
+      std::vector<SharedBytes> records = {record(0, c, 0, 200)};
+      appended.push_back(expectedGroup(c, records));
+      w.appendGroup(c, std::move(records));
+      w.endClock(c);
+    }
+    w.flush();
+    w.switchReplica(1);
+    for (uint64_t c = 5; c <= 6; ++c) {
+      w.appendGroup(c, {record(1, c, 0, 200)});
+      w.endClock(c);
+    }
+    CHECK_THROWS_WITH(w.flush(), Catch::Contains((good / "replica-1").string()));
+  }
+  const Inventory inv = inspect(good.string());
+  REQUIRE(inv.replicas.size() == 1);
+  const ReplicaInventory& r = replicaOf(inv, 0);
+  REQUIRE(r.segments.size() == 2);
+  CHECK(r.segments[0].intact);
+  CHECK(r.segments[1].intact);
+  CHECK(r.lastIntactClock == 4);
+  requireSame(readLog(good.string(), 0, 0, 4), appended);
+  CHECK_FALSE(hasTempFiles(good));
+}
+
+TEST_CASE("snapshot parts reassemble bitwise; a missing part leaves no snapshot", "[ckpt][sv_log]") {
+  TempDir dir;
+  const ParamSet params = sampleParams();
+  for (int rank = 0; rank < 3; ++rank) writeSnapshotPart(dir.str(), 20, rank, 3, params);
+  ParamSet shapes = params;
+  for (auto& p : shapes.params) p.value.setZero();
+
+  const auto back = readSnapshot(dir.str(), 20, shapes);
+  REQUIRE(back.has_value());
+  CHECK(bitwiseEqual(*back, params));
+
+  // The order of the model, not of the file.
+  ParamSet reordered;
+  reordered.params = {shapes.params[2], shapes.params[0], shapes.params[1]};
+  const auto backReordered = readSnapshot(dir.str(), 20, reordered);
+  REQUIRE(backReordered.has_value());
+  CHECK(backReordered->params[0].name == "A");
+  CHECK((backReordered->params[1].value.array() == params[0].array()).all());
+
+  ParamSet wrongShape = shapes;
+  wrongShape.params[1].value = Matrix::Zero(8, 1);
+  CHECK_FALSE(readSnapshot(dir.str(), 20, wrongShape).has_value());
+  CHECK_FALSE(readSnapshot(dir.str(), 21, shapes).has_value());
+
+  for (int rank = 0; rank < 3; ++rank) writeSnapshotPart(dir.str(), 30, rank, 3, params);
+  fs::remove(dir.path() / "snapshot-000000000030" / "part-1.h5");
+  CHECK_FALSE(readSnapshot(dir.str(), 30, shapes).has_value());
+
+  const Inventory inv = inspect(dir.str());
+  CHECK(inv.snapshots == std::vector<uint64_t>{20});
+}
+
+TEST_CASE("inspect reports the job, replicas, segments, snapshots and bytes", "[ckpt][sv_log]") {
+  TempDir dir;
+  JobInfo job;
+  job.modelName = "mlr";
+  job.modelSpec = "mlr features=4 classes=3";
+  job.seed = 7;
+  job.ranks = 2;
+  writeJobInfo(dir.str(), job);
+  for (int replica = 0; replica < 2; ++replica) {
+    SvLogWriter w(dir.str(), replica, size_t{1} << 20, 5);
+    for (uint64_t c = 1; c <= 12; ++c) {
+      w.appendGroup(c, {record(replica, c, 0, 500)});
+      w.endClock(c);
+    }
+  }
+  const ParamSet params = sampleParams();
+  writeSnapshotPart(dir.str(), 10, 0, 2, params);
+  writeSnapshotPart(dir.str(), 10, 1, 2, params);
+  // A temporary file a crash left behind is not part of the log.
+  writeFile(dir.path() / "replica-0" / ".seg-000000000013-000000000015.h5.1-0.tmp", {'x', 'y'});
+
+  const Inventory inv = inspect(dir.str());
+  CHECK(inv.job.modelSpec == job.modelSpec);
+  CHECK(inv.job.seed == 7);
+  CHECK(inv.job.ranks == 2);
+  REQUIRE(inv.replicas.size() == 2);
+  uint64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir.path())) {
+    if (e.is_regular_file()) total += e.file_size();
+  }
+  CHECK(inv.totalBytes == total);
+  for (int replica = 0; replica < 2; ++replica) {
+    const ReplicaInventory& r = replicaOf(inv, replica);
+    CHECK(r.replica == replica);
+    REQUIRE(r.segments.size() == 3);  // 1..5, 6..10, 11..12
+    CHECK(r.segments[0].firstClock == 1);
+    CHECK(r.segments[0].lastClock == 5);
+    CHECK(r.segments[2].firstClock == 11);
+    CHECK(r.segments[2].lastClock == 12);
+    for (const auto& s : r.segments) {
+      CHECK(s.intact);
+      CHECK(s.problem.empty());
+      CHECK(s.bytes == fs::file_size(s.path));
+    }
+    CHECK(r.lastIntactClock == 12);
+  }
+  CHECK(inv.snapshots == std::vector<uint64_t>{10});
+  CHECK_THROWS_AS(inspect((dir.path() / "nope").string()), InputError);
+}
