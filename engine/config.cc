@@ -17,6 +17,11 @@ void validate(const TrainConfig& c, int ranks) {
                       "--fanout {} needs at most P-1 = {} peers (P = {} ranks)", c.fanout, ranks - 1, ranks);
   ORPHEUS_CHECK_INPUT(c.staleness >= 0, "--staleness {} must be >= 0", c.staleness);
   ORPHEUS_CHECK_INPUT(c.dropLinks >= 0.0 && c.dropLinks < 1.0, "--drop-links {} must be in [0, 1)", c.dropLinks);
+  ORPHEUS_CHECK_INPUT(c.failProb >= 0.0 && c.failProb < 1.0, "--fail-prob {} must be in [0, 1)", c.failProb);
+  ORPHEUS_CHECK_INPUT(c.failProb == 0.0 || c.ckptSv || c.ckptMatrix,
+                      "--fail-prob needs a checkpoint to recover from (--ckpt sv or --ckpt matrix with --ckpt-dir)");
+  ORPHEUS_CHECK_INPUT(!(c.ckptSv && c.ckptMatrix), "--ckpt takes one of sv, matrix");
+  ORPHEUS_CHECK_INPUT(!c.ckptMatrix || !c.ckptDir.empty(), "--ckpt matrix needs --ckpt-dir DIR");
   if (c.sync == SyncMode::kDense) {
     ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll && c.consistency == Consistency::kBsp &&
                             c.dropLinks == 0.0,

@@ -44,6 +44,9 @@ struct TrainConfig {
   bool ckptSv = false;            // --ckpt sv: log every applied SV batch
   int64_t snapshotEvery = 1;      // snapshot at every K-th averaging barrier
   bool resume = false;
+  bool ckptMatrix = false;        // --ckpt matrix: the baseline, whole replicas every ckptEvery clocks
+  int64_t ckptEvery = 100;
+  double failProb = 0.0;          // failure injection: each clock each rank fails with this probability
   int delayRank = -1;      // testing aid: this rank sleeps delayMs every clock
   int delayMs = 0;
   int64_t evalEvery = 100;  // 0: only at the end

@@ -1,6 +1,8 @@
 #include "engine/worker.h"
 
 #include "engine/base/error.h"
+#include "ckpt/model_file.h"
+#include "engine/checkpoint.h"
 #include "engine/data/sampler.h"
 #include "engine/progress.h"
 #include "engine/base/rng.h"
@@ -11,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -87,6 +90,39 @@ ckpt::SharedBytes share(std::span<const std::byte> bytes) {
 
 void Worker::logGroup(std::vector<ckpt::SharedBytes> records) {
   if (log_) log_->appendGroup(current_, std::move(records));
+}
+
+void Worker::writeMatrixCheckpoint(uint64_t clock) {
+  // The baseline of the paper: computation halts while the whole replica is written.
+  ckpt::ModelFileInfo info;
+  info.modelSpec = model_.spec();
+  info.clock = static_cast<int64_t>(clock);
+  info.seed = config_.seed;
+  info.replica = replicaId_;
+  const std::string dir = fmt::format("{}/matrix-{:012d}", config_.ckptDir, clock);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw IoError(fmt::format("cannot create '{}': {}", dir, ec.message()));
+  ckpt::saveParams(fmt::format("{}/replica-{}.h5", dir, replicaId_), replica_, info);
+  matrixCheckpoint_ = replica_;
+  matrixCheckpointClock_ = clock;
+}
+
+bool Worker::maybeFail(uint64_t clock) {
+  if (config_.failProb <= 0.0) return false;
+  CounterRng rng(config_.seed, RngPurpose::kFailure, clock, static_cast<uint64_t>(transport_.rank()));
+  if (rng.uniform() >= config_.failProb) return false;
+  ++failures_;
+  if (log_) {
+    // The replica is gone; rebuild it from the last snapshot and the SV log.
+    log_->flush();
+    replica_ = restore(config_.ckptDir, replicaId_, clock).params;
+  } else if (config_.ckptMatrix) {
+    // Back to the last whole-matrix checkpoint: the clocks since are lost.
+    replica_ = matrixCheckpointClock_ > 0 ? matrixCheckpoint_ : model_.initParams(config_.seed);
+  }
+  spdlog::debug("rank {} failed at clock {} and recovered replica {}", transport_.rank(), clock, replicaId_);
+  return true;
 }
 
 void Worker::resumeFrom(uint64_t clock, ParamSet replica, int id) {
@@ -460,7 +496,7 @@ enum Field : size_t {
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
   // Set by rank 0 only, so the sum over ranks is rank 0's value.
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
-  kCkptWait, kFieldCount
+  kCkptWait, kFailed, kFieldCount
 };
 using ClockRecord = std::array<double, kFieldCount>;
 
@@ -524,7 +560,8 @@ class MetricsAggregator {
           .add("select_seconds", e.sum[kSelect] / p)
           .add("clock_gap", static_cast<int64_t>(e.maxGap))
           .add("replica", static_cast<int64_t>(e.sum[kReplica]))
-          .add("ckpt_wait_seconds", e.sum[kCkptWait] / p);
+          .add("ckpt_wait_seconds", e.sum[kCkptWait] / p)
+          .add("failures", static_cast<int64_t>(e.sum[kFailed]));
       if (e.sum[kAveraged] > 0) {
         line.add("averaged", true)
             .add("divergence_max", e.sum[kDivergenceMax])
@@ -599,6 +636,8 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     const ClockStats stats = runClock(clock, batch);
     const Coordination coordination = coordinate(clock);
     if (log_) log_->endClock(clock);
+    if (config_.ckptMatrix && clock % static_cast<uint64_t>(config_.ckptEvery) == 0) writeMatrixCheckpoint(clock);
+    const bool failed = maybeFail(clock);
     const double clockSeconds = secondsSince(start);
     trainSeconds += clockSeconds;
 
@@ -616,6 +655,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     r[kClockSeconds] = clockSeconds;
     r[kGap] = static_cast<double>(stats.clockGap);
     r[kCkptWait] = checkpointWaitSeconds() - ckptWaitBefore;
+    r[kFailed] = failed ? 1.0 : 0.0;
     if (leader) {
       r[kReplica] = replicaId_;
       r[kAveraged] = coordination.averaged ? 1.0 : 0.0;

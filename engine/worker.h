@@ -75,6 +75,7 @@ class Worker {
   void resumeFrom(uint64_t clock, ParamSet replica, int id);
   // Seconds the compute thread waited for the checkpoint writer, and bytes it wrote.
   double checkpointWaitSeconds() const { return log_ ? log_->waitSeconds() : 0.0; }
+  int64_t failures() const { return failures_; }
 
   // Loss and accuracy over every rank's test shard, each with its own replica (collective).
   EvalResult evaluate();
@@ -140,6 +141,12 @@ class Worker {
   uint64_t current_ = 0;  // the local clock being worked on
   int64_t averagings_ = 0;
   void logGroup(std::vector<ckpt::SharedBytes> records);
+  // Failure injection and recovery (--fail-prob): returns whether this rank failed.
+  bool maybeFail(uint64_t clock);
+  void writeMatrixCheckpoint(uint64_t clock);
+  ParamSet matrixCheckpoint_;          // --ckpt matrix: the last one written (what recovery restores)
+  uint64_t matrixCheckpointClock_ = 0;
+  int64_t failures_ = 0;
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

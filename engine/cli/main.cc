@@ -138,16 +138,27 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
          [&c](const std::string& v) {
            if (v == "sv") {
              c.ckptSv = true;
+           } else if (v == "matrix") {
+             c.ckptMatrix = true;
            } else if (v != "none") {
-             throw CLI::ValidationError("--ckpt", "expected sv or none, got '" + v + "'");
+             throw CLI::ValidationError("--ckpt", "expected sv, matrix or none, got '" + v + "'");
            }
          },
-         "sv: log every SV batch applied to each replica (restore any clock with 'orpheus restore'); none")
+         "sv: log every SV batch applied to each replica (restore any clock with 'orpheus restore'); matrix: the "
+         "baseline, computation halts every --ckpt-every clocks while every replica is written whole; none")
       ->default_str("none");
   cmd.add_option("--snapshot-every", c.snapshotEvery,
                  "With --ckpt sv and --average-every: write a snapshot at every K-th averaging barrier")
       ->capture_default_str()
       ->check(atLeast(1));
+  cmd.add_option("--ckpt-every", c.ckptEvery, "With --ckpt matrix: clocks between whole-matrix checkpoints")
+      ->capture_default_str()
+      ->check(atLeast(1));
+  cmd.add_option("--fail-prob", c.failProb,
+                 "Failure injection: each clock each rank loses its replica with this probability and recovers it "
+                 "from the checkpoint (--ckpt sv: snapshot + log; --ckpt matrix: the last matrix, losing the clocks "
+                 "since)")
+      ->capture_default_str();
   cmd.add_flag_function(
       "--resume", [&c](int64_t) { c.resume = c.ckptSv = true; },
       "Continue a killed job from the newest clock its --ckpt-dir reaches (same flags, BSP)");
