@@ -71,7 +71,7 @@ Restored restore(const std::string& dir, int replica, uint64_t clock) {
 }
 
 uint64_t resumableClock(const ckpt::Inventory& inv) {
-  ORPHEUS_CHECK_INPUT(!inv.replicas.empty(), "the checkpoint holds no replica logs to resume from");
+  if (inv.replicas.empty()) return 0;  // killed before its first segment: start over
   // Clocks at which every replica's intact log chain ends a segment.
   std::set<uint64_t> common;
   bool firstReplica = true;

@@ -13,7 +13,11 @@ flags=(--train "$data/train-images-idx3-ubyte.gz" --clocks 400 --batch 50 --prog
 "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
   >/dev/null 2>&1 &
 job=$!
-sleep 1.2
+# Kill every process once a few segments are durable (polling, bounded).
+for _ in $(seq 600); do
+  [ "$(ls "$out"/killed/replica-0/seg-*.h5 2>/dev/null | wc -l)" -ge 2 ] && break
+  sleep 0.1
+done
 pkill -9 -f "ckpt-dir $out/killed" || true
 wait "$job" 2>/dev/null || true
 [ ! -e "$out/resumed.h5" ] || { echo "the job finished before it was killed"; exit 1; }
