@@ -8,10 +8,10 @@ set -euo pipefail
 orpheus=$1; check=$2; mpiexec=$3; src=$4
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
-clocks=${MLP_MULTICAST_CLOCKS:-1000}
+clocks=${MLP_MULTICAST_CLOCKS:-1600}
 "$mpiexec" -n 8 --oversubscribe "$orpheus" train --model "$src/examples/mlp.loss" \
   --train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3-ubyte.gz" \
-  --clocks "$clocks" --batch 100 --eval-every 250 --select 25 --multicast random --fanout 3 \
+  --clocks "$clocks" --batch 100 --eval-every 400 --select 25 --multicast random --fanout 3 \
   --consistency ssp --staleness 4 --progress off --metrics "$out/metrics.jsonl"
 C=25; Q=3; P=8
 layers="1024:784 1024:1024 10:1024"
