@@ -530,6 +530,7 @@ class MetricsAggregator {
   uint64_t totalBytes() const { return totalBytes_; }
   uint64_t totalMessages() const { return totalMessages_; }
   double maxGap() const { return maxGapSeen_; }
+  double bestAccuracy() const { return bestAccuracy_; }
 
  private:
   struct Entry {
@@ -577,7 +578,10 @@ class MetricsAggregator {
         }
       }
       out_.write(line);
-      if (accuracy >= 0) lastAccuracy_ = accuracy;
+      if (accuracy >= 0) {
+        lastAccuracy_ = accuracy;
+        bestAccuracy_ = std::max(bestAccuracy_, accuracy);
+      }
       progress_.update(next_, e.sum[kLoss] / p, lastAccuracy_, e.leaderSeconds, e.sum[kHasEval] > 0);
       totalBytes_ += static_cast<uint64_t>(e.sum[kBytes]);
       totalMessages_ += static_cast<uint64_t>(e.sum[kMessages]);
@@ -598,6 +602,7 @@ class MetricsAggregator {
   uint64_t totalMessages_ = 0;
   double maxGapSeen_ = 0;
   double lastAccuracy_ = -1.0;
+  double bestAccuracy_ = -1.0;
 };
 
 }  // namespace
@@ -725,7 +730,10 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     if (test_ != nullptr) {
       summary.add("initial_test_loss", initialEval.loss);
       summary.add("test_loss", lastEval_.loss);
-      if (model_.hasAccuracy()) summary.add("test_accuracy", lastEval_.accuracy);
+      if (model_.hasAccuracy()) {
+        summary.add("test_accuracy", lastEval_.accuracy);
+        summary.add("best_test_accuracy", std::max(aggregator.bestAccuracy(), lastEval_.accuracy));
+      }
     }
     metrics.write(summary);
   }
