@@ -60,8 +60,10 @@ class Transport {
 
   // Full broadcast of variable-size records: sizes first, then the payloads.
   virtual Gathered allgatherv(std::span<const std::byte> local, uint64_t clock) = 0;
-  // Training data: in-place sum over ranks; every rank gets bitwise the same result.
+  // Training data: in-place sum over ranks (the library's allreduce).
   virtual void allreduceSum(std::span<float> data, uint64_t clock) = 0;
+  // In-place sum over ranks that every rank gets bitwise identical (replica averaging).
+  virtual void allreduceSumIdentical(std::span<float> data, uint64_t clock) = 0;
   // Replica rotation: sends `data` to rank+1 and replaces it with rank-1's (mod P).
   virtual void shiftRing(std::span<float> data, uint64_t clock) = 0;
   // Control: in-place sum / max / min over ranks; not counted as traffic.

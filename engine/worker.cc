@@ -438,7 +438,7 @@ Worker::Coordination Worker::averageReplicas(uint64_t clock) {
   const double p = transport_.size();
   ParamSet mean = replica_;
   for (auto& param : mean.params) {
-    transport_.allreduceSum({param.value.data(), static_cast<size_t>(param.value.size())}, clock);
+    transport_.allreduceSumIdentical({param.value.data(), static_cast<size_t>(param.value.size())}, clock);
     param.value /= static_cast<float>(p);
   }
   double stats[2] = {relativeDifference(replica_, mean), 0.0};
@@ -449,7 +449,7 @@ Worker::Coordination Worker::averageReplicas(uint64_t clock) {
   transport_.controlSum(sumStat);
   done.divergenceMax = maxStat[0];
   done.divergenceMean = sumStat[0] / p;
-  replica_ = std::move(mean);  // bitwise the same on every rank (see Transport::allreduceSum)
+  replica_ = std::move(mean);  // bitwise the same on every rank (Transport::allreduceSumIdentical)
   return done;
 }
 

@@ -70,7 +70,17 @@ void LoopbackTransport::allreduceSum(std::span<float> data, uint64_t clock) {
   reduce(data, [](float a, float b) { return a + b; }, "allreduce of gradients", clock);
   const auto p = static_cast<uint64_t>(size());
   if (p > 1) {
-    // Counted as the MPI transport's reduce-scatter + allgather: blocks of ceil(N/P).
+    counters_.bytesSent += 2 * data.size() * sizeof(float) * (p - 1) / p;
+    counters_.messages += 2 * (p - 1);
+  }
+}
+
+void LoopbackTransport::allreduceSumIdentical(std::span<float> data, uint64_t clock) {
+  // Every rank reduces in rank order already; counted as the MPI transport's
+  // reduce-scatter + allgather of blocks of ceil(N/P).
+  reduce(data, [](float a, float b) { return a + b; }, "sum of replicas", clock);
+  const auto p = static_cast<uint64_t>(size());
+  if (p > 1) {
     const uint64_t block = (data.size() + p - 1) / p * sizeof(float);
     counters_.bytesSent += 2 * block * (p - 1);
     counters_.messages += 2 * (p - 1);

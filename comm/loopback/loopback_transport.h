@@ -51,6 +51,7 @@ class LoopbackTransport final : public Transport {
 
   Gathered allgatherv(std::span<const std::byte> local, uint64_t clock) override;
   void allreduceSum(std::span<float> data, uint64_t clock) override;
+  void allreduceSumIdentical(std::span<float> data, uint64_t clock) override;
   void shiftRing(std::span<float> data, uint64_t clock) override;
   void controlSum(std::span<double> data) override;
   void controlMax(std::span<double> data) override;

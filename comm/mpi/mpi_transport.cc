@@ -84,6 +84,20 @@ constexpr int kRingTag = 3;
 
 void MpiTransport::allreduceSum(std::span<float> data, uint64_t clock) {
   if (size_ == 1) return;
+  const auto p = static_cast<uint64_t>(size_);
+  for (size_t offset = 0; offset < data.size(); offset += kChunkFloats) {
+    const size_t n = std::min(kChunkFloats, data.size() - offset);
+    MPI_Request req;
+    ORPHEUS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data.data() + offset, static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                                     comm_, &req));
+    wait(req, "allreduce of gradients", clock);
+    counters_.bytesSent += 2 * n * sizeof(float) * (p - 1) / p;
+    counters_.messages += 2 * (p - 1);
+  }
+}
+
+void MpiTransport::allreduceSumIdentical(std::span<float> data, uint64_t clock) {
+  if (size_ == 1) return;
   // Reduce-scatter then allgather: every element is summed in one place, so every
   // rank ends with bitwise the same result (a plain allreduce does not promise that).
   const auto p = static_cast<size_t>(size_);

@@ -2,8 +2,9 @@
 // MPI_Iallreduce) and polled against the transport's deadline, so no wait is
 // unbounded. Byte counts follow the algorithms' logical traffic per rank:
 // allgatherv sends the local record to each of the P-1 peers; a sum-allreduce of
-// N bytes runs as reduce-scatter + allgather and counts 2 (P-1)/P N bytes in
-// 2 (P-1) messages (the bandwidth-optimal ring schedule); a ring shift sends N bytes.
+// N bytes counts 2 (P-1)/P N bytes in 2 (P-1) messages (the bandwidth-optimal ring
+// schedule); the identical-result sum runs as reduce-scatter + allgather of blocks
+// of ceil(N/P) and counts those; a ring shift sends N bytes.
 #pragma once
 
 #include "comm/transport.h"
@@ -25,6 +26,7 @@ class MpiTransport final : public Transport {
 
   Gathered allgatherv(std::span<const std::byte> local, uint64_t clock) override;
   void allreduceSum(std::span<float> data, uint64_t clock) override;
+  void allreduceSumIdentical(std::span<float> data, uint64_t clock) override;
   void shiftRing(std::span<float> data, uint64_t clock) override;
   void controlSum(std::span<double> data) override;
   void controlMax(std::span<double> data) override;

@@ -119,7 +119,7 @@ def table_a(runs_dir, warmup, labels):
                 f"| {labels[workload]} | {sync} | {fmt_ms(medians[sync])} "
                 f"| {fmt_ms(min(per_rep))}–{fmt_ms(max(per_rep))} | {split} "
                 f"| {measured_bytes:,.0f} ({fmt_bytes(measured_bytes)}) | {expected:,.0f} "
-                f"| {measured_bytes / expected:.3f} |")
+                f"| {measured_bytes / expected:.4f} |")
         if "sv" in medians and "dense" in medians:
             lines.append(
                 f"| {labels[workload]} | **sv/dense** | **{medians['sv'] / medians['dense']:.2f}×** | | "

@@ -95,7 +95,7 @@ trap 'rm -rf "$WORK"' EXIT
 # Private copies, so a rebuild of the build tree during the suite cannot mix two binaries.
 ORPHEUS_BIN="$WORK/orpheus"
 COMPARE_BIN="$WORK/compare_params"
-cp "$ORPHEUS_BUILT" "$ORPHEUS_BIN"
+cp -p "$ORPHEUS_BUILT" "$ORPHEUS_BIN"
 cp "$COMPARE_BUILT" "$COMPARE_BIN"
 binary_info="$(sha256sum "$ORPHEUS_BIN" | cut -c1-12), built $(date -u -r "$ORPHEUS_BUILT" '+%Y-%m-%d %H:%M UTC')"
 mkdir -p "$RAW_DIR" "$OUT_DIR"
@@ -138,7 +138,10 @@ train() {  # key rep
   local replicas="$WORK/replicas"
   rm -rf "$replicas" && mkdir -p "$replicas"
   local t0=$SECONDS rc=0
-  echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >"$base.log"
+  {
+    echo "binary sha256: $binary_info"
+    echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  } >"$base.log"
   "${MPIRUN[@]}" "$ORPHEUS_BIN" train "${COMMON[@]}" "${conf[@]}" --metrics "$base.jsonl" \
     --save-replicas "$replicas" >>"$base.log" 2>&1 || rc=$?
   echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$base.log"
@@ -184,11 +187,19 @@ say "training runs took $elapsed s"
 
 commit="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [ "$commit" != unknown ] && [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
-  commit="$commit (working tree has uncommitted changes; the binary may include some of them)"
+  commit="$commit (with uncommitted changes)"
+fi
+# The binary of every run (REUSE can mix runs of several invocations).
+binaries="$(for key in "${KEYS[@]}"; do for rep in $(seq 1 "$REPS"); do
+  sed -n 's/^binary sha256: //p' "$RAW_DIR/${key}__${rep}.log" 2>/dev/null | head -n 1; done; done | sort -u)"
+if [ "$(printf '%s\n' "$binaries" | grep -c .)" -gt 1 ]; then
+  binary_note="WARNING: the runs used different binaries: $(echo "$binaries" | paste -sd ';' | sed 's/;/; /g')"
+else
+  binary_note="every run: binary sha256 ${binaries:-$binary_info}"
 fi
 cpu="$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n 1)"
 if [ "$REPS" = 1 ]; then
-  reps_note="1 per configuration: repetitions were not affordable (8 ranks on $(nproc) cores, about 4 min \
+  reps_note="1 per configuration: repetitions were not affordable (8 ranks on $(nproc) cores, 2–11 min \
 per run, 35 min budget for the whole table), so run-to-run noise is not measured and differences of a few \
 percent in time are within it; REPS=n repeats them, interleaved"
 else
@@ -203,7 +214,7 @@ for key in "${KEYS[@]}"; do runs_arg+=(--conf "$key=${CONF[$key]}"); done
   --header "date=$(date -u '+%Y-%m-%d %H:%M UTC')" \
   --header "machine=${cpu:-unknown CPU}, $(nproc) cores, $(uname -sr)" \
   --header "ranks=np $NP (\`mpirun -np $NP --oversubscribe\`, $NP ranks on $(nproc) cores), batch $BATCH per rank, OPENBLAS_NUM_THREADS=1" \
-  --header "Orpheus=commit $commit, ${build_type:-unknown} build ($ORPHEUS_BUILT), binary sha256 $binary_info" \
+  --header "Orpheus=${build_type:-unknown} build ($ORPHEUS_BUILT); $binary_note; HEAD at report time $commit (the build time, not HEAD, dates the binary's source)" \
   --header "MPI=$(mpirun --version 2>/dev/null | head -n 1)" \
   --header "common flags=\`orpheus train ${COMMON[*]} --metrics FILE --save-replicas DIR\`" \
   --header "data=Fashion-MNIST from $FASHION_MNIST (60,000 train, sharded over the ranks; 10,000 test, each rank scores the replica it holds on its test shard)" \

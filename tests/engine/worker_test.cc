@@ -35,6 +35,7 @@ class CorruptingTransport final : public comm::Transport {
     return all;
   }
   void allreduceSum(std::span<float> d, uint64_t c) override { inner_.allreduceSum(d, c); }
+  void allreduceSumIdentical(std::span<float> d, uint64_t c) override { inner_.allreduceSumIdentical(d, c); }
   void shiftRing(std::span<float> d, uint64_t c) override { inner_.shiftRing(d, c); }
   void controlSum(std::span<double> d) override { inner_.controlSum(d); }
   void controlMax(std::span<double> d) override { inner_.controlMax(d); }

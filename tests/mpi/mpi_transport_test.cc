@@ -49,7 +49,7 @@ TEST_CASE("MPI sums are bitwise identical on every rank", "[mpi]") {
   comm::mpi::MpiTransport t(MPI_COMM_WORLD);
   std::vector<float> v(10007);
   for (size_t i = 0; i < v.size(); ++i) v[i] = 1.0f / static_cast<float>(i + 1 + 7 * t.rank());
-  t.allreduceSum(v, 2);
+  t.allreduceSumIdentical(v, 2);
   std::vector<float> fromRoot = v;
   MPI_Bcast(fromRoot.data(), static_cast<int>(fromRoot.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   CHECK(std::memcmp(fromRoot.data(), v.data(), v.size() * sizeof(float)) == 0);
