@@ -247,27 +247,18 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
     transport.abortJob(exitCodeFor(e));
   }
 
+  ckpt::ModelFileInfo info;
+  info.modelSpec = model->spec();
+  info.clock = config.clocks;
+  info.seed = config.seed;
+  info.features = features;
+  info.classes = classes;
+  info.replica = worker.replicaId();
   if (!config.saveReplicas.empty()) {
-    ckpt::ModelFileInfo info;
-    info.modelSpec = model->spec();
-    info.clock = config.clocks;
-    info.seed = config.seed;
-    info.features = features;
-    info.classes = classes;
-    info.replica = worker.replicaId();
     ckpt::saveParams(fmt::format("{}/replica-{}.h5", config.saveReplicas, worker.replicaId()), worker.replica(), info);
   }
   if (leader) {
-    if (!config.save.empty()) {
-      ckpt::ModelFileInfo info;
-      info.modelSpec = model->spec();
-      info.clock = config.clocks;
-      info.seed = config.seed;
-      info.features = features;
-      info.classes = classes;
-      info.replica = worker.replicaId();
-      ckpt::saveParams(config.save, worker.replica(), info);
-    }
+    if (!config.save.empty()) ckpt::saveParams(config.save, worker.replica(), info);
     const EvalResult& eval = worker.lastEval();
     std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model->spec().c_str(), transport.size(),
                 static_cast<long long>(config.clocks), worker.trainSeconds());
