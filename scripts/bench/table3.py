@@ -44,6 +44,11 @@ ROWS = [
 ]
 
 
+# A run whose slowest 100-clock segment is this much slower than its median segment is
+# flagged: other work on the machine probably slowed it down for a while.
+DISTURBED = 1.25
+
+
 # --- divergence of the final replicas ----------------------------------------------------
 
 def compare(binary, a, b):
@@ -138,6 +143,24 @@ def analyse(path, target):
         "final_div": None,
     }
     r["other"] = r["clock"] - (r["compute"] + r["select"] + r["comm"] + r["update"] + r["wait"])
+    # Pace of 100-clock segments (plain clocks only; the first segment, with start-up, left
+    # out): a segment much slower than the others means other work shared the cores then.
+    segments = []
+    for begin in range(100, len(clocks), 100):
+        seg = [c["clock_seconds"] for c in clocks[begin:begin + 100]
+               if not (c.get("averaged") or c.get("rotated"))]
+        if len(seg) >= 50:
+            segments.append(statistics.fmean(seg))
+    r["seg_min"] = min(segments) if segments else None
+    r["seg_max"] = max(segments) if segments else None
+    r["seg_median"] = statistics.median(segments) if segments else None
+    r["disturbed"] = bool(segments) and r["seg_max"] > DISTURBED * r["seg_median"]
+    r["load"] = ""
+    log_path = path[: -len(".jsonl")] + ".log"
+    if os.path.exists(log_path):
+        with open(log_path) as f:
+            loads = re.findall(r"load average (before|after): ([0-9.]+)", f.read())
+        r["load"] = " → ".join(v for _, v in loads)
     div_path = path[: -len(".jsonl")] + ".divergence.json"
     if os.path.exists(div_path):
         with open(div_path) as f:
@@ -224,7 +247,8 @@ def report(args):
             f"| {spread([r['final'] for r in runs], lambda a: f'{a:.4f}')} "
             f"| {spread([r['best'] for r in runs], lambda a: f'{a:.4f}')} "
             f"| {spread([r['bytes_per_clock'] for r in runs], lambda b: f'{b / 1e6:.2f}')} "
-            f"| {spread([r['clock'] for r in runs], fmt_ms)} | {avg_div} | {proxy} | {paper} |")
+            f"| {spread([r['clock'] for r in runs], fmt_ms)}{' †' if any(r['disturbed'] for r in runs) else ''} "
+            f"| {avg_div} | {proxy} | {paper} |")
     lines.append("")
     lines.append("Flags on top of the common ones: " +
                  "; ".join(f"#{key[1:]} `{confs.get(key, '?')}`" for key, *_ in ROWS) + ".")
@@ -236,7 +260,9 @@ def report(args):
         "(the paper's Table 3 reports hours to convergence of MLR on 34 machines; its numbers are shown for the "
         "trend only). Final acc.: after the last clock (summary line); best acc.: the best eval. MB/clock: bytes "
         "sent by all ranks together per clock (summary `bytes_per_clock`). Mean clock ms: mean of "
-        "`clock_seconds` over all clocks (each clock's value is the mean over ranks).",
+        "`clock_seconds` over all clocks (each clock's value is the mean over ranks). † : the run was slowed down "
+        f"for part of its clocks (a 100-clock segment more than {DISTURBED:.2f}× slower than the run's median segment; "
+        "see the split table), most likely by other work on the machine, so its times are inflated.",
         "",
         "Test accuracy is the sum over ranks of each rank's replica scored on its own test shard. Evaluation "
         "runs after the clock's averaging, so in #5 and #6 (eval every 50 = average every 50) every eval scores "
@@ -302,27 +328,32 @@ def report(args):
         "### Mean clock time split (ms)",
         "",
         "| # | system | clock | plain clocks | averaging/rotation clocks | compute | select | comm | update | wait "
-        "| other | msgs/clock | max clock gap |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| other | msgs/clock | max clock gap | 100-clock segments: fastest / median / slowest | 1-min load before → after |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for key, system, _, _ in ROWS:
         runs = results.get(key) or []
         if not runs:
-            lines.append(f"| {key[1:]} | {system} | failed | | | | | | | | | | |")
+            lines.append(f"| {key[1:]} | {system} | failed | | | | | | | | | | | | |")
             continue
         cells = [spread([r[k] for r in runs], fmt_ms)
                  for k in ("clock", "clock_plain", "clock_coord", "compute", "select", "comm", "update", "wait",
                            "other")]
         lines.append(f"| {key[1:]} | {system} | {' | '.join(cells)} "
                      f"| {spread([r['messages_per_clock'] for r in runs], lambda m: f'{m:.1f}')} "
-                     f"| {max(r['max_gap'] for r in runs)} |")
+                     f"| {max(r['max_gap'] for r in runs)} "
+                     f"| {' / '.join(spread([r[k] for r in runs], fmt_ms) for k in ('seg_min', 'seg_median', 'seg_max'))}"
+                     f"{' †' if any(r['disturbed'] for r in runs) else ''} "
+                     f"| {'; '.join(r['load'] for r in runs)} |")
     lines += [
         "",
         "Phases (means over clocks of the per-rank means): compute (forward/backward and SV identification), "
         "select (JMCSS), comm (encode and send; under SSP also applying the batches that arrived meanwhile), "
         "update (own batch), wait (blocked on the staleness bound or on BSP), other (the rest, including the "
         "averaging allreduce and the rotation at coordination clocks). Max clock gap: the largest spread of "
-        "clocks between ranks.",
+        "clocks between ranks. 100-clock segments: mean time of the plain clocks of clocks 101–200, 201–300, …; "
+        "the fastest segment is the best estimate of an undisturbed run's pace. Load: the 1-minute load average "
+        "just before and after the run (the run itself puts 8 ranks on the cores).",
         "",
     ]
 

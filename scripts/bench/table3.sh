@@ -26,7 +26,8 @@
 #   WAIT_FOR [comm_codesign.sh]: before every run, wait (polling every 30 s) while a
 #   process whose command line contains this is running ('' disables),
 #   REUSE [0]: 1 keeps a run whose metrics file in RAW_DIR is complete and was made with
-#   the same command line (e.g. to redraw the report without retraining).
+#   the same command line (e.g. to redraw the report without retraining, or to retrain
+#   only the runs whose files were removed), NOTE ['']: a line added to the report's header.
 set -euo pipefail
 
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"  # ROOT, mpirun environment
@@ -47,6 +48,7 @@ RESULTS="${RESULTS:-$OUT_DIR/table3.md}"
 PNG="${PNG:-$OUT_DIR/table3.png}"
 WAIT_FOR="${WAIT_FOR-comm_codesign.sh}"
 REUSE="${REUSE:-0}"
+NOTE="${NOTE:-}"
 PYTHON=/usr/bin/python3
 # Open MPI refuses root without these (common.sh sets them too); one BLAS thread per rank.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -120,6 +122,8 @@ wait_for_cpu() {
 }
 
 FAILED=()
+TRAINED=0
+REUSED=0
 train() {  # key rep
   local key="$1" rep="$2"
   local base="$RAW_DIR/${key}__${rep}"
@@ -130,9 +134,11 @@ train() {  # key rep
   if [ "$REUSE" = 1 ] && complete "$base.jsonl" && [ -s "$base.divergence.json" ] && [ -f "$base.cmd" ] &&
       [ "$(cat "$base.cmd")" = "${cmd[*]}" ]; then
     say "  reusing $base.jsonl"
+    REUSED=$((REUSED + 1))
     return 0
   fi
   wait_for_cpu
+  TRAINED=$((TRAINED + 1))
   rm -f "$base.jsonl" "$base.divergence.json"
   echo "${cmd[*]}" >"$base.cmd"
   local replicas="$WORK/replicas"
@@ -191,7 +197,7 @@ if [ "$commit" != unknown ] && [ -n "$(git -C "$ROOT" status --porcelain --untra
 fi
 # The binary of every run (REUSE can mix runs of several invocations).
 binaries="$(for key in "${KEYS[@]}"; do for rep in $(seq 1 "$REPS"); do
-  sed -n 's/^binary sha256: //p' "$RAW_DIR/${key}__${rep}.log" 2>/dev/null | head -n 1; done; done | sort -u)"
+  sed -n 's/^binary sha256: //p' "$RAW_DIR/${key}__${rep}.log" 2>/dev/null | head -n 1 || true; done; done | sort -u)"
 if [ "$(printf '%s\n' "$binaries" | grep -c .)" -gt 1 ]; then
   binary_note="WARNING: the runs used different binaries: $(echo "$binaries" | paste -sd ';' | sed 's/;/; /g')"
 else
@@ -205,12 +211,20 @@ percent in time are within it; REPS=n repeats them, interleaved"
 else
   reps_note="$REPS per configuration, interleaved (r1 … r6, r1 … r6, …); medians with min–max"
 fi
+if [ "$TRAINED" -gt 0 ]; then
+  load_line="$load_start at start, $(cut -d' ' -f1-3 /proc/loadavg) at end; this invocation trained $TRAINED \
+runs in $((elapsed / 60)) min $((elapsed % 60)) s"
+  [ "$REUSED" = 0 ] || load_line="$load_line and reused $REUSED"
+else
+  load_line="not measured by this invocation, which only redrew the report from $REUSED earlier runs"
+fi
 runs_arg=()
 for key in "${KEYS[@]}"; do runs_arg+=(--conf "$key=${CONF[$key]}"); done
 
 "$PYTHON" "$ROOT/scripts/bench/table3.py" report \
   --raw "$RAW_DIR" --reps "$REPS" --target "$TARGET" --eval-every "$EVAL_EVERY" --out "$RESULTS" --png "$PNG" \
   "${runs_arg[@]}" \
+  ${NOTE:+--header "notes=$NOTE"} \
   --header "date=$(date -u '+%Y-%m-%d %H:%M UTC')" \
   --header "machine=${cpu:-unknown CPU}, $(nproc) cores, $(uname -sr)" \
   --header "ranks=np $NP (\`mpirun -np $NP --oversubscribe\`, $NP ranks on $(nproc) cores), batch $BATCH per rank, OPENBLAS_NUM_THREADS=1" \
@@ -220,8 +234,8 @@ for key in "${KEYS[@]}"; do runs_arg+=(--conf "$key=${CONF[$key]}"); done
   --header "data=Fashion-MNIST from $FASHION_MNIST (60,000 train, sharded over the ranks; 10,000 test, each rank scores the replica it holds on its test shard)" \
   --header "target=test accuracy ≥ $TARGET, checked every $EVAL_EVERY clocks" \
   --header "repetitions=$reps_note" \
-  --header "load average (1/5/15 min)=$load_start at start, $(cut -d' ' -f1-3 /proc/loadavg) at end; \
-training took $((elapsed / 60)) min $((elapsed % 60)) s; other work on the 2 cores (builds, other benchmarks) skews the timings"
+  --header "load average (1/5/15 min)=$load_line; \
+each run's load is in the split table; other work on the cores (builds, other benchmarks) skews the timings"
 say "wrote $RESULTS and $PNG; raw metrics in $RAW_DIR"
 if [ ${#FAILED[@]} -gt 0 ]; then
   say "failed runs: ${FAILED[*]} (logs in $RAW_DIR)"
