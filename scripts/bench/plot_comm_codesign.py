@@ -15,6 +15,8 @@ import os
 import statistics
 import sys
 
+from bench_metrics import read_metrics
+
 # Figure -> title, PNG name, rows (key, label), reference key of the bytes ratio.
 FIGURES = {
     "fig9": {
@@ -46,19 +48,6 @@ FIGURES = {
 SCHEDULE = {"drop_fixed": "fixed (DM)", "drop_ring": "ring (RRM)", "drop_random": "random (RM)"}
 
 
-def read_metrics(path):
-    clocks, summary = [], None
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            record = json.loads(line)
-            if record.get("summary"):
-                summary = record
-            elif "clock" in record:
-                clocks.append(record)
-    return clocks, summary
 
 
 def analyse(path, target, also=()):

@@ -13,23 +13,15 @@ import os
 import statistics
 import sys
 
+import bench_metrics
+
 SV_HEADER_BYTES = 64
 SV_MATRIX_ENTRY_BYTES = 32
 FLOAT_BYTES = 4
 
 
 def read_metrics(path):
-    clocks, summary = [], None
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            record = json.loads(line)
-            if record.get("summary"):
-                summary = record
-            elif "clock" in record:
-                clocks.append(record)
+    clocks, summary = bench_metrics.read_metrics(path)
     if summary is None:
         sys.exit(f"summarize: {path} has no summary line (did the run fail?)")
     return clocks, summary

@@ -33,6 +33,8 @@ import statistics
 import subprocess
 import sys
 
+from bench_metrics import read_metrics
+
 # key -> (paper's name of the system, what the row adds), paper's Table 3 MLR hours (34 machines).
 ROWS = [
     ("r1", "Matrix+PS → dense allreduce", "dense gradients, allreduce", 7.1),
@@ -96,19 +98,6 @@ def divergence(args):
 
 # --- report ----------------------------------------------------------------------------
 
-def read_metrics(path):
-    clocks, summary = [], None
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            record = json.loads(line)
-            if record.get("summary"):
-                summary = record
-            elif "clock" in record:
-                clocks.append(record)
-    return clocks, summary
 
 
 def analyse(path, target):

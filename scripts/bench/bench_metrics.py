@@ -1,0 +1,20 @@
+"""Reading the metrics files `orpheus train --metrics` writes, for the benchmark
+scripts beside this one: one JSON object per clock, then a summary line."""
+
+import json
+
+
+def read_metrics(path):
+    """Returns (per-clock records, summary record or None)."""
+    clocks, summary = [], None
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            record = json.loads(line)
+            if record.get("summary"):
+                summary = record
+            elif "clock" in record:
+                clocks.append(record)
+    return clocks, summary
