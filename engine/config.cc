@@ -15,6 +15,10 @@ void validate(const TrainConfig& c, int ranks) {
   }
   ORPHEUS_CHECK_INPUT(c.fanout >= 0 && (ranks == 1 || c.fanout <= ranks - 1),
                       "--fanout {} needs at most P-1 = {} peers (P = {} ranks)", c.fanout, ranks - 1, ranks);
+  ORPHEUS_CHECK_INPUT(c.targetAccuracy >= 0.0 && c.targetAccuracy <= 1.0, "--target-accuracy {} must be in [0, 1]",
+                      c.targetAccuracy);
+  ORPHEUS_CHECK_INPUT(c.targetAccuracy == 0.0 || (!c.test.empty() && c.evalEvery > 0),
+                      "--target-accuracy needs --test and --eval-every N > 0");
   ORPHEUS_CHECK_INPUT(c.staleness >= 0, "--staleness {} must be >= 0", c.staleness);
   ORPHEUS_CHECK_INPUT(c.dropLinks >= 0.0 && c.dropLinks < 1.0, "--drop-links {} must be in [0, 1)", c.dropLinks);
   ORPHEUS_CHECK_INPUT(c.failProb >= 0.0 && c.failProb < 1.0, "--fail-prob {} must be in [0, 1)", c.failProb);

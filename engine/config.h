@@ -50,6 +50,7 @@ struct TrainConfig {
   int delayRank = -1;      // testing aid: this rank sleeps delayMs every clock
   int delayMs = 0;
   int64_t evalEvery = 100;  // 0: only at the end
+  double targetAccuracy = 0.0;  // > 0: stop at the first eval clock whose test accuracy reaches it
   std::string metrics;
   std::string save;
   double timeoutSeconds = 300.0;

@@ -249,7 +249,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
 
   ckpt::ModelFileInfo info;
   info.modelSpec = model->spec();
-  info.clock = config.clocks;
+  info.clock = static_cast<int64_t>(worker.lastClock());
   info.seed = config.seed;
   info.features = features;
   info.classes = classes;
@@ -261,7 +261,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
     if (!config.save.empty()) ckpt::saveParams(config.save, worker.replica(), info);
     const EvalResult& eval = worker.lastEval();
     std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model->spec().c_str(), transport.size(),
-                static_cast<long long>(config.clocks), worker.trainSeconds());
+                static_cast<long long>(worker.lastClock()), worker.trainSeconds());
     if (haveTest && model->hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
     if (haveTest) std::printf(", test loss %.4f", eval.loss);
     std::printf("\n");

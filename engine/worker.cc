@@ -207,8 +207,8 @@ void Worker::svBroadcastClock(uint64_t clock, SvBatch& local, ClockStats& stats)
 
 void Worker::svMulticastClock(uint64_t clock, SvBatch& local, ClockStats& stats) {
   const SvBatch sent = toSend(config_, local, clock, transport_.rank(), stats);
-  const bool selecting = sent.numColumns() != local.numColumns() || !sent.matrices.empty() &&
-                                                                         sent.matrices[0].core.size() > 0;
+  const bool selecting = sent.numColumns() != local.numColumns() ||
+                         (!sent.matrices.empty() && sent.matrices[0].core.size() > 0);
 
   // Send S to this clock's peers of the schedule.
   auto t = Clock::now();
@@ -527,6 +527,8 @@ class MetricsAggregator {
     flush();
   }
   bool done() const { return next_ > clocks_; }
+  // The job stops early at `clock`: no records come after it.
+  void endAt(uint64_t clock) { clocks_ = clock; }
   uint64_t totalBytes() const { return totalBytes_; }
   uint64_t totalMessages() const { return totalMessages_; }
   double maxGap() const { return maxGapSeen_; }
@@ -634,6 +636,8 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   if (test_ != nullptr) initialEval = evaluate();
 
   double trainSeconds = 0.0;
+  uint64_t last = clocks;
+  bool stoppedAtTarget = false;
   for (uint64_t clock = first; clock <= clocks; ++clock) {
     const auto start = Clock::now();
     const double ckptWaitBefore = checkpointWaitSeconds();
@@ -670,13 +674,25 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     }
     const bool evalClock =
         clock == clocks || (config_.evalEvery > 0 && clock % static_cast<uint64_t>(config_.evalEvery) == 0);
+    bool reachedTarget = false;
     if (evalClock && test_ != nullptr) {
-      // Each rank scores its own replica on its own test shard: no collective here.
+      // Each rank scores its own replica on its own test shard: no collective here,
+      // unless the job stops at a target accuracy, which all ranks must agree on.
       const ops::EvalSums sums = evaluateLocal();
       r[kHasEval] = 1.0;
       r[kEvalLoss] = sums.lossSum;
       r[kEvalCorrect] = sums.correct;
       r[kEvalCount] = sums.count;
+      if (config_.targetAccuracy > 0.0) {
+        double v[2] = {sums.correct, sums.count};
+        transport_.controlSum(v);
+        reachedTarget = v[1] > 0 && v[0] / v[1] >= config_.targetAccuracy;
+      }
+    }
+    if (reachedTarget) {
+      last = clock;
+      stoppedAtTarget = true;
+      if (leader) aggregator.endAt(clock);
     }
     if (leader) {
       aggregator.add(r);
@@ -684,11 +700,13 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     } else {
       transport_.sendAsync(0, comm::Channel::kControl, encodeRecord(r));
     }
+    if (reachedTarget) break;
   }
 
   // Every batch addressed here applied, every send and metrics record delivered.
-  current_ = clocks;
-  drain(clocks);
+  lastClock_ = last;
+  current_ = last;
+  drain(last);
   if (log_) log_->flush();
   if (leader) {
     const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000));
@@ -708,7 +726,9 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   if (leader) {
     JsonLine summary;
     summary.add("summary", true)
-        .add("clocks", config_.clocks)
+        .add("clocks", last)
+        .add("clocks_planned", config_.clocks)
+        .add("reached_target", stoppedAtTarget)
         .add("ranks", transport_.size())
         .add("sync", toString(config_.sync))
         .add("model", model_.spec())
@@ -722,7 +742,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
         .add("seconds", trainSeconds)
         .add("bytes_sent", aggregator.totalBytes())
         .add("messages", aggregator.totalMessages())
-        .add("bytes_per_clock", config_.clocks > 0 ? static_cast<double>(aggregator.totalBytes()) / config_.clocks : 0.0)
+        .add("bytes_per_clock", static_cast<double>(aggregator.totalBytes()) / static_cast<double>(std::max<uint64_t>(1, last + 1 - first)))
         .add("max_clock_gap", static_cast<int64_t>(aggregator.maxGap()))
         .add("average_every", config_.averageEvery)
         .add("rotate_every", config_.rotateEvery)

@@ -86,6 +86,8 @@ class Worker {
   uint64_t clock() const { return clock_; }
   const EvalResult& lastEval() const { return lastEval_; }
   double trainSeconds() const { return trainSeconds_; }
+  // The last clock run: config.clocks, or the clock that reached --target-accuracy.
+  uint64_t lastClock() const { return lastClock_; }
   // True when batches travel point to point (multicast, SSP, link failures).
   bool pointToPoint() const { return pointToPoint_; }
 
@@ -134,6 +136,7 @@ class Worker {
   uint64_t sentThrough_ = 0;  // the newest clock this rank has sent
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
+  uint64_t lastClock_ = 0;
   int replicaId_ = 0;
   std::function<void()> idle_;  // run() on rank 0: collects metrics while waiting
   // The incremental SV checkpoint: every group of batches applied to the replica.

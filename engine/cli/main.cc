@@ -175,6 +175,10 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--eval-every", c.evalEvery, "Evaluate on the test data every N clocks (0: only at the end)")
       ->capture_default_str()
       ->check(atLeast(0));
+  cmd.add_option("--target-accuracy", c.targetAccuracy,
+                 "Stop at the first eval clock whose test accuracy (all ranks' shards) reaches this; "
+                 "that eval is then a collective")
+      ->check(atLeast(0));
   cmd.add_option("--metrics", c.metrics, "Write per-clock metrics as JSON lines to this file (rank 0)");
   cmd.add_option("--save", c.save, "Save the final parameters to this HDF5 file (rank 0)");
   cmd.add_option("--timeout", c.timeoutSeconds, "Seconds any wait for a peer may take before the job fails")

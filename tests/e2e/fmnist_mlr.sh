@@ -15,3 +15,20 @@ echo "$line"
 want=$(grep '"summary": true' "$out/metrics.jsonl" | sed -E 's/.*"test_accuracy": ([0-9.]+).*/\1/')
 got=$(echo "$line" | sed -E 's/.*"test_accuracy": ([0-9.]+).*/\1/')
 [ "$want" = "$got" ] || { echo "eval accuracy $got differs from training's $want"; exit 1; }
+
+# --target-accuracy: the job stops at the first eval clock that reaches it, on every
+# rank alike (SSP, so the ranks are not in lockstep when they agree).
+"$mpiexec" -n 4 --oversubscribe "$orpheus" train --train "$data/train-images-idx3-ubyte.gz" \
+  --test "$data/t10k-images-idx3-ubyte.gz" --clocks 1000 --batch 100 --eval-every 50 \
+  --consistency ssp --staleness 2 --target-accuracy 0.80 --progress off --metrics "$out/target.jsonl"
+summary=$(tail -n 1 "$out/target.jsonl")
+echo "$summary"
+echo "$summary" | grep -q '"reached_target": true' || { echo "target 0.80 not reported as reached"; exit 1; }
+stop=$(echo "$summary" | sed -E 's/.*"clocks": ([0-9]+).*/\1/')
+[ "$stop" -lt 1000 ] && [ $((stop % 50)) -eq 0 ] || { echo "stopped at clock $stop"; exit 1; }
+# The stopping clock's eval reached the target; no earlier eval did.
+grep -E '"clock": [0-9]+,' "$out/target.jsonl" | grep test_accuracy |
+  sed -E 's/.*"clock": ([0-9]+),.*"test_accuracy": ([0-9.]+).*/\1 \2/' |
+  awk -v stop="$stop" '$1 < stop && $2 >= 0.80 { bad = 1 } $1 == stop && $2 >= 0.80 { ok = 1 }
+                       END { if (bad || !ok) { print "evals disagree with the stop at " stop; exit 1 } }'
+[ "$(grep -c '"clock"' "$out/target.jsonl")" -eq "$stop" ] || { echo "expected $stop clock lines"; exit 1; }
