@@ -16,6 +16,8 @@ PACKAGES=(
   libopenblas-dev
   zlib1g-dev
   dataset-fashion-mnist
+  iproute2                                # scripts/netcluster.sh (namespaces, veths, tc)
+  python3-torch libopenblas0-pthread      # scripts/bench/ddp_fmnist.py, the DDP baseline
 )
 
 missing=()
