@@ -643,7 +643,9 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     const double ckptWaitBefore = checkpointWaitSeconds();
     const data::Batch batch = queue.next();
     const ClockStats stats = runClock(clock, batch);
+    const uint64_t bytesBefore = transport_.counters().bytesSent;
     const Coordination coordination = coordinate(clock);
+    const uint64_t coordinationBytes = transport_.counters().bytesSent - bytesBefore;  // averaging, rotation
     if (log_) log_->endClock(clock);
     if (config_.ckptMatrix && clock % static_cast<uint64_t>(config_.ckptEvery) == 0) writeMatrixCheckpoint(clock);
     const bool failed = maybeFail(clock);
@@ -654,7 +656,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     r[kClock] = static_cast<double>(clock);
     r[kSeconds] = leader ? trainSeconds : 0.0;
     r[kLoss] = stats.loss;
-    r[kBytes] = static_cast<double>(stats.bytesSent);
+    r[kBytes] = static_cast<double>(stats.bytesSent + coordinationBytes);
     r[kMessages] = static_cast<double>(stats.messages);
     r[kCompute] = stats.computeSeconds;
     r[kComm] = stats.commSeconds;

@@ -18,7 +18,8 @@
 # Usage: scripts/bench/table3.sh
 # Environment (defaults in brackets): NP [8], REPS [1] runs per configuration, interleaved
 #   (r1 … r6, r1 … r6, …), CLOCKS [1000], EVAL_EVERY [50], BATCH [100] per rank,
-#   TARGET [0.85] test accuracy, ORPHEUS [build-dev/engine/orpheus] and
+#   TARGET [0.85] test accuracy, STOP [1]: 1 ends each run at its first eval clock that
+#   reaches TARGET (--target-accuracy), so CLOCKS is only a cap, ORPHEUS [build-dev/engine/orpheus] and
 #   COMPARE [build-dev/tests/compare_params] (copied at the start, never rebuilt here),
 #   FASHION_MNIST [/usr/share/datasets/fashion-mnist], OUT_DIR [scripts/bench/results],
 #   RAW_DIR [$OUT_DIR/table3_raw] metrics, logs, command lines and replica divergences,
@@ -39,6 +40,7 @@ CLOCKS="${CLOCKS:-1000}"
 EVAL_EVERY="${EVAL_EVERY:-50}"
 BATCH="${BATCH:-100}"
 TARGET="${TARGET:-0.85}"
+STOP="${STOP:-1}"
 ORPHEUS_BUILT="${ORPHEUS:-$ROOT/build-dev/engine/orpheus}"
 COMPARE_BUILT="${COMPARE:-$ROOT/build-dev/tests/compare_params}"
 FASHION_MNIST="${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}"
@@ -105,6 +107,7 @@ mkdir -p "$RAW_DIR" "$OUT_DIR"
 COMMON=(--model examples/mlp.loss --train "$FMNIST_TRAIN" --test "$FMNIST_TEST"
   --batch "$BATCH" --clocks "$CLOCKS" --eval-every "$EVAL_EVERY" --seed 1
   --progress off --log-level warn)
+[ "$STOP" = 1 ] && COMMON+=(--target-accuracy "$TARGET")
 MPIRUN=(mpirun -np "$NP" --oversubscribe)
 
 # A complete metrics file ends with the summary line.

@@ -1,0 +1,702 @@
+#!/usr/bin/python3
+"""The benchmark harness: runs configurations in turn (interleaved A B A B, several
+repetitions), reads the metrics JSON lines every run writes (`orpheus train
+--metrics`, or ddp_fmnist.py's in the same format), and writes a markdown table
+(median and spread over repetitions) and a PNG plot (matplotlib).
+
+A suite is a list of groups; a group is a network (loopback or an emulated cluster
+made by scripts/netcluster.sh) and a workload, and holds configurations that are
+compared with each other in the same group: ratios are always taken inside one
+group, from runs interleaved in the same invocation.
+
+Suites (scripts/bench/run.sh SUITE calls this file):
+  vs-ddp   PyTorch DDP against Orpheus dense, SV broadcast and its best settings, on
+           loopback and on emulated 1 and 10 Gbit/s clusters (np 4; MLR and the
+           784-2048-2048-10 MLP).
+  table4   the Orpheus paper's Table 4: time to target with no checkpoint, matrix
+           checkpoint, SV checkpoint, and recovery from failures with each (np 4, MLP),
+           plus bytes written per clock and restore time against T.
+
+Standard library plus matplotlib (Debian's python3-matplotlib, for the plot only).
+"""
+
+import argparse
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import bench_metrics  # noqa: E402
+
+PYTHON = "/usr/bin/python3"
+NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
+FMNIST = os.environ.get("FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+TRAIN = os.path.join(FMNIST, "train-images-idx3-ubyte.gz")
+TEST = os.path.join(FMNIST, "t10k-images-idx3-ubyte.gz")
+SV_HEADER_BYTES = 64
+SV_MATRIX_ENTRY_BYTES = 32
+FLOAT = 4
+
+
+def say(*args):
+    print("bench:", *args, file=sys.stderr, flush=True)
+
+
+# --- workloads and their analytic byte counts ------------------------------------------
+
+class Workload:
+    """A model on Fashion-MNIST: its .loss file (or 'mlr'), the DDP equivalent and its
+    matrices (rows, cols, has bias) for the analytic byte counts."""
+
+    def __init__(self, name, orpheus_model, ddp_args, matrices, target):
+        self.name, self.orpheus_model, self.ddp_args = name, orpheus_model, ddp_args
+        self.matrices, self.target = matrices, target
+
+    def params(self):
+        return sum(r * c + (r if bias else 0) for r, c, bias in self.matrices)
+
+
+def mlp(hidden, loss_file):
+    return Workload(f"mlp-{hidden}", os.path.join(ROOT, "examples", loss_file),
+                    ["--model", "mlp", "--hidden", str(hidden)],
+                    [(hidden, 784, True), (hidden, hidden, True), (10, hidden, True)], 0.85)
+
+
+WORKLOADS = {
+    "mlr": Workload("mlr", "mlr", ["--model", "mlr"], [(10, 784, True)], 0.82),
+    "mlp": mlp(1024, "mlp.loss"),
+    "mlp-wide": mlp(2048, "mlp_wide.loss"),
+}
+
+
+def flag(flags, name, default=None):
+    if name in flags:
+        return flags[flags.index(name) + 1]
+    return default
+
+
+def sv_batch_bytes(workload, n, core):
+    size = SV_HEADER_BYTES + SV_MATRIX_ENTRY_BYTES * len(workload.matrices) + FLOAT * n
+    for rows, cols, bias in workload.matrices:
+        size += FLOAT * (rows + cols) * n
+        if core:
+            size += FLOAT * n * n + (FLOAT * n if bias else 0)
+    return size
+
+
+def analytic_bytes_per_clock(config, workload, np_, batch):
+    """Bytes all ranks together send per clock, as the runs count them: ring all-reduce
+    (2(P-1)/P of the payload per rank) for dense and DDP, the SV batches of the
+    multicast schedule otherwise, plus averaging (an all-reduce) and rotation (every
+    replica one step along the ring) spread over their periods."""
+    payload = FLOAT * workload.params()
+    ring = 2 * (np_ - 1) * payload
+    if config.kind == "ddp" or flag(config.flags, "--sync", "sv") == "dense":
+        return ring
+    select = int(flag(config.flags, "--select", "0"))
+    n = select if select > 0 else batch
+    fanout = int(flag(config.flags, "--fanout", "0")) or np_ - 1
+    if flag(config.flags, "--multicast", "all") == "all":
+        fanout = np_ - 1
+    total = np_ * fanout * sv_batch_bytes(workload, n, select > 0)
+    every = int(flag(config.flags, "--average-every", "0"))
+    if every > 0:
+        total += ring / every
+    rotate = int(flag(config.flags, "--rotate-every", "0"))
+    if rotate > 0:
+        total += np_ * payload / rotate  # every rank passes its whole replica on
+    return total
+
+
+# --- configurations and networks ------------------------------------------------------
+
+class Config:
+    def __init__(self, key, label, kind, flags=(), note=""):
+        self.key, self.label, self.kind, self.flags, self.note = key, label, kind, list(flags), note
+
+    def describe(self):
+        if self.kind == "ddp":
+            return "PyTorch DDP (gloo), SGD"
+        return "`" + " ".join(self.flags) + "`"
+
+
+class Network:
+    """Loopback (rate None) or an emulated cluster of np hosts from netcluster.sh."""
+
+    def __init__(self, name, rate=None, delay=None):
+        self.name, self.rate, self.delay = name, rate, delay
+        self.mpirun_args = []
+
+    @property
+    def emulated(self):
+        return self.rate is not None
+
+    def describe(self):
+        if not self.emulated:
+            return "loopback (one kernel; Open MPI shared memory, gloo over 127.0.0.1)"
+        return (f"emulated cluster: one network namespace per rank, each link limited to {self.rate} "
+                f"(tbf) with {self.delay} one-way delay, Open MPI over TCP (btl tcp,self)")
+
+    def up(self, np_):
+        if not self.emulated:
+            return
+        subprocess.run([NETCLUSTER, "up", str(np_), "--rate", self.rate, "--delay", self.delay], check=True)
+        out = subprocess.run([NETCLUSTER, "mpirun-args"], check=True, capture_output=True, text=True).stdout
+        self.mpirun_args = shlex.split(out)
+
+    def down(self):
+        if self.emulated:
+            subprocess.run([NETCLUSTER, "down"], check=False)
+
+    def tx_bytes(self):
+        if not self.emulated:
+            return None
+        out = subprocess.run([NETCLUSTER, "tx-bytes"], capture_output=True, text=True).stdout.strip()
+        return int(out) if out.isdigit() else None
+
+
+NETWORKS = {
+    "loopback": Network("loopback"),
+    "1gbit": Network("1gbit", "1gbit", "0.1ms"),
+    "10gbit": Network("10gbit", "10gbit", "0.1ms"),
+}
+
+
+# --- running ----------------------------------------------------------------------------
+
+class Runner:
+    def __init__(self, args, work):
+        self.args, self.work = args, work
+        self.binary = os.path.join(work, "orpheus")
+        shutil.copy2(args.orpheus, self.binary)  # a rebuild during the suite cannot mix binaries
+        with open(self.binary, "rb") as f:
+            self.binary_sha = hashlib.sha256(f.read()).hexdigest()[:12]
+        self.binary_built = datetime.datetime.utcfromtimestamp(os.path.getmtime(args.orpheus))
+        self.port = 29500
+
+    def common(self, workload, batch, clocks, extra_orpheus=()):
+        a = self.args
+        return ["--model", workload.orpheus_model, "--train", TRAIN, "--test", TEST, "--batch", str(batch),
+                "--lr", str(a.lr), "--clocks", str(clocks), "--eval-every", str(a.eval_every), "--seed", "1",
+                "--target-accuracy", str(workload.target), "--progress", "off", "--log-level", "warn",
+                *extra_orpheus]
+
+    def command(self, config, network, workload, np_, metrics, extra=()):
+        a = self.args
+        if config.kind == "orpheus":
+            return [["mpirun", "-np", str(np_), "--oversubscribe", *network.mpirun_args, self.binary, "train",
+                     *self.common(workload, a.batch, a.clocks), *config.flags, *extra, "--metrics", metrics]]
+        ddp = [PYTHON, os.path.join(HERE, "ddp_fmnist.py"), *workload.ddp_args, "--data", FMNIST,
+               "--batch", str(a.batch), "--lr", str(a.lr), "--clocks", str(a.clocks),
+               "--eval-every", str(a.eval_every), "--target-accuracy", str(workload.target), "--seed", "1",
+               "--metrics", metrics]
+        if not network.emulated:
+            return [ddp + ["--np", str(np_)]]
+        self.port += 1
+        master = f"198.18.0.1:{self.port}"
+        return [[NETCLUSTER, "exec", str(r), *ddp, "--rank", str(r), "--world-size", str(np_),
+                 "--master", master, "--ifname", "eth0"] for r in range(np_)]
+
+    def run(self, commands, log_path, limit):
+        """Runs the processes (one job), killing them all at the time limit. Returns
+        (exit code, timed out, wall seconds)."""
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        start = time.monotonic()
+        procs = []
+        with open(log_path, "a") as log:
+            for cmd in commands:
+                log.write("$ " + shlex.join(cmd) + "\n")
+                log.flush()
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                              start_new_session=True, cwd=ROOT))
+            timed_out = False
+            try:
+                for p in procs:
+                    left = limit - (time.monotonic() - start)
+                    p.wait(timeout=max(left, 0.1))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                kill_all(procs)
+        rc = max((p.returncode or 0) for p in procs) if not timed_out else 124
+        return rc, timed_out, time.monotonic() - start
+
+
+def kill_all(procs):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+        deadline = time.monotonic() + 5
+        for p in alive:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+
+
+# --- reading a run ----------------------------------------------------------------------
+
+def analyse(path, target):
+    """What one run achieved, from its metrics file (complete or cut off)."""
+    if not os.path.exists(path):
+        return None
+    clocks, summary = bench_metrics.read_metrics(path)
+    if not clocks:
+        return None
+    evals = [(c["clock"], c["seconds"], c["test_accuracy"]) for c in clocks if "test_accuracy" in c]
+    hit = next(((c, s, acc) for c, s, acc in evals if acc >= target), None)
+
+    def mean(key):
+        values = [c[key] for c in clocks if key in c]
+        return statistics.fmean(values) if values else None
+
+    return {
+        "clocks_run": clocks[-1]["clock"],
+        "seconds_run": clocks[-1]["seconds"],
+        "clocks_to_target": hit[0] if hit else None,
+        "seconds_to_target": hit[1] if hit else None,
+        "best_accuracy": max((acc for _, _, acc in evals), default=None),
+        "final_accuracy": evals[-1][2] if evals else None,
+        "bytes_per_clock": mean("bytes_sent"),
+        "clock_ms": 1e3 * statistics.median(c["clock_seconds"] for c in clocks),
+        "compute_ms": ms(mean("compute_seconds")),
+        "comm_ms": ms(mean("comm_seconds")),
+        "update_ms": ms(mean("update_seconds")),
+        "wait_ms": ms(mean("wait_seconds")),
+        "ckpt_wait_ms": ms(mean("ckpt_wait_seconds")),
+        "failures": sum(c.get("failures", 0) for c in clocks),
+        "lost_clocks": sum(c.get("lost_clocks", 0) for c in clocks),
+        "complete": summary is not None,
+        "summary": summary or {},
+        "curve": [(s, acc, c) for c, s, acc in evals],
+    }
+
+
+def ms(seconds):
+    return None if seconds is None else 1e3 * seconds
+
+
+# --- the report -------------------------------------------------------------------------
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def spread(values, fmt):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    m = fmt(statistics.median(values))
+    if len(values) == 1:
+        return m
+    return f"{m} [{fmt(min(values))}–{fmt(max(values))}]"
+
+
+def f0(v):
+    return f"{v:.0f}"
+
+
+def f1(v):
+    return f"{v:.1f}"
+
+
+def f2(v):
+    return f"{v:.2f}"
+
+
+def f4(v):
+    return f"{v:.4f}"
+
+
+def fbytes(b):
+    if b is None:
+        return "—"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def versions(kinds):
+    lines = []
+    cpu = "unknown CPU"
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    lines.append(f"- **machine:** {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+                 f"{round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GiB")
+    mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()
+    lines.append(f"- **MPI:** {mpi[0] if mpi else 'unknown'}")
+    if "ddp" in kinds:
+        torch = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                               text=True).stdout.strip()
+        lines.append(f"- **PyTorch:** {torch or 'unknown'} (Debian python3-torch, gloo backend, "
+                     "OpenBLAS, one thread per process)")
+    return lines
+
+
+def report(args, suite, groups, results, runner, started, extra_sections=()):
+    kinds = {c.kind for g in groups for c in g.configs}
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    out = [f"## Benchmark `{suite}` ({datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC)", ""]
+    out.append(f"- **date:** runs of {started:%Y-%m-%d %H:%M}–{datetime.datetime.utcnow():%H:%M} UTC")
+    out += versions(kinds)
+    out.append(f"- **Orpheus:** Release binary sha256 {runner.binary_sha}, built "
+               f"{runner.binary_built:%Y-%m-%d %H:%M} UTC, HEAD {commit}")
+    out.append(f"- **runs:** np {args.np}, batch {args.batch} per rank, lr {args.lr}, eval every "
+               f"{args.eval_every} clocks (evaluation time excluded on both sides), at most {args.clocks} clocks "
+               f"and {args.time_limit} s per run, {args.reps} repetition(s) per configuration, interleaved")
+    load = open("/proc/loadavg").read().split()[:3]
+    out.append(f"- **load average at the end:** {' '.join(load)} (other work on the cores skews timings)")
+    if args.note:
+        out.append(f"- **note:** {args.note}")
+    out.append("")
+    for g in groups:
+        out += group_table(args, g, results)
+    out += list(extra_sections)
+    return "\n".join(out) + "\n"
+
+
+def group_table(args, g, results):
+    w = g.workload
+    ref = g.configs[0]
+    ref_seconds = med([r["seconds_to_target"] for r in results.get((g.key, ref.key), []) if r])
+    out = [f"### {g.title}", "", f"Network: {g.network.describe()}. Target: test accuracy ≥ {w.target}.", ""]
+    head = ("| configuration | clocks to target | seconds to target | ratio to "
+            f"{ref.key} | final acc. | bytes/clock measured | analytic | measured/analytic |")
+    sep = "|---|---:|---:|---:|---:|---:|---:|---:|"
+    if g.network.emulated:
+        head += " wire bytes/clock |"
+        sep += "---:|"
+    head += " ms/clock | compute / comm / update / wait ms |"
+    sep += "---:|---|"
+    for col in g.extra_columns:
+        head += f" {col[0]} |"
+        sep += "---:|"
+    out += [head, sep]
+    for c in g.configs:
+        runs = [r for r in results.get((g.key, c.key), []) if r]
+        if not runs:
+            out.append(f"| {c.label} | failed | | | | | | |")
+            continue
+        reached = [r for r in runs if r["seconds_to_target"] is not None]
+        if len(reached) == len(runs):
+            clocks = spread([r["clocks_to_target"] for r in runs], f0)
+            secs = spread([r["seconds_to_target"] for r in runs], f1)
+            mine = med([r["seconds_to_target"] for r in runs])
+            ratio = f"{ref_seconds / mine:.2f}×" if ref_seconds and mine else "—"
+        else:
+            best = max(r["best_accuracy"] or 0 for r in runs)
+            clocks = (f"not reached in {len(runs) - len(reached)}/{len(runs)} runs "
+                      f"(≤ {max(r['clocks_run'] for r in runs)} clocks, best {best:.4f})")
+            secs = f"> {min(r['seconds_run'] for r in runs):.1f}"
+            ratio = (f"< {ref_seconds / min(r['seconds_run'] for r in runs):.2f}×" if ref_seconds else "—")
+        measured = med([r["bytes_per_clock"] for r in runs])
+        analytic = analytic_bytes_per_clock(c, w, args.np, args.batch)
+        fraction = f"{measured / analytic:.3f}" if measured and analytic else "—"
+        row = (f"| {c.label} | {clocks} | {secs} | {ratio} | {spread([r['final_accuracy'] for r in runs], f4)} "
+               f"| {fbytes(measured)} | {fbytes(analytic)} | {fraction} |")
+        if g.network.emulated:
+            row += f" {fbytes(med([r.get('wire_bytes_per_clock') for r in runs]))} |"
+        parts = [med([r[k] for r in runs]) for k in ("compute_ms", "comm_ms", "update_ms", "wait_ms")]
+        breakdown = " / ".join("—" if p is None else f"{p:.1f}" for p in parts)
+        row += f" {spread([r['clock_ms'] for r in runs], f1)} | {breakdown} |"
+        for col in g.extra_columns:
+            row += f" {col[1](runs)} |"
+        out.append(row)
+    out.append("")
+    out.append("Configurations: " + "; ".join(f"**{c.label}** {c.describe()}" for c in g.configs) + ".")
+    out.append("")
+    return out
+
+
+def plot(path, groups, results):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("matplotlib missing: no plot (apt-get install python3-matplotlib)")
+        return
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.2), squeeze=False)
+    for ax, g in zip(axes[0], groups):
+        for c in g.configs:
+            runs = [r for r in results.get((g.key, c.key), []) if r]
+            if not runs:
+                continue
+            curve = runs[0]["curve"]
+            ax.plot([s for s, _, _ in curve], [a for _, a, _ in curve], marker=".", label=c.label)
+        ax.axhline(g.workload.target, color="grey", lw=0.8, ls="--")
+        ax.set_title(g.title, fontsize=9)
+        ax.set_xlabel("training seconds (evaluation excluded)")
+        ax.set_ylabel("test accuracy")
+        ax.set_ylim(max(0.5, g.workload.target - 0.15), g.workload.target + 0.04)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    say(f"plot: {path}")
+
+
+# --- suites -----------------------------------------------------------------------------
+
+class Group:
+    def __init__(self, key, title, network, workload, configs, extra_columns=()):
+        self.key, self.title, self.network, self.workload = key, title, network, workload
+        self.configs, self.extra_columns = configs, list(extra_columns)
+
+
+def vs_ddp_groups(args):
+    best = {
+        "mlr": ["--sync", "dense"],
+        "mlp": ["--sync", "sv", "--select", "25", "--consistency", "ssp", "--staleness", "4",
+                "--average-every", "50"],
+        "mlp-wide": ["--sync", "sv", "--select", "25", "--consistency", "ssp", "--staleness", "4",
+                     "--average-every", "50"],
+    }
+    groups = []
+    for net_name in args.networks:
+        network = NETWORKS[net_name]
+        for wname in args.models:
+            w = WORKLOADS[wname]
+            configs = [
+                Config("ddp", "PyTorch DDP", "ddp"),
+                Config("dense", "Orpheus dense", "orpheus", ["--sync", "dense"]),
+                Config("svb", "Orpheus SV broadcast", "orpheus", ["--sync", "sv"]),
+                Config("best", "Orpheus best", "orpheus", best[wname]),
+            ]
+            if wname == "mlr":
+                configs = [c for c in configs if c.key != "best"]  # dense is MLR's best (J = 10)
+            groups.append(Group(f"{net_name}/{wname}", f"{w.name}, {network.name}, np {args.np}", network, w,
+                                configs))
+    return groups
+
+
+def table4_groups(args):
+    w = WORKLOADS["mlp"]
+    base = ["--sync", "sv", "--select", "25", "--average-every", "50"]
+    every = str(args.ckpt_every)
+    configs = [
+        Config("none", "no checkpoint", "orpheus", base),
+        Config("matrix", f"matrix checkpoint every {every}", "orpheus",
+               base + ["--ckpt", "matrix", "--ckpt-every", every, "--ckpt-dir", "{ckpt}"]),
+        Config("sv", "SV checkpoint (ISVC)", "orpheus", base + ["--ckpt", "sv", "--ckpt-dir", "{ckpt}"]),
+        Config("matrix-rec", f"matrix recovery, p = {args.fail_prob}", "orpheus",
+               base + ["--ckpt", "matrix", "--ckpt-every", every, "--ckpt-dir", "{ckpt}",
+                       "--fail-prob", str(args.fail_prob)]),
+        Config("sv-rec", f"SV recovery, p = {args.fail_prob}", "orpheus",
+               base + ["--ckpt", "sv", "--ckpt-dir", "{ckpt}", "--fail-prob", str(args.fail_prob)]),
+    ]
+
+    def written(runs):
+        return fbytes(med([r.get("ckpt_bytes_per_clock") for r in runs]))
+
+    def failures(runs):
+        f = med([r["failures"] for r in runs])
+        lost = med([r["lost_clocks"] for r in runs])
+        return "—" if not f else f"{f:.0f} ({lost:.0f} clocks lost)"
+
+    def vs_none(runs):
+        return spread([r.get("clock_ratio") for r in runs], lambda v: f"{v:.3f}×")
+
+    return [Group("loopback/mlp", f"{w.name}, loopback, np {args.np}: checkpoint and recovery",
+                  NETWORKS["loopback"], w, configs,
+                  [("checkpoint bytes written/clock", written), ("failures (clocks lost)", failures),
+                   ("ms/clock vs none (same rep)", vs_none)])]
+
+
+def restore_section(args, runner, work):
+    """restore(T) time with and without snapshots, from two SV-logged runs of the same job."""
+    w = WORKLOADS["mlp"]
+    clocks = args.restore_clocks
+    rows = []
+    for snapshots in (True, False):
+        ckpt = os.path.join(work, f"restore-{'snap' if snapshots else 'nosnap'}")
+        shutil.rmtree(ckpt, ignore_errors=True)
+        # Snapshots are taken at averaging barriers; without averaging, replay starts at W0.
+        flags = ["--sync", "sv", "--select", "25", "--ckpt", "sv", "--ckpt-dir", ckpt]
+        if snapshots:
+            flags += ["--average-every", "50"]
+        cmd = ["mpirun", "-np", str(args.np), "--oversubscribe", runner.binary, "train",
+               *runner.common(w, args.batch, clocks), *flags]
+        cmd[cmd.index("--target-accuracy") + 1] = "0"
+        rc, _, _ = runner.run([cmd], os.path.join(args.raw, "restore-train.log"), args.time_limit)
+        if rc != 0:
+            say(f"restore: training for the restore timings failed (see {args.raw}/restore-train.log)")
+            return []
+        times = []
+        for t in range(clocks // 4, clocks + 1, clocks // 4):
+            start = time.monotonic()
+            r = subprocess.run([runner.binary, "restore", "--ckpt-dir", ckpt, "--clock", str(t), "--out",
+                                os.path.join(work, "restored.h5")], capture_output=True, text=True)
+            times.append((t, time.monotonic() - start if r.returncode == 0 else None))
+        rows.append(times)
+        shutil.rmtree(ckpt, ignore_errors=True)
+    out = ["### restore(T): seconds to rebuild replica 0 at clock T", "",
+           f"Two runs of {clocks} clocks ({w.name}, np {args.np}, `--sync sv --select 25 --ckpt sv`), one with "
+           "`--average-every 50` and a snapshot at every averaging barrier, one without averaging and so without "
+           "snapshots (restore replays the log from W₀, generated from the seed). One `orpheus restore` process "
+           "per T, wall time including start-up and reading the files.", "",
+           "| T | with snapshots s | without snapshots s |", "|---:|---:|---:|"]
+    for (t, a), (_, b) in zip(*rows):
+        out.append(f"| {t} | {'failed' if a is None else f'{a:.2f}'} | {'failed' if b is None else f'{b:.2f}'} |")
+    out.append("")
+    return out
+
+
+def dir_bytes(path):
+    total = 0
+    for base, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(base, name))
+    return total
+
+
+# --- main -------------------------------------------------------------------------------
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", choices=["vs-ddp", "table4"])
+    p.add_argument("--orpheus", default=os.path.join(ROOT, "build-release", "engine", "orpheus"))
+    p.add_argument("--np", type=int, default=4)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--batch", type=int, default=100)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--clocks", type=int, default=3000, help="cap on clocks per run (runs stop at the target)")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--time-limit", type=int, default=900, help="seconds per run before it is cut off")
+    p.add_argument("--networks", default="loopback,1gbit,10gbit")
+    p.add_argument("--models", default="mlr,mlp-wide")
+    p.add_argument("--only", default="", help="comma-separated configuration keys to run (default: all)")
+    p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--fail-prob", type=float, default=0.01)
+    p.add_argument("--restore-clocks", type=int, default=400)
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--name", default="", help="report name (default: the suite's)")
+    p.add_argument("--note", default="")
+    args = p.parse_args()
+    args.networks = [n for n in args.networks.split(",") if n]
+    args.models = [m for m in args.models.split(",") if m]
+    for n in args.networks:
+        if n not in NETWORKS:
+            sys.exit(f"bench: unknown network '{n}' (known: {', '.join(NETWORKS)})")
+    for m in args.models:
+        if m not in WORKLOADS:
+            sys.exit(f"bench: unknown model '{m}' (known: {', '.join(WORKLOADS)})")
+    if not os.access(args.orpheus, os.X_OK):
+        sys.exit(f"bench: missing {args.orpheus} (scripts/run.sh builds it)")
+    name = args.name or args.suite
+    args.raw = os.path.join(args.out, f"{name}_raw")
+    os.makedirs(args.raw, exist_ok=True)
+
+    groups = vs_ddp_groups(args) if args.suite == "vs-ddp" else table4_groups(args)
+    only = [k for k in args.only.split(",") if k]
+    if only:
+        for g in groups:
+            g.configs = [c for c in g.configs if c.key in only]
+    if any(g.network.emulated for g in groups) and os.geteuid() != 0:
+        say("the emulated cluster needs root: running on loopback only")
+        groups = [g for g in groups if not g.network.emulated]
+
+    # A signal ends the suite through the finally blocks below: processes killed, network down.
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupted)
+
+    work = tempfile.mkdtemp(prefix="orpheus-bench-")
+    runner = Runner(args, work)
+    started = datetime.datetime.utcnow()
+    results = {}
+    extra = []
+    try:
+        by_network = {}
+        for g in groups:
+            by_network.setdefault(g.network.name, []).append(g)
+        for net_name, net_groups in by_network.items():
+            network = net_groups[0].network
+            say(f"network {net_name}: {network.describe()}")
+            network.up(args.np)
+            try:
+                for rep in range(1, args.reps + 1):
+                    for g in net_groups:
+                        run_group_rep(args, runner, work, g, rep, results)
+            finally:
+                network.down()
+        if args.suite == "table4":
+            extra = restore_section(args, runner, work)
+    except KeyboardInterrupt as e:
+        say(f"interrupted ({e}); reporting what finished")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = report(args, args.suite, groups, results, runner, started, extra)
+    md = os.path.join(args.out, f"{name}.md")
+    with open(md, "w") as f:
+        f.write(text)
+    with open(os.path.join(args.raw, "results.json"), "w") as f:
+        json.dump({f"{k[0]}|{k[1]}": v for k, v in results.items()}, f, indent=1, default=str)
+    print(text)
+    plot(os.path.join(args.out, f"{name}.png"), groups, results)
+
+
+def run_group_rep(args, runner, work, g, rep, results):
+    none_ms = None
+    for c in g.configs:
+        base = os.path.join(args.raw, f"{g.key.replace('/', '_')}__{c.key}__{rep}")
+        metrics = base + ".jsonl"
+        ckpt = os.path.join(work, "ckpt")
+        shutil.rmtree(ckpt, ignore_errors=True)
+        config = Config(c.key, c.label, c.kind, [f.replace("{ckpt}", ckpt) for f in c.flags])
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(metrics)
+        with open(base + ".log", "w") as log:
+            log.write(f"load average before: {open('/proc/loadavg').read()}")
+        cmds = runner.command(config, g.network, g.workload, args.np, metrics)
+        say(f"{datetime.datetime.now():%H:%M:%S} {g.key} {c.key} rep {rep}")
+        tx0 = g.network.tx_bytes()
+        rc, timed_out, wall = runner.run(cmds, base + ".log", args.time_limit)
+        tx1 = g.network.tx_bytes()
+        r = analyse(metrics, g.workload.target)
+        if r is None:
+            say(f"  FAILED (exit {rc}); see {base}.log")
+            results.setdefault((g.key, c.key), []).append(None)
+            continue
+        r["rc"], r["timed_out"], r["wall"] = rc, timed_out, wall
+        if tx0 is not None and tx1 is not None:
+            r["wire_bytes_per_clock"] = (tx1 - tx0) / max(1, r["clocks_run"])
+        if os.path.isdir(ckpt):
+            r["ckpt_bytes_per_clock"] = dir_bytes(ckpt) / max(1, r["clocks_run"])
+        if c.key == "none":
+            none_ms = r["clock_ms"]
+        if none_ms:
+            r["clock_ratio"] = r["clock_ms"] / none_ms
+        shutil.rmtree(ckpt, ignore_errors=True)
+        results.setdefault((g.key, c.key), []).append(r)
+        got = (f"target at clock {r['clocks_to_target']}, {r['seconds_to_target']:.1f} s"
+               if r["seconds_to_target"] is not None else
+               f"target not reached ({r['clocks_run']} clocks, best {r['best_accuracy']})")
+        say(f"  {got}; {r['clock_ms']:.1f} ms/clock; wall {wall:.0f} s{' (cut off)' if timed_out else ''}")
+
+
+if __name__ == "__main__":
+    main()

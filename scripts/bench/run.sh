@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# scripts/bench/run.sh SUITE [harness options]: installs what is missing, builds the
+# Release binary and runs one benchmark suite through the harness (harness.py), which
+# writes scripts/bench/results/SUITE.md (also printed), SUITE.png and SUITE_raw/.
+#
+# Suites:
+#   vs-ddp   PyTorch DDP against Orpheus (dense, SV broadcast, best settings), np 4, on
+#            loopback and on emulated 1 and 10 Gbit/s clusters (scripts/netcluster.sh;
+#            needs root, else loopback only), MLR and the 784-2048-2048-10 MLP.
+#   table4   checkpoint and recovery cost (the Orpheus paper's Table 4), np 4, MLP.
+#   table3   techniques added one at a time (the paper's Table 3), np 8, MLP
+#            (scripts/bench/table3.sh; its own options are environment variables).
+#
+# Examples:
+#   scripts/bench/run.sh vs-ddp
+#   scripts/bench/run.sh vs-ddp --networks loopback,1gbit --models mlp-wide --reps 2
+#   scripts/bench/run.sh table4 --reps 2
+# `scripts/bench/run.sh SUITE --help` lists the harness options.
+set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"
+suite="${1-}"
+case "$suite" in
+  vs-ddp | table4 | table3) shift ;;
+  -h | --help | "") sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3)" >&2; exit 2 ;;
+esac
+
+"$ROOT/scripts/setup.sh"
+extra=()
+[ "$suite" = vs-ddp ] && extra=(python3-torch python3-numpy libopenblas0-pthread iproute2)
+missing=()
+for p in python3-matplotlib "${extra[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "run.sh: installing ${missing[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ "$suite" = table3 ]; then
+  build "$ROOT/build-dev" Release
+  exec "$ROOT/scripts/bench/table3.sh" "$@"
+fi
+build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
+exec /usr/bin/python3 "$ROOT/scripts/bench/harness.py" "$suite" --orpheus "$ROOT/build-release/engine/orpheus" "$@"
