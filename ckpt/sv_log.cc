@@ -36,6 +36,8 @@ namespace fs = std::filesystem;
 static_assert(std::endian::native == std::endian::little, "checkpoint CRCs assume a little-endian host");
 
 constexpr int64_t kFormatVersion = 1;
+// Log segments: version 2 added the reset event.
+constexpr int64_t kSegmentVersion = 2;
 constexpr const char* kJobFile = "job.h5";
 // flush() and a full staging area wait for the IO thread; a disk that does not
 // answer within this long is reported rather than waited on forever.
@@ -381,7 +383,7 @@ uint64_t writeSegment(const std::string& dir, const SegmentContents& seg) {
       H5Handle set = createVector(file, "record_sizes", H5T_STD_U64LE, seg.sizes.size(), name);
       if (!seg.sizes.empty()) writeAll(set.get(), H5T_NATIVE_UINT64, seg.sizes.data(), "record_sizes", name);
     }
-    writeI64Attr(file, "version", kFormatVersion, name);
+    writeI64Attr(file, "version", kSegmentVersion, name);
     writeU64Attr(file, "first_clock", seg.firstClock, name);
     writeU64Attr(file, "last_clock", seg.lastClock, name);
     writeI64Attr(file, "replica", seg.replica, name);
@@ -392,7 +394,7 @@ uint64_t writeSegment(const std::string& dir, const SegmentContents& seg) {
 // Reads and verifies a segment against its name and CRC. Returns why it is damaged,
 // or "" with its entries in `out` (when given).
 std::string loadSegment(const std::string& path, int replica, uint64_t first, uint64_t last,
-                        std::vector<LogEntry>* out) {
+                        std::vector<LogEntry>* out, std::vector<ClockRange>* lost = nullptr) {
   H5Handle file = openForReading(path);
   if (!file.valid()) return "not a readable HDF5 file (truncated or overwritten)";
   int64_t version = 0, storedReplica = 0;
@@ -403,7 +405,7 @@ std::string loadSegment(const std::string& path, int replica, uint64_t first, ui
       !readU32Attr(file.get(), "crc32c", &storedCrc)) {
     return "its attributes are missing or unreadable";
   }
-  if (version < 1 || version > kFormatVersion) return fmt::format("unknown format version {}", version);
+  if (version < 1 || version > kSegmentVersion) return fmt::format("unknown format version {}", version);
   if (storedFirst != first || storedLast != last || first > last) {
     return fmt::format("it holds clocks {}..{}, its name says {}..{}", storedFirst, storedLast, first, last);
   }
@@ -426,11 +428,37 @@ std::string loadSegment(const std::string& path, int replica, uint64_t first, ui
   for (uint64_t s : sizes) byteCount += s;
   if (recordCount != sizes.size() || byteCount != records.size()) return "entries, sizes and records disagree";
   uint64_t previous = first;
-  for (const EntryRow& r : rows) {
-    if (r.clock < previous || r.clock > last) return fmt::format("entry of clock {} out of order", r.clock);
-    if (r.kind > static_cast<uint32_t>(EventKind::kRotatedIn)) return fmt::format("unknown entry kind {}", r.kind);
-    if (r.kind != static_cast<uint32_t>(EventKind::kGroup) && r.records != 0) return "an event carries records";
-    previous = r.clock;
+  {
+    size_t record = 0, offset = 0;
+    for (const EntryRow& r : rows) {
+      if (r.clock < previous || r.clock > last) return fmt::format("entry of clock {} out of order", r.clock);
+      const auto kind = static_cast<EventKind>(r.kind);
+      if (r.kind > static_cast<uint32_t>(EventKind::kReset)) return fmt::format("unknown entry kind {}", r.kind);
+      if (kind == EventKind::kReset) {
+        // One record: the clock reset to and the end of the log before it.
+        if (r.records != 1 || sizes[record] != 2 * sizeof(uint64_t)) return "a reset event is malformed";
+        uint64_t values[2];
+        std::memcpy(values, records.data() + offset, sizeof(values));
+        const uint64_t resetTo = values[0], logEnd = values[1];
+        if (logEnd > resetTo || resetTo > r.clock || logEnd >= r.clock || logEnd + 1 < first) {
+          return fmt::format("a reset at clock {} to clock {} after a log ending at clock {}", r.clock, resetTo, logEnd);
+        }
+        if (previous > logEnd && &r != &rows.front()) {
+          return fmt::format("the reset at clock {} follows entries past clock {}", r.clock, logEnd);
+        }
+        if (lost) {
+          // The states of the clocks between the log's end and the reset are gone,
+          // except a snapshot's the replica was reset to.
+          const uint64_t cut = resetTo > logEnd && resetTo < r.clock ? resetTo : r.clock;
+          if (logEnd + 1 < cut) lost->push_back({logEnd + 1, cut - 1});
+          if (cut + 1 < r.clock) lost->push_back({cut + 1, r.clock - 1});
+        }
+      } else if (kind != EventKind::kGroup && r.records != 0) {
+        return "an event carries records";
+      }
+      for (uint32_t i = 0; i < r.records; ++i, ++record) offset += sizes[record];
+      previous = r.clock;
+    }
   }
   if (out) {
     size_t record = 0, offset = 0;
@@ -438,6 +466,15 @@ std::string loadSegment(const std::string& path, int replica, uint64_t first, ui
       LogEntry e;
       e.clock = r.clock;
       e.kind = static_cast<EventKind>(r.kind);
+      if (e.kind == EventKind::kReset) {
+        uint64_t values[2];
+        std::memcpy(values, records.data() + offset, sizeof(values));
+        e.resetTo = values[0];
+        e.logEnd = values[1];
+        offset += sizes[record++];
+        out->push_back(std::move(e));
+        continue;
+      }
       e.records.reserve(r.records);
       for (uint32_t i = 0; i < r.records; ++i, ++record) {
         const auto* begin = reinterpret_cast<const std::byte*>(records.data()) + offset;
@@ -698,7 +735,7 @@ void SvLogWriter::startSegment(uint64_t clock) {
   openStarted_ = true;
   // Within one replica this writer's segments chain exactly; the first one starts
   // at the first clock it sees.
-  open_.firstClock = lastClosed_ > 0 ? lastClosed_ + 1 : clock;
+  open_.firstClock = chainEnd_ ? *chainEnd_ + 1 : clock;
   open_.lastClock = open_.firstClock;
 }
 
@@ -713,7 +750,7 @@ void SvLogWriter::stage(Entry entry, size_t bytes) {
   ORPHEUS_ENFORCE(entry.clock >= lastEntry_ && entry.clock >= lastEnded_,
                   "checkpoint log: an entry of clock {} after clock {} (ended: {})", entry.clock, lastEntry_,
                   lastEnded_);
-  ORPHEUS_ENFORCE(lastClosed_ == 0 || entry.clock > lastClosed_,
+  ORPHEUS_ENFORCE(!chainEnd_ || entry.clock > *chainEnd_,
                   "checkpoint log: an entry of clock {} after its segment was closed", entry.clock);
   startSegment(entry.clock);
   lastEntry_ = entry.clock;
@@ -751,13 +788,25 @@ void SvLogWriter::appendGroup(uint64_t clock, std::vector<SharedBytes> records) 
 }
 
 void SvLogWriter::appendEvent(uint64_t clock, EventKind kind) {
-  ORPHEUS_ENFORCE(kind != EventKind::kGroup, "checkpoint log: a group staged as an event at clock {}", clock);
+  ORPHEUS_ENFORCE(kind != EventKind::kGroup && kind != EventKind::kReset,
+                  "checkpoint log: event kind {} staged without its contents at clock {}", static_cast<uint32_t>(kind),
+                  clock);
+  stageEvent(clock, kind, {});
+}
+
+void SvLogWriter::stageEvent(uint64_t clock, EventKind kind, std::vector<SharedBytes> records) {
   closeIfDue(clock);
-  stage(Entry{clock, kind, {}}, 0);
+  size_t bytes = 0;
+  for (const auto& r : records) bytes += r->size();
+  if (bytes > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_ += bytes;
+  }
+  stage(Entry{clock, kind, std::move(records)}, bytes);
 }
 
 void SvLogWriter::endClock(uint64_t clock) {
-  ORPHEUS_ENFORCE(clock >= lastEntry_ && clock >= lastEnded_ && (lastClosed_ == 0 || clock > lastClosed_),
+  ORPHEUS_ENFORCE(clock >= lastEntry_ && clock >= lastEnded_ && (!chainEnd_ || clock > *chainEnd_),
                   "checkpoint log: clock {} ended after clock {} (entries up to {})", clock, lastEnded_, lastEntry_);
   closeIfDue(clock);
   startSegment(clock);
@@ -777,7 +826,7 @@ void SvLogWriter::closeSegment() {
   // file name (see the top of this file); it stays open into the next clock.
   const bool handOverOnly = handOver_ && open_.firstClock == *handOver_ && open_.lastClock == *handOver_;
   if (handOverOnly && open_.bytes == 0) return;
-  lastClosed_ = open_.lastClock;
+  chainEnd_ = open_.lastClock;
   Item item = std::move(open_);
   open_ = Item{};
   open_.replica = replica_;
@@ -795,14 +844,76 @@ void SvLogWriter::switchReplica(int id) {
   closeSegment();
   // Still open: only the hand-over events of the previous arrival, which are not
   // written, as the previous holder's segment already ends that clock.
-  replica_ = id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_ -= open_.bytes;
+    replica_ = id;
+    durable_ = seen;
+  }
   open_ = Item{};
   open_.replica = id;
   openStarted_ = false;
-  lastClosed_ = 0;
+  chainEnd_.reset();
   lastEnded_ = 0;
   lastEntry_ = 0;
   handOver_ = seen > 0 ? std::optional<uint64_t>(seen) : std::nullopt;
+}
+
+void SvLogWriter::resumeAt(int id, uint64_t clock) {
+  switchReplica(id);
+  std::lock_guard<std::mutex> lock(mu_);
+  durable_ = clock;
+  handOver_.reset();
+  if (clock > 0) {
+    chainEnd_ = clock;
+    lastEnded_ = clock;
+  }
+}
+
+uint64_t SvLogWriter::discardStaged() {
+  // The open segment was only in memory.
+  std::vector<Item> dropped;
+  dropped.push_back(std::move(open_));
+  open_ = Item{};
+  open_.replica = replica_;
+  openStarted_ = false;
+  closeDue_ = false;
+  uint64_t durable = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    staged_ -= dropped.front().bytes;
+    // So were the closed segments of this replica the IO thread has not started.
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->replica == replica_) {
+        staged_ -= it->bytes;
+        dropped.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    const bool done = cv_.wait_for(lock, kStallTimeout, [&] { return queue_.empty() && idle_; });
+    if (!done) {
+      throw IoError(fmt::format("checkpoint writer stalled: {} bytes of replica {} not written to '{}' in {} s",
+                                staged_, replica_, dir_, std::chrono::seconds(kStallTimeout).count()));
+    }
+    if (error_) std::rethrow_exception(error_);
+    durable = durable_;
+  }
+  // Entries after the durable end would follow a hole: the log continues from there.
+  chainEnd_ = durable;
+  handOver_.reset();
+  return durable;
+}
+
+void SvLogWriter::appendReset(uint64_t clock, uint64_t resetTo) {
+  ORPHEUS_ENFORCE(chainEnd_ && resetTo >= *chainEnd_ && resetTo <= clock && *chainEnd_ < clock,
+                  "checkpoint log: a reset to clock {} at clock {} (log on disk up to {})", resetTo, clock,
+                  chainEnd_ ? *chainEnd_ : 0);
+  auto record = std::make_shared<std::vector<std::byte>>(2 * sizeof(uint64_t));
+  const uint64_t values[2] = {resetTo, *chainEnd_};
+  std::memcpy(record->data(), values, sizeof(values));
+  stageEvent(clock, EventKind::kReset, {std::move(record)});
 }
 
 void SvLogWriter::check() {
@@ -862,6 +973,7 @@ void SvLogWriter::run() {
     staged_ -= item.bytes;
     bytesWritten_ += written;
     if (error && !error_) error_ = error;
+    if (!failed && !error && item.replica == replica_) durable_ = std::max(durable_, item.lastClock);
     idle_ = true;
     cv_.notify_all();
   }
@@ -908,6 +1020,19 @@ void writeSnapshotPart(const std::string& dir, uint64_t clock, int rank, int ran
   });
 }
 
+std::vector<uint64_t> snapshotClocks(const std::string& dir) {
+  std::vector<uint64_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    uint64_t number = 0;
+    if (e.is_directory(ec) && parsePrefixedNumber(e.path().filename().string(), "snapshot-", &number)) {
+      out.push_back(number);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::optional<ParamSet> readSnapshot(const std::string& dir, uint64_t clock, const ParamSet& shapes) {
   silenceHdf5();
   ParamSet out;
@@ -947,7 +1072,9 @@ Inventory inspect(const std::string& dir) {
         s.lastClock = f.last;
         s.bytes = fs::file_size(f.path, ec);
         if (ec) s.bytes = 0;
-        s.problem = loadSegment(f.path, r.replica, f.first, f.last, nullptr);
+        std::vector<ClockRange> lost;
+        s.problem = loadSegment(f.path, r.replica, f.first, f.last, nullptr, &lost);
+        if (s.problem.empty()) r.lost.insert(r.lost.end(), lost.begin(), lost.end());
         s.intact = s.problem.empty();
         if (chained && s.intact && continuesChain(r.lastIntactClock, started, f.first)) {
           r.lastIntactClock = std::max(r.lastIntactClock, f.last);
@@ -1016,6 +1143,13 @@ std::vector<LogEntry> readLog(const std::string& dir, int replica, uint64_t afte
                         replica, problem, reached));
       }
       for (LogEntry& e : entries) {
+        // A reset after upTo whose log ended before it: the holder lost upTo.
+        if (e.kind == EventKind::kReset && e.logEnd < upTo && upTo < e.clock) {
+          throw InputError(fmt::format(
+              "clock {} of replica {} is lost: a failure at clock {} reset the replica to clock {} before its log "
+              "reached clock {}; clocks {} and {} are restorable",
+              upTo, replica, e.clock, e.resetTo, upTo, e.logEnd, e.clock));
+        }
         if (e.clock > after && e.clock <= upTo) out.push_back(std::move(e));
       }
     }

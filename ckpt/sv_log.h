@@ -15,9 +15,17 @@
 //
 // A segment holds, in apply order, "groups": the batches applied together in one
 // compute_update at a local clock (their encoded SV batch records, unchanged), and
-// events (averaged, rotated in/out). Every segment is written under a temporary
-// name, flushed (fsync) and renamed, and carries a CRC32C of its contents, so a
-// crash leaves only whole segments; a segment that fails its CRC is damage.
+// events (averaged, rotated in/out, reset). Every segment is written under a
+// temporary name, flushed (fsync) and renamed, and carries a CRC32C of its contents,
+// so a crash leaves only whole segments; a segment that fails its CRC is damage.
+//
+// A failure loses what the log had only staged in memory. The holder then restores
+// the replica from what is durable (the end of its log on disk, or a later snapshot)
+// and logs a "reset" event: at clock T the replica went back to its state at clock
+// R (E <= R <= T, R > E only for a snapshot). The log continues right after its
+// durable end E (the next segment starts at E + 1, its first entry being the
+// reset), so the clocks E+1..T-1 have no entries: their states are lost, and
+// reading the log up to one of them is an error that says so.
 #pragma once
 
 #include "engine/base/params.h"
@@ -56,13 +64,18 @@ struct JobInfo {
 void writeJobInfo(const std::string& dir, const JobInfo& info);
 JobInfo readJobInfo(const std::string& dir);
 
-enum class EventKind : uint32_t { kGroup = 0, kAveraged = 1, kRotatedOut = 2, kRotatedIn = 3 };
+enum class EventKind : uint32_t { kGroup = 0, kAveraged = 1, kRotatedOut = 2, kRotatedIn = 3, kReset = 4 };
 
 // One entry of a replica's log, as read back.
 struct LogEntry {
   uint64_t clock = 0;               // the replica's local clock when it happened
   EventKind kind = EventKind::kGroup;
   std::vector<std::vector<std::byte>> records;  // kGroup: encoded SV batches applied together
+  // kReset: the replica became its state at clock resetTo; the log before this entry
+  // ends at clock logEnd (logEnd <= resetTo <= clock, logEnd < clock). resetTo past
+  // logEnd is a snapshot.
+  uint64_t resetTo = 0;
+  uint64_t logEnd = 0;
 };
 
 // Writes one replica's log through an IO thread. The compute thread hands over the
@@ -84,7 +97,20 @@ class SvLogWriter {
   // Marks the end of `clock`: segments close on clock boundaries only.
   void endClock(uint64_t clock);
   // Closes the current segment and continues in replica `id`'s directory (rotation).
+  // The previous holder's log of `id` must reach the hand-over clock on disk.
   void switchReplica(int id);
+  // Continues replica `id`'s log, which is on disk up to `clock` (resume).
+  void resumeAt(int id, uint64_t clock);
+  // A failure: forgets what is staged for the current replica and not yet on disk
+  // (the open segment and closed ones still queued), waits for a write in progress
+  // to end, and returns the newest clock of the current replica's log on disk (0:
+  // none). The log continues right after that clock. Staged segments of replicas
+  // handed over earlier are still written. Throws IoError if the IO thread failed.
+  uint64_t discardStaged();
+  // Logs that at `clock` the replica was reset to its state at clock `resetTo`
+  // (after discardStaged returned a clock before `clock`; resetTo is that clock or a
+  // later snapshot's, at most `clock`).
+  void appendReset(uint64_t clock, uint64_t resetTo);
   // Waits until everything staged is durable. Throws IoError if the IO thread failed
   // (unwritable directory, full disk: the message names the file and the OS error).
   void flush();
@@ -102,6 +128,7 @@ class SvLogWriter {
     EventKind kind = EventKind::kGroup;
     std::vector<SharedBytes> records;
   };
+  void stageEvent(uint64_t clock, EventKind kind, std::vector<SharedBytes> records);
   // One segment: everything staged between two closes, written by one file write.
   struct Item {
     int replica = 0;
@@ -132,10 +159,13 @@ class SvLogWriter {
   std::exception_ptr error_;
   uint64_t bytesWritten_ = 0;
   double waitSeconds_ = 0.0;
+  uint64_t durable_ = 0;    // newest clock of replica_'s log known to be on disk (0: none)
   // Compute-thread state of the open segment.
   Item open_;
   bool openStarted_ = false;
-  uint64_t lastClosed_ = 0;   // last clock of this writer's previous segment of replica_ (0: none)
+  // Where the log of replica_ ends before the open segment: the next segment starts
+  // right after it (none: at the first clock it sees).
+  std::optional<uint64_t> chainEnd_;
   uint64_t lastEnded_ = 0;    // newest clock passed to endClock for replica_ (0: none)
   uint64_t lastEntry_ = 0;    // clock of the newest entry staged for replica_
   bool closeDue_ = false;     // the open segment ends at lastEnded_
@@ -147,6 +177,8 @@ class SvLogWriter {
 // by every rank in parallel as its row block (rows [r*R/P, (r+1)*R/P) of every
 // parameter) from a copy. Atomic per part (temporary name, fsync, rename).
 void writeSnapshotPart(const std::string& dir, uint64_t clock, int rank, int ranks, const ParamSet& params);
+// The clocks of the snapshot directories in `dir`, ascending, unverified (cheap).
+std::vector<uint64_t> snapshotClocks(const std::string& dir);
 // Reassembles a snapshot; nullopt when a part is missing or damaged.
 std::optional<ParamSet> readSnapshot(const std::string& dir, uint64_t clock, const ParamSet& shapes);
 
@@ -159,10 +191,15 @@ struct SegmentInfo {
   bool intact = true;   // CRC and structure verified
   std::string problem;  // why not
 };
+struct ClockRange {
+  uint64_t first = 0;
+  uint64_t last = 0;  // inclusive
+};
 struct ReplicaInventory {
   int replica = 0;
   std::vector<SegmentInfo> segments;  // by first clock
   uint64_t lastIntactClock = 0;       // the newest clock reachable through intact segments from clock 1
+  std::vector<ClockRange> lost;       // clocks whose states failures lost (reset events), in order
 };
 struct Inventory {
   JobInfo job;

@@ -24,9 +24,12 @@ struct Restored {
 
 // Replica `replica` at the end of its local clock `clock` (0 means the latest clock
 // the log reaches). Bitwise what the replica held: the same groups are applied in
-// the same order with the same rebuild. InputError naming the problem (clock past
-// the log, damaged segment, averaging without a snapshot).
+// the same order with the same rebuild, and a reset event (a failure) puts back the
+// state it names, as the failed holder did. InputError naming the problem (clock
+// past the log, a clock a failure lost, damaged segment, averaging without a snapshot).
 Restored restore(const std::string& dir, int replica, uint64_t clock);
+// The same for a model at hand (recovery inside a job): `seed` gives W0.
+Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock);
 
 // The newest clock a killed job can resume from: the last clock all replicas'
 // logs reach and end a segment at.

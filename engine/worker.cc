@@ -108,20 +108,33 @@ void Worker::writeMatrixCheckpoint(uint64_t clock) {
   matrixCheckpointClock_ = clock;
 }
 
-bool Worker::maybeFail(uint64_t clock) {
+bool Worker::maybeFail(uint64_t clock, uint64_t* lost) {
+  *lost = 0;
   if (config_.failProb <= 0.0) return false;
   CounterRng rng(config_.seed, RngPurpose::kFailure, clock, static_cast<uint64_t>(transport_.rank()));
   if (rng.uniform() >= config_.failProb) return false;
   ++failures_;
+  uint64_t recovered = 0;
   if (log_) {
-    // The replica is gone; rebuild it from the last snapshot and the SV log.
-    log_->flush();
-    replica_ = restore(config_.ckptDir, replicaId_, clock).params;
+    // The process is gone: its replica and what it had only staged of the log. What
+    // is durable is the log on disk and the snapshots; the replica comes back at the
+    // newest clock they reach, and the log records the reset.
+    const uint64_t logEnd = log_->discardStaged();
+    recovered = std::max(logEnd, lastSnapshot_);
+    replica_ = recovered == 0 ? model_.initParams(config_.seed)
+                              : restore(config_.ckptDir, model_, config_.seed, replicaId_, recovered).params;
+    // Unless the log on disk reaches this very clock, its entries since its end
+    // are gone: the reset says where the replica stands (a snapshot may cover it all).
+    if (logEnd < clock) log_->appendReset(clock, recovered);
   } else if (config_.ckptMatrix) {
     // Back to the last whole-matrix checkpoint: the clocks since are lost.
     replica_ = matrixCheckpointClock_ > 0 ? matrixCheckpoint_ : model_.initParams(config_.seed);
+    recovered = matrixCheckpointClock_;
   }
-  spdlog::debug("rank {} failed at clock {} and recovered replica {}", transport_.rank(), clock, replicaId_);
+  *lost = clock - recovered;
+  lostClocks_ += *lost;
+  spdlog::debug("rank {} failed at clock {}: replica {} recovered at clock {} ({} clocks lost)", transport_.rank(),
+                clock, replicaId_, recovered, *lost);
   return true;
 }
 
@@ -131,7 +144,7 @@ void Worker::resumeFrom(uint64_t clock, ParamSet replica, int id) {
   clock_ = clock;
   completeThrough_ = clock;
   sentThrough_ = clock;
-  if (log_) log_->switchReplica(id);
+  if (log_) log_->resumeAt(id, clock);
 }
 
 SvBatchHeader Worker::header(uint64_t clock) const {
@@ -417,11 +430,22 @@ Worker::Coordination Worker::coordinate(uint64_t clock) {
       log_->appendEvent(clock, ckpt::EventKind::kAveraged);
       if (averagings_ % std::max<int64_t>(config_.snapshotEvery, 1) == 0) {
         ckpt::writeSnapshotPart(config_.ckptDir, clock, transport_.rank(), transport_.size(), replica_);
+        // Every part is on disk once all ranks pass here: the snapshot is complete.
+        double done[1] = {1.0};
+        transport_.controlMin(done);
+        lastSnapshot_ = clock;
       }
     }
   }
   if (rotate) {
-    if (log_) log_->appendEvent(clock, ckpt::EventKind::kRotatedOut);
+    if (log_) {
+      // The log moves with the replica: the next holder continues it from the
+      // hand-over clock, so it must be on disk up to there before the replica leaves.
+      log_->appendEvent(clock, ckpt::EventKind::kRotatedOut);
+      const auto start = Clock::now();
+      log_->flush();
+      handOffSeconds_ += secondsSince(start);
+    }
     rotateReplica(clock);
     if (log_) {
       log_->switchReplica(replicaId_);
@@ -496,7 +520,7 @@ enum Field : size_t {
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
   // Set by rank 0 only, so the sum over ranks is rank 0's value.
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
-  kCkptWait, kFailed, kFieldCount
+  kCkptWait, kFailed, kLostClocks, kFieldCount
 };
 using ClockRecord = std::array<double, kFieldCount>;
 
@@ -531,6 +555,8 @@ class MetricsAggregator {
   void endAt(uint64_t clock) { clocks_ = clock; }
   uint64_t totalBytes() const { return totalBytes_; }
   uint64_t totalMessages() const { return totalMessages_; }
+  int64_t totalFailures() const { return totalFailures_; }
+  int64_t totalLostClocks() const { return totalLost_; }
   double maxGap() const { return maxGapSeen_; }
   double bestAccuracy() const { return bestAccuracy_; }
 
@@ -564,7 +590,8 @@ class MetricsAggregator {
           .add("clock_gap", static_cast<int64_t>(e.maxGap))
           .add("replica", static_cast<int64_t>(e.sum[kReplica]))
           .add("ckpt_wait_seconds", e.sum[kCkptWait] / p)
-          .add("failures", static_cast<int64_t>(e.sum[kFailed]));
+          .add("failures", static_cast<int64_t>(e.sum[kFailed]))
+          .add("lost_clocks", static_cast<int64_t>(e.sum[kLostClocks]));
       if (e.sum[kAveraged] > 0) {
         line.add("averaged", true)
             .add("divergence_max", e.sum[kDivergenceMax])
@@ -587,6 +614,8 @@ class MetricsAggregator {
       progress_.update(next_, e.sum[kLoss] / p, lastAccuracy_, e.leaderSeconds, e.sum[kHasEval] > 0);
       totalBytes_ += static_cast<uint64_t>(e.sum[kBytes]);
       totalMessages_ += static_cast<uint64_t>(e.sum[kMessages]);
+      totalFailures_ += static_cast<int64_t>(e.sum[kFailed]);
+      totalLost_ += static_cast<int64_t>(e.sum[kLostClocks]);
       maxGapSeen_ = std::max(maxGapSeen_, e.maxGap);
       entries_.erase(it);
       ++next_;
@@ -602,6 +631,8 @@ class MetricsAggregator {
   std::map<uint64_t, Entry> entries_;
   uint64_t totalBytes_ = 0;
   uint64_t totalMessages_ = 0;
+  int64_t totalFailures_ = 0;
+  int64_t totalLost_ = 0;
   double maxGapSeen_ = 0;
   double lastAccuracy_ = -1.0;
   double bestAccuracy_ = -1.0;
@@ -648,7 +679,8 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     const uint64_t coordinationBytes = transport_.counters().bytesSent - bytesBefore;  // averaging, rotation
     if (log_) log_->endClock(clock);
     if (config_.ckptMatrix && clock % static_cast<uint64_t>(config_.ckptEvery) == 0) writeMatrixCheckpoint(clock);
-    const bool failed = maybeFail(clock);
+    uint64_t lost = 0;
+    const bool failed = maybeFail(clock, &lost);
     const double clockSeconds = secondsSince(start);
     trainSeconds += clockSeconds;
 
@@ -667,6 +699,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     r[kGap] = static_cast<double>(stats.clockGap);
     r[kCkptWait] = checkpointWaitSeconds() - ckptWaitBefore;
     r[kFailed] = failed ? 1.0 : 0.0;
+    r[kLostClocks] = static_cast<double>(lost);
     if (leader) {
       r[kReplica] = replicaId_;
       r[kAveraged] = coordination.averaged ? 1.0 : 0.0;
@@ -748,6 +781,8 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
         .add("max_clock_gap", static_cast<int64_t>(aggregator.maxGap()))
         .add("average_every", config_.averageEvery)
         .add("rotate_every", config_.rotateEvery)
+        .add("failures", aggregator.totalFailures())
+        .add("lost_clocks", aggregator.totalLostClocks())
         .add("replica", static_cast<int64_t>(replicaId_));
     if (test_ != nullptr) {
       summary.add("initial_test_loss", initialEval.loss);

@@ -74,8 +74,10 @@ class Worker {
   // Resume: continue from `clock` with `replica` (id `id`) restored from a checkpoint.
   void resumeFrom(uint64_t clock, ParamSet replica, int id);
   // Seconds the compute thread waited for the checkpoint writer, and bytes it wrote.
-  double checkpointWaitSeconds() const { return log_ ? log_->waitSeconds() : 0.0; }
+  double checkpointWaitSeconds() const { return log_ ? log_->waitSeconds() + handOffSeconds_ : 0.0; }
   int64_t failures() const { return failures_; }
+  // Clocks of updates the failures made this rank's replicas lose, in all.
+  uint64_t lostClocks() const { return lostClocks_; }
 
   // Loss and accuracy over every rank's test shard, each with its own replica (collective).
   EvalResult evaluate();
@@ -144,12 +146,16 @@ class Worker {
   uint64_t current_ = 0;  // the local clock being worked on
   int64_t averagings_ = 0;
   void logGroup(std::vector<ckpt::SharedBytes> records);
-  // Failure injection and recovery (--fail-prob): returns whether this rank failed.
-  bool maybeFail(uint64_t clock);
+  // Failure injection and recovery (--fail-prob): returns whether this rank failed
+  // at the end of `clock`, and sets `lost` to the clocks of updates its replica lost.
+  bool maybeFail(uint64_t clock, uint64_t* lost);
   void writeMatrixCheckpoint(uint64_t clock);
   ParamSet matrixCheckpoint_;          // --ckpt matrix: the last one written (what recovery restores)
   uint64_t matrixCheckpointClock_ = 0;
+  uint64_t lastSnapshot_ = 0;          // --ckpt sv: the newest snapshot known complete on disk
+  double handOffSeconds_ = 0.0;        // --ckpt sv: waiting for the log at rotations
   int64_t failures_ = 0;
+  uint64_t lostClocks_ = 0;
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

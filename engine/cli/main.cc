@@ -156,8 +156,8 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
       ->check(atLeast(1));
   cmd.add_option("--fail-prob", c.failProb,
                  "Failure injection: each clock each rank loses its replica with this probability and recovers it "
-                 "from the checkpoint (--ckpt sv: snapshot + log; --ckpt matrix: the last matrix, losing the clocks "
-                 "since)")
+                 "from the checkpoint, losing the clocks since (--ckpt sv: snapshot + the log on disk, what was "
+                 "staged in memory is lost; --ckpt matrix: the last matrix)")
       ->capture_default_str();
   cmd.add_flag_function(
       "--resume", [&c](int64_t) { c.resume = c.ckptSv = true; },
@@ -249,8 +249,19 @@ int inspectMain(const std::string& dir) {
       bytes += s.bytes;
       damaged += s.intact ? 0 : 1;
     }
+    std::string lost;
+    uint64_t lostClocks = 0;
+    for (const auto& l : r.lost) {
+      lost += fmt::format("{}{}", lost.empty() ? "" : ", ", l.first == l.last ? fmt::format("{}", l.first)
+                                                                             : fmt::format("{}..{}", l.first, l.last));
+      lostClocks += l.last - l.first + 1;
+    }
     std::printf("  replica %d: clocks 1..%llu restorable, %zu segments, %.1f MB\n", r.replica,
                 static_cast<unsigned long long>(r.lastIntactClock), r.segments.size(), bytes / 1e6);
+    if (!r.lost.empty()) {
+      std::printf("    lost in failures: %llu clocks (%s)\n", static_cast<unsigned long long>(lostClocks),
+                  lost.c_str());
+    }
     for (const auto& s : r.segments) {
       if (!s.intact) std::printf("    damaged: %s (%s)\n", s.path.c_str(), s.problem.c_str());
     }
