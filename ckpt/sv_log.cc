@@ -710,10 +710,12 @@ SvLogWriter::SvLogWriter(std::string dir, int replica, size_t stagingBytes, int 
 }
 
 SvLogWriter::~SvLogWriter() {
-  try {
-    flush();
-  } catch (const std::exception& e) {
-    spdlog::error("checkpoint log of replica {} is incomplete: {}", replica_, e.what());
+  if (!abandoned_) {
+    try {
+      flush();
+    } catch (const std::exception& e) {
+      spdlog::error("checkpoint log of replica {} is incomplete: {}", replica_, e.what());
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -897,7 +899,6 @@ uint64_t SvLogWriter::discardStaged() {
       throw IoError(fmt::format("checkpoint writer stalled: {} bytes of replica {} not written to '{}' in {} s",
                                 staged_, replica_, dir_, std::chrono::seconds(kStallTimeout).count()));
     }
-    if (error_) std::rethrow_exception(error_);
     durable = durable_;
   }
   // Entries after the durable end would follow a hole: the log continues from there.
@@ -914,6 +915,19 @@ void SvLogWriter::appendReset(uint64_t clock, uint64_t resetTo) {
   const uint64_t values[2] = {resetTo, *chainEnd_};
   std::memcpy(record->data(), values, sizeof(values));
   stageEvent(clock, EventKind::kReset, {std::move(record)});
+}
+
+void SvLogWriter::abandon() {
+  abandoned_ = true;
+  open_ = Item{};
+  openStarted_ = false;
+  std::deque<Item> dropped;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    dropped.swap(queue_);
+    cv_.wait_for(lock, kStallTimeout, [&] { return idle_; });
+    staged_ = 0;
+  }
 }
 
 void SvLogWriter::check() {

@@ -105,7 +105,7 @@ class SvLogWriter {
   // (the open segment and closed ones still queued), waits for a write in progress
   // to end, and returns the newest clock of the current replica's log on disk (0:
   // none). The log continues right after that clock. Staged segments of replicas
-  // handed over earlier are still written. Throws IoError if the IO thread failed.
+  // handed over earlier are still written. An IO failure stays for check().
   uint64_t discardStaged();
   // Logs that at `clock` the replica was reset to its state at clock `resetTo`
   // (after discardStaged returned a clock before `clock`; resetTo is that clock or a
@@ -114,8 +114,12 @@ class SvLogWriter {
   // Waits until everything staged is durable. Throws IoError if the IO thread failed
   // (unwritable directory, full disk: the message names the file and the OS error).
   void flush();
-  // Rethrows an IO failure of the thread, if any (cheap; call once per clock).
+  // Rethrows an IO failure of the thread, if any (cheap). After a failure nothing
+  // more is written and appending never waits; the failure stays until reported.
   void check();
+  // The job stops: drops everything staged, waits for a write in progress, and
+  // writes nothing more (the destructor neither writes nor reports).
+  void abandon();
 
   int replica() const;
   double waitSeconds() const { return waitSeconds_; }
@@ -155,6 +159,7 @@ class SvLogWriter {
   size_t staged_ = 0;       // record bytes of the open segment and the queue
   int replica_;
   bool stop_ = false;
+  bool abandoned_ = false;
   bool idle_ = true;
   std::exception_ptr error_;
   uint64_t bytesWritten_ = 0;

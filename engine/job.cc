@@ -19,11 +19,23 @@
 namespace orpheus::engine {
 namespace {
 
-// Runs `step` on every rank. If it throws anywhere, the lowest failing rank prints
-// its message and every rank throws JobFailed with that rank's exit code, so a
-// bad shard on one rank stops the whole job with one line and no hang.
-template <typename Step>
-void collectively(comm::Transport& transport, Step&& step) {
+data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
+                        int64_t features, int indexBase) {
+  if (isSyntheticSource(path)) {
+    return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
+  }
+  data::ReadOptions options;
+  options.format = config.format;
+  options.rank = transport.rank();
+  options.worldSize = transport.size();
+  options.features = features;
+  options.indexBase = indexBase;
+  return data::readDataset(path, options);
+}
+
+}  // namespace
+
+void collectively(comm::Transport& transport, const std::function<void()>& step) {
   std::string message;
   int code = 0;
   try {
@@ -43,22 +55,6 @@ void collectively(comm::Transport& transport, Step&& step) {
     throw JobFailed(static_cast<int>(worst[0]));
   }
 }
-
-data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
-                        int64_t features, int indexBase) {
-  if (isSyntheticSource(path)) {
-    return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
-  }
-  data::ReadOptions options;
-  options.format = config.format;
-  options.rank = transport.rank();
-  options.worldSize = transport.size();
-  options.features = features;
-  options.indexBase = indexBase;
-  return data::readDataset(path, options);
-}
-
-}  // namespace
 
 int exitCodeFor(const std::exception& e) {
   if (const auto* failed = dynamic_cast<const JobFailed*>(&e)) return failed->code();
@@ -241,6 +237,8 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
   }
   try {
     worker.run(*metrics);
+  } catch (const JobFailed&) {
+    throw;  // reported once, every rank stops
   } catch (const std::exception& e) {
     // Peers cannot know about this rank's failure: report it and end the job.
     reportError(e.what());

@@ -7,6 +7,7 @@
 #include "engine/config.h"
 #include "ops/model.h"
 
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,12 @@ int exitCodeFor(const std::exception& e);
 
 // Prints "orpheus: <message>" as one line on stderr.
 void reportError(const std::string& message);
+
+// Runs `step` on every rank (collective: every rank calls it at the same point). If
+// it throws anywhere, the lowest failing rank prints its message and every rank
+// throws JobFailed with the worst exit code, so a problem on one rank stops the
+// whole job with one line and no hang.
+void collectively(comm::Transport& transport, const std::function<void()>& step);
 
 // The model named on the command line (a .loss file or "mlr"), for data of the given shape.
 std::unique_ptr<ops::Model> makeModel(const std::string& name, int64_t features, int64_t classes, uint64_t seed);

@@ -4,6 +4,7 @@
 #include "ckpt/model_file.h"
 #include "engine/checkpoint.h"
 #include "engine/data/sampler.h"
+#include "engine/job.h"
 #include "engine/progress.h"
 #include "engine/base/rng.h"
 #include "engine/select.h"
@@ -28,6 +29,8 @@ using Clock = std::chrono::steady_clock;
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 constexpr int64_t kEvalChunk = 2000;
+// Clocks between the ranks' agreements on the checkpoint writers' health.
+constexpr uint64_t kLogCheckEvery = 50;
 
 }  // namespace
 
@@ -382,7 +385,6 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
 ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
   ClockStats stats;
   current_ = clock;
-  if (log_) log_->check();
   const comm::TrafficCounters before = transport_.counters();
   const ops::ExampleBatch examples = view(batch);
   if (transport_.rank() == config_.delayRank && config_.delayMs > 0) {
@@ -429,10 +431,10 @@ Worker::Coordination Worker::coordinate(uint64_t clock) {
       ++averagings_;
       log_->appendEvent(clock, ckpt::EventKind::kAveraged);
       if (averagings_ % std::max<int64_t>(config_.snapshotEvery, 1) == 0) {
-        ckpt::writeSnapshotPart(config_.ckptDir, clock, transport_.rank(), transport_.size(), replica_);
         // Every part is on disk once all ranks pass here: the snapshot is complete.
-        double done[1] = {1.0};
-        transport_.controlMin(done);
+        collectively(transport_, [&] {
+          ckpt::writeSnapshotPart(config_.ckptDir, clock, transport_.rank(), transport_.size(), replica_);
+        });
         lastSnapshot_ = clock;
       }
     }
@@ -443,7 +445,7 @@ Worker::Coordination Worker::coordinate(uint64_t clock) {
       // hand-over clock, so it must be on disk up to there before the replica leaves.
       log_->appendEvent(clock, ckpt::EventKind::kRotatedOut);
       const auto start = Clock::now();
-      log_->flush();
+      collectively(transport_, [&] { log_->flush(); });
       handOffSeconds_ += secondsSince(start);
     }
     rotateReplica(clock);
@@ -641,6 +643,23 @@ class MetricsAggregator {
 }  // namespace
 
 const ParamSet& Worker::run(MetricsWriter& metrics) {
+  try {
+    return runClocks(metrics);
+  } catch (const JobFailed&) {
+    // Every rank stops here together, the problem reported once: finish the traffic
+    // already under way so the processes end cleanly, and write no more checkpoint.
+    idle_ = nullptr;
+    try {
+      drain(clock_);
+    } catch (const std::exception&) {
+      // Stopping anyway.
+    }
+    if (log_) log_->abandon();
+    throw;
+  }
+}
+
+const ParamSet& Worker::runClocks(MetricsWriter& metrics) {
   const bool leader = transport_.rank() == 0;
   const uint64_t clocks = static_cast<uint64_t>(config_.clocks);
   // A resumed job continues at clock_ + 1 with the sampler where it was.
@@ -678,7 +697,12 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
     const Coordination coordination = coordinate(clock);
     const uint64_t coordinationBytes = transport_.counters().bytesSent - bytesBefore;  // averaging, rotation
     if (log_) log_->endClock(clock);
-    if (config_.ckptMatrix && clock % static_cast<uint64_t>(config_.ckptEvery) == 0) writeMatrixCheckpoint(clock);
+    if (config_.ckptMatrix && clock % static_cast<uint64_t>(config_.ckptEvery) == 0) {
+      collectively(transport_, [&] { writeMatrixCheckpoint(clock); });
+    }
+    // A checkpoint that cannot be written (a full disk) stops the job: the ranks
+    // agree on it every kLogCheckEvery clocks, so it is reported once.
+    if (log_ && clock % kLogCheckEvery == 0) collectively(transport_, [&] { log_->check(); });
     uint64_t lost = 0;
     const bool failed = maybeFail(clock, &lost);
     const double clockSeconds = secondsSince(start);
@@ -742,7 +766,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   lastClock_ = last;
   current_ = last;
   drain(last);
-  if (log_) log_->flush();
+  if (log_) collectively(transport_, [&] { log_->flush(); });
   if (leader) {
     const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000));
     while (!aggregator.done()) {

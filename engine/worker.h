@@ -45,7 +45,8 @@ class Worker {
          const data::Dataset* test);
 
   // Runs config.clocks clocks, writing metrics on rank 0, and returns the replica
-  // once every batch addressed to this rank has been applied.
+  // once every batch addressed to this rank has been applied. A checkpoint that
+  // cannot be written stops every rank with JobFailed, reported by one rank.
   const ParamSet& run(MetricsWriter& metrics);
 
   // One clock on the given minibatch; public so tests can drive clocks directly.
@@ -94,6 +95,7 @@ class Worker {
   bool pointToPoint() const { return pointToPoint_; }
 
  private:
+  const ParamSet& runClocks(MetricsWriter& metrics);
   // --sync sv: compute_svg, select, send S, receive T, compute_update(S ∪ T).
   void svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
   void svBroadcastClock(uint64_t clock, SvBatch& local, ClockStats& stats);

@@ -45,15 +45,15 @@ run rot 150 --multicast random --fanout 1 --rotate-every 30
 # A clock a failure lost cannot be restored, and the message says why: take a
 # clock at which one rank failed and lost at least two clocks; the clock before it
 # is lost for the replica that rank held.
-T=$(grep -v '"summary"' "$out/rot.jsonl" | awk '{
+T=$(awk '/"summary"/ {next} {
   c = f = l = -1
   for (i = 1; i < NF; ++i) {
     if ($i ~ /"clock":$/) c = $(i + 1) + 0
     if ($i == "\"failures\":") f = $(i + 1) + 0
     if ($i == "\"lost_clocks\":") l = $(i + 1) + 0
   }
-  if (f == 1 && l >= 2) { print c; exit }
-}')
+  if (!found && f == 1 && l >= 2) { print c; found = 1 }
+}' "$out/rot.jsonl")
 if [ -n "$T" ]; then
   said=0
   for r in 0 1; do
