@@ -589,6 +589,7 @@ def main():
     p.add_argument("--networks", default="loopback,1gbit,10gbit")
     p.add_argument("--models", default="mlr,mlp-wide")
     p.add_argument("--only", default="", help="comma-separated configuration keys to run (default: all)")
+    p.add_argument("--skip", default="", help="comma-separated NETWORK/CONFIG pairs not to run, e.g. 10gbit/svb")
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--fail-prob", type=float, default=0.01)
     p.add_argument("--restore-clocks", type=int, default=400)
@@ -612,9 +613,10 @@ def main():
 
     groups = vs_ddp_groups(args) if args.suite == "vs-ddp" else table4_groups(args)
     only = [k for k in args.only.split(",") if k]
-    if only:
-        for g in groups:
-            g.configs = [c for c in g.configs if c.key in only]
+    skip = {k for k in args.skip.split(",") if k}
+    for g in groups:
+        g.configs = [c for c in g.configs
+                     if (not only or c.key in only) and f"{g.network.name}/{c.key}" not in skip]
     if any(g.network.emulated for g in groups) and os.geteuid() != 0:
         say("the emulated cluster needs root: running on loopback only")
         groups = [g for g in groups if not g.network.emulated]
