@@ -10,6 +10,9 @@
 #   table4   checkpoint and recovery cost (the Orpheus paper's Table 4), np 4, MLP.
 #   table3   techniques added one at a time (the paper's Table 3), np 8, MLP
 #            (scripts/bench/table3.sh; its own options are environment variables).
+#   codesign, sv-vs-dense, generated, selection: the older suites in their own scripts
+#            (comm_codesign.sh, sv_vs_dense.sh, generated_vs_handwritten.sh,
+#            selection_error.sh), options as environment variables; see each header.
 #
 # Examples:
 #   scripts/bench/run.sh vs-ddp
@@ -20,9 +23,10 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"
 suite="${1-}"
 case "$suite" in
-  vs-ddp | table4 | table3) shift ;;
+  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection) shift ;;
   -h | --help | "") sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3)" >&2; exit 2 ;;
+  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection)" >&2
+     exit 2 ;;
 esac
 
 "$ROOT/scripts/setup.sh"
@@ -38,9 +42,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-if [ "$suite" = table3 ]; then
-  build "$ROOT/build-dev" Release
-  exec "$ROOT/scripts/bench/table3.sh" "$@"
+declare -A SCRIPT=([table3]=table3.sh [codesign]=comm_codesign.sh [sv-vs-dense]=sv_vs_dense.sh
+  [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh)
+if [ -n "${SCRIPT[$suite]-}" ]; then
+  case "$suite" in table3 | codesign) build "$ROOT/build-dev" Release ;; esac
+  exec "$ROOT/scripts/bench/${SCRIPT[$suite]}" "$@"
 fi
 build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
 exec /usr/bin/python3 "$ROOT/scripts/bench/harness.py" "$suite" --orpheus "$ROOT/build-release/engine/orpheus" "$@"
