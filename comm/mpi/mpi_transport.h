@@ -52,6 +52,7 @@ class MpiTransport final : public Transport {
   int rank_ = 0;
   int size_ = 1;
   std::vector<PendingSend> sends_;
+  std::vector<float> allreduceSend_;  // the send side of allreduceSum (not in place: see there)
 };
 
 }  // namespace orpheus::comm::mpi
