@@ -162,6 +162,19 @@ class Network:
         if self.emulated:
             subprocess.run([NETCLUSTER, "down"], check=False)
 
+    def kill_leftovers(self):
+        """Processes a killed job left in the hosts (Open MPI's daemons detach)."""
+        if not self.emulated:
+            return
+        for i in range(64):
+            ns = f"orph-h{i}"
+            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            if out.returncode != 0:
+                break
+            for pid in out.stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+
     def tx_bytes(self):
         if not self.emulated:
             return None
@@ -211,9 +224,11 @@ class Runner:
         return [[NETCLUSTER, "exec", str(r), *ddp, "--rank", str(r), "--world-size", str(np_),
                  "--master", master, "--ifname", "eth0"] for r in range(np_)]
 
-    def run(self, commands, log_path, limit):
-        """Runs the processes (one job), killing them all at the time limit. Returns
-        (exit code, timed out, wall seconds)."""
+    def run(self, commands, log_path, limit, started=None, startup_limit=None):
+        """Runs the processes (one job), killing them all at the time limit, or after
+        startup_limit seconds if the file `started` has not appeared by then (a launch
+        that hung). Returns (exit code, timed out, wall seconds); exit code 125: the
+        launch hung."""
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         start = time.monotonic()
@@ -224,15 +239,22 @@ class Runner:
                 log.flush()
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                               start_new_session=True, cwd=ROOT))
-            timed_out = False
+            timed_out = hung = False
             try:
-                for p in procs:
-                    left = limit - (time.monotonic() - start)
-                    p.wait(timeout=max(left, 0.1))
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                while any(p.poll() is None for p in procs):
+                    elapsed = time.monotonic() - start
+                    if elapsed > limit:
+                        timed_out = True
+                        break
+                    if started and startup_limit and elapsed > startup_limit and not os.path.exists(started):
+                        hung = True
+                        log.write(f"no metrics after {startup_limit} s: the launch hung; killed\n")
+                        break
+                    time.sleep(0.5)
             finally:
                 kill_all(procs)
+        if hung:
+            return 125, False, time.monotonic() - start
         rc = max((p.returncode or 0) for p in procs) if not timed_out else 124
         return rc, timed_out, time.monotonic() - start
 
@@ -586,6 +608,9 @@ def main():
     p.add_argument("--clocks", type=int, default=3000, help="cap on clocks per run (runs stop at the target)")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--time-limit", type=int, default=900, help="seconds per run before it is cut off")
+    p.add_argument("--startup-limit", type=int, default=150,
+                   help="seconds a run may take to write its first metrics line before its launch counts as hung "
+                        "(killed and retried once)")
     p.add_argument("--networks", default="loopback,1gbit,10gbit")
     p.add_argument("--models", default="mlr,mlp-wide")
     p.add_argument("--only", default="", help="comma-separated configuration keys to run (default: all)")
@@ -675,9 +700,16 @@ def run_group_rep(args, runner, work, g, rep, results):
             log.write(f"load average before: {open('/proc/loadavg').read()}")
         cmds = runner.command(config, g.network, g.workload, args.np, metrics)
         say(f"{datetime.datetime.now():%H:%M:%S} {g.key} {c.key} rep {rep}")
-        tx0 = g.network.tx_bytes()
-        rc, timed_out, wall = runner.run(cmds, base + ".log", args.time_limit)
-        tx1 = g.network.tx_bytes()
+        for attempt in (1, 2):
+            tx0 = g.network.tx_bytes()
+            rc, timed_out, wall = runner.run(cmds, base + ".log", args.time_limit, started=metrics,
+                                             startup_limit=args.startup_limit)
+            tx1 = g.network.tx_bytes()
+            g.network.kill_leftovers()
+            if rc != 125:
+                break
+            say(f"  the launch hung (no metrics after {args.startup_limit} s); "
+                f"{'retrying' if attempt == 1 else 'giving up'}")
         r = analyse(metrics, g.workload.target)
         if r is None:
             say(f"  FAILED (exit {rc}); see {base}.log")
