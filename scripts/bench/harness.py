@@ -240,9 +240,17 @@ class Runner:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                               start_new_session=True, cwd=ROOT))
             timed_out = hung = False
+            finished_at = None
             try:
                 while any(p.poll() is None for p in procs):
                     elapsed = time.monotonic() - start
+                    # The summary line is written last: processes that linger long after
+                    # it (a hang on exit) are killed, and the run counts as complete.
+                    if finished_at is None and started and has_summary(started):
+                        finished_at = elapsed
+                    if finished_at is not None and elapsed - finished_at > 20:
+                        log.write("still running 20 s after its summary line: killed\n")
+                        break
                     if elapsed > limit:
                         timed_out = True
                         break
@@ -255,8 +263,20 @@ class Runner:
                 kill_all(procs)
         if hung:
             return 125, False, time.monotonic() - start
+        if finished_at is not None:
+            return 0, False, finished_at
         rc = max((p.returncode or 0) for p in procs) if not timed_out else 124
         return rc, timed_out, time.monotonic() - start
+
+
+def has_summary(path):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            return b'"summary": true' in f.read()
+    except OSError:
+        return False
 
 
 def kill_all(procs):
