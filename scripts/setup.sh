@@ -17,8 +17,9 @@ PACKAGES=(
   zlib1g-dev
   dataset-fashion-mnist
   iproute2                                # scripts/netcluster.sh (namespaces, veths, tc)
-  python3-torch libopenblas0-pthread      # scripts/bench/ddp_fmnist.py, the DDP baseline
 )
+# The DDP baseline of the benchmarks (python3-torch, python3-numpy, libopenblas0-pthread)
+# and the plots (python3-matplotlib) are installed by scripts/bench/run.sh when needed.
 
 missing=()
 for p in "${PACKAGES[@]}"; do
