@@ -148,13 +148,19 @@ class Network:
     def describe(self):
         if not self.emulated:
             return "loopback (one kernel; Open MPI shared memory, gloo over 127.0.0.1)"
+        delay = (f"with {self.delay} one-way delay (netem)" if self.delay else
+                 "no added delay (this kernel has no netem qdisc)")
         return (f"emulated cluster: one network namespace per rank, each link limited to {self.rate} "
-                f"(tbf) with {self.delay} one-way delay, Open MPI over TCP (btl tcp,self)")
+                f"(tbf), {delay}, Open MPI over TCP (btl tcp,self), gloo over the same links")
 
     def up(self, np_):
         if not self.emulated:
             return
-        subprocess.run([NETCLUSTER, "up", str(np_), "--rate", self.rate, "--delay", self.delay], check=True)
+        up = subprocess.run([NETCLUSTER, "up", str(np_), "--rate", self.rate, "--delay", self.delay], check=True,
+                            stderr=subprocess.PIPE, text=True)
+        sys.stderr.write(up.stderr)
+        if "netem" in up.stderr:  # the kernel lacks netem: rate limit only
+            self.delay = None
         out = subprocess.run([NETCLUSTER, "mpirun-args"], check=True, capture_output=True, text=True).stdout
         self.mpirun_args = shlex.split(out)
 
