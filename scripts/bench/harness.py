@@ -486,8 +486,12 @@ def plot(path, groups, results):
     except ImportError:
         say("matplotlib missing: no plot (apt-get install python3-matplotlib)")
         return
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.2), squeeze=False)
-    for ax, g in zip(axes[0], groups):
+    cols = min(len(groups), 3)
+    rows = (len(groups) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax, g in zip(axes.flat, groups):
         for c in g.configs:
             runs = [r for r in results.get((g.key, c.key), []) if r]
             if not runs:
