@@ -16,6 +16,12 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <functional>
+#include <climits>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 // Segment chaining. A segment of replica R covers its local clocks first..last; the
@@ -190,6 +196,112 @@ bool readStringAttr(hid_t loc, const char* name, std::string* out) {
 
 // --- atomic files -----------------------------------------------------------------
 
+// Large writes bypass the page cache (O_DIRECT) where the file system allows:
+// the bytes go from an aligned buffer to the device, saving the kernel's copy and
+// its page cache bookkeeping, which compete with training for the cores.
+constexpr size_t kDirectAlign = 4096;
+constexpr hsize_t kAlignThreshold = 64 * 1024;
+constexpr size_t kWriteChunk = size_t{8} << 20;
+constexpr size_t kHugePage = size_t{2} << 20;
+// The most a segment holds before it closes early (a group may pass it).
+constexpr size_t kSegmentBytes = size_t{64} << 20;
+
+// Closes a descriptor on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// pwrite of all of `size` bytes; false with errno set on failure.
+bool pwriteAll(int fd, const std::byte* data, size_t size, uint64_t offset) {
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd, data, size, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (n == 0) {
+      errno = EIO;
+      return false;
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+// A growable buffer aligned for direct IO; its memory is kept for the next segment.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  ~AlignedBuffer() { std::free(data_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  std::byte* data() { return data_; }
+  const std::byte* data() const { return data_; }
+  // Makes room for `size` bytes (at least `expected`, what a whole segment usually
+  // needs, so it is allocated once), keeping the first `keep`.
+  void reserve(size_t size, size_t keep, size_t expected) {
+    if (size <= capacity_) return;
+    size_t capacity = std::max({size + size / 4, expected, size_t{1} << 20});
+    capacity = (capacity + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    // Aligned to huge pages and asking for them: fewer faults the first time, and
+    // fewer pages for the kernel to pin on each direct write.
+    capacity = (capacity + kHugePage - 1) / kHugePage * kHugePage;
+    void* p = nullptr;
+    if (::posix_memalign(&p, kHugePage, capacity) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    ::madvise(p, capacity, MADV_HUGEPAGE);
+#endif
+    if (keep > 0) std::memcpy(p, data_, keep);
+    std::free(data_);
+    data_ = static_cast<std::byte*>(p);
+    capacity_ = capacity;
+  }
+
+ private:
+  std::byte* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// Writes `size` bytes of `data` (aligned for direct IO) at `offset` of the file
+// `path`: whole blocks directly where the file system allows, the rest buffered,
+// in pieces of kWriteChunk with `between` called after each.
+void writeRaw(const fs::path& path, const std::string& target, uint64_t offset, const std::byte* data, size_t size,
+              const std::function<void()>& between) {
+  const auto fail = [&](int err) { throw IoError(fmt::format("cannot write '{}': {}", target, std::strerror(err))); };
+  Fd buffered(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  if (buffered.get() < 0) fail(errno);
+  int directFd = -1;
+#ifdef O_DIRECT
+  if (offset % kDirectAlign == 0) directFd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);
+#endif
+  Fd direct(directFd);
+  bool useDirect = direct.get() >= 0;
+  for (size_t at = 0; at < size;) {
+    const size_t n = std::min(kWriteChunk, size - at);
+    const size_t whole = useDirect ? n / kDirectAlign * kDirectAlign : 0;
+    if (whole > 0 && !pwriteAll(direct.get(), data + at, whole, offset + at)) {
+      if (errno != EINVAL) fail(errno);
+      useDirect = false;  // refused after all: buffered from here on
+      continue;
+    }
+    if (n > whole && !pwriteAll(buffered.get(), data + at + whole, n - whole, offset + at + whole)) fail(errno);
+    at += n;
+    if (between) between();
+  }
+}
+
 // fsync through a fresh descriptor: HDF5 does not expose its own.
 void syncPath(const fs::path& path, const std::string& what, bool directory) {
   const int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
@@ -208,9 +320,12 @@ void syncPath(const fs::path& path, const std::string& what, bool directory) {
 
 // Writes `path` as a whole or not at all: `fill` writes the HDF5 file under a
 // temporary name in the same directory, which is then flushed, closed, synced and
-// renamed, and the directory synced. On failure only the temporary file existed and
-// is removed; IoError names `path` and the OS error. Returns the file's size.
-uint64_t writeAtomically(const fs::path& path, const std::function<void(hid_t file)>& fill) {
+// renamed, and the directory synced. `afterClose`, when given, writes into the
+// closed temporary file before it is synced (raw data HDF5 only allocated). On
+// failure only the temporary file existed and is removed; IoError names `path` and
+// the OS error. Returns the file's size.
+uint64_t writeAtomically(const fs::path& path, const std::function<void(hid_t file)>& fill,
+                         const std::function<void(const fs::path& tmp)>& afterClose = nullptr) {
   static std::atomic<uint64_t> counter{0};
   const fs::path dir = path.parent_path();
   const std::string target = path.string();
@@ -228,6 +343,8 @@ uint64_t writeAtomically(const fs::path& path, const std::function<void(hid_t fi
     H5Pset_attr_phase_change(fcpl.get(), 0, 0);
     H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
     H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+    // Large raw data starts on a file system block, so it can be written directly.
+    H5Pset_alignment(fapl.get(), kAlignThreshold, kDirectAlign);
 #if H5_VERSION_GE(1, 10, 7)
     // The file is private until renamed; locks only fail on shared file systems.
     H5Pset_file_locking(fapl.get(), false, true);
@@ -249,6 +366,7 @@ uint64_t writeAtomically(const fs::path& path, const std::function<void(hid_t fi
       const int err = errno;
       throw IoError(fmt::format("cannot write '{}': {}", target, osError(err)));
     }
+    if (afterClose) afterClose(tmp);
     syncPath(tmp, target, false);
     size = fs::file_size(tmp, ec);
     if (ec) throw IoError(fmt::format("cannot write '{}': {}", target, ec.message()));
@@ -324,54 +442,67 @@ bool readVector(hid_t file, const char* name, hid_t memType, std::vector<T>* out
 // --- segments ---------------------------------------------------------------------
 
 // What the IO thread hands to writeSegment: a segment in stored form.
-struct SegmentContents {
-  int replica = 0;
-  uint64_t firstClock = 0;
-  uint64_t lastClock = 0;
+// A segment as the IO thread builds it: its records copied, one after another, into
+// one aligned buffer (the worker's own batches encoded there), with their rows,
+// sizes and CRC.
+struct BuiltSegment {
+  int replica = -1;  // -1: nothing being built
+  AlignedBuffer data;
+  size_t used = 0;
   std::vector<EntryRow> rows;
   std::vector<uint64_t> sizes;
-  std::vector<const std::vector<std::byte>*> records;
+  uint32_t recordsCrc = 0;  // CRC32C of all records' bytes, concatenated
+  size_t bytes = 0;         // record bytes, as counted in the writer's staged_
+
+  void reset(int id) {
+    replica = id;
+    used = 0;
+    rows.clear();
+    sizes.clear();
+    recordsCrc = 0;
+    bytes = 0;
+  }
 };
 
-uint32_t segmentCrc(const std::vector<const std::vector<std::byte>*>& records, const std::vector<EntryRow>& rows,
-                    const std::vector<uint64_t>& sizes) {
-  uint32_t crc = 0;
-  for (const auto* r : records) crc = crc32c(crc, r->data(), r->size());
-  crc = crc32c(crc, rows.data(), rows.size() * sizeof(EntryRow));
+// The segment's CRC: over all records' bytes, then the rows, then the sizes.
+uint32_t segmentCrc(uint32_t recordsCrc, const std::vector<EntryRow>& rows, const std::vector<uint64_t>& sizes) {
+  uint32_t crc = crc32c(recordsCrc, rows.data(), rows.size() * sizeof(EntryRow));
   return crc32c(crc, sizes.data(), sizes.size() * sizeof(uint64_t));
 }
 
 uint32_t segmentCrc(const std::vector<uint8_t>& records, const std::vector<EntryRow>& rows,
                     const std::vector<uint64_t>& sizes) {
-  uint32_t crc = crc32c(0, records.data(), records.size());
-  crc = crc32c(crc, rows.data(), rows.size() * sizeof(EntryRow));
-  return crc32c(crc, sizes.data(), sizes.size() * sizeof(uint64_t));
+  return segmentCrc(crc32c(0, records.data(), records.size()), rows, sizes);
 }
 
-uint64_t writeSegment(const std::string& dir, const SegmentContents& seg) {
-  const fs::path path = segmentPath(dir, seg.replica, seg.firstClock, seg.lastClock);
+// Writes replica `replica`'s segment of clocks first..last; `between` runs while the
+// records are being written (between pieces). Returns the file's size.
+uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint64_t last, const BuiltSegment& seg,
+                      const std::function<void()>& between) {
+  const fs::path path = segmentPath(dir, replica, first, last);
   const std::string name = path.string();
-  return writeAtomically(path, [&](hid_t file) {
-    uint64_t total = 0;
-    for (uint64_t s : seg.sizes) total += s;
+  const uint64_t total = seg.used;
+  haddr_t recordsAt = HADDR_UNDEF;  // where the records go once HDF5 has closed the file
+  const auto fill = [&](hid_t file) {
     {
-      // Each record is written from the caller's buffer into its place in the
-      // dataset: no concatenated copy of the segment is made.
-      H5Handle set = createVector(file, "records", H5T_STD_U8LE, total, name);
-      H5Handle fileSpace(H5Dget_space(set.get()), H5Sclose);
-      hsize_t offset = 0;
-      for (const auto* r : seg.records) {
-        const hsize_t count = r->size();
-        if (count == 0) continue;
-        H5Handle memSpace(H5Screate_simple(1, &count, nullptr), H5Sclose);
-        H5Sselect_hyperslab(fileSpace.get(), H5S_SELECT_SET, &offset, nullptr, &count, nullptr);
-        errno = 0;
-        if (H5Dwrite(set.get(), H5T_NATIVE_UINT8, memSpace.get(), fileSpace.get(), H5P_DEFAULT, r->data()) < 0) {
-          const int err = errno;
-          throw IoError(fmt::format("cannot write dataset 'records' of '{}': {}", name, osError(err)));
-        }
-        offset += count;
+      // The records dataset is allocated now, contiguous, block aligned and never
+      // filled; its bytes are written after HDF5 closes the file, straight from the
+      // segment's buffer.
+      const hsize_t count = total;
+      H5Handle space(H5Screate_simple(1, &count, nullptr), H5Sclose);
+      H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+      H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
+      H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
+      H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+      errno = 0;
+      H5Handle set(H5Dcreate2(file, "records", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                   H5Dclose);
+      if (!set.valid()) {
+        const int err = errno;
+        throw IoError(fmt::format("cannot create dataset 'records' in '{}': {}", name, osError(err)));
       }
+      if (total > 0) recordsAt = H5Dget_offset(set.get());
+      if (total > 0 && recordsAt == HADDR_UNDEF) writeAll(set.get(), H5T_NATIVE_UINT8, seg.data.data(), "records", name);
     }
     {
       H5Handle fileType = entryType(true);
@@ -384,11 +515,40 @@ uint64_t writeSegment(const std::string& dir, const SegmentContents& seg) {
       if (!seg.sizes.empty()) writeAll(set.get(), H5T_NATIVE_UINT64, seg.sizes.data(), "record_sizes", name);
     }
     writeI64Attr(file, "version", kSegmentVersion, name);
-    writeU64Attr(file, "first_clock", seg.firstClock, name);
-    writeU64Attr(file, "last_clock", seg.lastClock, name);
-    writeI64Attr(file, "replica", seg.replica, name);
-    writeU32Attr(file, "crc32c", segmentCrc(seg.records, seg.rows, seg.sizes), name);
-  });
+    writeU64Attr(file, "first_clock", first, name);
+    writeU64Attr(file, "last_clock", last, name);
+    writeI64Attr(file, "replica", replica, name);
+    writeU32Attr(file, "crc32c", segmentCrc(seg.recordsCrc, seg.rows, seg.sizes), name);
+  };
+  const auto raw = [&](const fs::path& tmp) {
+    if (recordsAt != HADDR_UNDEF) writeRaw(tmp, name, recordsAt, seg.data.data(), total, between);
+  };
+  return writeAtomically(path, fill, raw);
+}
+
+// Copies one staged entry into `seg`: received records as they are, the worker's
+// own batches encoded; each record's CRC is taken from its header when that is
+// known to be right, else computed on the copy while it is in cache.
+void appendEntry(BuiltSegment& seg, uint64_t clock, EventKind kind, const std::vector<Record>& records,
+                 size_t segmentBytes) {
+  seg.rows.push_back({clock, static_cast<uint32_t>(kind), static_cast<uint32_t>(records.size())});
+  for (const Record& r : records) {
+    const size_t size = r.size();
+    seg.data.reserve(seg.used + size, seg.used, segmentBytes + segmentBytes / 8);
+    std::byte* out = seg.data.data() + seg.used;
+    uint32_t crc = 0;
+    if (r.batch) {
+      crc = wholeRecordCrc(encodeInto(*r.batch, out), size);
+    } else if (r.checkedCrc) {
+      streamCopy(out, r.bytes.data(), size);
+      crc = wholeRecordCrc(storedCrc(r.bytes), size);
+    } else {
+      crc = copyWithCrc(r.bytes.data(), size, out);
+    }
+    seg.used += size;
+    seg.sizes.push_back(size);
+    seg.recordsCrc = crc32cCombine(seg.recordsCrc, crc, size);
+  }
 }
 
 // Reads and verifies a segment against its name and CRC. Returns why it is damaged,
@@ -701,11 +861,43 @@ JobInfo readJobInfo(const std::string& dir) {
 
 // --- writer -----------------------------------------------------------------------
 
+Record Record::encoded(SharedBytes bytes, bool checkedCrc) {
+  ORPHEUS_ENFORCE(bytes != nullptr, "checkpoint log: a null record");
+  Record r;
+  r.bytes = std::span<const std::byte>(*bytes);
+  r.owner = std::move(bytes);
+  r.checkedCrc = checkedCrc;
+  return r;
+}
+
+Record Record::part(std::shared_ptr<const void> owner, std::span<const std::byte> bytes, bool checkedCrc) {
+  ORPHEUS_ENFORCE(owner != nullptr, "checkpoint log: a record without its owner");
+  Record r;
+  r.owner = std::move(owner);
+  r.bytes = bytes;
+  r.checkedCrc = checkedCrc;
+  return r;
+}
+
+Record Record::of(std::shared_ptr<const SvBatch> batch) {
+  ORPHEUS_ENFORCE(batch != nullptr, "checkpoint log: a null batch");
+  Record r;
+  r.batch = std::move(batch);
+  return r;
+}
+
+struct SvLogWriter::Segment : BuiltSegment {};
+
 SvLogWriter::SvLogWriter(std::string dir, int replica, size_t stagingBytes, int clocksPerSegment)
-    : dir_(std::move(dir)), clocksPerSegment_(clocksPerSegment), stagingLimit_(stagingBytes), replica_(replica) {
+    : dir_(std::move(dir)),
+      clocksPerSegment_(clocksPerSegment),
+      stagingLimit_(stagingBytes),
+      segmentBytes_(std::min(stagingBytes / 2, kSegmentBytes)),
+      replica_(replica),
+      building_(std::make_unique<Segment>()),
+      writing_(std::make_unique<Segment>()) {
   ORPHEUS_CHECK_INPUT(clocksPerSegment >= 1, "a log segment must span at least one clock, not {}", clocksPerSegment);
   ORPHEUS_CHECK_INPUT(replica >= 0, "replica id {} is negative", replica);
-  open_.replica = replica;
   thread_ = std::thread([this] { run(); });
 }
 
@@ -732,13 +924,21 @@ uint64_t SvLogWriter::bytesWritten() const {
   return bytesWritten_;
 }
 
+void SvLogWriter::push(Command command) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(std::move(command));
+  }
+  cv_.notify_all();
+}
+
 void SvLogWriter::startSegment(uint64_t clock) {
   if (openStarted_) return;
   openStarted_ = true;
   // Within one replica this writer's segments chain exactly; the first one starts
   // at the first clock it sees.
-  open_.firstClock = chainEnd_ ? *chainEnd_ + 1 : clock;
-  open_.lastClock = open_.firstClock;
+  openFirst_ = chainEnd_ ? *chainEnd_ + 1 : clock;
+  openLast_ = openFirst_;
 }
 
 void SvLogWriter::closeIfDue(uint64_t clock) {
@@ -756,16 +956,21 @@ void SvLogWriter::stage(Entry entry, size_t bytes) {
                   "checkpoint log: an entry of clock {} after its segment was closed", entry.clock);
   startSegment(entry.clock);
   lastEntry_ = entry.clock;
-  open_.lastClock = std::max(open_.lastClock, entry.clock);
-  open_.bytes += bytes;
-  open_.entries.push_back(std::move(entry));
+  openLast_ = std::max(openLast_, entry.clock);
+  openBytes_ += bytes;
+  Command c;
+  c.type = Command::Type::kEntry;
+  c.replica = replica_;
+  c.entry = std::move(entry);
+  c.bytes = bytes;
+  push(std::move(c));
 }
 
 void SvLogWriter::waitForRoom(size_t bytes) {
   std::unique_lock<std::mutex> lock(mu_);
   // Only closed segments drain; the open one is held until its clock boundary, so a
   // group larger than what the queue can free is staged over the limit.
-  const auto full = [&] { return staged_ + bytes > stagingLimit_ && staged_ > open_.bytes && !error_; };
+  const auto full = [&] { return staged_ + bytes > stagingLimit_ && staged_ > openBytes_ && !error_; };
   if (full()) {
     const auto start = std::chrono::steady_clock::now();
     const bool drained = cv_.wait_for(lock, kStallTimeout, [&] { return !full(); });
@@ -779,11 +984,18 @@ void SvLogWriter::waitForRoom(size_t bytes) {
 }
 
 void SvLogWriter::appendGroup(uint64_t clock, std::vector<SharedBytes> records) {
-  size_t bytes = 0;
-  for (const auto& r : records) {
+  std::vector<Record> converted;
+  converted.reserve(records.size());
+  for (auto& r : records) {
     ORPHEUS_ENFORCE(r != nullptr, "checkpoint log: a null record in the group of clock {}", clock);
-    bytes += r->size();
+    converted.push_back(Record::encoded(std::move(r)));
   }
+  appendGroup(clock, std::move(converted));
+}
+
+void SvLogWriter::appendGroup(uint64_t clock, std::vector<Record> records) {
+  size_t bytes = 0;
+  for (const auto& r : records) bytes += r.size();
   closeIfDue(clock);
   waitForRoom(bytes);
   stage(Entry{clock, EventKind::kGroup, std::move(records)}, bytes);
@@ -796,10 +1008,10 @@ void SvLogWriter::appendEvent(uint64_t clock, EventKind kind) {
   stageEvent(clock, kind, {});
 }
 
-void SvLogWriter::stageEvent(uint64_t clock, EventKind kind, std::vector<SharedBytes> records) {
+void SvLogWriter::stageEvent(uint64_t clock, EventKind kind, std::vector<Record> records) {
   closeIfDue(clock);
   size_t bytes = 0;
-  for (const auto& r : records) bytes += r->size();
+  for (const auto& r : records) bytes += r.size();
   if (bytes > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     staged_ += bytes;
@@ -813,11 +1025,12 @@ void SvLogWriter::endClock(uint64_t clock) {
   closeIfDue(clock);
   startSegment(clock);
   lastEnded_ = clock;
-  open_.lastClock = std::max(open_.lastClock, clock);
-  // A segment closes every clocksPerSegment clocks, or earlier once it fills half
-  // the staging area, so the disk writes one segment while the next one fills.
-  const bool longEnough = clock - open_.firstClock + 1 >= static_cast<uint64_t>(clocksPerSegment_);
-  const bool big = open_.bytes > 0 && open_.bytes * 2 >= stagingLimit_;
+  openLast_ = std::max(openLast_, clock);
+  // A segment closes every clocksPerSegment clocks, or earlier once it holds
+  // segmentBytes_ (at most half the staging area), so the disk writes one segment
+  // while the next one fills, and the buffers they are built in stay small.
+  const bool longEnough = clock - openFirst_ + 1 >= static_cast<uint64_t>(clocksPerSegment_);
+  const bool big = openBytes_ > 0 && openBytes_ >= segmentBytes_;
   closeDue_ = closeDue_ || longEnough || big;
 }
 
@@ -826,35 +1039,38 @@ void SvLogWriter::closeSegment() {
   if (!openStarted_) return;
   // A segment of nothing but the hand-over clock would take the previous holder's
   // file name (see the top of this file); it stays open into the next clock.
-  const bool handOverOnly = handOver_ && open_.firstClock == *handOver_ && open_.lastClock == *handOver_;
-  if (handOverOnly && open_.bytes == 0) return;
-  chainEnd_ = open_.lastClock;
-  Item item = std::move(open_);
-  open_ = Item{};
-  open_.replica = replica_;
+  const bool handOverOnly = handOver_ && openFirst_ == *handOver_ && openLast_ == *handOver_;
+  if (handOverOnly && openBytes_ == 0) return;
+  chainEnd_ = openLast_;
+  Command c;
+  c.type = Command::Type::kClose;
+  c.replica = replica_;
+  c.firstClock = openFirst_;
+  c.lastClock = openLast_;
   openStarted_ = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(item));
-  }
-  cv_.notify_all();
+  openBytes_ = 0;
+  push(std::move(c));
 }
 
 void SvLogWriter::switchReplica(int id) {
   ORPHEUS_CHECK_INPUT(id >= 0, "replica id {} is negative", id);
   const uint64_t seen = std::max(lastEnded_, lastEntry_);
   closeSegment();
-  // Still open: only the hand-over events of the previous arrival, which are not
-  // written, as the previous holder's segment already ends that clock.
+  if (openStarted_) {
+    // Still open: only the hand-over events of the previous arrival, which are not
+    // written, as the previous holder's segment already ends that clock.
+    Command c;
+    c.type = Command::Type::kDrop;
+    c.replica = replica_;
+    push(std::move(c));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    staged_ -= open_.bytes;
     replica_ = id;
     durable_ = seen;
   }
-  open_ = Item{};
-  open_.replica = id;
   openStarted_ = false;
+  openBytes_ = 0;
   chainEnd_.reset();
   lastEnded_ = 0;
   lastEntry_ = 0;
@@ -873,28 +1089,30 @@ void SvLogWriter::resumeAt(int id, uint64_t clock) {
 }
 
 uint64_t SvLogWriter::discardStaged() {
-  // The open segment was only in memory.
-  std::vector<Item> dropped;
-  dropped.push_back(std::move(open_));
-  open_ = Item{};
-  open_.replica = replica_;
   openStarted_ = false;
+  openBytes_ = 0;
   closeDue_ = false;
   uint64_t durable = 0;
+  std::deque<Command> dropped;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    staged_ -= dropped.front().bytes;
-    // So were the closed segments of this replica the IO thread has not started.
-    for (auto it = queue_.begin(); it != queue_.end();) {
+    // What the IO thread has not taken of this replica was only in memory; what it
+    // took and has not written goes with a drop. A write in progress completes.
+    for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->replica == replica_) {
-        staged_ -= it->bytes;
+        if (it->type == Command::Type::kEntry) staged_ -= it->bytes;
         dropped.push_back(std::move(*it));
-        it = queue_.erase(it);
+        it = pending_.erase(it);
       } else {
         ++it;
       }
     }
-    const bool done = cv_.wait_for(lock, kStallTimeout, [&] { return queue_.empty() && idle_; });
+    Command c;
+    c.type = Command::Type::kDrop;
+    c.replica = replica_;
+    pending_.push_back(std::move(c));
+    cv_.notify_all();
+    const bool done = cv_.wait_for(lock, kStallTimeout, [&] { return pending_.empty() && idle_; });
     if (!done) {
       throw IoError(fmt::format("checkpoint writer stalled: {} bytes of replica {} not written to '{}' in {} s",
                                 staged_, replica_, dir_, std::chrono::seconds(kStallTimeout).count()));
@@ -914,17 +1132,17 @@ void SvLogWriter::appendReset(uint64_t clock, uint64_t resetTo) {
   auto record = std::make_shared<std::vector<std::byte>>(2 * sizeof(uint64_t));
   const uint64_t values[2] = {resetTo, *chainEnd_};
   std::memcpy(record->data(), values, sizeof(values));
-  stageEvent(clock, EventKind::kReset, {std::move(record)});
+  stageEvent(clock, EventKind::kReset, {Record::encoded(std::move(record))});
 }
 
 void SvLogWriter::abandon() {
   abandoned_ = true;
-  open_ = Item{};
   openStarted_ = false;
-  std::deque<Item> dropped;
+  openBytes_ = 0;
+  std::deque<Command> dropped;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    dropped.swap(queue_);
+    dropped.swap(pending_);
     cv_.wait_for(lock, kStallTimeout, [&] { return idle_; });
     staged_ = 0;
   }
@@ -938,7 +1156,7 @@ void SvLogWriter::check() {
 void SvLogWriter::flush() {
   closeSegment();
   std::unique_lock<std::mutex> lock(mu_);
-  const bool done = cv_.wait_for(lock, kStallTimeout, [&] { return queue_.empty() && idle_; });
+  const bool done = cv_.wait_for(lock, kStallTimeout, [&] { return pending_.empty() && idle_; });
   if (!done) {
     throw IoError(fmt::format("checkpoint writer stalled: {} bytes of replica {} not written to '{}' in {} s", staged_,
                               replica_, dir_, std::chrono::seconds(kStallTimeout).count()));
@@ -948,47 +1166,97 @@ void SvLogWriter::flush() {
 
 void SvLogWriter::run() {
   silenceHdf5();
+  // This thread keeps up with the compute thread rather than yielding to it: a
+  // group copied at once is released while it is in cache and its memory serves the
+  // next clock's batches; a lagging writer would make the process fault in fresh
+  // memory every clock and then catch up in a burst.
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) break;
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
+    cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+    if (pending_.empty()) break;
+    Command command = std::move(pending_.front());
+    pending_.pop_front();
     idle_ = false;
-    const bool failed = error_ != nullptr;
+    const bool skip = error_ != nullptr || abandoned_;
     lock.unlock();
-
-    uint64_t written = 0;
-    std::exception_ptr error;
-    // After a failure the log has a hole; later segments could not be read past it,
-    // so they are dropped rather than written.
-    if (!failed) {
-      try {
-        SegmentContents seg;
-        seg.replica = item.replica;
-        seg.firstClock = item.firstClock;
-        seg.lastClock = item.lastClock;
-        seg.rows.reserve(item.entries.size());
-        for (const Entry& e : item.entries) {
-          seg.rows.push_back({e.clock, static_cast<uint32_t>(e.kind), static_cast<uint32_t>(e.records.size())});
-          for (const auto& r : e.records) {
-            seg.sizes.push_back(r->size());
-            seg.records.push_back(r.get());
-          }
-        }
-        written = writeSegment(dir_, seg);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    item.entries.clear();  // releases the shared records outside the lock
-
+    consume(command, skip);
+    command = Command{};  // releases the records outside the lock
     lock.lock();
-    staged_ -= item.bytes;
-    bytesWritten_ += written;
-    if (error && !error_) error_ = error;
-    if (!failed && !error && item.replica == replica_) durable_ = std::max(durable_, item.lastClock);
     idle_ = true;
+    cv_.notify_all();
+  }
+}
+
+void SvLogWriter::takeEntries() {
+  // While a segment is being written, entries of the next one are copied in (so
+  // they are released while still in cache); closes and drops wait their turn.
+  for (;;) {
+    Command command;
+    bool skip = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pending_.empty() || pending_.front().type != Command::Type::kEntry) return;
+      command = std::move(pending_.front());
+      pending_.pop_front();
+      skip = error_ != nullptr || abandoned_;
+    }
+    consume(command, skip);
+  }
+}
+
+void SvLogWriter::consume(Command& command, bool skip) {
+  Segment& seg = *building_;
+  size_t freed = 0;  // record bytes no longer staged
+  switch (command.type) {
+    case Command::Type::kEntry:
+      if (seg.replica != command.replica) {
+        // Not expected (a segment ends with a close or a drop): what was built is not written.
+        freed += seg.bytes;
+        seg.reset(command.replica);
+      }
+      seg.bytes += command.bytes;
+      // After a failure nothing is written: no need to copy.
+      if (!skip) appendEntry(seg, command.entry.clock, command.entry.kind, command.entry.records, segmentBytes_);
+      break;
+    case Command::Type::kDrop:
+      if (seg.replica == command.replica) {
+        freed += seg.bytes;
+        seg.reset(-1);
+      }
+      break;
+    case Command::Type::kClose: {
+      if (seg.replica != command.replica) {
+        freed += seg.bytes;
+        seg.reset(command.replica);  // a segment with no entries
+      }
+      // The built segment is written while the next one is built in the other buffer.
+      std::swap(building_, writing_);
+      building_->reset(-1);
+      Segment& out = *writing_;
+      uint64_t written = 0;
+      std::exception_ptr error;
+      if (!skip) {
+        try {
+          written = writeSegment(dir_, command.replica, command.firstClock, command.lastClock, out,
+                                 [this] { takeEntries(); });
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      freed += out.bytes;
+      out.reset(-1);
+      std::lock_guard<std::mutex> lock(mu_);
+      staged_ -= freed;
+      bytesWritten_ += written;
+      if (error && !error_) error_ = error;
+      if (!skip && !error && command.replica == replica_) durable_ = std::max(durable_, command.lastClock);
+      cv_.notify_all();
+      return;
+    }
+  }
+  if (freed > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_ -= freed;
     cv_.notify_all();
   }
 }

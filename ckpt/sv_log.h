@@ -29,6 +29,7 @@
 #pragma once
 
 #include "engine/base/params.h"
+#include "engine/base/sv_batch.h"
 
 #include <condition_variable>
 #include <cstddef>
@@ -38,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +47,24 @@
 namespace orpheus::ckpt {
 
 using SharedBytes = std::shared_ptr<const std::vector<std::byte>>;
+
+// One record of a group as the writer takes it; nothing is copied. Either bytes
+// already encoded (a batch as it travelled, kept alive by `owner`), or an SV batch
+// the IO thread encodes straight into the segment (the worker's own batch: the
+// compute thread does no encoding for the log).
+struct Record {
+  std::shared_ptr<const void> owner;
+  std::span<const std::byte> bytes;
+  std::shared_ptr<const SvBatch> batch;
+  // `bytes` are an SV batch record whose header CRC is known to be right (it was
+  // decoded or encoded here), so the segment's CRC needs no pass over them.
+  bool checkedCrc = false;
+
+  static Record encoded(SharedBytes bytes, bool checkedCrc = false);
+  static Record part(std::shared_ptr<const void> owner, std::span<const std::byte> bytes, bool checkedCrc);
+  static Record of(std::shared_ptr<const SvBatch> batch);
+  size_t size() const { return batch ? encodedSize(*batch) : bytes.size(); }
+};
 
 // What a job was, so a log can be replayed by a later process.
 struct JobInfo {
@@ -78,13 +98,18 @@ struct LogEntry {
   uint64_t logEnd = 0;
 };
 
-// Writes one replica's log through an IO thread. The compute thread hands over the
-// already-encoded records (shared, not copied) and never waits for the disk unless
-// the staging area is full; that wait is measured. Not thread-safe: one caller.
+// Writes one replica's log through an IO thread. The compute thread only hands
+// over the records (shared, never copied or encoded there) and never waits for the
+// disk unless the staging area is full; that wait is measured. The IO thread copies
+// each group into the segment being built as soon as it is staged (encoding the
+// worker's own batch there, checksumming while the bytes are in cache) and releases
+// it, then writes a closed segment from that one aligned buffer, bypassing the page
+// cache where the file system allows. Not thread-safe: one caller.
 class SvLogWriter {
  public:
   // `stagingBytes`: how much may wait for the disk; `clocksPerSegment`: a segment is
-  // closed (written and renamed) every that many clocks, and by flush().
+  // closed (written and renamed) every that many clocks, once it holds 64 MiB or half
+  // the staging area, and by flush().
   SvLogWriter(std::string dir, int replica, size_t stagingBytes = size_t{256} << 20, int clocksPerSegment = 50);
   // Writes what is staged and joins the IO thread; never throws.
   ~SvLogWriter();
@@ -92,6 +117,7 @@ class SvLogWriter {
   SvLogWriter& operator=(const SvLogWriter&) = delete;
 
   // Stages the batches applied together at local clock `clock`.
+  void appendGroup(uint64_t clock, std::vector<Record> records);
   void appendGroup(uint64_t clock, std::vector<SharedBytes> records);
   void appendEvent(uint64_t clock, EventKind kind);
   // Marks the end of `clock`: segments close on clock boundaries only.
@@ -130,33 +156,44 @@ class SvLogWriter {
   struct Entry {
     uint64_t clock = 0;
     EventKind kind = EventKind::kGroup;
-    std::vector<SharedBytes> records;
+    std::vector<Record> records;
   };
-  void stageEvent(uint64_t clock, EventKind kind, std::vector<SharedBytes> records);
-  // One segment: everything staged between two closes, written by one file write.
-  struct Item {
+  // What the compute thread hands the IO thread, in order: entries, which it copies
+  // into the segment being built at once (the batches are released right away, while
+  // still in cache), the close of a segment, which it then writes, or the drop of
+  // the segment being built (never to be written).
+  struct Command {
+    enum class Type { kEntry, kClose, kDrop } type = Type::kEntry;
     int replica = 0;
-    uint64_t firstClock = 0;
+    Entry entry;     // kEntry
+    size_t bytes = 0;  // kEntry: record bytes, as counted in staged_
+    uint64_t firstClock = 0;  // kClose: the segment's clocks
     uint64_t lastClock = 0;
-    std::vector<Entry> entries;
-    size_t bytes = 0;  // record bytes, as counted in staged_
   };
+  struct Segment;  // a segment as the IO thread builds it: its records in one aligned buffer
   void stage(Entry entry, size_t bytes);
+  void stageEvent(uint64_t clock, EventKind kind, std::vector<Record> records);
+  void push(Command command);
   void startSegment(uint64_t clock);
   // Hands the open segment to the IO thread (a no-op when nothing is open).
   void closeSegment();
   // Closes a segment due at the last ended clock once a later clock begins.
   void closeIfDue(uint64_t clock);
   void waitForRoom(size_t bytes);
+  // IO thread: the loop, one command, and the entries that can be taken in while a
+  // segment is being written.
   void run();
+  void consume(Command& command, bool skip);
+  void takeEntries();
 
   std::string dir_;
   int clocksPerSegment_;
   size_t stagingLimit_;
+  size_t segmentBytes_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> queue_;  // closed segments, oldest first
-  size_t staged_ = 0;       // record bytes of the open segment and the queue
+  std::deque<Command> pending_;  // not yet taken by the IO thread
+  size_t staged_ = 0;       // record bytes staged and not yet written (or dropped)
   int replica_;
   bool stop_ = false;
   bool abandoned_ = false;
@@ -165,9 +202,14 @@ class SvLogWriter {
   uint64_t bytesWritten_ = 0;
   double waitSeconds_ = 0.0;
   uint64_t durable_ = 0;    // newest clock of replica_'s log known to be on disk (0: none)
+  // IO-thread state: the segment being built, and the one being written.
+  std::unique_ptr<Segment> building_;
+  std::unique_ptr<Segment> writing_;
   // Compute-thread state of the open segment.
-  Item open_;
   bool openStarted_ = false;
+  uint64_t openFirst_ = 0;
+  uint64_t openLast_ = 0;
+  size_t openBytes_ = 0;    // record bytes staged in the open segment
   // Where the log of replica_ ends before the open segment: the next segment starts
   // right after it (none: at the first clock it sees).
   std::optional<uint64_t> chainEnd_;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <cmath>
 #include <cstring>
+#include <malloc.h>
 #include <thread>
 
 #include <fmt/ranges.h>
@@ -80,18 +81,17 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
   const double heard = static_cast<double>(config.batch) * (schedule_.fanout() + 1);
   stepScale_ = static_cast<float>(-config.lr / heard);
   replicaId_ = transport.rank();
-  if (config.ckptSv) log_ = std::make_unique<ckpt::SvLogWriter>(config.ckptDir, replicaId_);
+  if (config.ckptSv) {
+    // The log's IO thread frees each clock's batches once it has copied them, a
+    // little after the clock. Keep freed memory in the heap for the next clock's
+    // batches rather than handing it back to the system and faulting it in again.
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    log_ = std::make_unique<ckpt::SvLogWriter>(config.ckptDir, replicaId_);
+  }
 }
 
-namespace {
-
-ckpt::SharedBytes share(std::span<const std::byte> bytes) {
-  return std::make_shared<const std::vector<std::byte>>(bytes.begin(), bytes.end());
-}
-
-}  // namespace
-
-void Worker::logGroup(std::vector<ckpt::SharedBytes> records) {
+void Worker::logGroup(std::vector<ckpt::Record> records) {
   if (log_) log_->appendGroup(current_, std::move(records));
 }
 
@@ -161,11 +161,12 @@ SvBatchHeader Worker::header(uint64_t clock) const {
 
 void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
   auto t = Clock::now();
-  // compute_svg(W, x) for each x of the minibatch: S.
-  SvBatch local = model_.computeSvg(replica_, examples, &stats.loss);
+  // compute_svg(W, x) for each x of the minibatch: S. Shared, so the checkpoint
+  // log can keep it as it is once applied.
+  auto local = std::make_shared<SvBatch>(model_.computeSvg(replica_, examples, &stats.loss));
   if (!std::isfinite(stats.loss)) return;  // reported by runClock
-  ops::scaleCoefficients(local, stepScale_);
-  local.header = header(clock);
+  ops::scaleCoefficients(*local, stepScale_);
+  local->header = header(clock);
   stats.computeSeconds = secondsSince(t);
   if (pointToPoint_) {
     svMulticastClock(clock, local, stats);
@@ -186,7 +187,8 @@ static SvBatch toSend(const TrainConfig& config, const SvBatch& local, uint64_t 
   return sent;
 }
 
-void Worker::svBroadcastClock(uint64_t clock, SvBatch& local, ClockStats& stats) {
+void Worker::svBroadcastClock(uint64_t clock, const std::shared_ptr<SvBatch>& localBatch, ClockStats& stats) {
+  const SvBatch& local = *localBatch;
   const bool selecting = config_.select > 0 && config_.select < local.numColumns();
   SvBatch selected;
   if (selecting) selected = toSend(config_, local, clock, transport_.rank(), stats);
@@ -196,8 +198,8 @@ void Worker::svBroadcastClock(uint64_t clock, SvBatch& local, ClockStats& stats)
   auto t = Clock::now();
   encoded_.clear();
   encode(sent, encoded_);
-  const comm::Gathered all = transport_.allgatherv(encoded_, clock);
-  std::vector<SvBatch> remote = decodeRemote(all, clock);
+  const auto all = std::make_shared<const comm::Gathered>(transport_.allgatherv(encoded_, clock));
+  std::vector<SvBatch> remote = decodeRemote(*all, clock);
   stats.commSeconds = secondsSince(t);
 
   // compute_update(s) for each s in S ∪ T, applied together in rank order so every
@@ -211,17 +213,18 @@ void Worker::svBroadcastClock(uint64_t clock, SvBatch& local, ClockStats& stats)
   model_.computeUpdate(batches, replica_);
   stats.updateSeconds = secondsSince(t);
   if (log_) {
-    std::vector<ckpt::SharedBytes> records;
+    // The own batch as it is, the others' as they arrived (decoded, so checked).
+    std::vector<ckpt::Record> records;
     for (int r = 0; r < transport_.size(); ++r) {
-      records.push_back(r == transport_.rank() && !selecting ? share(encoded_)
-                        : r == transport_.rank()             ? share(encode(local))
-                                                             : share(all.part(static_cast<size_t>(r))));
+      records.push_back(r == transport_.rank() ? ckpt::Record::of(localBatch)
+                                               : ckpt::Record::part(all, all->part(static_cast<size_t>(r)), true));
     }
     logGroup(std::move(records));
   }
 }
 
-void Worker::svMulticastClock(uint64_t clock, SvBatch& local, ClockStats& stats) {
+void Worker::svMulticastClock(uint64_t clock, const std::shared_ptr<SvBatch>& localBatch, ClockStats& stats) {
+  const SvBatch& local = *localBatch;
   const SvBatch sent = toSend(config_, local, clock, transport_.rank(), stats);
   const bool selecting = sent.numColumns() != local.numColumns() ||
                          (!sent.matrices.empty() && sent.matrices[0].core.size() > 0);
@@ -230,8 +233,10 @@ void Worker::svMulticastClock(uint64_t clock, SvBatch& local, ClockStats& stats)
   auto t = Clock::now();
   auto bytes = std::make_shared<std::vector<std::byte>>();
   encode(sent, *bytes);
-  ckpt::SharedBytes ownRecord;
-  if (log_) ownRecord = selecting ? share(encode(local)) : ckpt::SharedBytes(bytes);
+  // The log keeps the whole batch the replica applies: the bytes sent when they are
+  // that, else the batch itself (encoded by the log's IO thread).
+  ckpt::Record ownRecord;
+  if (log_) ownRecord = selecting ? ckpt::Record::of(localBatch) : ckpt::Record::encoded(bytes, true);
   for (int peer : schedule_.receivers(clock, transport_.rank())) transport_.sendAsync(peer, comm::Channel::kData, bytes);
   sentThrough_ = clock;
   pump();
@@ -251,20 +256,20 @@ void Worker::svMulticastClock(uint64_t clock, SvBatch& local, ClockStats& stats)
   t = Clock::now();
   std::map<int, Received>& received = pending_[clock];
   std::vector<const SvBatch*> batches;
-  std::vector<ckpt::SharedBytes> records;
+  std::vector<ckpt::Record> records;
   bool ownAdded = false;
   for (auto& [sender, r] : received) {
     if (!ownAdded && sender > transport_.rank()) {
       batches.push_back(&local);
-      records.push_back(ownRecord);
+      if (log_) records.push_back(ownRecord);
       ownAdded = true;
     }
     batches.push_back(&r.batch);
-    records.push_back(r.bytes);
+    if (log_) records.push_back(ckpt::Record::encoded(r.bytes, true));
   }
   if (!ownAdded) {
     batches.push_back(&local);
-    records.push_back(ownRecord);
+    if (log_) records.push_back(ownRecord);
   }
   model_.computeUpdate(batches, replica_);
   pending_.erase(clock);
@@ -300,7 +305,7 @@ void Worker::accept(comm::Message message) {
   if (config_.consistency == Consistency::kSsp) {
     const SvBatch* one[] = {&batch};
     model_.computeUpdate(one, replica_);
-    if (log_) logGroup({bytes});
+    if (log_) logGroup({ckpt::Record::encoded(bytes, true)});
   } else {
     pending_[clock].emplace(sender, Received{std::move(batch), bytes});
   }

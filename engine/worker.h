@@ -98,8 +98,8 @@ class Worker {
   const ParamSet& runClocks(MetricsWriter& metrics);
   // --sync sv: compute_svg, select, send S, receive T, compute_update(S ∪ T).
   void svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
-  void svBroadcastClock(uint64_t clock, SvBatch& local, ClockStats& stats);
-  void svMulticastClock(uint64_t clock, SvBatch& local, ClockStats& stats);
+  void svBroadcastClock(uint64_t clock, const std::shared_ptr<SvBatch>& local, ClockStats& stats);
+  void svMulticastClock(uint64_t clock, const std::shared_ptr<SvBatch>& local, ClockStats& stats);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline).
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
   std::vector<SvBatch> decodeRemote(const comm::Gathered& all, uint64_t clock) const;
@@ -147,7 +147,7 @@ class Worker {
   std::unique_ptr<ckpt::SvLogWriter> log_;
   uint64_t current_ = 0;  // the local clock being worked on
   int64_t averagings_ = 0;
-  void logGroup(std::vector<ckpt::SharedBytes> records);
+  void logGroup(std::vector<ckpt::Record> records);
   // Failure injection and recovery (--fail-prob): returns whether this rank failed
   // at the end of `clock`, and sets `lost` to the clocks of updates its replica lost.
   bool maybeFail(uint64_t clock, uint64_t* lost);

@@ -145,7 +145,45 @@ bool haveSse42() {
 
 #endif
 
+// a(x) * b(x) modulo the polynomial, in the reflected bit order of the register.
+constexpr uint32_t multModP(uint32_t a, uint32_t b) {
+  uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return p;
+}
+
+// kX2n[k] = x^(2^k) modulo the polynomial.
+constexpr std::array<uint32_t, 32> makeX2n() {
+  std::array<uint32_t, 32> t{};
+  uint32_t p = 1u << 30;  // x^1
+  t[0] = p;
+  for (int k = 1; k < 32; ++k) t[k] = p = multModP(p, p);
+  return t;
+}
+
+constexpr std::array<uint32_t, 32> kX2n = makeX2n();
+
+// x^(n * 2^k) modulo the polynomial.
+uint32_t x2nModP(uint64_t n, unsigned k) {
+  uint32_t p = 1u << 31;  // x^0
+  for (; n != 0; n >>= 1, ++k) {
+    if (n & 1) p = multModP(kX2n[k & 31], p);
+  }
+  return p;
+}
+
 }  // namespace
+
+uint32_t crc32cCombine(uint32_t crcA, uint32_t crcB, uint64_t sizeB) {
+  return multModP(x2nModP(sizeB, 3), crcA) ^ crcB;
+}
 
 uint32_t crc32c(uint32_t crc, const void* data, size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);

@@ -9,4 +9,8 @@ namespace orpheus {
 // Continues a CRC: crc32c(crc32c(0, a), b) == crc32c(0, a ++ b).
 uint32_t crc32c(uint32_t crc, const void* data, size_t size);
 
+// The CRC of a ++ b from the CRCs of a and b and the size of b, without the bytes:
+// crc32cCombine(crc32c(0, a), crc32c(0, b), size(b)) == crc32c(0, a ++ b).
+uint32_t crc32cCombine(uint32_t crcA, uint32_t crcB, uint64_t sizeB);
+
 }  // namespace orpheus

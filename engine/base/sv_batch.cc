@@ -13,6 +13,10 @@
 #include <string>
 #include <type_traits>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace orpheus {
 namespace {
 
@@ -138,13 +142,13 @@ struct SparseColumns {
   bool compressed;
 };
 
-void checkForEncode(const SvBatch& batch) {
+void checkForEncode(const SvBatch& batch, bool scanValues = true) {
   const int64_t n = batch.numColumns();
   ORPHEUS_ENFORCE(static_cast<uint64_t>(n) <= UINT32_MAX, "SV batch has {} columns, more than the wire format allows",
                   n);
   ORPHEUS_ENFORCE(batch.matrices.size() <= UINT32_MAX, "SV batch has {} matrices, more than the wire format allows",
                   batch.matrices.size());
-  {
+  if (scanValues) {
     const size_t bad = firstNonFinite(batch.coeffs.data(), static_cast<size_t>(n));
     ORPHEUS_ENFORCE(bad == static_cast<size_t>(n), "SV batch coefficient {} is non-finite ({})", bad,
                     bad < static_cast<size_t>(n) ? batch.coeffs[static_cast<Eigen::Index>(bad)] : 0.0f);
@@ -158,8 +162,8 @@ void checkForEncode(const SvBatch& batch) {
     ORPHEUS_ENFORCE(static_cast<uint64_t>(m.u.rows()) <= UINT32_MAX, "SV matrix {} has {} rows", i, m.u.rows());
     ORPHEUS_ENFORCE(m.vCols() == n, "SV matrix {} has V with {} columns, batch has {}", i, m.vCols(), n);
     ORPHEUS_ENFORCE(static_cast<uint64_t>(m.vRows()) <= UINT32_MAX, "SV matrix {} has V with {} rows", i, m.vRows());
-    ORPHEUS_ENFORCE(allFinite(m.u.data(), static_cast<size_t>(m.u.size())), "SV matrix {} has a non-finite value in U",
-                    i);
+    ORPHEUS_ENFORCE(!scanValues || allFinite(m.u.data(), static_cast<size_t>(m.u.size())),
+                    "SV matrix {} has a non-finite value in U", i);
     if (m.sparseV) {
       const SparseMatrix& s = m.vSparse;
       const int64_t rows = s.rows();
@@ -173,24 +177,24 @@ void checkForEncode(const SvBatch& batch) {
           ORPHEUS_ENFORCE(idx[k] >= 0 && idx[k] < rows && (k == 0 || idx[k] > idx[k - 1]),
                           "SV matrix {} sparse V column {} has row indices out of range or out of order", i, j);
         }
-        ORPHEUS_ENFORCE(allFinite(s.valuePtr() + cols.begin(j), static_cast<size_t>(count)),
+        ORPHEUS_ENFORCE(!scanValues || allFinite(s.valuePtr() + cols.begin(j), static_cast<size_t>(count)),
                         "SV matrix {} has a non-finite value in sparse V column {}", i, j);
       }
     } else {
-      ORPHEUS_ENFORCE(allFinite(m.vDense.data(), static_cast<size_t>(m.vDense.size())),
+      ORPHEUS_ENFORCE(!scanValues || allFinite(m.vDense.data(), static_cast<size_t>(m.vDense.size())),
                       "SV matrix {} has a non-finite value in V", i);
     }
     if (hasCore(m)) {
       ORPHEUS_ENFORCE(m.core.rows() == n && m.core.cols() == n, "SV matrix {} has a {}x{} core, batch has {} columns",
                       i, m.core.rows(), m.core.cols(), n);
-      ORPHEUS_ENFORCE(allFinite(m.core.data(), static_cast<size_t>(m.core.size())),
+      ORPHEUS_ENFORCE(!scanValues || allFinite(m.core.data(), static_cast<size_t>(m.core.size())),
                       "SV matrix {} has a non-finite value in its core", i);
     }
     if (hasBiasCoeffs(m)) {
       ORPHEUS_ENFORCE(m.biasCoeffs.size() == n,
                       "SV matrix {} has a core and a bias but {} bias coefficients, batch has {} columns", i,
                       m.biasCoeffs.size(), n);
-      ORPHEUS_ENFORCE(allFinite(m.biasCoeffs.data(), static_cast<size_t>(n)),
+      ORPHEUS_ENFORCE(!scanValues || allFinite(m.biasCoeffs.data(), static_cast<size_t>(n)),
                       "SV matrix {} has a non-finite bias coefficient", i);
     } else {
       ORPHEUS_ENFORCE(m.biasCoeffs.size() == 0,
@@ -494,6 +498,192 @@ size_t encodedSize(const SvBatch& batch) {
     if (hasBiasCoeffs(m)) size += 4 * n;
   }
   return size;
+}
+
+namespace {
+
+// Writes the header (CRC zero) and the matrix table of a record of `size` bytes at
+// `h`, which holds kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * matrices zeros.
+void writeHead(const SvBatch& batch, size_t size, std::byte* h) {
+  const auto n = static_cast<size_t>(batch.numColumns());
+  putLe(h + kOffMagic, kSvBatchMagic);
+  putLe(h + kOffVersion, kSvBatchVersion);
+  putLe(h + kOffFlags, uint16_t{0});
+  putLe(h + kOffJobId, batch.header.jobId);
+  putLe(h + kOffSender, batch.header.sender);
+  putLe(h + kOffReplica, batch.header.replica);
+  putLe(h + kOffClock, batch.header.clock);
+  putLe(h + kOffEpoch, batch.header.epoch);
+  putLe(h + kOffMatrices, static_cast<uint32_t>(batch.matrices.size()));
+  putLe(h + kOffColumns, static_cast<uint32_t>(n));
+  putLe(h + kOffDtype, kDtypeF32);
+  putLe(h + kOffPayloadLength,
+        static_cast<uint64_t>(size - kSvBatchHeaderBytes - kSvBatchMatrixEntryBytes * batch.matrices.size()));
+  std::byte* e = h + kSvBatchHeaderBytes;
+  for (const SvMatrix& m : batch.matrices) {
+    putLe(e + kEntParamId, m.paramId);
+    putLe(e + kEntBiasId, static_cast<uint32_t>(m.biasId));
+    putLe(e + kEntRows, static_cast<uint32_t>(m.u.rows()));
+    putLe(e + kEntCols, static_cast<uint32_t>(m.vRows()));
+    putLe(e + kEntVKind, m.sparseV ? kVSparse : kVDense);
+    putLe(e + kEntCoeffKind, hasCore(m) ? kCoeffCore : kCoeffPerColumn);
+    putLe(e + kEntNnz, static_cast<uint64_t>(m.sparseV ? m.vSparse.nonZeros() : m.vDense.size()));
+    e += kSvBatchMatrixEntryBytes;
+  }
+}
+
+}  // namespace
+
+SvBatchPieces encodePieces(const SvBatch& batch) {
+  SvBatchPieces out;
+  if constexpr (!kHostLittleEndian) {
+    // The arrays need their bytes swapped: one encoded buffer.
+    out.head = encode(batch);
+    out.size = out.head.size();
+    out.pieces.emplace_back(out.head.data(), out.head.size());
+    return out;
+  }
+  checkForEncode(batch, /*scanValues=*/false);
+  out.size = encodedSize(batch);
+  const auto n = static_cast<size_t>(batch.numColumns());
+  const size_t fixed = kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size();
+  size_t headBytes = fixed;
+  for (const SvMatrix& m : batch.matrices) {
+    if (m.sparseV) headBytes += 8 * (n + 1);
+  }
+  out.head.assign(headBytes, std::byte{0});  // never resized again: the pieces point into it
+  std::byte* h = out.head.data();
+  writeHead(batch, out.size, h);
+  size_t used = fixed;
+  const auto add = [&](const void* data, size_t bytes) {
+    if (bytes > 0) out.pieces.emplace_back(static_cast<const std::byte*>(data), bytes);
+  };
+  add(h, fixed);
+  add(batch.coeffs.data(), 4 * n);
+  for (const SvMatrix& m : batch.matrices) {
+    add(m.u.data(), 4 * static_cast<size_t>(m.u.size()));
+    if (m.sparseV) {
+      const SparseMatrix& sv = m.vSparse;
+      const SparseColumns cols(sv);
+      std::byte* starts = h + used;
+      uint64_t acc = 0;
+      putLe(starts, acc);
+      for (size_t j = 0; j < n; ++j) {
+        acc += static_cast<uint64_t>(cols.size(static_cast<int64_t>(j)));
+        putLe(starts + 8 * (j + 1), acc);
+      }
+      add(starts, 8 * (n + 1));
+      used += 8 * (n + 1);
+      if (cols.compressed) {
+        add(sv.innerIndexPtr(), 4 * acc);
+        add(sv.valuePtr(), 4 * acc);
+      } else {
+        for (size_t j = 0; j < n; ++j) {
+          const auto jj = static_cast<int64_t>(j);
+          add(sv.innerIndexPtr() + cols.begin(jj), 4 * static_cast<size_t>(cols.size(jj)));
+        }
+        for (size_t j = 0; j < n; ++j) {
+          const auto jj = static_cast<int64_t>(j);
+          add(sv.valuePtr() + cols.begin(jj), 4 * static_cast<size_t>(cols.size(jj)));
+        }
+      }
+    } else {
+      add(m.vDense.data(), 4 * static_cast<size_t>(m.vDense.size()));
+    }
+    if (hasCore(m)) add(m.core.data(), 4 * static_cast<size_t>(m.core.size()));
+    if (hasBiasCoeffs(m)) add(m.biasCoeffs.data(), 4 * n);
+  }
+  size_t total = 0;
+  for (const auto& p : out.pieces) total += p.size();
+  ORPHEUS_ENFORCE(total == out.size, "SV batch encoded to {} bytes in pieces, expected {}", total, out.size);
+  return out;
+}
+
+uint32_t SvBatchPieces::seal() {
+  std::byte* h = head.data();
+  putLe(h + kOffCrc, uint32_t{0});
+  uint32_t crc = 0;
+  for (const auto& p : pieces) crc = crc32c(crc, p.data(), p.size());
+  putLe(h + kOffCrc, crc);
+  return crc;
+}
+
+void streamCopy(std::byte* out, const std::byte* in, size_t size) {
+#if defined(__SSE2__)
+  if (size >= 4096) {
+    const size_t head = (16 - reinterpret_cast<uintptr_t>(out) % 16) % 16;
+    std::memcpy(out, in, head);
+    size_t at = head;
+    for (; at + 64 <= size; at += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + at));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + at + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + at + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + at + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + at), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + at + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + at + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + at + 48), d);
+    }
+    std::memcpy(out + at, in + at, size - at);
+    _mm_sfence();
+    return;
+  }
+#endif
+  std::memcpy(out, in, size);
+}
+
+uint32_t copyWithCrc(const std::byte* in, size_t size, std::byte* out, uint32_t crc) {
+  // In blocks: each is checksummed from the source, which the copy just brought
+  // into the cache.
+  constexpr size_t kBlock = 64 * 1024;
+  for (size_t at = 0; at < size; at += kBlock) {
+    const size_t n = std::min(kBlock, size - at);
+    streamCopy(out + at, in + at, n);
+    crc = crc32c(crc, in + at, n);
+  }
+  return crc;
+}
+
+uint32_t encodeInto(const SvBatch& batch, std::byte* out) {
+  if constexpr (!kHostLittleEndian) {
+    const std::vector<std::byte> whole = encode(batch);
+    std::memcpy(out, whole.data(), whole.size());
+    return getLe<uint32_t>(whole.data() + kOffCrc);
+  }
+  const SvBatchPieces p = encodePieces(batch);
+  uint32_t crc = 0;
+  size_t at = 0;
+  for (const auto& piece : p.pieces) {
+    crc = copyWithCrc(piece.data(), piece.size(), out + at, crc);
+    at += piece.size();
+  }
+  putLe(out + kOffCrc, crc);  // the CRC field was zero in the copy, as the CRC requires
+  return crc;
+}
+
+uint32_t storedCrc(std::span<const std::byte> record) {
+  ORPHEUS_ENFORCE(record.size() >= kSvBatchHeaderBytes, "an SV batch record of {} bytes has no header", record.size());
+  return getLe<uint32_t>(record.data() + kOffCrc);
+}
+
+uint32_t computedCrc(std::span<const std::byte> record) {
+  ORPHEUS_ENFORCE(record.size() >= kSvBatchHeaderBytes, "an SV batch record of {} bytes has no header", record.size());
+  const std::byte* p = record.data();
+  const std::byte zeros[4] = {};
+  uint32_t crc = crc32c(0, p, kOffCrc);
+  crc = crc32c(crc, zeros, sizeof zeros);
+  return crc32c(crc, p + kOffCrc + 4, record.size() - kOffCrc - 4);
+}
+
+uint32_t wholeRecordCrc(uint32_t headerCrc, size_t size) {
+  ORPHEUS_ENFORCE(size >= kSvBatchHeaderBytes, "an SV batch record of {} bytes has no header", size);
+  // The header CRC covers the record with a zero CRC field; the stored field adds
+  // the CRC of its four bytes (against four zero bytes) carried over the rest.
+  std::byte field[kOffCrc + 4] = {};
+  putLe(field + kOffCrc, headerCrc);
+  const std::byte zeros[kOffCrc + 4] = {};
+  const uint32_t delta = crc32c(0, field, sizeof field) ^ crc32c(0, zeros, sizeof zeros);
+  return headerCrc ^ crc32cCombine(delta, 0, size - kOffCrc - 4);
 }
 
 void encode(const SvBatch& batch, std::vector<std::byte>& out) {

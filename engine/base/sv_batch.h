@@ -100,6 +100,45 @@ size_t encodedSize(const SvBatch& batch);
 void encode(const SvBatch& batch, std::vector<std::byte>& out);
 std::vector<std::byte> encode(const SvBatch& batch);
 
+// The encoding of `batch` without copying its arrays: `pieces`, written one after
+// another, are exactly encode(batch). The header, the matrix table and the column
+// starts of sparse V are built in `head`; every other piece points into the batch,
+// which must outlive the pieces and stay unchanged. The CRC is left to seal().
+// Shapes are checked as by encode; values are not scanned (the batch was applied).
+struct SvBatchPieces {
+  SvBatchPieces() = default;
+  SvBatchPieces(SvBatchPieces&&) = default;  // the pieces stay valid: vectors keep their storage when moved
+  SvBatchPieces& operator=(SvBatchPieces&&) = default;
+  SvBatchPieces(const SvBatchPieces&) = delete;
+  SvBatchPieces& operator=(const SvBatchPieces&) = delete;
+
+  std::vector<std::byte> head;
+  std::vector<std::span<const std::byte>> pieces;
+  size_t size = 0;
+  // Computes the record's CRC32C over the pieces, stores it in the header and returns it.
+  uint32_t seal();
+};
+SvBatchPieces encodePieces(const SvBatch& batch);
+// Writes encode(batch) to `out` (encodedSize(batch) bytes) in one pass: each piece
+// is checksummed right after it is copied, while it is in cache. Values are not
+// scanned, as for encodePieces. Returns the CRC (also stored in the header).
+uint32_t encodeInto(const SvBatch& batch, std::byte* out);
+// memcpy whose stores bypass the cache where the CPU allows, for a copy that is
+// only read much later (written to disk): it neither waits for the destination's
+// lines nor pushes the caller's working set out of the cache.
+void streamCopy(std::byte* out, const std::byte* in, size_t size);
+// streamCopy of `size` bytes that also returns their CRC32C (continuing `crc`),
+// computed from the source while the copy has it in cache.
+uint32_t copyWithCrc(const std::byte* in, size_t size, std::byte* out, uint32_t crc = 0);
+
+// The CRC32C a record carries in its header, and the one its bytes have (what
+// decode checks). Both need at least a whole header.
+uint32_t storedCrc(std::span<const std::byte> record);
+uint32_t computedCrc(std::span<const std::byte> record);
+// The CRC32C of all of a record's bytes, its CRC field included, from the CRC its
+// header carries (when that is right) and its size, without reading the bytes.
+uint32_t wholeRecordCrc(uint32_t headerCrc, size_t size);
+
 // Decodes and fully validates one record. Throws CorruptRecordError naming the
 // sender and clock (from the expectation when known, else from the header).
 SvBatch decode(std::span<const std::byte> bytes, const SvBatchExpectation& expect = {});

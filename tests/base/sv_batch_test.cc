@@ -161,6 +161,17 @@ TEST_CASE("crc32c matches the standard check value and chains", "[crc32c]") {
   }
 }
 
+TEST_CASE("crc32c of a concatenation from the parts' CRCs", "[crc32c]") {
+  std::vector<unsigned char> bytes(70000);
+  uint32_t state = 12345;
+  for (auto& b : bytes) b = static_cast<unsigned char>((state = state * 1103515245u + 12345u) >> 24);
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{69999}, size_t{70000}}) {
+    const uint32_t a = crc32c(0, bytes.data(), cut);
+    const uint32_t b = crc32c(0, bytes.data() + cut, bytes.size() - cut);
+    CHECK(crc32cCombine(a, b, bytes.size() - cut) == crc32c(0, bytes.data(), bytes.size()));
+  }
+}
+
 TEST_CASE("SV batch round trip is bit-exact", "[sv_batch]") {
   const SvBatch in = makeBatch();
   const Bytes bytes = encode(in);
@@ -340,6 +351,42 @@ TEST_CASE("SV batch carries bias coefficients with a core and a bias", "[sv_batc
     fixCrc(plainWithBias);
     requireNamesSenderAndClock(decodeError(plainWithBias, makeBiasCoreExpectation()));
   }
+}
+
+Bytes joined(const SvBatchPieces& p) {
+  Bytes out;
+  for (const auto& piece : p.pieces) out.insert(out.end(), piece.begin(), piece.end());
+  return out;
+}
+
+TEST_CASE("SV batch pieces are the encoding, without copying the arrays", "[sv_batch]") {
+  std::vector<SvBatch> batches = {makeBatch(), makeBiasCoreBatch(), makeBatch(), SvBatch{}};
+  batches[2].matrices[1].vSparse.uncompress();
+  batches[2].matrices[1].vSparse.reserve(Eigen::VectorXi::Constant(3, 4));
+  batches[3].header.clock = 3;
+  for (const SvBatch& b : batches) {
+    const Bytes whole = encode(b);
+    SvBatchPieces p = encodePieces(b);
+    CHECK(p.size == whole.size());
+    CHECK(p.seal() == storedCrc(whole));
+    CHECK(joined(p) == whole);
+    CHECK(computedCrc(whole) == storedCrc(whole));
+    CHECK(wholeRecordCrc(storedCrc(whole), whole.size()) == crc32c(0, whole.data(), whole.size()));
+    // The large arrays are referenced, not copied.
+    if (!b.matrices.empty()) {
+      const auto* u = reinterpret_cast<const std::byte*>(b.matrices[0].u.data());
+      CHECK(std::any_of(p.pieces.begin(), p.pieces.end(), [&](const auto& piece) { return piece.data() == u; }));
+    }
+    Bytes into(whole.size(), std::byte{0x77});
+    CHECK(encodeInto(b, into.data()) == storedCrc(whole));
+    CHECK(into == whole);
+    // Moving the pieces keeps them valid.
+    SvBatchPieces moved = std::move(p);
+    CHECK(joined(moved) == whole);
+  }
+  Bytes bad = encode(makeBatch());
+  bad[100] ^= std::byte{1};
+  CHECK(computedCrc(bad) != storedCrc(bad));
 }
 
 TEST_CASE("SV batch decode rejects corrupt records naming sender and clock", "[sv_batch]") {
