@@ -1136,12 +1136,12 @@ void SvLogWriter::appendReset(uint64_t clock, uint64_t resetTo) {
 }
 
 void SvLogWriter::abandon() {
-  abandoned_ = true;
   openStarted_ = false;
   openBytes_ = 0;
   std::deque<Command> dropped;
   {
     std::unique_lock<std::mutex> lock(mu_);
+    abandoned_ = true;
     dropped.swap(pending_);
     cv_.wait_for(lock, kStallTimeout, [&] { return idle_; });
     staged_ = 0;
