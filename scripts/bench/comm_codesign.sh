@@ -18,7 +18,7 @@
 #   accuracy, ALSO_TARGETS ["0.80 0.83"] lower accuracies also reported (clocks and seconds to
 #   reach them; more settings reach them, and they sit where the curves are steeper), BUILD_DIR [build] (its engine/orpheus is used as built, never rebuilt here),
 #   FASHION_MNIST [/usr/share/datasets/fashion-mnist], OUT_DIR [scripts/bench/results],
-#   RAW_DIR [$OUT_DIR/comm_codesign_raw] metrics, logs and command line of every run,
+#   RAW_DIR [build/bench-raw/comm_codesign_raw] metrics, logs and command line of every run,
 #   RESULTS [$OUT_DIR/comm_codesign.md for all four figures, comm_codesign_<figs>.md otherwise],
 #   REUSE [0]: 1 keeps a run whose metrics file in RAW_DIR is complete and was made with the
 #   same command line (e.g. to redraw the report, or fig12 after fig11, without retraining).
@@ -37,7 +37,7 @@ ALSO_TARGETS="${ALSO_TARGETS:-0.80 0.83}"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 FASHION_MNIST="${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}"
 OUT_DIR="${OUT_DIR:-$ROOT/scripts/bench/results}"
-RAW_DIR="${RAW_DIR:-$OUT_DIR/comm_codesign_raw}"
+RAW_DIR="${RAW_DIR:-$ROOT/build/bench-raw/comm_codesign_raw}"
 REUSE="${REUSE:-0}"
 PYTHON=/usr/bin/python3
 # Open MPI refuses root without these (common.sh sets them too); one BLAS thread per rank.
@@ -213,7 +213,8 @@ for t in $ALSO_TARGETS; do runs_arg+=(--also-target "$t"); done
   --header "repetitions=$reps_note" \
   --header "load average (1/5/15 min)=$load_start at start, $(cut -d' ' -f1-3 /proc/loadavg) at end; \
 training took $((elapsed / 60)) min $((elapsed % 60)) s"
-say "wrote $RESULTS and the PNGs in $OUT_DIR; raw metrics in $RAW_DIR"
+tar -C "$(dirname "$RAW_DIR")" -cJf "$OUT_DIR/comm_codesign_raw.tar.xz" "$(basename "$RAW_DIR")"
+say "wrote $RESULTS and the PNGs in $OUT_DIR; raw metrics in $RAW_DIR (archived in $OUT_DIR/comm_codesign_raw.tar.xz)"
 if [ ${#FAILED[@]} -gt 0 ]; then
   say "failed runs: ${FAILED[*]} (logs in $RAW_DIR)"
   exit 1

@@ -34,6 +34,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -664,7 +665,9 @@ def main():
     if not os.access(args.orpheus, os.X_OK):
         sys.exit(f"bench: missing {args.orpheus} (scripts/run.sh builds it)")
     name = args.name or args.suite
-    args.raw = os.path.join(args.out, f"{name}_raw")
+    # Raw runs stay out of the source tree; one compressed archive per suite is kept
+    # beside its report.
+    args.raw = os.path.join(os.path.dirname(os.path.dirname(HERE)), "build", "bench-raw", f"{name}_raw")
     os.makedirs(args.raw, exist_ok=True)
 
     groups = vs_ddp_groups(args) if args.suite == "vs-ddp" else table4_groups(args)
@@ -715,6 +718,14 @@ def main():
         json.dump({f"{k[0]}|{k[1]}": v for k, v in results.items()}, f, indent=1, default=str)
     print(text)
     plot(os.path.join(args.out, f"{name}.png"), groups, results)
+    archive_raw(args.raw, os.path.join(args.out, f"{name}_raw.tar.xz"))
+
+
+def archive_raw(raw, archive):
+    """Packs a suite's raw runs (metrics, logs, command lines) into one .tar.xz."""
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(raw, arcname=os.path.basename(raw))
+    say(f"raw runs in {raw}, archived in {archive}")
 
 
 def run_group_rep(args, runner, work, g, rep, results):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/bench/run.sh SUITE [harness options]: installs what is missing, builds the
 # Release binary and runs one benchmark suite through the harness (harness.py), which
-# writes scripts/bench/results/SUITE.md (also printed), SUITE.png and SUITE_raw/.
+# writes scripts/bench/results/SUITE.md (also printed), SUITE.png and SUITE_raw.tar.xz
+# (the raw runs, which stay in build/bench-raw/SUITE_raw/).
 #
 # Suites:
 #   vs-ddp   PyTorch DDP against Orpheus (dense, SV broadcast, best settings), np 4, on

@@ -22,7 +22,7 @@
 #   reaches TARGET (--target-accuracy), so CLOCKS is only a cap, ORPHEUS [build-dev/engine/orpheus] and
 #   COMPARE [build-dev/tests/compare_params] (copied at the start, never rebuilt here),
 #   FASHION_MNIST [/usr/share/datasets/fashion-mnist], OUT_DIR [scripts/bench/results],
-#   RAW_DIR [$OUT_DIR/table3_raw] metrics, logs, command lines and replica divergences,
+#   RAW_DIR [build/bench-raw/table3_raw] metrics, logs, command lines and replica divergences,
 #   RESULTS [$OUT_DIR/table3.md], PNG [$OUT_DIR/table3.png],
 #   WAIT_FOR [comm_codesign.sh]: before every run, wait (polling every 30 s) while a
 #   process whose command line contains this is running ('' disables),
@@ -45,7 +45,7 @@ ORPHEUS_BUILT="${ORPHEUS:-$ROOT/build-dev/engine/orpheus}"
 COMPARE_BUILT="${COMPARE:-$ROOT/build-dev/tests/compare_params}"
 FASHION_MNIST="${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}"
 OUT_DIR="${OUT_DIR:-$ROOT/scripts/bench/results}"
-RAW_DIR="${RAW_DIR:-$OUT_DIR/table3_raw}"
+RAW_DIR="${RAW_DIR:-$ROOT/build/bench-raw/table3_raw}"
 RESULTS="${RESULTS:-$OUT_DIR/table3.md}"
 PNG="${PNG:-$OUT_DIR/table3.png}"
 WAIT_FOR="${WAIT_FOR-comm_codesign.sh}"
@@ -239,7 +239,8 @@ for key in "${KEYS[@]}"; do runs_arg+=(--conf "$key=${CONF[$key]}"); done
   --header "repetitions=$reps_note" \
   --header "load average (1/5/15 min)=$load_line; \
 each run's load is in the split table; other work on the cores (builds, other benchmarks) skews the timings"
-say "wrote $RESULTS and $PNG; raw metrics in $RAW_DIR"
+tar -C "$(dirname "$RAW_DIR")" -cJf "$OUT_DIR/table3_raw.tar.xz" "$(basename "$RAW_DIR")"
+say "wrote $RESULTS and $PNG; raw metrics in $RAW_DIR (archived in $OUT_DIR/table3_raw.tar.xz)"
 if [ ${#FAILED[@]} -gt 0 ]; then
   say "failed runs: ${FAILED[*]} (logs in $RAW_DIR)"
   exit 1

@@ -1,1 +1,0 @@
-mpirun -np 8 --oversubscribe orpheus train --model examples/mlp.loss --train /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz --test /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz --batch 100 --clocks 2000 --eval-every 50 --seed 1 --progress off --log-level warn --target-accuracy 0.85 --sync sv --select 25 --metrics r3__1.jsonl --save-replicas DIR
