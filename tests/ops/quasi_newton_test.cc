@@ -116,9 +116,16 @@ void checkAgainstReference(QuasiNewtonMethod method, const GradientFn& grad, con
   QuasiNewtonSolver<double> solver(grad, x0, opt);
   CHECK(relDiff(solver.w(), ref.w[0]) == 0.0);
   int updates = 0;
+  int compared = 0;
+  const double g0 = grad(x0).norm();
   for (int k = 0; k < iterations; ++k) {
     INFO("iteration " << k);
     const Vec x = solver.x();
+    // Once the gradient is at rounding level the secant pairs are rounding noise:
+    // two correct runs (say, BLAS kernels chosen for different CPUs) part ways
+    // there, so the comparison ends at convergence.
+    if (grad(x).norm() <= 1e-9 * g0) break;
+    ++compared;
     const Mat wBefore = solver.w();
     const std::optional<QnSvs<double>> svs = solver.step();
     const Vec s = solver.x() - x;
@@ -149,7 +156,8 @@ void checkAgainstReference(QuasiNewtonMethod method, const GradientFn& grad, con
       CHECK((solver.w() * y - s).norm() <= 1e-8 * s.norm());
     }
   }
-  CHECK(updates >= iterations / 2);
+  CHECK(updates >= compared / 2);
+  CHECK(compared >= 5);
 }
 
 }  // namespace

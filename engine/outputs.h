@@ -1,0 +1,47 @@
+// The files a job writes, checked together before its first clock, so that a bad
+// output path costs a second, not a training run, and no user file is replaced by
+// mistake.
+//
+// The rules (the README's "Which files Orpheus writes"):
+//  - An output is a regular file or a path that does not exist yet. A device, a
+//    pipe, a socket or a directory where a file is wanted is refused, never replaced
+//    (a stream such as the metrics may go to a character device or a pipe).
+//  - A symlink is followed: the file it points to is what gets written (atomically,
+//    in that file's directory); the link itself stays.
+//  - No output is an input of the same job, and no two outputs are the same file
+//    (compared after following symlinks, and by inode for hard links).
+//  - Every output can be written: its directory exists and a file can be created
+//    there (probed by creating and removing a temporary file), and an existing
+//    output file is writable.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace orpheus::engine {
+
+struct OutputPath {
+  enum class Kind { kFile, kDirectory };
+  std::string flag;  // how the user named it, e.g. "--save"
+  std::string path;  // empty: not requested
+  Kind kind = Kind::kFile;
+  // Written as a stream (appended line by line, never renamed over): a character
+  // device or a pipe is accepted too (`--metrics /dev/stdout`).
+  bool stream = false;
+};
+
+struct InputPath {
+  std::string flag;  // e.g. "--train"
+  std::string path;  // empty: none
+};
+
+// Throws InputError naming the flag and path on the first output that breaks a
+// rule above. Directories (--save-replicas, --ckpt-dir) must exist or be creatable;
+// files inside them are the engine's own names.
+void checkOutputs(const std::vector<OutputPath>& outputs, const std::vector<InputPath>& inputs);
+
+// Where a write to `path` lands: `path` itself, or the file a symlink at it points
+// to (through any chain of links). A dangling link yields its target's path.
+std::string resolveOutput(const std::string& path);
+
+}  // namespace orpheus::engine
