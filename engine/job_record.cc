@@ -1,0 +1,137 @@
+#include "engine/job_record.h"
+
+#include "engine/base/crc32c.h"
+#include "engine/base/error.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace orpheus::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string textDigest(const std::string& text) {
+  return fmt::format("{:x}:{:08x}", text.size(), crc32c(0, text.data(), text.size()));
+}
+
+// Names an earlier job's entries: what --overwrite may delete.
+bool isEngineEntry(const std::string& name) {
+  for (const char* prefix : {"replica-", "snapshot-", "matrix-"}) {
+    if (name.rfind(prefix, 0) == 0) return true;
+  }
+  return name == "job.h5" || name.rfind("job.h5.", 0) == 0 || name.rfind(".job.h5", 0) == 0;
+}
+
+}  // namespace
+
+ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t features, int64_t classes,
+                                    const std::string& modelText, const std::string& trainDigest) {
+  ComputationRecord r;
+  const auto add = [&r](const char* flag, const auto& value) { r.emplace_back(flag, fmt::format("{}", value)); };
+  add("np", ranks);
+  add("--model", modelText.empty() ? c.model : "text " + textDigest(modelText));
+  add("--train", trainDigest);
+  add("--features", features);
+  add("--classes", classes);
+  add("--batch", c.batch);
+  add("--lr", c.lr);
+  add("--seed", c.seed);
+  add("--sync", toString(c.sync));
+  add("--select", c.select);
+  add("--select-method", toString(c.selectMethod));
+  add("--multicast", comm::multicastName(c.multicast));
+  add("--fanout", c.fanout);
+  add("--consistency", toString(c.consistency));
+  add("--staleness", c.staleness);
+  add("--drop-links", c.dropLinks);
+  add("--average-every", c.averageEvery);
+  add("--rotate-every", c.rotateEvery);
+  add("--fail-prob", c.failProb);
+  return r;
+}
+
+std::string encodeRecord(const ComputationRecord& record) {
+  std::string out;
+  for (const auto& [flag, value] : record) out += flag + "=" + value + "\n";
+  return out;
+}
+
+ComputationRecord decodeRecord(const std::string& text, const std::string& source) {
+  ComputationRecord r;
+  std::istringstream in(text);
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    const auto eq = line.find('=');
+    ORPHEUS_CHECK_INPUT(eq != std::string::npos && eq > 0, "{}: line {} of the job's flags is not 'flag=value': '{}'",
+                        source, number, line);
+    r.emplace_back(line.substr(0, eq), line.substr(eq + 1));
+  }
+  return r;
+}
+
+void checkResume(const ComputationRecord& recorded, const ComputationRecord& now, const std::string& dir) {
+  for (const auto& [flag, value] : now) {
+    for (const auto& [was, wasValue] : recorded) {
+      if (was != flag || wasValue == value) continue;
+      const std::string what = flag == "np" ? "the number of ranks (mpirun -np)" : flag;
+      const std::string detail = flag == "--train" || flag == "--model"
+                                     ? "its contents changed"
+                                     : fmt::format("it was {} and is now {}", wasValue, value);
+      throw InputError(fmt::format("--resume: {} differs from the job in '{}' ({}); a resumed job continues the same "
+                                   "computation (start a new job in another --ckpt-dir to change it)",
+                                   what, dir, detail));
+    }
+  }
+}
+
+std::string fileDigest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "unreadable";
+  std::vector<char> buffer(size_t{1} << 20);
+  uint32_t crc = 0;
+  uint64_t size = 0;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto n = static_cast<size_t>(in.gcount());
+    crc = crc32c(crc, buffer.data(), n);
+    size += n;
+  }
+  return fmt::format("{:x}:{:08x}", size, crc);
+}
+
+void claimCheckpointDir(const std::string& dir, bool overwrite) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return;
+  ORPHEUS_CHECK_INPUT(fs::is_directory(dir, ec), "--ckpt-dir '{}' exists and is not a directory", dir);
+  std::vector<fs::path> ours;
+  std::vector<std::string> foreign;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (isEngineEntry(name)) {
+      ours.push_back(entry.path());
+    } else {
+      foreign.push_back(name);
+    }
+  }
+  if (ec) throw IoError(fmt::format("cannot list --ckpt-dir '{}': {}", dir, ec.message()));
+  if (ours.empty() && foreign.empty()) return;
+  if (!overwrite) {
+    throw InputError(fmt::format("--ckpt-dir '{}' is not empty ({}): it belongs to another job; continue that job with "
+                                 "--resume, or replace its checkpoint with --overwrite",
+                                 dir, ours.empty() ? "'" + foreign.front() + "'" : "a checkpoint"));
+  }
+  ORPHEUS_CHECK_INPUT(foreign.empty(),
+                      "--overwrite: --ckpt-dir '{}' holds '{}', which no Orpheus job wrote; it is not removed (choose "
+                      "another --ckpt-dir)",
+                      dir, foreign.front());
+  for (const fs::path& p : ours) {
+    fs::remove_all(p, ec);
+    if (ec) throw IoError(fmt::format("--overwrite: cannot remove '{}': {}", p.string(), ec.message()));
+  }
+}
+
+}  // namespace orpheus::engine
