@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cstring>
+#include <filesystem>
 
 namespace orpheus::ckpt {
 namespace {
