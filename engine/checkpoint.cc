@@ -1,5 +1,6 @@
 #include "engine/checkpoint.h"
 
+#include "ckpt/layout.h"
 #include "engine/base/error.h"
 #include "engine/base/sv_batch.h"
 #include "ops/graph_model.h"
@@ -157,20 +158,16 @@ void discardAfter(const std::string& dir, uint64_t clock) {
     for (const auto& s : r.segments) {
       if (s.lastClock > clock || !s.intact) {
         std::error_code ec;
-        fs::rename(s.path, s.path + ".discarded", ec);
+        fs::rename(s.path, ckpt::discardedPath(s.path), ec);
         if (ec) throw IoError(fmt::format("cannot set aside '{}': {}", s.path, ec.message()));
       }
     }
   }
   for (uint64_t snap : inv.snapshots) {
     if (snap <= clock) continue;
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("snapshot-", 0) == 0 && std::stoull(name.substr(9)) == snap) {
-        std::error_code ec;
-        fs::rename(e.path(), e.path().string() + ".discarded", ec);
-      }
-    }
+    const fs::path path = ckpt::snapshotDir(dir, snap);
+    std::error_code ec;
+    fs::rename(path, ckpt::discardedPath(path), ec);
   }
 }
 

@@ -532,6 +532,129 @@ void writeHead(const SvBatch& batch, size_t size, std::byte* h) {
   }
 }
 
+// The encoder: the one place that lays a record out (see the wire format in
+// sv_batch.h). It hands `sink` the record's pieces in order, either bytes it makes
+// itself, sink.build(bytes, fill), where `fill` writes them at a pointer to that
+// many zeros (the header and matrix table, the column starts of sparse V), or
+// sink.words(data, count): 32-bit words of the batch, in host order. The record is
+// `size` bytes; its CRC field is left zero.
+template <class Sink>
+void writeRecord(const SvBatch& batch, size_t size, Sink& sink) {
+  const auto n = static_cast<size_t>(batch.numColumns());
+  sink.build(kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size(),
+             [&](std::byte* h) { writeHead(batch, size, h); });
+  sink.words(batch.coeffs.data(), n);
+  for (const SvMatrix& m : batch.matrices) {
+    sink.words(m.u.data(), static_cast<size_t>(m.u.size()));
+    if (m.sparseV) {
+      const SparseMatrix& s = m.vSparse;
+      const SparseColumns cols(s);
+      uint64_t nnz = 0;
+      sink.build(8 * (n + 1), [&](std::byte* starts) {
+        putLe(starts, nnz);
+        for (size_t j = 0; j < n; ++j) {
+          nnz += static_cast<uint64_t>(cols.size(static_cast<int64_t>(j)));
+          putLe(starts + 8 * (j + 1), nnz);
+        }
+      });
+      // Row indices were checked non-negative, so their int32 bits are the u32 wire value.
+      if (cols.compressed) {
+        sink.words(s.innerIndexPtr(), nnz);
+        sink.words(s.valuePtr(), nnz);
+      } else {
+        for (size_t j = 0; j < n; ++j) {
+          const auto jj = static_cast<int64_t>(j);
+          sink.words(s.innerIndexPtr() + cols.begin(jj), static_cast<size_t>(cols.size(jj)));
+        }
+        for (size_t j = 0; j < n; ++j) {
+          const auto jj = static_cast<int64_t>(j);
+          sink.words(s.valuePtr() + cols.begin(jj), static_cast<size_t>(cols.size(jj)));
+        }
+      }
+    } else {
+      sink.words(m.vDense.data(), static_cast<size_t>(m.vDense.size()));
+    }
+    if (hasCore(m)) sink.words(m.core.data(), static_cast<size_t>(m.core.size()));
+    if (hasBiasCoeffs(m)) sink.words(m.biasCoeffs.data(), n);
+  }
+}
+
+// Appends the record to a vector.
+class AppendSink {
+ public:
+  explicit AppendSink(std::vector<std::byte>& out) : out_(out) {}
+  template <class Fill>
+  void build(size_t bytes, Fill&& fill) {
+    fill(grow(out_, bytes));
+  }
+  void words(const void* data, size_t count) { appendWords(out_, data, count); }
+
+ private:
+  std::vector<std::byte>& out_;
+};
+
+// Writes the record into a caller's buffer with streaming stores, checksumming each
+// piece while it is in cache.
+class BufferSink {
+ public:
+  explicit BufferSink(std::byte* out) : out_(out) {}
+  template <class Fill>
+  void build(size_t bytes, Fill&& fill) {
+    std::byte* p = out_ + at_;
+    std::memset(p, 0, bytes);
+    fill(p);
+    crc_ = crc32c(crc_, p, bytes);
+    at_ += bytes;
+  }
+  void words(const void* data, size_t count) {
+    const size_t bytes = 4 * count;
+    std::byte* p = out_ + at_;
+    if constexpr (kHostLittleEndian) {
+      crc_ = copyWithCrc(static_cast<const std::byte*>(data), bytes, p, crc_);
+    } else {
+      const auto* s = static_cast<const std::byte*>(data);
+      for (size_t i = 0; i < count; ++i) {
+        uint32_t w;
+        std::memcpy(&w, s + 4 * i, 4);
+        putLe(p + 4 * i, w);
+      }
+      crc_ = crc32c(crc_, p, bytes);
+    }
+    at_ += bytes;
+  }
+  size_t size() const { return at_; }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  std::byte* out_;
+  size_t at_ = 0;
+  uint32_t crc_ = 0;
+};
+
+// Collects the pieces without copying the batch's arrays (a little-endian host's
+// words are their wire form); the bytes the encoder makes go to `head`, which is
+// sized for them up front and never reallocated.
+class PiecesSink {
+ public:
+  explicit PiecesSink(SvBatchPieces& out) : out_(out) {}
+  template <class Fill>
+  void build(size_t bytes, Fill&& fill) {
+    ORPHEUS_ENFORCE(used_ + bytes <= out_.head.size(), "SV batch head of {} bytes overflows", out_.head.size());
+    std::byte* p = out_.head.data() + used_;
+    fill(p);
+    add(p, bytes);
+    used_ += bytes;
+  }
+  void words(const void* data, size_t count) { add(data, 4 * count); }
+
+ private:
+  void add(const void* data, size_t bytes) {
+    if (bytes > 0) out_.pieces.emplace_back(static_cast<const std::byte*>(data), bytes);
+  }
+  SvBatchPieces& out_;
+  size_t used_ = 0;
+};
+
 }  // namespace
 
 SvBatchPieces encodePieces(const SvBatch& batch) {
@@ -546,53 +669,13 @@ SvBatchPieces encodePieces(const SvBatch& batch) {
   checkForEncode(batch, /*scanValues=*/false);
   out.size = encodedSize(batch);
   const auto n = static_cast<size_t>(batch.numColumns());
-  const size_t fixed = kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size();
-  size_t headBytes = fixed;
+  size_t headBytes = kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size();
   for (const SvMatrix& m : batch.matrices) {
     if (m.sparseV) headBytes += 8 * (n + 1);
   }
-  out.head.assign(headBytes, std::byte{0});  // never resized again: the pieces point into it
-  std::byte* h = out.head.data();
-  writeHead(batch, out.size, h);
-  size_t used = fixed;
-  const auto add = [&](const void* data, size_t bytes) {
-    if (bytes > 0) out.pieces.emplace_back(static_cast<const std::byte*>(data), bytes);
-  };
-  add(h, fixed);
-  add(batch.coeffs.data(), 4 * n);
-  for (const SvMatrix& m : batch.matrices) {
-    add(m.u.data(), 4 * static_cast<size_t>(m.u.size()));
-    if (m.sparseV) {
-      const SparseMatrix& sv = m.vSparse;
-      const SparseColumns cols(sv);
-      std::byte* starts = h + used;
-      uint64_t acc = 0;
-      putLe(starts, acc);
-      for (size_t j = 0; j < n; ++j) {
-        acc += static_cast<uint64_t>(cols.size(static_cast<int64_t>(j)));
-        putLe(starts + 8 * (j + 1), acc);
-      }
-      add(starts, 8 * (n + 1));
-      used += 8 * (n + 1);
-      if (cols.compressed) {
-        add(sv.innerIndexPtr(), 4 * acc);
-        add(sv.valuePtr(), 4 * acc);
-      } else {
-        for (size_t j = 0; j < n; ++j) {
-          const auto jj = static_cast<int64_t>(j);
-          add(sv.innerIndexPtr() + cols.begin(jj), 4 * static_cast<size_t>(cols.size(jj)));
-        }
-        for (size_t j = 0; j < n; ++j) {
-          const auto jj = static_cast<int64_t>(j);
-          add(sv.valuePtr() + cols.begin(jj), 4 * static_cast<size_t>(cols.size(jj)));
-        }
-      }
-    } else {
-      add(m.vDense.data(), 4 * static_cast<size_t>(m.vDense.size()));
-    }
-    if (hasCore(m)) add(m.core.data(), 4 * static_cast<size_t>(m.core.size()));
-    if (hasBiasCoeffs(m)) add(m.biasCoeffs.data(), 4 * n);
-  }
+  out.head.assign(headBytes, std::byte{0});
+  PiecesSink sink(out);
+  writeRecord(batch, out.size, sink);
   size_t total = 0;
   for (const auto& p : out.pieces) total += p.size();
   ORPHEUS_ENFORCE(total == out.size, "SV batch encoded to {} bytes in pieces, expected {}", total, out.size);
@@ -645,20 +728,13 @@ uint32_t copyWithCrc(const std::byte* in, size_t size, std::byte* out, uint32_t 
 }
 
 uint32_t encodeInto(const SvBatch& batch, std::byte* out) {
-  if constexpr (!kHostLittleEndian) {
-    const std::vector<std::byte> whole = encode(batch);
-    std::memcpy(out, whole.data(), whole.size());
-    return getLe<uint32_t>(whole.data() + kOffCrc);
-  }
-  const SvBatchPieces p = encodePieces(batch);
-  uint32_t crc = 0;
-  size_t at = 0;
-  for (const auto& piece : p.pieces) {
-    crc = copyWithCrc(piece.data(), piece.size(), out + at, crc);
-    at += piece.size();
-  }
-  putLe(out + kOffCrc, crc);  // the CRC field was zero in the copy, as the CRC requires
-  return crc;
+  checkForEncode(batch, /*scanValues=*/false);
+  const size_t size = encodedSize(batch);
+  BufferSink sink(out);
+  writeRecord(batch, size, sink);
+  ORPHEUS_ENFORCE(sink.size() == size, "SV batch encoded to {} bytes, expected {}", sink.size(), size);
+  putLe(out + kOffCrc, sink.crc());  // the CRC field was zero in the copy, as the CRC requires
+  return sink.crc();
 }
 
 uint32_t storedCrc(std::span<const std::byte> record) {
@@ -691,69 +767,9 @@ void encode(const SvBatch& batch, std::vector<std::byte>& out) {
   const size_t start = out.size();
   const size_t size = encodedSize(batch);
   out.reserve(start + size);
-  const auto n = static_cast<size_t>(batch.numColumns());
-
-  std::byte* h = grow(out, kSvBatchHeaderBytes);  // zero-filled: reserved fields and the CRC placeholder
-  putLe(h + kOffMagic, kSvBatchMagic);
-  putLe(h + kOffVersion, kSvBatchVersion);
-  putLe(h + kOffFlags, uint16_t{0});
-  putLe(h + kOffJobId, batch.header.jobId);
-  putLe(h + kOffSender, batch.header.sender);
-  putLe(h + kOffReplica, batch.header.replica);
-  putLe(h + kOffClock, batch.header.clock);
-  putLe(h + kOffEpoch, batch.header.epoch);
-  putLe(h + kOffMatrices, static_cast<uint32_t>(batch.matrices.size()));
-  putLe(h + kOffColumns, static_cast<uint32_t>(n));
-  putLe(h + kOffDtype, kDtypeF32);
-  putLe(h + kOffPayloadLength,
-        static_cast<uint64_t>(size - kSvBatchHeaderBytes - kSvBatchMatrixEntryBytes * batch.matrices.size()));
-
-  for (const SvMatrix& m : batch.matrices) {
-    std::byte* e = grow(out, kSvBatchMatrixEntryBytes);
-    putLe(e + kEntParamId, m.paramId);
-    putLe(e + kEntBiasId, static_cast<uint32_t>(m.biasId));
-    putLe(e + kEntRows, static_cast<uint32_t>(m.u.rows()));
-    putLe(e + kEntCols, static_cast<uint32_t>(m.vRows()));
-    putLe(e + kEntVKind, m.sparseV ? kVSparse : kVDense);
-    putLe(e + kEntCoeffKind, hasCore(m) ? kCoeffCore : kCoeffPerColumn);
-    putLe(e + kEntNnz, static_cast<uint64_t>(m.sparseV ? m.vSparse.nonZeros() : m.vDense.size()));
-  }
-
-  appendWords(out, batch.coeffs.data(), n);
-  for (const SvMatrix& m : batch.matrices) {
-    appendWords(out, m.u.data(), static_cast<size_t>(m.u.size()));
-    if (m.sparseV) {
-      const SparseMatrix& s = m.vSparse;
-      const SparseColumns cols(s);
-      std::byte* starts = grow(out, 8 * (n + 1));
-      uint64_t acc = 0;
-      putLe(starts, acc);
-      for (size_t j = 0; j < n; ++j) {
-        acc += static_cast<uint64_t>(cols.size(static_cast<int64_t>(j)));
-        putLe(starts + 8 * (j + 1), acc);
-      }
-      // Row indices were checked non-negative, so their int32 bits are the u32 wire value.
-      if (cols.compressed) {
-        appendWords(out, s.innerIndexPtr(), acc);
-        appendWords(out, s.valuePtr(), acc);
-      } else {
-        for (size_t j = 0; j < n; ++j) {
-          const auto jj = static_cast<int64_t>(j);
-          appendWords(out, s.innerIndexPtr() + cols.begin(jj), static_cast<size_t>(cols.size(jj)));
-        }
-        for (size_t j = 0; j < n; ++j) {
-          const auto jj = static_cast<int64_t>(j);
-          appendWords(out, s.valuePtr() + cols.begin(jj), static_cast<size_t>(cols.size(jj)));
-        }
-      }
-    } else {
-      appendWords(out, m.vDense.data(), static_cast<size_t>(m.vDense.size()));
-    }
-    if (hasCore(m)) appendWords(out, m.core.data(), static_cast<size_t>(m.core.size()));
-    if (hasBiasCoeffs(m)) appendWords(out, m.biasCoeffs.data(), n);
-  }
+  AppendSink sink(out);
+  writeRecord(batch, size, sink);
   ORPHEUS_ENFORCE(out.size() == start + size, "SV batch encoded to {} bytes, expected {}", out.size() - start, size);
-
   const uint32_t crc = crc32c(0, out.data() + start, size);
   putLe(out.data() + start + kOffCrc, crc);
 }

@@ -70,3 +70,21 @@ TEST_CASE("loading a missing or foreign file is an input error naming it", "[ckp
   CHECK_THROWS_WITH(ckpt::loadParams(text.string()), Catch::Contains("not an HDF5 file"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("a save that fails midway names the call and keeps the existing file", "[ckpt]") {
+  const auto dir = tempDir();
+  const std::string path = (dir / "m.h5").string();
+  ckpt::saveParams(path, sample(), {"first", 1, 0, 0});
+  ParamSet bad = sample();
+  bad.params.push_back({"", Matrix::Constant(1, 1, 1.0f)});  // HDF5 refuses an empty name
+  CHECK_THROWS_AS(ckpt::saveParams(path, bad, {"second", 2, 0, 0}), IoError);
+  CHECK_THROWS_WITH(ckpt::saveParams(path, bad, {"second", 2, 0, 0}),
+                    Catch::Contains(path) && Catch::Contains("H5Dcreate2"));
+  ckpt::ModelFileInfo info;
+  CHECK(ckpt::loadParams(path, &info).size() == 3);
+  CHECK(info.modelSpec == "first");
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
+  CHECK(files == 1);
+  fs::remove_all(dir);
+}

@@ -1,0 +1,60 @@
+#include "ckpt/job_info.h"
+
+#include "ckpt/h5.h"
+#include "ckpt/layout.h"
+
+#include <filesystem>
+
+namespace orpheus::ckpt {
+
+namespace fs = std::filesystem;
+
+void writeJobInfo(const std::string& dir, const JobInfo& info) {
+  silenceHdf5();
+  const fs::path path = jobPath(dir);
+  const std::string name = path.string();
+  writeH5Durably(path, H5FileKind::kLog, [&](hid_t file) {
+    writeI64Attr(file, "version", kFormatVersion, name);
+    writeStringAttr(file, "model_name", info.modelName, name);
+    writeStringAttr(file, "model_text", info.modelText, name);
+    writeStringAttr(file, "model_spec", info.modelSpec, name);
+    writeI64Attr(file, "features", info.features, name);
+    writeI64Attr(file, "classes", info.classes, name);
+    writeU64Attr(file, "seed", info.seed, name);
+    writeI64Attr(file, "ranks", info.ranks, name);
+    writeI64Attr(file, "batch", info.batch, name);
+    writeF64Attr(file, "lr", info.lr, name);
+    writeStringAttr(file, "flags", info.flags, name);
+  });
+}
+
+JobInfo readJobInfo(const std::string& dir) {
+  silenceHdf5();
+  const std::string path = jobPath(dir).string();
+  std::error_code ec;
+  ORPHEUS_CHECK_INPUT(fs::exists(path, ec), "checkpoint '{}' has no job file '{}'", dir, path);
+  H5Handle file = openH5ForReading(path);
+  ORPHEUS_CHECK_INPUT(file.valid(), "job file '{}' is not a readable HDF5 file", path);
+  JobInfo info;
+  int64_t version = 0, ranks = 0;
+  const auto require = [&](bool ok, const char* name) {
+    ORPHEUS_CHECK_INPUT(ok, "job file '{}' lacks a readable attribute '{}'", path, name);
+  };
+  require(readI64Attr(file.get(), "version", &version), "version");
+  ORPHEUS_CHECK_INPUT(version >= 1 && version <= kFormatVersion, "job file '{}' has unknown format version {}", path,
+                      version);
+  require(readStringAttr(file.get(), "model_name", &info.modelName), "model_name");
+  require(readStringAttr(file.get(), "model_text", &info.modelText), "model_text");
+  require(readStringAttr(file.get(), "model_spec", &info.modelSpec), "model_spec");
+  require(readI64Attr(file.get(), "features", &info.features), "features");
+  require(readI64Attr(file.get(), "classes", &info.classes), "classes");
+  require(readU64Attr(file.get(), "seed", &info.seed), "seed");
+  require(readI64Attr(file.get(), "ranks", &ranks), "ranks");
+  require(readI64Attr(file.get(), "batch", &info.batch), "batch");
+  require(readF64Attr(file.get(), "lr", &info.lr), "lr");
+  require(readStringAttr(file.get(), "flags", &info.flags), "flags");
+  info.ranks = static_cast<int>(ranks);
+  return info;
+}
+
+}  // namespace orpheus::ckpt

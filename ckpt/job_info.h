@@ -1,0 +1,29 @@
+// DIR/job.h5 (ckpt/layout.h): what a job was, so its log can be replayed by a
+// later process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace orpheus::ckpt {
+
+struct JobInfo {
+  std::string modelName;   // "mlr" or the .loss path as given
+  std::string modelText;   // the .loss file's text ("" for built-ins)
+  std::string modelSpec;
+  int64_t features = 0;
+  int64_t classes = 0;
+  uint64_t seed = 0;
+  int ranks = 0;
+  int64_t batch = 0;
+  double lr = 0.0;
+  std::string flags;       // the training command line, for humans
+};
+
+// Writes DIR/job.h5 durably; reading it back gives the same JobInfo. IoError naming
+// the file when it cannot be written; InputError naming it when it is missing,
+// unreadable or lacks an attribute.
+void writeJobInfo(const std::string& dir, const JobInfo& info);
+JobInfo readJobInfo(const std::string& dir);
+
+}  // namespace orpheus::ckpt

@@ -1,0 +1,141 @@
+#include "ckpt/log_reader.h"
+
+#include "ckpt/h5.h"
+#include "ckpt/layout.h"
+#include "ckpt/segment.h"
+#include "ckpt/snapshot.h"
+#include "engine/base/error.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace orpheus::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Verifies every segment of one replica and follows its chain from clock 1.
+ReplicaInventory inspectReplica(int replica, const fs::path& dir) {
+  ReplicaInventory r;
+  r.replica = replica;
+  bool started = false;
+  bool chained = true;
+  for (const SegmentFile& f : listSegments(dir)) {
+    SegmentInfo s;
+    s.path = f.path;
+    s.firstClock = f.first;
+    s.lastClock = f.last;
+    std::error_code ec;
+    s.bytes = fs::file_size(f.path, ec);
+    if (ec) s.bytes = 0;
+    std::vector<ClockRange> lost;
+    s.problem = loadSegment(f.path, r.replica, f.first, f.last, nullptr, &lost);
+    if (s.problem.empty()) r.lost.insert(r.lost.end(), lost.begin(), lost.end());
+    s.intact = s.problem.empty();
+    if (chained && s.intact && continuesChain(r.lastIntactClock, started, f.first)) {
+      r.lastIntactClock = std::max(r.lastIntactClock, f.last);
+      started = true;
+    } else {
+      chained = false;
+    }
+    r.segments.push_back(std::move(s));
+  }
+  return r;
+}
+
+uint64_t totalBytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    std::error_code sizeError;
+    if (e.is_regular_file(sizeError)) {
+      const uint64_t size = e.file_size(sizeError);
+      if (!sizeError) total += size;
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+Inventory inspect(const std::string& dir) {
+  silenceHdf5();
+  std::error_code ec;
+  ORPHEUS_CHECK_INPUT(fs::is_directory(dir, ec), "checkpoint directory '{}' does not exist", dir);
+  Inventory inv;
+  if (fs::exists(jobPath(dir), ec)) {
+    inv.job = readJobInfo(dir);
+  } else {
+    spdlog::warn("checkpoint '{}' has no {}: the job is unknown", dir, jobPath(dir).filename().string());
+  }
+  for (const NumberedDir& d : listReplicaDirs(dir)) {
+    inv.replicas.push_back(inspectReplica(static_cast<int>(d.number), d.path));
+  }
+  for (const NumberedDir& d : listSnapshotDirs(dir)) {
+    const std::string problem = snapshotProblem(dir, d.number);
+    if (problem.empty()) {
+      inv.snapshots.push_back(d.number);
+    } else {
+      spdlog::warn("snapshot of clock {} in '{}' is incomplete: {}", d.number, dir, problem);
+    }
+  }
+  inv.totalBytes = totalBytes(dir);
+  return inv;
+}
+
+std::vector<LogEntry> readLog(const std::string& dir, int replica, uint64_t after, uint64_t upTo) {
+  silenceHdf5();
+  ORPHEUS_CHECK_INPUT(after <= upTo, "cannot read the log of replica {} from clock {} back to {}", replica, after,
+                      upTo);
+  std::vector<LogEntry> out;
+  if (after == upTo) return out;
+  const std::vector<SegmentFile> segments = listSegments(replicaDir(dir, replica));
+  ORPHEUS_CHECK_INPUT(!segments.empty(), "checkpoint '{}' holds no log of replica {}", dir, replica);
+
+  // Follow the chain from the first clock; only the segments that hold clocks in
+  // (after, upTo] are read and verified, the earlier ones are known by name.
+  uint64_t reached = 0;
+  bool started = false;
+  for (size_t i = 0; i < segments.size() && reached < upTo; ++i) {
+    const SegmentFile& s = segments[i];
+    if (!continuesChain(reached, started, s.first)) {
+      const std::string missing =
+          started ? fmt::format("no segment continues clock {}", reached) : std::string("no segment starts at clock 1");
+      throw InputError(
+          fmt::format("log of replica {} is broken before '{}' (clocks {}..{}): {}; the log is intact "
+                      "only up to clock {}",
+                      replica, s.path, s.first, s.last, missing, reached));
+    }
+    if (s.last > after) {
+      std::vector<LogEntry> entries;
+      const std::string problem = loadSegment(s.path, replica, s.first, s.last, &entries);
+      if (!problem.empty()) {
+        if (i + 1 == segments.size()) {
+          spdlog::warn("ignoring torn last segment '{}' of replica {}: {}", s.path, replica, problem);
+          break;
+        }
+        throw InputError(
+            fmt::format("log segment '{}' of replica {} is damaged ({}); the log is intact only up to clock {}", s.path,
+                        replica, problem, reached));
+      }
+      for (LogEntry& e : entries) {
+        // A reset after upTo whose log ended before it: the holder lost upTo.
+        if (e.kind == EventKind::kReset && e.logEnd < upTo && upTo < e.clock) {
+          throw InputError(fmt::format(
+              "clock {} of replica {} is lost: a failure at clock {} reset the replica to clock {} before its log "
+              "reached clock {}; clocks {} and {} are restorable",
+              upTo, replica, e.clock, e.resetTo, upTo, e.logEnd, e.clock));
+        }
+        if (e.clock > after && e.clock <= upTo) out.push_back(std::move(e));
+      }
+    }
+    reached = std::max(reached, s.last);
+    started = true;
+  }
+  ORPHEUS_CHECK_INPUT(upTo <= reached, "clock {} is past the log of replica {} (latest: {})", upTo, replica, reached);
+  return out;
+}
+
+}  // namespace orpheus::ckpt

@@ -1,0 +1,43 @@
+// Reading a checkpoint directory back: what it holds, and a replica's log (the
+// layout and failure semantics are in ckpt/layout.h).
+#pragma once
+
+#include "ckpt/job_info.h"
+#include "ckpt/log_entry.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace orpheus::ckpt {
+
+// What a checkpoint directory holds.
+struct SegmentInfo {
+  std::string path;
+  uint64_t firstClock = 0;
+  uint64_t lastClock = 0;
+  uint64_t bytes = 0;
+  bool intact = true;   // CRC and structure verified
+  std::string problem;  // why not
+};
+struct ReplicaInventory {
+  int replica = 0;
+  std::vector<SegmentInfo> segments;  // by first clock
+  uint64_t lastIntactClock = 0;       // the newest clock reachable through intact segments from clock 1
+  std::vector<ClockRange> lost;       // clocks whose states failures lost (reset events), in order
+};
+struct Inventory {
+  JobInfo job;
+  std::vector<ReplicaInventory> replicas;
+  std::vector<uint64_t> snapshots;  // complete snapshots, by clock
+  uint64_t totalBytes = 0;
+};
+Inventory inspect(const std::string& dir);
+
+// The log entries of `replica` for local clocks in (after, upTo], in order. Throws
+// InputError when a segment on the way is damaged (naming the file and the last
+// clock still reachable) or when upTo lies past the log (naming the latest clock).
+// A damaged or incomplete segment that is the very last one is ignored with a warning.
+std::vector<LogEntry> readLog(const std::string& dir, int replica, uint64_t after, uint64_t upTo);
+
+}  // namespace orpheus::ckpt

@@ -1,0 +1,249 @@
+#include "ckpt/segment.h"
+
+#include "ckpt/h5.h"
+#include "ckpt/layout.h"
+#include "engine/base/crc32c.h"
+
+#include <bit>
+#include <cstring>
+#include <filesystem>
+
+namespace orpheus::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every CRC here is defined over the little-endian encoding of the stored values,
+// which on the supported hosts is their in-memory representation.
+static_assert(std::endian::native == std::endian::little, "checkpoint CRCs assume a little-endian host");
+
+// A compound type for EntryRow: `file` true gives the stored little-endian layout.
+H5Handle entryType(bool file) {
+  H5Handle type(H5Tcreate(H5T_COMPOUND, sizeof(EntryRow)), H5Tclose);
+  H5Tinsert(type.get(), "clock", HOFFSET(EntryRow, clock), file ? H5T_STD_U64LE : H5T_NATIVE_UINT64);
+  H5Tinsert(type.get(), "kind", HOFFSET(EntryRow, kind), file ? H5T_STD_U32LE : H5T_NATIVE_UINT32);
+  H5Tinsert(type.get(), "records", HOFFSET(EntryRow, records), file ? H5T_STD_U32LE : H5T_NATIVE_UINT32);
+  return type;
+}
+
+// The segment's CRC: over all records' bytes, then the rows, then the sizes.
+uint32_t segmentCrc(uint32_t recordsCrc, const std::vector<EntryRow>& rows, const std::vector<uint64_t>& sizes) {
+  uint32_t crc = crc32c(recordsCrc, rows.data(), rows.size() * sizeof(EntryRow));
+  return crc32c(crc, sizes.data(), sizes.size() * sizeof(uint64_t));
+}
+
+uint32_t segmentCrc(const std::vector<uint8_t>& records, const std::vector<EntryRow>& rows,
+                    const std::vector<uint64_t>& sizes) {
+  return segmentCrc(crc32c(0, records.data(), records.size()), rows, sizes);
+}
+
+}  // namespace
+
+bool continuesChain(uint64_t reached, bool started, uint64_t first) {
+  if (!started) return first <= 1;
+  return first == reached + 1 || first == reached;
+}
+
+Record Record::encoded(SharedBytes bytes, bool checkedCrc) {
+  ORPHEUS_ENFORCE(bytes != nullptr, "checkpoint log: a null record");
+  Record r;
+  r.bytes = std::span<const std::byte>(*bytes);
+  r.owner = std::move(bytes);
+  r.checkedCrc = checkedCrc;
+  return r;
+}
+
+Record Record::part(std::shared_ptr<const void> owner, std::span<const std::byte> bytes, bool checkedCrc) {
+  ORPHEUS_ENFORCE(owner != nullptr, "checkpoint log: a record without its owner");
+  Record r;
+  r.owner = std::move(owner);
+  r.bytes = bytes;
+  r.checkedCrc = checkedCrc;
+  return r;
+}
+
+Record Record::of(std::shared_ptr<const SvBatch> batch) {
+  ORPHEUS_ENFORCE(batch != nullptr, "checkpoint log: a null batch");
+  Record r;
+  r.batch = std::move(batch);
+  return r;
+}
+
+void BuiltSegment::reset(int id) {
+  replica = id;
+  used = 0;
+  rows.clear();
+  sizes.clear();
+  recordsCrc = 0;
+  bytes = 0;
+}
+
+void BuiltSegment::append(uint64_t clock, EventKind kind, const std::vector<Record>& records, size_t expectedBytes) {
+  rows.push_back({clock, static_cast<uint32_t>(kind), static_cast<uint32_t>(records.size())});
+  for (const Record& r : records) {
+    const size_t size = r.size();
+    data.reserve(used + size, used, expectedBytes);
+    std::byte* out = data.data() + used;
+    uint32_t crc = 0;
+    if (r.batch) {
+      crc = wholeRecordCrc(encodeInto(*r.batch, out), size);
+    } else if (r.checkedCrc) {
+      streamCopy(out, r.bytes.data(), size);
+      crc = wholeRecordCrc(storedCrc(r.bytes), size);
+    } else {
+      crc = copyWithCrc(r.bytes.data(), size, out);
+    }
+    used += size;
+    sizes.push_back(size);
+    recordsCrc = crc32cCombine(recordsCrc, crc, size);
+  }
+}
+
+SharedBytes resetRecord(uint64_t resetTo, uint64_t logEnd) {
+  auto record = std::make_shared<std::vector<std::byte>>(2 * sizeof(uint64_t));
+  const uint64_t values[2] = {resetTo, logEnd};
+  std::memcpy(record->data(), values, sizeof(values));
+  return record;
+}
+
+uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint64_t last, const BuiltSegment& seg,
+                      const std::function<void()>& between) {
+  const fs::path path = segmentPath(dir, replica, first, last);
+  const std::string name = path.string();
+  const uint64_t total = seg.used;
+  haddr_t recordsAt = HADDR_UNDEF;  // where the records go once HDF5 has closed the file
+  const auto fill = [&](hid_t file) {
+    {
+      // The records dataset is allocated now, contiguous, block aligned and never
+      // filled; its bytes are written after HDF5 closes the file, straight from the
+      // segment's buffer.
+      const hsize_t count = total;
+      H5Handle space(H5Screate_simple(1, &count, nullptr), H5Sclose);
+      H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+      H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
+      H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
+      H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+      H5Handle set(ORPHEUS_H5_CHECK(H5Dcreate2(file, "records", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(),
+                                               H5P_DEFAULT),
+                                    name, "create dataset 'records' in"),
+                   H5Dclose);
+      if (total > 0) recordsAt = H5Dget_offset(set.get());
+      if (total > 0 && recordsAt == HADDR_UNDEF) writeAll(set.get(), H5T_NATIVE_UINT8, seg.data.data(), "records", name);
+    }
+    {
+      H5Handle fileType = entryType(true);
+      H5Handle memType = entryType(false);
+      H5Handle set = createVector(file, "entries", fileType.get(), seg.rows.size(), name);
+      if (!seg.rows.empty()) writeAll(set.get(), memType.get(), seg.rows.data(), "entries", name);
+    }
+    {
+      H5Handle set = createVector(file, "record_sizes", H5T_STD_U64LE, seg.sizes.size(), name);
+      if (!seg.sizes.empty()) writeAll(set.get(), H5T_NATIVE_UINT64, seg.sizes.data(), "record_sizes", name);
+    }
+    writeI64Attr(file, "version", kSegmentVersion, name);
+    writeU64Attr(file, "first_clock", first, name);
+    writeU64Attr(file, "last_clock", last, name);
+    writeI64Attr(file, "replica", replica, name);
+    writeU32Attr(file, "crc32c", segmentCrc(seg.recordsCrc, seg.rows, seg.sizes), name);
+  };
+  const auto raw = [&](const fs::path& tmp) {
+    if (recordsAt != HADDR_UNDEF) writeDirect(tmp, name, recordsAt, seg.data.data(), total, between);
+  };
+  return writeH5Durably(path, H5FileKind::kLog, fill, raw);
+}
+
+std::string loadSegment(const std::string& path, int replica, uint64_t first, uint64_t last, std::vector<LogEntry>* out,
+                        std::vector<ClockRange>* lost) {
+  H5Handle file = openH5ForReading(path);
+  if (!file.valid()) return "not a readable HDF5 file (truncated or overwritten)";
+  int64_t version = 0, storedReplica = 0;
+  uint64_t storedFirst = 0, storedLast = 0;
+  uint32_t storedCrc = 0;
+  if (!readI64Attr(file.get(), "version", &version) || !readU64Attr(file.get(), "first_clock", &storedFirst) ||
+      !readU64Attr(file.get(), "last_clock", &storedLast) || !readI64Attr(file.get(), "replica", &storedReplica) ||
+      !readU32Attr(file.get(), "crc32c", &storedCrc)) {
+    return "its attributes are missing or unreadable";
+  }
+  if (version < 1 || version > kSegmentVersion) return fmt::format("unknown format version {}", version);
+  if (storedFirst != first || storedLast != last || first > last) {
+    return fmt::format("it holds clocks {}..{}, its name says {}..{}", storedFirst, storedLast, first, last);
+  }
+  if (storedReplica != replica) return fmt::format("it belongs to replica {}", storedReplica);
+
+  std::vector<uint8_t> records;
+  std::vector<EntryRow> rows;
+  std::vector<uint64_t> sizes;
+  H5Handle memType = entryType(false);
+  if (!readVector(file.get(), "records", H5T_NATIVE_UINT8, &records)) return "dataset 'records' is unreadable";
+  if (!readVector(file.get(), "entries", memType.get(), &rows)) return "dataset 'entries' is unreadable";
+  if (!readVector(file.get(), "record_sizes", H5T_NATIVE_UINT64, &sizes)) {
+    return "dataset 'record_sizes' is unreadable";
+  }
+  if (segmentCrc(records, rows, sizes) != storedCrc) return "CRC32C mismatch";
+
+  // The CRC matched, so what follows only fails for a file written by something else.
+  uint64_t recordCount = 0, byteCount = 0;
+  for (const EntryRow& r : rows) recordCount += r.records;
+  for (uint64_t s : sizes) byteCount += s;
+  if (recordCount != sizes.size() || byteCount != records.size()) return "entries, sizes and records disagree";
+  uint64_t previous = first;
+  {
+    size_t record = 0, offset = 0;
+    for (const EntryRow& r : rows) {
+      if (r.clock < previous || r.clock > last) return fmt::format("entry of clock {} out of order", r.clock);
+      const auto kind = static_cast<EventKind>(r.kind);
+      if (r.kind > static_cast<uint32_t>(EventKind::kReset)) return fmt::format("unknown entry kind {}", r.kind);
+      if (kind == EventKind::kReset) {
+        // One record: the clock reset to and the end of the log before it.
+        if (r.records != 1 || sizes[record] != 2 * sizeof(uint64_t)) return "a reset event is malformed";
+        uint64_t values[2];
+        std::memcpy(values, records.data() + offset, sizeof(values));
+        const uint64_t resetTo = values[0], logEnd = values[1];
+        if (logEnd > resetTo || resetTo > r.clock || logEnd >= r.clock || logEnd + 1 < first) {
+          return fmt::format("a reset at clock {} to clock {} after a log ending at clock {}", r.clock, resetTo, logEnd);
+        }
+        if (previous > logEnd && &r != &rows.front()) {
+          return fmt::format("the reset at clock {} follows entries past clock {}", r.clock, logEnd);
+        }
+        if (lost) {
+          // The states of the clocks between the log's end and the reset are gone,
+          // except a snapshot's the replica was reset to.
+          const uint64_t cut = resetTo > logEnd && resetTo < r.clock ? resetTo : r.clock;
+          if (logEnd + 1 < cut) lost->push_back({logEnd + 1, cut - 1});
+          if (cut + 1 < r.clock) lost->push_back({cut + 1, r.clock - 1});
+        }
+      } else if (kind != EventKind::kGroup && r.records != 0) {
+        return "an event carries records";
+      }
+      for (uint32_t i = 0; i < r.records; ++i, ++record) offset += sizes[record];
+      previous = r.clock;
+    }
+  }
+  if (out) {
+    size_t record = 0, offset = 0;
+    for (const EntryRow& r : rows) {
+      LogEntry e;
+      e.clock = r.clock;
+      e.kind = static_cast<EventKind>(r.kind);
+      if (e.kind == EventKind::kReset) {
+        uint64_t values[2];
+        std::memcpy(values, records.data() + offset, sizeof(values));
+        e.resetTo = values[0];
+        e.logEnd = values[1];
+        offset += sizes[record++];
+        out->push_back(std::move(e));
+        continue;
+      }
+      e.records.reserve(r.records);
+      for (uint32_t i = 0; i < r.records; ++i, ++record) {
+        const auto* begin = reinterpret_cast<const std::byte*>(records.data()) + offset;
+        e.records.emplace_back(begin, begin + sizes[record]);
+        offset += sizes[record];
+      }
+      out->push_back(std::move(e));
+    }
+  }
+  return "";
+}
+
+}  // namespace orpheus::ckpt
