@@ -1,9 +1,12 @@
 #include "ops/graph_exec.h"
 
 #include "engine/base/error.h"
+#include "ops/cpu/cpu_backend.h"
+#include "ops/cpu/elementwise_chain.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 namespace orpheus::ops {
 
@@ -16,9 +19,13 @@ int64_t GraphInputs<S>::batch() const {
 }
 
 template <typename S>
-GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse) : graph_(graph) {
+GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse, Backend* backend)
+    : graph_(graph),
+      ownBackend_(backend ? nullptr : std::make_unique<cpu::CpuBackend>()),
+      backend_(backend ? backend : ownBackend_.get()) {
   sites_ = graph.identifySvs();
   if (fuse) plan_ = graph.fusionPlan();
+  for (const FusedStep& step : plan_) chains_.push_back(chainOf(step));
   const size_t n = graph.nodes().size();
   stepEnding_.assign(n, -1);
   inStep_.assign(n, false);
@@ -114,43 +121,98 @@ const Mat<S>& GraphExecutor<S>::value(int id) const {
 
 namespace {
 
-template <typename S>
-S unaryForward(OpKind op, S x, S attr) {
+EwOp elementwiseOp(OpKind op) {
   switch (op) {
-    case OpKind::kSigmoid: return S(1) / (S(1) + std::exp(-x));
-    case OpKind::kTanh: return std::tanh(x);
-    case OpKind::kRelu: return x > S(0) ? x : S(0);
-    case OpKind::kExp: return std::exp(x);
-    case OpKind::kLog: return std::log(x);
-    case OpKind::kScale: return attr * x;
-    default: return x;
+    case OpKind::kSigmoid: return EwOp::kSigmoid;
+    case OpKind::kTanh: return EwOp::kTanh;
+    case OpKind::kRelu: return EwOp::kRelu;
+    case OpKind::kExp: return EwOp::kExp;
+    case OpKind::kLog: return EwOp::kLog;
+    case OpKind::kScale: return EwOp::kScale;
+    case OpKind::kAdd: return EwOp::kAdd;
+    case OpKind::kSubtract: return EwOp::kSubtract;
+    case OpKind::kMultiply: return EwOp::kMultiply;
+    default: break;
   }
-}
-
-template <typename S>
-S binaryForward(OpKind op, S a, S b) {
-  switch (op) {
-    case OpKind::kAdd: return a + b;
-    case OpKind::kSubtract: return a - b;
-    default: return a * b;
-  }
-}
-
-// d out / d x of a unary elementwise operator, from its input x and output y.
-template <typename S>
-S unaryDerivative(OpKind op, S x, S y, S attr) {
-  switch (op) {
-    case OpKind::kSigmoid: return y * (S(1) - y);
-    case OpKind::kTanh: return S(1) - y * y;
-    case OpKind::kRelu: return x > S(0) ? S(1) : S(0);
-    case OpKind::kExp: return y;
-    case OpKind::kLog: return S(1) / x;
-    case OpKind::kScale: return attr;
-    default: return S(1);
-  }
+  throw Error(fmt::format("{} is not an elementwise operator", opName(op)));
 }
 
 }  // namespace
+
+template <typename S>
+typename GraphExecutor<S>::ChainPlan GraphExecutor<S>::chainOf(const FusedStep& step) const {
+  ChainPlan plan;
+  if (step.kind != FusedStep::Kind::kElementwise) return plan;
+  for (size_t k = 0; k < step.nodes.size(); ++k) {
+    const Node& n = graph_.node(step.nodes[k]);
+    EwStep s;
+    s.op = elementwiseOp(n.op);
+    s.attr = n.attr;
+    for (size_t o = 0; o < n.inputs.size(); ++o) {
+      const int operand = n.inputs[o];
+      const auto inChain = std::find(step.nodes.begin(), step.nodes.begin() + static_cast<long>(k), operand);
+      if (inChain != step.nodes.begin() + static_cast<long>(k)) {
+        s.operand[o] = {EwRef::Kind::kStep, static_cast<int>(inChain - step.nodes.begin())};
+        continue;
+      }
+      const auto known = std::find(plan.inputNodes.begin(), plan.inputNodes.end(), operand);
+      s.operand[o] = {EwRef::Kind::kInput, static_cast<int>(known - plan.inputNodes.begin())};
+      if (known == plan.inputNodes.end()) plan.inputNodes.push_back(operand);
+    }
+    plan.chain.steps.push_back(s);
+  }
+  plan.chain.inputs = static_cast<int>(plan.inputNodes.size());
+  return plan;
+}
+
+// Forward when `upstream` is null, else backward (values read, inputGrads accumulated).
+template <typename S>
+void GraphExecutor<S>::runChain(const ChainPlan& plan, const std::vector<const Mat<S>*>& inputs,
+                                const std::vector<Mat<S>*>& values, const Mat<S>* upstream,
+                                const std::vector<Mat<S>*>& inputGrads) {
+  if constexpr (std::is_same_v<S, float>) {
+    std::vector<Tensor> in;
+    std::vector<Tensor> val;
+    std::vector<Tensor> grad;
+    in.reserve(inputs.size());
+    val.reserve(values.size());
+    grad.reserve(inputGrads.size());
+    for (const Mat<S>* m : inputs) in.push_back(cpu::view(*m));
+    for (Mat<S>* m : values) val.push_back(cpu::view(*m));
+    std::vector<const Tensor*> inPtr;
+    std::vector<Tensor*> valPtr;
+    for (const Tensor& t : in) inPtr.push_back(&t);
+    for (Tensor& t : val) valPtr.push_back(&t);
+    if (!upstream) {
+      backend_->elementwise(plan.chain, inPtr, valPtr);
+      return;
+    }
+    std::vector<Tensor*> gradPtr;
+    for (Mat<S>* m : inputGrads) {
+      grad.push_back(m ? cpu::view(*m) : Tensor());
+      gradPtr.push_back(m ? &grad.back() : nullptr);
+    }
+    const std::vector<const Tensor*> valConst(valPtr.begin(), valPtr.end());
+    backend_->elementwiseBackward(plan.chain, inPtr, valConst, cpu::view(*upstream), gradPtr);
+  } else {
+    const Mat<S>& shape = upstream ? *upstream : *values.back();
+    cpu::ChainBuffers<S> b;
+    b.rows = shape.rows();
+    b.cols = shape.cols();
+    for (const Mat<S>* m : inputs) {
+      b.inputs.push_back(m->data());
+      b.broadcast.push_back(m->cols() == 1 && b.cols != 1);
+    }
+    for (Mat<S>* m : values) b.values.push_back(m->data());
+    if (!upstream) {
+      cpu::runChainForward<S>(plan.chain, b);
+      return;
+    }
+    b.upstream = upstream->data();
+    for (Mat<S>* m : inputGrads) b.inputGrads.push_back(m ? m->data() : nullptr);
+    cpu::runChainBackward<S>(plan.chain, b);
+  }
+}
 
 template <typename S>
 void GraphExecutor<S>::forwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params,
@@ -164,41 +226,17 @@ void GraphExecutor<S>::forwardFused(const FusedStep& step, const std::vector<con
   }
   // One pass: every element of the chain's inputs is read once and each node's
   // value written once (they are kept for the backward pass).
-  const size_t len = step.nodes.size();
-  std::vector<const Node*> nodes(len);
-  std::vector<std::array<const Mat<S>*, 2>> ext(len, {nullptr, nullptr});
-  std::vector<std::array<int, 2>> prev(len, {-1, -1});  // position in the chain of an operand, or -1
+  const ChainPlan& plan = chains_[static_cast<size_t>(stepEnding_[static_cast<size_t>(step.nodes.back())])];
   const int64_t rows = graph_.node(step.nodes.back()).rows;
   const int64_t cols = in.batch();
-  for (size_t k = 0; k < len; ++k) {
-    nodes[k] = &graph_.node(step.nodes[k]);
-    for (size_t o = 0; o < nodes[k]->inputs.size(); ++o) {
-      const int operand = nodes[k]->inputs[o];
-      const auto it = std::find(step.nodes.begin(), step.nodes.begin() + static_cast<long>(k), operand);
-      if (it != step.nodes.begin() + static_cast<long>(k)) {
-        prev[k][o] = static_cast<int>(it - step.nodes.begin());
-      } else {
-        ext[k][o] = operandValue(operand, params, in);
-      }
-    }
-    values_[static_cast<size_t>(step.nodes[k])].resize(rows, cols);
+  std::vector<const Mat<S>*> inputs;
+  for (int id : plan.inputNodes) inputs.push_back(operandValue(id, params, in));
+  std::vector<Mat<S>*> values;
+  for (int id : step.nodes) {
+    values_[static_cast<size_t>(id)].resize(rows, cols);
+    values.push_back(&values_[static_cast<size_t>(id)]);
   }
-  std::vector<S> reg(len);
-  for (int64_t j = 0; j < cols; ++j) {
-    for (int64_t i = 0; i < rows; ++i) {
-      for (size_t k = 0; k < len; ++k) {
-        const auto operand = [&](size_t o) -> S {
-          if (prev[k][o] >= 0) return reg[static_cast<size_t>(prev[k][o])];
-          const Mat<S>& m = *ext[k][o];
-          return m.cols() == 1 ? m(i, 0) : m(i, j);
-        };
-        const Node& n = *nodes[k];
-        reg[k] = n.inputs.size() == 1 ? unaryForward<S>(n.op, operand(0), static_cast<S>(n.attr))
-                                      : binaryForward<S>(n.op, operand(0), operand(1));
-        values_[static_cast<size_t>(n.id)](i, j) = reg[k];
-      }
-    }
-  }
+  runChain(plan, inputs, values, nullptr, {});
 }
 
 template <typename S>
@@ -251,72 +289,24 @@ void GraphExecutor<S>::backwardFused(const FusedStep& step, const std::vector<co
     accumulate(z, dz);
     return;
   }
-  const size_t len = step.nodes.size();
-  const int64_t rows = upstream.rows();
   const int64_t cols = upstream.cols();
-  // Operands outside the chain that need gradients get zero-initialised buffers.
-  for (int id : step.nodes) {
-    for (int operand : graph_.node(id).inputs) {
-      if (inStep_[static_cast<size_t>(operand)] &&
-          std::find(step.nodes.begin(), step.nodes.end(), operand) != step.nodes.end()) {
-        continue;
-      }
-      if (needsGrad_[static_cast<size_t>(operand)] && grads_[static_cast<size_t>(operand)].size() == 0) {
-        grads_[static_cast<size_t>(operand)] = Mat<S>::Zero(graph_.node(operand).rows, cols);
-      }
+  const ChainPlan& plan = chains_[static_cast<size_t>(stepEnding_[static_cast<size_t>(last)])];
+  std::vector<const Mat<S>*> inputs;
+  std::vector<Mat<S>*> inputGrads;
+  for (int operand : plan.inputNodes) {
+    inputs.push_back(operandValue(operand, params, in));
+    if (!needsGrad_[static_cast<size_t>(operand)]) {
+      inputGrads.push_back(nullptr);
+      continue;
     }
+    // Operands outside the chain that need gradients get zero-initialised buffers.
+    Mat<S>& g = grads_[static_cast<size_t>(operand)];
+    if (g.size() == 0) g = Mat<S>::Zero(graph_.node(operand).rows, cols);
+    inputGrads.push_back(&g);
   }
-  std::vector<std::array<int, 2>> prev(len, {-1, -1});
-  std::vector<std::array<const Mat<S>*, 2>> ext(len, {nullptr, nullptr});
-  for (size_t k = 0; k < len; ++k) {
-    const Node& n = graph_.node(step.nodes[k]);
-    for (size_t o = 0; o < n.inputs.size(); ++o) {
-      const auto it = std::find(step.nodes.begin(), step.nodes.end(), n.inputs[o]);
-      if (it != step.nodes.end()) {
-        prev[k][o] = static_cast<int>(it - step.nodes.begin());
-      } else {
-        ext[k][o] = operandValue(n.inputs[o], params, in);
-      }
-    }
-  }
-  std::vector<S> g(len);
-  for (int64_t j = 0; j < cols; ++j) {
-    for (int64_t i = 0; i < rows; ++i) {
-      std::fill(g.begin(), g.end(), S(0));
-      g[len - 1] = upstream(i, j);
-      for (size_t k = len; k-- > 0;) {
-        const Node& n = graph_.node(step.nodes[k]);
-        const auto operand = [&](size_t o) -> S {
-          if (prev[k][o] >= 0) return values_[static_cast<size_t>(step.nodes[static_cast<size_t>(prev[k][o])])](i, j);
-          const Mat<S>& m = *ext[k][o];
-          return m.cols() == 1 && cols != 1 ? m(i, 0) : m(i, j);
-        };
-        const auto send = [&](size_t o, S d) {
-          if (prev[k][o] >= 0) {
-            g[static_cast<size_t>(prev[k][o])] += d;
-          } else if (needsGrad_[static_cast<size_t>(n.inputs[o])]) {
-            grads_[static_cast<size_t>(n.inputs[o])](i, j) += d;
-          }
-        };
-        const S gk = g[k];
-        if (n.inputs.size() == 1) {
-          const S y = values_[static_cast<size_t>(n.id)](i, j);
-          send(0, gk * unaryDerivative<S>(n.op, operand(0), y, static_cast<S>(n.attr)));
-        } else if (n.op == OpKind::kAdd) {
-          send(0, gk);
-          send(1, gk);
-        } else if (n.op == OpKind::kSubtract) {
-          send(0, gk);
-          send(1, -gk);
-        } else {
-          const S a = operand(0);
-          const S b = operand(1);
-          send(0, gk * b);
-          send(1, gk * a);
-        }
-      }
-    }
-  }
+  std::vector<Mat<S>*> values;
+  for (int id : step.nodes) values.push_back(&values_[static_cast<size_t>(id)]);
+  runChain(plan, inputs, values, &upstream, inputGrads);
 }
 
 template <typename S>

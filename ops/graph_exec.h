@@ -3,11 +3,16 @@
 // every parameter. Templated on the scalar: float for training, double for checks.
 // Executes the graph's fusion plan: elementwise chains in one pass over memory,
 // softmax + cross-entropy with the direct gradient p * sum(t) - t.
+// Elementwise chains run through the compute seam (ops/backend.h): a float
+// executor hands them to its backend, a double one (gradient checks; backends
+// are float-only) runs the same host interpreter directly.
 // Not thread-safe; one executor per thread. Holds references to the graph.
 #pragma once
 
+#include "ops/backend.h"
 #include "ops/graph.h"
 
+#include <memory>
 #include <vector>
 
 namespace orpheus::ops {
@@ -27,7 +32,10 @@ struct GraphInputs {
 template <typename S>
 class GraphExecutor {
  public:
-  explicit GraphExecutor(const Graph& graph, bool fuse = true);
+  // `backend` (host memory only, for now: the executor's buffers are Eigen
+  // matrices) runs the fused chains of a float executor; nullptr: a CPU backend of
+  // its own. Must outlive the executor.
+  explicit GraphExecutor(const Graph& graph, bool fuse = true, Backend* backend = nullptr);
 
   // Forward pass over every node; returns the loss summed over the batch.
   S forward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
@@ -55,9 +63,22 @@ class GraphExecutor {
   void forwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void backwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
 
+  // A fused elementwise step as the backend sees it: the chain, and the graph
+  // nodes that are its external inputs (in the chain's input order).
+  struct ChainPlan {
+    EwChain chain;
+    std::vector<int> inputNodes;
+  };
+  ChainPlan chainOf(const FusedStep& step) const;
+  void runChain(const ChainPlan& plan, const std::vector<const Mat<S>*>& inputs, const std::vector<Mat<S>*>& values,
+                const Mat<S>* upstream, const std::vector<Mat<S>*>& inputGrads);
+
   const Graph& graph_;
+  std::unique_ptr<Backend> ownBackend_;
+  Backend* backend_ = nullptr;
   std::vector<SvSite> sites_;
   std::vector<FusedStep> plan_;
+  std::vector<ChainPlan> chains_;  // per plan step; empty chains for softmax + cross-entropy
   std::vector<int> stepEnding_;    // per node: index of the fused step it ends, or -1
   std::vector<bool> inStep_;
   std::vector<bool> needsGrad_;

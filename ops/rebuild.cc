@@ -1,6 +1,7 @@
 #include "ops/rebuild.h"
 
 #include "engine/base/error.h"
+#include "ops/cpu/cpu_backend.h"
 
 #include <vector>
 
@@ -19,13 +20,28 @@ Matrix weightedColumns(const SvMatrix& m, const Vector& coeffs) {
   return m.u * coeffs.asDiagonal();
 }
 
-void applyToParam(const std::vector<Piece>& pieces, Matrix& w) {
+// A host operand as the backend sees it: a view on the CPU, a device copy elsewhere.
+Tensor staged(Backend& backend, const Tensor& host) {
+  if (backend.device() == Device::kCpu) return Tensor::view(Device::kCpu, host.data(), host.rows(), host.cols());
+  Tensor t = backend.allocate(host.rows(), host.cols());
+  backend.copy(host, t);
+  return t;
+}
+
+SparseCopy staged(Backend& backend, const SparseTensor& host) {
+  if (backend.device() == Device::kCpu) return SparseCopy{host, nullptr};
+  return backend.copySparse(host);
+}
+
+// W += [U_1 C_1, ...] [V_1, ...]^T: one GEMM for the dense V's, one sparse product for
+// the sparse ones. Concatenating costs O((J+K) n) copies against the O(J K n) product.
+void applyToParam(const std::vector<Piece>& pieces, Matrix& w, Backend& backend) {
   int64_t denseCols = 0;
   int64_t sparseCols = 0;
   for (const auto& p : pieces) (p.vDense ? denseCols : sparseCols) += p.weightedU.cols();
   const int64_t rows = w.rows();
+  Tensor target = staged(backend, cpu::view(w));
   if (denseCols > 0) {
-    // Concatenate, then a single GEMM: the copies are O((J+K) n), the product O(J K n).
     Matrix u(rows, denseCols);
     Matrix v(w.cols(), denseCols);
     int64_t at = 0;
@@ -36,7 +52,8 @@ void applyToParam(const std::vector<Piece>& pieces, Matrix& w) {
       v.middleCols(at, n) = *p.vDense;
       at += n;
     }
-    w.noalias() += u * v.transpose();
+    backend.gemm(Trans::kNo, Trans::kYes, 1.0f, staged(backend, cpu::view(u)), staged(backend, cpu::view(v)), 1.0f,
+                 target);
   }
   if (sparseCols > 0) {
     Matrix u(rows, sparseCols);
@@ -60,14 +77,24 @@ void applyToParam(const std::vector<Piece>& pieces, Matrix& w) {
       at += n;
     }
     v.finalize();
-    // (V U^T)^T keeps the sparse operand on the left, where Eigen's kernel is fastest.
-    w.noalias() += (v * u.transpose()).transpose();
+    v.makeCompressed();
+    const SparseCopy sv = staged(backend, cpu::view(v));
+    backend.gemmSparse(1.0f, staged(backend, cpu::view(u)), sv.view, Trans::kYes, 1.0f, target);
+  }
+  if (backend.device() != Device::kCpu) {
+    Tensor host = cpu::view(w);
+    backend.copy(target, host);
   }
 }
 
 }  // namespace
 
 void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w) {
+  cpu::CpuBackend backend;
+  applySvBatches(batches, w, backend);
+}
+
+void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w, Backend& backend) {
   std::vector<std::vector<Piece>> byParam(w.size());
   for (const SvBatch* b : batches) {
     for (const SvMatrix& m : b->matrices) {
@@ -101,7 +128,7 @@ void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w) {
     }
   }
   for (size_t i = 0; i < byParam.size(); ++i) {
-    if (!byParam[i].empty()) applyToParam(byParam[i], w[i]);
+    if (!byParam[i].empty()) applyToParam(byParam[i], w[i], backend);
   }
 }
 

@@ -2,10 +2,12 @@
 // GEMM per parameter matrix over the columns of every batch of that clock:
 //     W += [U_1 C_1, U_2 C_2, ...] * [V_1, V_2, ...]^T
 // where C_i is diag(coeffs_i) or the batch's n x n core. Never a loop of rank-1 updates.
+// The products go through the compute seam (ops/backend.h).
 #pragma once
 
 #include "engine/base/params.h"
 #include "engine/base/sv_batch.h"
+#include "ops/backend.h"
 
 #include <span>
 
@@ -14,6 +16,11 @@ namespace orpheus::ops {
 // Applies all batches to `w`. Matrix and bias ids index into `w`; shapes must match
 // (checked: Error on mismatch, since received batches were validated on decode).
 void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w);
+// The same with the GEMMs run by `backend`. The parameters stay in host memory: a
+// backend on another device gets copies of W and the SVs and copies W back, so
+// this is correct on every backend and fast only on the CPU one. The weighting
+// U C and the bias updates (O(J n) each) run on the host in Eigen.
+void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w, Backend& backend);
 
 // Scales every batch column's coefficient (or core and bias coefficients) by `factor`.
 void scaleCoefficients(SvBatch& batch, float factor);

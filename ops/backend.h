@@ -1,0 +1,190 @@
+// The compute seam: every dense and sparse kernel the training loop needs, behind one
+// interface with one implementation per device (after ggml's backends; one virtual
+// per operation, as in c10d).
+//
+// Data. A Tensor is a dense, column-major float matrix (like Eigen's default
+// storage) that lives on one device. It either owns its memory (made by
+// Backend::allocate, freed by the backend's deleter when the tensor dies) or views
+// memory someone else owns (Tensor::view: the caller keeps that memory alive and
+// unmoved while the view is used). Columns are contiguous: the element (i, j) is at
+// data()[i + j * rows()]. A SparseTensor is a view of compressed sparse columns or
+// rows (CSC / CSR, 32-bit indices) with the same lifetime rule.
+//
+// Operations. Each takes its operands by reference, checks devices and shapes
+// (orpheus::Error on mismatch: these are programming errors) and writes only its
+// outputs. Inputs are never modified; outputs must not alias inputs unless an
+// operation says so. Every operand of an operation must live on the backend's
+// device, except for copy(), which moves data between host and device.
+// An operation a backend does not implement throws
+// "backend X does not support Y"; nothing is ever skipped silently.
+//
+// Streams and synchronisation. A backend runs its operations in the order they
+// are called, on one stream of its device. Operations may return before the work
+// is done (CUDA); the results are visible to later operations of the same backend
+// without further ado. copy() to or from host memory returns only when the host
+// side may be read or reused. synchronize() waits for everything queued so far.
+// The CPU backend runs everything before returning.
+//
+// Threads. A backend is used by one thread at a time (one backend per worker
+// thread, like GraphExecutor). Different backends are independent, also when
+// several of them, in several processes, share one GPU.
+#pragma once
+
+#include "engine/base/error.h"
+#include "ops/elementwise_ops.h"
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace orpheus::ops {
+
+enum class Device { kCpu, kCuda };
+
+inline const char* deviceName(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+
+class Tensor {
+ public:
+  using Deleter = void (*)(float*);
+
+  Tensor() = default;
+  // Owns `data`, released with `deleter` (which must not throw).
+  Tensor(Device device, float* data, int64_t rows, int64_t cols, Deleter deleter)
+      : device_(device), rows_(rows), cols_(cols), data_(data, deleter ? deleter : &noDelete) {}
+  // A view of memory owned elsewhere.
+  static Tensor view(Device device, float* data, int64_t rows, int64_t cols) {
+    return Tensor(device, data, rows, cols, &noDelete);
+  }
+  // Views of host memory. The const overload is for operands the backend only
+  // reads; writing through it is undefined.
+  static Tensor host(float* data, int64_t rows, int64_t cols) { return view(Device::kCpu, data, rows, cols); }
+  static Tensor host(const float* data, int64_t rows, int64_t cols) {
+    return view(Device::kCpu, const_cast<float*>(data), rows, cols);
+  }
+
+  Device device() const { return device_; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  int64_t size() const { return rows_ * cols_; }
+  float* data() const { return data_.get(); }
+  bool owning() const { return data_.get_deleter() != &noDelete; }
+  // Columns [first, first + count) as a view (contiguous in column-major storage).
+  Tensor middleCols(int64_t first, int64_t count) const {
+    ORPHEUS_ENFORCE(first >= 0 && count >= 0 && first + count <= cols_, "columns {}+{} of a {}x{} tensor", first,
+                    count, rows_, cols_);
+    return view(device_, data() + first * rows_, rows_, count);
+  }
+
+ private:
+  static void noDelete(float*) {}
+
+  Device device_ = Device::kCpu;
+  int64_t rows_ = 0;
+  int64_t cols_ = 0;
+  std::unique_ptr<float, Deleter> data_{nullptr, &noDelete};
+};
+
+// A rows x cols sparse matrix, compressed by columns (CSC: `outer` has cols + 1
+// offsets into `inner` = row indices and `values`) or by rows (CSR: `outer` has
+// rows + 1 offsets, `inner` = column indices). Indices sorted within each column
+// (row); no duplicates. Views only.
+struct SparseTensor {
+  enum class Layout { kCsc, kCsr };
+  Device device = Device::kCpu;
+  Layout layout = Layout::kCsc;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t nonZeros = 0;
+  const int32_t* outer = nullptr;
+  const int32_t* inner = nullptr;
+  const float* values = nullptr;
+};
+
+// A sparse matrix copied to a backend's device: `view` stays valid while `storage` lives.
+struct SparseCopy {
+  SparseTensor view;
+  std::shared_ptr<void> storage;
+};
+
+enum class Trans { kNo, kYes };
+
+// Elementwise chains: the fusion plan's runs of unary and binary elementwise
+// operators (ops/graph.h FusedStep), run as one pass over memory. Step k reads
+// external inputs (rows x cols, or rows x 1 broadcast across the columns) or the
+// values of earlier steps, and its value is written to output k.
+struct EwRef {
+  enum class Kind : uint8_t { kInput, kStep } kind = Kind::kInput;
+  int index = 0;  // into the chain's inputs, or an earlier step
+};
+
+struct EwStep {
+  EwOp op = EwOp::kAdd;
+  std::array<EwRef, 2> operand{};  // operand[1] unused by unary operators
+  double attr = 1.0;               // kScale's factor (rounded to the scalar type when used)
+};
+
+struct EwChain {
+  std::vector<EwStep> steps;
+  int inputs = 0;  // number of external inputs the steps refer to
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual Device device() const = 0;
+
+  // A rows x cols tensor on this backend's device. Contents undefined.
+  virtual Tensor allocate(int64_t rows, int64_t cols) = 0;
+  // dst = src (same shape; any combination of host and this backend's device).
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  // A copy of `src` (any device) on this backend's device.
+  virtual SparseCopy copySparse(const SparseTensor& src) = 0;
+  // Waits until every operation queued so far has finished.
+  virtual void synchronize() = 0;
+
+  // c = alpha * op(a) * op(b) + beta * c. With beta == 0, c's old contents are
+  // never read (NaN in c does not propagate).
+  virtual void gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) = 0;
+  // c = alpha * a * op(s) + beta * c with s sparse: W x for sparse data x
+  // (Trans::kNo) and U x^T for the SV product of sparse data (Trans::kYes).
+  virtual void gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) = 0;
+
+  // Runs the chain over rows x cols elements. inputs.size() == chain.inputs;
+  // outputs.size() == chain.steps.size(), each rows x cols.
+  virtual void elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
+                           std::span<Tensor* const> outputs) = 0;
+  // Reverse pass of the chain: given the forward inputs and step values and the
+  // gradient of the last step, adds d(loss)/d(input k) to *inputGrads[k] for every
+  // non-null entry (rows x cols; only full-shape inputs can receive gradients).
+  virtual void elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
+                                   std::span<const Tensor* const> values, const Tensor& upstream,
+                                   std::span<Tensor* const> inputGrads) = 0;
+
+  // Column-wise softmax of z (r x B) into p, and the cross-entropy against the
+  // targets t (r x B) into loss (1 x B): loss_j = -sum_i t_ij log max(p_ij, FLT_MIN).
+  virtual void softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) = 0;
+  // dz = beta * dz + (p * sum_i t_ij - t) * upstream_j, column by column; upstream is 1 x B.
+  virtual void softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
+                                           Tensor& dz) = 0;
+
+  // out (r x 1) = beta * out + the sum of a's columns.
+  virtual void sumColumns(const Tensor& a, float beta, Tensor& out) = 0;
+  // out (1 x c) = beta * out + the sum of a's rows (column totals).
+  virtual void sumRows(const Tensor& a, float beta, Tensor& out) = 0;
+  // y += alpha * x (same shape).
+  virtual void axpy(float alpha, const Tensor& x, Tensor& y) = 0;
+  // x *= alpha.
+  virtual void scale(float alpha, Tensor& x) = 0;
+
+ protected:
+  // Throws "backend <name> does not support <what>".
+  [[noreturn]] void unsupported(const std::string& what) const {
+    throw Error(fmt::format("backend {} does not support {}", name(), what));
+  }
+};
+
+}  // namespace orpheus::ops

@@ -1,0 +1,98 @@
+// Operand checks every backend runs before it computes: devices, shapes, chains.
+// Failures are orpheus::Error (a caller's bug, not the user's).
+#pragma once
+
+#include "ops/backend.h"
+
+namespace orpheus::ops::checks {
+
+inline void onDevice(const Backend& b, const char* op, const Tensor& t) {
+  ORPHEUS_ENFORCE(t.device() == b.device(), "backend {}: an operand of {} lives in {} memory", b.name(), op,
+                  deviceName(t.device()));
+}
+
+inline void sameShape(const char* op, const Tensor& a, const Tensor& b) {
+  ORPHEUS_ENFORCE(a.rows() == b.rows() && a.cols() == b.cols(), "{}: shapes {}x{} and {}x{} differ", op, a.rows(),
+                  a.cols(), b.rows(), b.cols());
+}
+
+struct GemmShape {
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+};
+
+inline GemmShape gemm(Trans ta, Trans tb, const Tensor& a, const Tensor& b, const Tensor& c) {
+  const GemmShape s{ta == Trans::kNo ? a.rows() : a.cols(), tb == Trans::kNo ? b.cols() : b.rows(),
+                    ta == Trans::kNo ? a.cols() : a.rows()};
+  const int64_t kb = tb == Trans::kNo ? b.rows() : b.cols();
+  ORPHEUS_ENFORCE(s.k == kb && c.rows() == s.m && c.cols() == s.n, "gemm: {}x{}{} times {}x{}{} into {}x{}",
+                  a.rows(), a.cols(), ta == Trans::kYes ? "^T" : "", b.rows(), b.cols(),
+                  tb == Trans::kYes ? "^T" : "", c.rows(), c.cols());
+  return s;
+}
+
+// A sparse operand as a CSC matrix (a CSR matrix is the CSC form of its
+// transpose) and whether the product uses that CSC matrix transposed.
+struct CscOperand {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool transposed = false;
+};
+
+inline CscOperand gemmSparse(const Tensor& a, const SparseTensor& s, Trans ts, const Tensor& c) {
+  const bool csc = s.layout == SparseTensor::Layout::kCsc;
+  CscOperand o{csc ? s.rows : s.cols, csc ? s.cols : s.rows, (ts == Trans::kYes) == csc};
+  const int64_t k = o.transposed ? o.cols : o.rows;
+  const int64_t n = o.transposed ? o.rows : o.cols;
+  ORPHEUS_ENFORCE(a.cols() == k && c.rows() == a.rows() && c.cols() == n,
+                  "gemmSparse: {}x{} times a {}x{} sparse{} into {}x{}", a.rows(), a.cols(), s.rows, s.cols,
+                  ts == Trans::kYes ? "^T" : "", c.rows(), c.cols());
+  return o;
+}
+
+struct ChainShape {
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// `last` is the tensor that fixes the chain's shape (the last output, or the upstream gradient).
+inline ChainShape chain(const Backend& b, const EwChain& chain, std::span<const Tensor* const> inputs,
+                        const Tensor& last) {
+  ORPHEUS_ENFORCE(!chain.steps.empty(), "elementwise: empty chain");
+  ORPHEUS_ENFORCE(static_cast<int>(inputs.size()) == chain.inputs, "elementwise: chain has {} inputs, got {}",
+                  chain.inputs, inputs.size());
+  onDevice(b, "elementwise", last);
+  const ChainShape shape{last.rows(), last.cols()};
+  for (const Tensor* in : inputs) {
+    ORPHEUS_ENFORCE(in != nullptr, "elementwise: missing input");
+    onDevice(b, "elementwise", *in);
+    ORPHEUS_ENFORCE(in->rows() == shape.rows && (in->cols() == shape.cols || in->cols() == 1),
+                    "elementwise: input {}x{} does not fit a {}x{} chain", in->rows(), in->cols(), shape.rows,
+                    shape.cols);
+  }
+  for (size_t k = 0; k < chain.steps.size(); ++k) {
+    const EwStep& s = chain.steps[k];
+    for (int o = 0; o < (isUnary(s.op) ? 1 : 2); ++o) {
+      const EwRef r = s.operand[static_cast<size_t>(o)];
+      ORPHEUS_ENFORCE(r.kind == EwRef::Kind::kInput ? r.index >= 0 && r.index < chain.inputs
+                                                    : r.index >= 0 && static_cast<size_t>(r.index) < k,
+                      "elementwise: step {} refers to a missing operand", k);
+    }
+  }
+  return shape;
+}
+
+// Every tensor in `ts` (null entries allowed where `optional`) is rows x cols on b's device.
+inline void all(const Backend& b, const char* op, std::span<const Tensor* const> ts, ChainShape shape,
+                bool optional) {
+  for (const Tensor* t : ts) {
+    if (t == nullptr && optional) continue;
+    ORPHEUS_ENFORCE(t != nullptr, "{}: missing operand", op);
+    onDevice(b, op, *t);
+    ORPHEUS_ENFORCE(t->rows() == shape.rows && t->cols() == shape.cols, "{}: an operand is {}x{}, expected {}x{}", op,
+                    t->rows(), t->cols(), shape.rows, shape.cols);
+  }
+}
+
+}  // namespace orpheus::ops::checks

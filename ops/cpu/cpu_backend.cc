@@ -1,0 +1,243 @@
+#include "ops/cpu/cpu_backend.h"
+
+#include "ops/backend_checks.h"
+#include "ops/cpu/elementwise_chain.h"
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+
+namespace orpheus::ops::cpu {
+namespace {
+
+// c = alpha * (l * r) + beta * c. alpha == 1, beta == 1 is exactly `c.noalias() += l * r`
+// (the rebuild's expression), so Eigen picks the same kernel as before the seam.
+template <typename L, typename R>
+void product(const L& l, const R& r, float alpha, float beta, MatrixMap& c) {
+  if (beta == 0.0f) {
+    if (alpha == 1.0f) {
+      c.noalias() = l * r;
+    } else {
+      c.noalias() = alpha * (l * r);
+    }
+    return;
+  }
+  if (beta != 1.0f) c *= beta;
+  if (alpha == 1.0f) {
+    c.noalias() += l * r;
+  } else {
+    c.noalias() += alpha * (l * r);
+  }
+}
+
+template <typename Ptrs>
+ChainBuffers<float> buffers(std::span<const Tensor* const> inputs, checks::ChainShape shape, const Ptrs& values) {
+  ChainBuffers<float> b;
+  b.rows = shape.rows;
+  b.cols = shape.cols;
+  for (const Tensor* in : inputs) {
+    b.inputs.push_back(in->data());
+    b.broadcast.push_back(in->cols() == 1 && shape.cols != 1);
+  }
+  for (const Tensor* v : values) b.values.push_back(v->data());
+  return b;
+}
+
+}  // namespace
+
+SparseTensor view(const Eigen::SparseMatrix<float, Eigen::ColMajor, int32_t>& s) {
+  ORPHEUS_ENFORCE(s.isCompressed(), "a sparse view needs a compressed matrix");
+  SparseTensor t;
+  t.device = Device::kCpu;
+  t.layout = SparseTensor::Layout::kCsc;
+  t.rows = s.rows();
+  t.cols = s.cols();
+  t.nonZeros = s.nonZeros();
+  t.outer = s.outerIndexPtr();
+  t.inner = s.innerIndexPtr();
+  t.values = s.valuePtr();
+  return t;
+}
+
+Tensor CpuBackend::allocate(int64_t rows, int64_t cols) {
+  ORPHEUS_ENFORCE(rows >= 0 && cols >= 0, "allocate: shape {}x{}", rows, cols);
+  auto* p = static_cast<float*>(Eigen::internal::aligned_malloc(static_cast<size_t>(rows * cols) * sizeof(float)));
+  return Tensor(Device::kCpu, p, rows, cols, [](float* q) { Eigen::internal::aligned_free(q); });
+}
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  if (src.device() != Device::kCpu || dst.device() != Device::kCpu) unsupported("copies to or from device memory");
+  checks::sameShape("copy", src, dst);
+  if (src.size() > 0 && src.data() != dst.data()) {
+    std::memmove(dst.data(), src.data(), static_cast<size_t>(src.size()) * sizeof(float));
+  }
+}
+
+SparseCopy CpuBackend::copySparse(const SparseTensor& src) {
+  if (src.device != Device::kCpu) unsupported("copies from device memory");
+  struct Arrays {
+    std::vector<int32_t> outer, inner;
+    std::vector<float> values;
+  };
+  auto arrays = std::make_shared<Arrays>();
+  const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
+  arrays->outer.assign(src.outer, src.outer + outerSize);
+  arrays->inner.assign(src.inner, src.inner + src.nonZeros);
+  arrays->values.assign(src.values, src.values + src.nonZeros);
+  SparseCopy copy{src, arrays};
+  copy.view.outer = arrays->outer.data();
+  copy.view.inner = arrays->inner.data();
+  copy.view.values = arrays->values.data();
+  return copy;
+}
+
+void CpuBackend::gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
+  checks::onDevice(*this, "gemm", a);
+  checks::onDevice(*this, "gemm", b);
+  checks::onDevice(*this, "gemm", c);
+  checks::gemm(ta, tb, a, b, c);
+  const MatrixMap am = map(a);
+  const MatrixMap bm = map(b);
+  MatrixMap cm = map(c);
+  if (ta == Trans::kNo && tb == Trans::kNo) product(am, bm, alpha, beta, cm);
+  if (ta == Trans::kNo && tb == Trans::kYes) product(am, bm.transpose(), alpha, beta, cm);
+  if (ta == Trans::kYes && tb == Trans::kNo) product(am.transpose(), bm, alpha, beta, cm);
+  if (ta == Trans::kYes && tb == Trans::kYes) product(am.transpose(), bm.transpose(), alpha, beta, cm);
+}
+
+void CpuBackend::gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) {
+  checks::onDevice(*this, "gemmSparse", a);
+  checks::onDevice(*this, "gemmSparse", c);
+  ORPHEUS_ENFORCE(s.device == Device::kCpu, "backend cpu: the sparse operand lives in {} memory",
+                  deviceName(s.device));
+  // CSR of s is CSC of s^T: one layout, with the transpose flipped.
+  const checks::CscOperand o = checks::gemmSparse(a, s, ts, c);
+  const SparseMap sm(o.rows, o.cols, s.nonZeros, s.outer, s.inner, s.values);
+  const bool transposed = o.transposed;
+  const MatrixMap am = map(a);
+  MatrixMap cm = map(c);
+  if (beta == 0.0f) {
+    cm.setZero();
+  } else if (beta != 1.0f) {
+    cm *= beta;
+  }
+  if (transposed) {
+    // (S A^T)^T keeps the sparse operand on the left, where Eigen's kernel is fastest.
+    if (alpha == 1.0f) {
+      cm.noalias() += (sm * am.transpose()).transpose();
+    } else {
+      cm.noalias() += alpha * (sm * am.transpose()).transpose();
+    }
+  } else if (alpha == 1.0f) {
+    cm.noalias() += am * sm;
+  } else {
+    cm.noalias() += alpha * (am * sm);
+  }
+}
+
+void CpuBackend::elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
+                             std::span<Tensor* const> outputs) {
+  ORPHEUS_ENFORCE(outputs.size() == chain.steps.size(), "elementwise: {} steps, {} outputs", chain.steps.size(),
+                  outputs.size());
+  ORPHEUS_ENFORCE(outputs.back() != nullptr, "elementwise: missing output");
+  const checks::ChainShape shape = checks::chain(*this, chain, inputs, *outputs.back());
+  checks::all(*this, "elementwise", std::span<const Tensor* const>(outputs.data(), outputs.size()), shape, false);
+  runChainForward<float>(chain, buffers(inputs, shape, outputs));
+}
+
+void CpuBackend::elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
+                                     std::span<const Tensor* const> values, const Tensor& upstream,
+                                     std::span<Tensor* const> inputGrads) {
+  ORPHEUS_ENFORCE(values.size() == chain.steps.size() && inputGrads.size() == inputs.size(),
+                  "elementwiseBackward: {} steps, {} values; {} inputs, {} gradients", chain.steps.size(),
+                  values.size(), inputs.size(), inputGrads.size());
+  const checks::ChainShape shape = checks::chain(*this, chain, inputs, upstream);
+  checks::all(*this, "elementwiseBackward", values, shape, false);
+  checks::all(*this, "elementwiseBackward", std::span<const Tensor* const>(inputGrads.data(), inputGrads.size()),
+              shape, true);
+  ChainBuffers<float> b = buffers(inputs, shape, values);
+  b.upstream = upstream.data();
+  for (const Tensor* grad : inputGrads) b.inputGrads.push_back(grad ? grad->data() : nullptr);
+  runChainBackward<float>(chain, b);
+}
+
+void CpuBackend::softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) {
+  for (const Tensor* x : std::initializer_list<const Tensor*>{&z, &t, &p, &loss}) checks::onDevice(*this, "softmaxCrossEntropy", *x);
+  checks::sameShape("softmaxCrossEntropy", z, t);
+  checks::sameShape("softmaxCrossEntropy", z, p);
+  ORPHEUS_ENFORCE(loss.rows() == 1 && loss.cols() == z.cols(), "softmaxCrossEntropy: loss must be 1x{}", z.cols());
+  const MatrixMap zm = map(z);
+  const MatrixMap tm = map(t);
+  MatrixMap pm = map(p);
+  MatrixMap lm = map(loss);
+  constexpr float tiny = std::numeric_limits<float>::min();
+  // The expressions of ops::forward's kSoftmax and kCrossEntropy, so the fused pair
+  // gives bitwise the values of the two operators run one after the other.
+  for (int64_t j = 0; j < z.cols() && z.rows() > 0; ++j) {
+    // Subtracting the column's max keeps exp from overflowing.
+    pm.col(j) = (zm.col(j).array() - zm.col(j).maxCoeff()).exp().matrix();
+    pm.col(j) *= 1.0f / pm.col(j).sum();
+  }
+  lm = -(tm.array() * pm.array().max(tiny).log()).colwise().sum().matrix();
+}
+
+void CpuBackend::softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
+                                             Tensor& dz) {
+  for (const Tensor* x : std::initializer_list<const Tensor*>{&p, &t, &upstream, &dz}) checks::onDevice(*this, "softmaxCrossEntropyBackward", *x);
+  checks::sameShape("softmaxCrossEntropyBackward", p, t);
+  checks::sameShape("softmaxCrossEntropyBackward", p, dz);
+  ORPHEUS_ENFORCE(upstream.rows() == 1 && upstream.cols() == p.cols(),
+                  "softmaxCrossEntropyBackward: upstream must be 1x{}", p.cols());
+  const MatrixMap pm = map(p);
+  const MatrixMap tm = map(t);
+  const Eigen::Array<float, 1, Eigen::Dynamic> g = map(upstream).row(0).array();
+  const Eigen::Array<float, 1, Eigen::Dynamic> mass = tm.colwise().sum().array() * g;
+  MatrixMap dm = map(dz);
+  if (beta == 0.0f) {
+    dm = (pm.array().rowwise() * mass - tm.array().rowwise() * g).matrix();
+    return;
+  }
+  if (beta != 1.0f) dm *= beta;
+  dm += (pm.array().rowwise() * mass - tm.array().rowwise() * g).matrix();
+}
+
+void CpuBackend::sumColumns(const Tensor& a, float beta, Tensor& out) {
+  checks::onDevice(*this, "sumColumns", a);
+  checks::onDevice(*this, "sumColumns", out);
+  ORPHEUS_ENFORCE(out.rows() == a.rows() && out.cols() == 1, "sumColumns: out must be {}x1", a.rows());
+  MatrixMap om = map(out);
+  if (beta == 0.0f) {
+    om.col(0) = map(a).rowwise().sum();
+    return;
+  }
+  if (beta != 1.0f) om *= beta;
+  om.col(0) += map(a).rowwise().sum();
+}
+
+void CpuBackend::sumRows(const Tensor& a, float beta, Tensor& out) {
+  checks::onDevice(*this, "sumRows", a);
+  checks::onDevice(*this, "sumRows", out);
+  ORPHEUS_ENFORCE(out.rows() == 1 && out.cols() == a.cols(), "sumRows: out must be 1x{}", a.cols());
+  MatrixMap om = map(out);
+  if (beta == 0.0f) {
+    om.row(0) = map(a).colwise().sum();
+    return;
+  }
+  if (beta != 1.0f) om *= beta;
+  om.row(0) += map(a).colwise().sum();
+}
+
+void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
+  checks::onDevice(*this, "axpy", x);
+  checks::onDevice(*this, "axpy", y);
+  checks::sameShape("axpy", x, y);
+  map(y) += alpha * map(x);
+}
+
+void CpuBackend::scale(float alpha, Tensor& x) {
+  checks::onDevice(*this, "scale", x);
+  map(x) *= alpha;
+}
+
+}  // namespace orpheus::ops::cpu

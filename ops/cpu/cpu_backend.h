@@ -1,0 +1,57 @@
+// The CPU backend: Eigen on host memory, single-threaded, everything finished
+// before an operation returns. Its GEMMs are the same Eigen expressions the
+// engine used before the seam existed, so results are bitwise unchanged.
+#pragma once
+
+#include "ops/backend.h"
+
+#include <Eigen/Dense>
+#include <Eigen/SparseCore>
+
+namespace orpheus::ops::cpu {
+
+class CpuBackend : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  Device device() const override { return Device::kCpu; }
+
+  Tensor allocate(int64_t rows, int64_t cols) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  SparseCopy copySparse(const SparseTensor& src) override;
+  void synchronize() override {}
+
+  void gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) override;
+  void gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) override;
+  void elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
+                   std::span<Tensor* const> outputs) override;
+  void elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
+                           std::span<const Tensor* const> values, const Tensor& upstream,
+                           std::span<Tensor* const> inputGrads) override;
+  void softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) override;
+  void softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
+                                   Tensor& dz) override;
+  void sumColumns(const Tensor& a, float beta, Tensor& out) override;
+  void sumRows(const Tensor& a, float beta, Tensor& out) override;
+  void axpy(float alpha, const Tensor& x, Tensor& y) override;
+  void scale(float alpha, Tensor& x) override;
+};
+
+using MatrixMap = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>>;
+using SparseMap = Eigen::Map<const Eigen::SparseMatrix<float, Eigen::ColMajor, int32_t>>;
+
+// Eigen's view of a host tensor.
+inline MatrixMap map(const Tensor& t) { return MatrixMap(t.data(), t.rows(), t.cols()); }
+
+// Views of Eigen objects as tensors (no copies). The matrix must stay alive and
+// unresized while the view is used; a sparse matrix must be compressed.
+template <typename Derived>
+Tensor view(Eigen::PlainObjectBase<Derived>& m) {
+  return Tensor::host(m.data(), m.rows(), m.cols());
+}
+template <typename Derived>
+Tensor view(const Eigen::PlainObjectBase<Derived>& m) {
+  return Tensor::host(m.data(), m.rows(), m.cols());
+}
+SparseTensor view(const Eigen::SparseMatrix<float, Eigen::ColMajor, int32_t>& s);
+
+}  // namespace orpheus::ops::cpu

@@ -1,0 +1,276 @@
+#include "ops/cuda/cuda_backend.h"
+
+#include "ops/backend_checks.h"
+#include "ops/cuda/check.h"
+#include "ops/cuda/kernels.h"
+
+#include <climits>
+
+namespace orpheus::ops::cuda {
+namespace {
+
+// cuBLAS takes int dimensions.
+int blasInt(int64_t n) {
+  ORPHEUS_ENFORCE(n >= 0 && n <= INT_MAX, "dimension {} does not fit cuBLAS", n);
+  return static_cast<int>(n);
+}
+
+int leading(const Tensor& t) { return blasInt(t.rows() > 0 ? t.rows() : 1); }
+
+cublasOperation_t blasOp(Trans t) { return t == Trans::kNo ? CUBLAS_OP_N : CUBLAS_OP_T; }
+
+// cudaFree waits for queued work on the memory first; its status is ignored
+// because a deleter must not throw.
+void freeDevice(float* p) { static_cast<void>(cudaFree(p)); }
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    ORPHEUS_CUDA_CHECK(cudaSetDevice(device_));
+    ORPHEUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    const cublasStatus_t status = cublasCreate(&blas_);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      static_cast<void>(cudaStreamDestroy(stream_));
+      ORPHEUS_CUBLAS_CHECK(status);
+    }
+    ORPHEUS_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  }
+
+  ~CudaBackend() override {
+    static_cast<void>(cudaSetDevice(device_));
+    static_cast<void>(cudaStreamSynchronize(stream_));
+    static_cast<void>(cublasDestroy(blas_));
+    static_cast<void>(cudaStreamDestroy(stream_));
+  }
+
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+
+  Tensor allocate(int64_t rows, int64_t cols) override {
+    ORPHEUS_ENFORCE(rows >= 0 && cols >= 0, "allocate: shape {}x{}", rows, cols);
+    activate();
+    void* p = nullptr;
+    if (rows * cols > 0) ORPHEUS_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(rows * cols) * sizeof(float)));
+    return Tensor(Device::kCuda, static_cast<float*>(p), rows, cols, &freeDevice);
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    checks::sameShape("copy", src, dst);
+    if (src.size() == 0) return;
+    activate();
+    ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(src.size()) * sizeof(float),
+                                       cudaMemcpyDefault, stream_));
+    if (src.device() == Device::kCpu || dst.device() == Device::kCpu) synchronize();
+  }
+
+  SparseCopy copySparse(const SparseTensor& src) override {
+    activate();
+    const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
+    const size_t indexBytes = static_cast<size_t>(outerSize + src.nonZeros) * sizeof(int32_t);
+    const size_t valueBytes = static_cast<size_t>(src.nonZeros) * sizeof(float);
+    void* block = nullptr;
+    ORPHEUS_CUDA_CHECK(cudaMalloc(&block, indexBytes + valueBytes + sizeof(float)));
+    std::shared_ptr<void> storage(block, [](void* p) { static_cast<void>(cudaFree(p)); });
+    auto* outer = static_cast<int32_t*>(block);
+    int32_t* inner = outer + outerSize;
+    // Values after the indices, aligned for float (both are 4 bytes wide).
+    auto* values = reinterpret_cast<float*>(inner + src.nonZeros);
+    ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(outer, src.outer, static_cast<size_t>(outerSize) * sizeof(int32_t),
+                                       cudaMemcpyDefault, stream_));
+    ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(inner, src.inner, static_cast<size_t>(src.nonZeros) * sizeof(int32_t),
+                                       cudaMemcpyDefault, stream_));
+    ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(values, src.values, valueBytes, cudaMemcpyDefault, stream_));
+    synchronize();
+    SparseCopy copy{src, std::move(storage)};
+    copy.view.device = Device::kCuda;
+    copy.view.outer = outer;
+    copy.view.inner = inner;
+    copy.view.values = values;
+    return copy;
+  }
+
+  void synchronize() override {
+    activate();
+    ORPHEUS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) override {
+    for (const Tensor* t : {&a, &b, static_cast<const Tensor*>(&c)}) checks::onDevice(*this, "gemm", *t);
+    const checks::GemmShape s = checks::gemm(ta, tb, a, b, c);
+    if (s.m == 0 || s.n == 0) return;
+    activate();
+    ORPHEUS_CUBLAS_CHECK(cublasSgemm(blas_, blasOp(ta), blasOp(tb), blasInt(s.m), blasInt(s.n), blasInt(s.k), &alpha,
+                                     a.data(), leading(a), b.data(), leading(b), &beta, c.data(), leading(c)));
+  }
+
+  void gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) override {
+    checks::onDevice(*this, "gemmSparse", a);
+    checks::onDevice(*this, "gemmSparse", c);
+    ORPHEUS_ENFORCE(s.device == Device::kCuda, "backend cuda: the sparse operand lives in {} memory",
+                    deviceName(s.device));
+    const checks::CscOperand o = checks::gemmSparse(a, s, ts, c);
+    activate();
+    if (!o.transposed) {
+      ORPHEUS_CUDA_CHECK(launchDenseTimesCsc(alpha, a.data(), a.rows(), s.outer, s.inner, s.values, o.cols, beta,
+                                             c.data(), stream_));
+      return;
+    }
+    scaleOrZero(beta, c);
+    ORPHEUS_CUDA_CHECK(launchDenseTimesCscTransposed(alpha, a.data(), a.rows(), s.outer, s.inner, s.values, o.cols,
+                                                     c.data(), stream_));
+  }
+
+  void elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
+                   std::span<Tensor* const> outputs) override {
+    ORPHEUS_ENFORCE(outputs.size() == chain.steps.size() && !outputs.empty() && outputs.back() != nullptr,
+                    "elementwise: {} steps, {} outputs", chain.steps.size(), outputs.size());
+    const checks::ChainShape shape = checks::chain(*this, chain, inputs, *outputs.back());
+    checks::all(*this, "elementwise", std::span<const Tensor* const>(outputs.data(), outputs.size()), shape, false);
+    ChainArgs args = chainArgs(chain, inputs, shape);
+    for (size_t k = 0; k < outputs.size(); ++k) args.value[k] = outputs[k]->data();
+    activate();
+    ORPHEUS_CUDA_CHECK(launchChainForward(args, stream_));
+  }
+
+  void elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
+                           std::span<const Tensor* const> values, const Tensor& upstream,
+                           std::span<Tensor* const> inputGrads) override {
+    ORPHEUS_ENFORCE(values.size() == chain.steps.size() && inputGrads.size() == inputs.size(),
+                    "elementwiseBackward: {} steps, {} values; {} inputs, {} gradients", chain.steps.size(),
+                    values.size(), inputs.size(), inputGrads.size());
+    const checks::ChainShape shape = checks::chain(*this, chain, inputs, upstream);
+    checks::all(*this, "elementwiseBackward", values, shape, false);
+    checks::all(*this, "elementwiseBackward", std::span<const Tensor* const>(inputGrads.data(), inputGrads.size()),
+                shape, true);
+    ChainArgs args = chainArgs(chain, inputs, shape);
+    for (size_t k = 0; k < values.size(); ++k) args.value[k] = values[k]->data();
+    args.upstream = upstream.data();
+    for (size_t k = 0; k < inputGrads.size(); ++k) args.inputGrad[k] = inputGrads[k] ? inputGrads[k]->data() : nullptr;
+    activate();
+    ORPHEUS_CUDA_CHECK(launchChainBackward(args, stream_));
+  }
+
+  void softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) override {
+    for (const Tensor* x : {&z, &t, static_cast<const Tensor*>(&p), static_cast<const Tensor*>(&loss)}) {
+      checks::onDevice(*this, "softmaxCrossEntropy", *x);
+    }
+    checks::sameShape("softmaxCrossEntropy", z, t);
+    checks::sameShape("softmaxCrossEntropy", z, p);
+    ORPHEUS_ENFORCE(loss.rows() == 1 && loss.cols() == z.cols(), "softmaxCrossEntropy: loss must be 1x{}", z.cols());
+    activate();
+    ORPHEUS_CUDA_CHECK(launchSoftmaxCrossEntropy(z.data(), t.data(), p.data(), loss.data(), z.rows(), z.cols(), stream_));
+  }
+
+  void softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
+                                   Tensor& dz) override {
+    for (const Tensor* x : {&p, &t, &upstream, static_cast<const Tensor*>(&dz)}) {
+      checks::onDevice(*this, "softmaxCrossEntropyBackward", *x);
+    }
+    checks::sameShape("softmaxCrossEntropyBackward", p, t);
+    checks::sameShape("softmaxCrossEntropyBackward", p, dz);
+    ORPHEUS_ENFORCE(upstream.rows() == 1 && upstream.cols() == p.cols(),
+                    "softmaxCrossEntropyBackward: upstream must be 1x{}", p.cols());
+    activate();
+    ORPHEUS_CUDA_CHECK(launchSoftmaxCrossEntropyBackward(p.data(), t.data(), upstream.data(), beta, dz.data(),
+                                                         p.rows(), p.cols(), stream_));
+  }
+
+  void sumColumns(const Tensor& a, float beta, Tensor& out) override {
+    checks::onDevice(*this, "sumColumns", a);
+    checks::onDevice(*this, "sumColumns", out);
+    ORPHEUS_ENFORCE(out.rows() == a.rows() && out.cols() == 1, "sumColumns: out must be {}x1", a.rows());
+    activate();
+    ORPHEUS_CUDA_CHECK(launchSumColumns(a.data(), beta, out.data(), a.rows(), a.cols(), stream_));
+  }
+
+  void sumRows(const Tensor& a, float beta, Tensor& out) override {
+    checks::onDevice(*this, "sumRows", a);
+    checks::onDevice(*this, "sumRows", out);
+    ORPHEUS_ENFORCE(out.rows() == 1 && out.cols() == a.cols(), "sumRows: out must be 1x{}", a.cols());
+    activate();
+    ORPHEUS_CUDA_CHECK(launchSumRows(a.data(), beta, out.data(), a.rows(), a.cols(), stream_));
+  }
+
+  void axpy(float alpha, const Tensor& x, Tensor& y) override {
+    checks::onDevice(*this, "axpy", x);
+    checks::onDevice(*this, "axpy", y);
+    checks::sameShape("axpy", x, y);
+    if (x.size() == 0) return;
+    activate();
+    ORPHEUS_CUBLAS_CHECK(cublasSaxpy(blas_, blasInt(x.size()), &alpha, x.data(), 1, y.data(), 1));
+  }
+
+  void scale(float alpha, Tensor& x) override {
+    checks::onDevice(*this, "scale", x);
+    if (x.size() == 0) return;
+    activate();
+    ORPHEUS_CUBLAS_CHECK(cublasSscal(blas_, blasInt(x.size()), &alpha, x.data(), 1));
+  }
+
+ private:
+  // cudaSetDevice is per host thread: set it on every entry, so a backend works
+  // from whichever thread uses it (one at a time).
+  void activate() const { ORPHEUS_CUDA_CHECK(cudaSetDevice(device_)); }
+
+  // c = beta * c, with beta == 0 writing zeros (old NaNs do not survive).
+  void scaleOrZero(float beta, Tensor& c) {
+    if (beta == 1.0f || c.size() == 0) return;
+    if (beta == 0.0f) {
+      ORPHEUS_CUDA_CHECK(cudaMemsetAsync(c.data(), 0, static_cast<size_t>(c.size()) * sizeof(float), stream_));
+    } else {
+      ORPHEUS_CUBLAS_CHECK(cublasSscal(blas_, blasInt(c.size()), &beta, c.data(), 1));
+    }
+  }
+
+  ChainArgs chainArgs(const EwChain& chain, std::span<const Tensor* const> inputs, checks::ChainShape shape) const {
+    if (chain.steps.size() > static_cast<size_t>(kMaxChainSteps) || inputs.size() > static_cast<size_t>(kMaxChainInputs)) {
+      unsupported(fmt::format("elementwise chains of more than {} steps or {} inputs (this one: {} steps, {} inputs)",
+                              kMaxChainSteps, kMaxChainInputs, chain.steps.size(), inputs.size()));
+    }
+    ChainArgs args{};
+    args.steps = static_cast<int>(chain.steps.size());
+    args.rows = shape.rows;
+    args.cols = shape.cols;
+    for (size_t k = 0; k < chain.steps.size(); ++k) {
+      const EwStep& s = chain.steps[k];
+      args.step[k].op = s.op;
+      args.step[k].attr = static_cast<float>(s.attr);
+      for (size_t o = 0; o < 2; ++o) {
+        args.step[k].fromStep[o] = s.operand[o].kind == EwRef::Kind::kStep ? 1 : 0;
+        args.step[k].index[o] = s.operand[o].index;
+      }
+    }
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      args.input[k] = inputs[k]->data();
+      args.broadcast[k] = inputs[k]->cols() == 1 && shape.cols != 1;
+      args.inputGrad[k] = nullptr;
+    }
+    return args;
+  }
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+};
+
+}  // namespace
+
+int visibleDevices(std::string* why) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    // Any failure here (no driver, a driver older than the runtime) means no usable GPU.
+    if (why) *why = fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(status));
+    static_cast<void>(cudaGetLastError());  // clear the sticky error for later calls
+    return 0;
+  }
+  if (count == 0 && why) *why = "cudaGetDeviceCount found 0 devices";
+  return count;
+}
+
+std::unique_ptr<Backend> makeCudaBackend(int device) { return std::make_unique<CudaBackend>(device); }
+
+}  // namespace orpheus::ops::cuda

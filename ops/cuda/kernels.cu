@@ -1,0 +1,243 @@
+#include "ops/cuda/kernels.h"
+
+#include "ops/elementwise_math.h"
+
+#include <cfloat>
+
+namespace orpheus::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocksFor(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
+}
+
+unsigned gridY(int64_t n) { return static_cast<unsigned>(n < 65535 ? (n > 0 ? n : 1) : 65535); }
+
+__device__ float chainOperand(const ChainArgs& a, const ChainStep& s, int o, const float* reg, int64_t i,
+                              int64_t at) {
+  if (s.fromStep[o]) return reg[s.index[o]];
+  const int k = s.index[o];
+  return a.broadcast[k] ? a.input[k][i] : a.input[k][at];
+}
+
+// One thread per element, every step of the chain in registers: one pass over memory.
+__global__ void chainForward(const ChainArgs a) {
+  float reg[kMaxChainSteps];
+  const int64_t n = a.rows * a.cols;
+  for (int64_t at = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; at < n;
+       at += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = at % a.rows;
+    for (int k = 0; k < a.steps; ++k) {
+      const ChainStep& s = a.step[k];
+      reg[k] = isUnary(s.op) ? ew::unary(s.op, chainOperand(a, s, 0, reg, i, at), s.attr)
+                             : ew::binary(s.op, chainOperand(a, s, 0, reg, i, at), chainOperand(a, s, 1, reg, i, at));
+      a.value[k][at] = reg[k];
+    }
+  }
+}
+
+// Each element's gradients are sent by the one thread that owns the element, so
+// accumulating into the input gradients needs no atomics.
+__global__ void chainBackward(const ChainArgs a) {
+  float reg[kMaxChainSteps];
+  float g[kMaxChainSteps];
+  const int64_t n = a.rows * a.cols;
+  for (int64_t at = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; at < n;
+       at += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = at % a.rows;
+    for (int k = 0; k < a.steps; ++k) {
+      reg[k] = a.value[k][at];
+      g[k] = 0.0f;
+    }
+    g[a.steps - 1] = a.upstream[at];
+    for (int k = a.steps - 1; k >= 0; --k) {
+      const ChainStep& s = a.step[k];
+      float d[2];
+      if (isUnary(s.op)) {
+        d[0] = g[k] * ew::unaryDerivative(s.op, chainOperand(a, s, 0, reg, i, at), reg[k], s.attr);
+      } else {
+        ew::binaryGradients(s.op, chainOperand(a, s, 0, reg, i, at), chainOperand(a, s, 1, reg, i, at), g[k], &d[0],
+                            &d[1]);
+      }
+      for (int o = 0; o < (isUnary(s.op) ? 1 : 2); ++o) {
+        if (s.fromStep[o]) {
+          g[s.index[o]] += d[o];
+        } else if (a.inputGrad[s.index[o]] != nullptr) {
+          a.inputGrad[s.index[o]][at] += d[o];
+        }
+      }
+    }
+  }
+}
+
+// Block-wide reductions over kThreads threads (every thread gets the result).
+template <typename Combine>
+__device__ float blockReduce(float x, float* scratch, Combine combine) {
+  scratch[threadIdx.x] = x;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) scratch[threadIdx.x] = combine(scratch[threadIdx.x], scratch[threadIdx.x + half]);
+    __syncthreads();
+  }
+  const float result = scratch[0];
+  __syncthreads();
+  return result;
+}
+
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// One block per column.
+__global__ void softmaxCrossEntropy(const float* z, const float* t, float* p, float* loss, int64_t rows,
+                                    int64_t cols) {
+  __shared__ float scratch[kThreads];
+  for (int64_t j = blockIdx.x; j < cols; j += gridDim.x) {
+    const float* zj = z + j * rows;
+    const float* tj = t + j * rows;
+    float* pj = p + j * rows;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) m = fmaxf(m, zj[i]);
+    m = blockReduce(m, scratch, Max());
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
+      pj[i] = expf(zj[i] - m);
+      sum += pj[i];
+    }
+    const float inv = 1.0f / blockReduce(sum, scratch, Sum());
+    float ce = 0.0f;
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
+      pj[i] *= inv;
+      ce += tj[i] * logf(fmaxf(pj[i], FLT_MIN));
+    }
+    ce = blockReduce(ce, scratch, Sum());
+    if (threadIdx.x == 0) loss[j] = -ce;
+  }
+}
+
+__global__ void softmaxCrossEntropyBackward(const float* p, const float* t, const float* g, float beta, float* dz,
+                                            int64_t rows, int64_t cols) {
+  __shared__ float scratch[kThreads];
+  for (int64_t j = blockIdx.x; j < cols; j += gridDim.x) {
+    const float* tj = t + j * rows;
+    float mass = 0.0f;
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) mass += tj[i];
+    mass = blockReduce(mass, scratch, Sum()) * g[j];
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
+      const int64_t at = i + j * rows;
+      const float d = p[at] * mass - tj[i] * g[j];
+      dz[at] = beta == 0.0f ? d : beta * dz[at] + d;
+    }
+  }
+}
+
+// Thread i walks row i across the columns: neighbouring threads read neighbouring addresses.
+__global__ void sumColumns(const float* a, float beta, float* out, int64_t rows, int64_t cols) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) s += a[i + j * rows];
+    out[i] = beta == 0.0f ? s : beta * out[i] + s;
+  }
+}
+
+__global__ void sumRows(const float* a, float beta, float* out, int64_t rows, int64_t cols) {
+  __shared__ float scratch[kThreads];
+  for (int64_t j = blockIdx.x; j < cols; j += gridDim.x) {
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) s += a[i + j * rows];
+    s = blockReduce(s, scratch, Sum());
+    if (threadIdx.x == 0) out[j] = beta == 0.0f ? s : beta * out[j] + s;
+  }
+}
+
+// Threads over the rows of c, blocks (y) over its columns.
+__global__ void denseTimesCsc(float alpha, const float* a, int64_t m, const int32_t* outer, const int32_t* inner,
+                              const float* values, int64_t n, float beta, float* c) {
+  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < m;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      float s = 0.0f;
+      for (int32_t q = outer[j]; q < outer[j + 1]; ++q) s += a[i + static_cast<int64_t>(inner[q]) * m] * values[q];
+      const int64_t at = i + j * m;
+      c[at] = beta == 0.0f ? alpha * s : alpha * s + beta * c[at];
+    }
+  }
+}
+
+// Column j of s scatters into the columns of c named by its row indices.
+__global__ void denseTimesCscTransposed(float alpha, const float* a, int64_t m, const int32_t* outer,
+                                        const int32_t* inner, const float* values, int64_t n, float* c) {
+  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < m;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const float x = alpha * a[i + j * m];
+      for (int32_t q = outer[j]; q < outer[j + 1]; ++q) atomicAdd(&c[i + static_cast<int64_t>(inner[q]) * m], x * values[q]);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launchChainForward(const ChainArgs& args, cudaStream_t stream) {
+  if (args.rows * args.cols == 0) return cudaSuccess;
+  chainForward<<<blocksFor(args.rows * args.cols), kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launchChainBackward(const ChainArgs& args, cudaStream_t stream) {
+  if (args.rows * args.cols == 0) return cudaSuccess;
+  chainBackward<<<blocksFor(args.rows * args.cols), kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launchSoftmaxCrossEntropy(const float* z, const float* t, float* p, float* loss, int64_t rows,
+                                      int64_t cols, cudaStream_t stream) {
+  if (cols == 0) return cudaSuccess;
+  softmaxCrossEntropy<<<gridY(cols), kThreads, 0, stream>>>(z, t, p, loss, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launchSoftmaxCrossEntropyBackward(const float* p, const float* t, const float* g, float beta, float* dz,
+                                              int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (cols == 0 || rows == 0) return cudaSuccess;
+  softmaxCrossEntropyBackward<<<gridY(cols), kThreads, 0, stream>>>(p, t, g, beta, dz, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launchSumColumns(const float* a, float beta, float* out, int64_t rows, int64_t cols,
+                             cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  sumColumns<<<blocksFor(rows), kThreads, 0, stream>>>(a, beta, out, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launchSumRows(const float* a, float beta, float* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (cols == 0) return cudaSuccess;
+  sumRows<<<gridY(cols), kThreads, 0, stream>>>(a, beta, out, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launchDenseTimesCsc(float alpha, const float* a, int64_t m, const int32_t* outer, const int32_t* inner,
+                                const float* values, int64_t n, float beta, float* c, cudaStream_t stream) {
+  if (m == 0 || n == 0) return cudaSuccess;
+  denseTimesCsc<<<dim3(blocksFor(m), gridY(n)), kThreads, 0, stream>>>(alpha, a, m, outer, inner, values, n, beta, c);
+  return cudaGetLastError();
+}
+
+cudaError_t launchDenseTimesCscTransposed(float alpha, const float* a, int64_t m, const int32_t* outer,
+                                          const int32_t* inner, const float* values, int64_t n, float* c,
+                                          cudaStream_t stream) {
+  if (m == 0 || n == 0) return cudaSuccess;
+  denseTimesCscTransposed<<<dim3(blocksFor(m), gridY(n)), kThreads, 0, stream>>>(alpha, a, m, outer, inner, values,
+                                                                                 n, c);
+  return cudaGetLastError();
+}
+
+}  // namespace orpheus::ops::cuda

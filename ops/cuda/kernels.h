@@ -1,0 +1,62 @@
+// Launchers of the CUDA backend's own kernels. Each enqueues its work on `stream`
+// and returns the launch status (cudaGetLastError); none of them synchronises.
+// All pointers are device pointers; matrices are column-major and contiguous.
+// Included by kernels.cu: nothing here may pull in fmt (its consteval format
+// strings do not compile under nvcc).
+#pragma once
+
+#include "ops/elementwise_ops.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace orpheus::ops::cuda {
+
+// Longest chain and most inputs one kernel launch takes (the arguments travel by
+// value in the launch's parameter space).
+constexpr int kMaxChainSteps = 16;
+constexpr int kMaxChainInputs = 8;
+
+struct ChainStep {
+  EwOp op;
+  uint8_t fromStep[2];  // 1: operand is an earlier step's value, 0: an input
+  int index[2];
+  float attr;
+};
+
+struct ChainArgs {
+  int steps = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  ChainStep step[kMaxChainSteps];
+  const float* input[kMaxChainInputs];
+  bool broadcast[kMaxChainInputs];  // rows x 1, repeated across the columns
+  float* value[kMaxChainSteps];     // forward: written; backward: read
+  const float* upstream = nullptr;  // backward: gradient of the last step
+  float* inputGrad[kMaxChainInputs];  // backward: accumulated into where non-null
+};
+
+cudaError_t launchChainForward(const ChainArgs& args, cudaStream_t stream);
+cudaError_t launchChainBackward(const ChainArgs& args, cudaStream_t stream);
+
+// p = softmax(z) per column; loss_j = -sum_i t_ij log max(p_ij, FLT_MIN).
+cudaError_t launchSoftmaxCrossEntropy(const float* z, const float* t, float* p, float* loss, int64_t rows,
+                                      int64_t cols, cudaStream_t stream);
+// dz = beta dz + (p sum_i t_ij - t) g_j.
+cudaError_t launchSoftmaxCrossEntropyBackward(const float* p, const float* t, const float* g, float beta, float* dz,
+                                              int64_t rows, int64_t cols, cudaStream_t stream);
+
+// out (rows) = beta out + sum over columns; out (cols) = beta out + sum over rows.
+cudaError_t launchSumColumns(const float* a, float beta, float* out, int64_t rows, int64_t cols, cudaStream_t stream);
+cudaError_t launchSumRows(const float* a, float beta, float* out, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// c (m x n) = alpha a (m x k) s + beta c, s a k x n CSC matrix.
+cudaError_t launchDenseTimesCsc(float alpha, const float* a, int64_t m, const int32_t* outer, const int32_t* inner,
+                                const float* values, int64_t n, float beta, float* c, cudaStream_t stream);
+// c (m x k) += alpha a (m x n) s^T, s a k x n CSC matrix (c already scaled by beta).
+cudaError_t launchDenseTimesCscTransposed(float alpha, const float* a, int64_t m, const int32_t* outer,
+                                          const int32_t* inner, const float* values, int64_t n, float* c,
+                                          cudaStream_t stream);
+
+}  // namespace orpheus::ops::cuda

@@ -1,0 +1,187 @@
+// Runs each backend operation on host matrices: inputs are copied to the backend's
+// device, the operation runs there, results come back. The same runners feed the
+// CPU-against-float64 tests and the CUDA-against-CPU tests.
+#pragma once
+
+#include "ops/backend.h"
+#include "ops/cpu/cpu_backend.h"
+
+#include <Eigen/Dense>
+#include <Eigen/SparseCore>
+
+#include <optional>
+#include <random>
+#include <vector>
+
+namespace orpheus::ops::test {
+
+using MatF = Eigen::MatrixXf;
+using MatD = Eigen::MatrixXd;
+using SparseF = Eigen::SparseMatrix<float, Eigen::ColMajor, int32_t>;
+using SparseRowF = Eigen::SparseMatrix<float, Eigen::RowMajor, int32_t>;
+
+// Shapes worth trying: single elements, batch 1, single rows, odd sizes, one
+// larger than a CUDA block.
+inline const std::vector<std::pair<int64_t, int64_t>>& shapes() {
+  static const std::vector<std::pair<int64_t, int64_t>> s{{1, 1}, {7, 1}, {1, 9}, {13, 5}, {64, 33}, {300, 3}};
+  return s;
+}
+
+inline MatF randomMatrix(std::mt19937& rng, int64_t rows, int64_t cols, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  MatF m(rows, cols);
+  for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = normal(rng);
+  return m;
+}
+
+// About `density` of the entries nonzero; column 0 is left empty when there are several columns.
+inline SparseF randomSparse(std::mt19937& rng, int64_t rows, int64_t cols, double density) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::normal_distribution<float> normal;
+  std::vector<Eigen::Triplet<float, int32_t>> t;
+  for (int64_t j = cols > 1 ? 1 : 0; j < cols; ++j)
+    for (int64_t i = 0; i < rows; ++i)
+      if (u(rng) < density) t.emplace_back(static_cast<int32_t>(i), static_cast<int32_t>(j), normal(rng));
+  SparseF s(rows, cols);
+  s.setFromTriplets(t.begin(), t.end());
+  s.makeCompressed();
+  return s;
+}
+
+inline double relativeError(const MatF& got, const MatD& want) {
+  if (got.rows() != want.rows() || got.cols() != want.cols()) return 1e300;
+  const double scale = std::max(1.0, want.norm());
+  return (got.cast<double>() - want).norm() / scale;
+}
+
+inline Tensor upload(Backend& b, const MatF& m) {
+  Tensor t = b.allocate(m.rows(), m.cols());
+  b.copy(cpu::view(m), t);
+  return t;
+}
+
+inline MatF download(Backend& b, const Tensor& t) {
+  MatF m(t.rows(), t.cols());
+  Tensor host = cpu::view(m);
+  b.copy(t, host);
+  return m;
+}
+
+inline MatF runGemm(Backend& b, Trans ta, Trans tb, float alpha, const MatF& x, const MatF& y, float beta,
+                    const MatF& c) {
+  Tensor tc = upload(b, c);
+  b.gemm(ta, tb, alpha, upload(b, x), upload(b, y), beta, tc);
+  return download(b, tc);
+}
+
+inline MatF runGemmSparse(Backend& b, float alpha, const MatF& x, const SparseF& s, bool asCsr, Trans ts, float beta,
+                          const MatF& c) {
+  SparseRowF rowMajor(s);
+  rowMajor.makeCompressed();
+  SparseTensor host = cpu::view(s);
+  if (asCsr) {
+    host.layout = SparseTensor::Layout::kCsr;
+    host.outer = rowMajor.outerIndexPtr();
+    host.inner = rowMajor.innerIndexPtr();
+    host.values = rowMajor.valuePtr();
+  }
+  const SparseCopy onDevice = b.copySparse(host);
+  Tensor tc = upload(b, c);
+  b.gemmSparse(alpha, upload(b, x), onDevice.view, ts, beta, tc);
+  return download(b, tc);
+}
+
+inline std::vector<MatF> runChain(Backend& b, const EwChain& chain, const std::vector<MatF>& inputs, int64_t rows,
+                                  int64_t cols) {
+  std::vector<Tensor> in;
+  for (const MatF& m : inputs) in.push_back(upload(b, m));
+  std::vector<Tensor> out;
+  for (size_t k = 0; k < chain.steps.size(); ++k) out.push_back(b.allocate(rows, cols));
+  std::vector<const Tensor*> inPtr;
+  for (const Tensor& t : in) inPtr.push_back(&t);
+  std::vector<Tensor*> outPtr;
+  for (Tensor& t : out) outPtr.push_back(&t);
+  b.elementwise(chain, inPtr, outPtr);
+  std::vector<MatF> result;
+  for (const Tensor& t : out) result.push_back(download(b, t));
+  return result;
+}
+
+// Returns the input gradients after accumulation (entries without a start value stay empty).
+inline std::vector<MatF> runChainBackward(Backend& b, const EwChain& chain, const std::vector<MatF>& inputs,
+                                          const std::vector<MatF>& values, const MatF& upstream,
+                                          const std::vector<std::optional<MatF>>& gradStart) {
+  std::vector<Tensor> in;
+  std::vector<Tensor> val;
+  std::vector<std::optional<Tensor>> grads;
+  for (const MatF& m : inputs) in.push_back(upload(b, m));
+  for (const MatF& m : values) val.push_back(upload(b, m));
+  for (const auto& g : gradStart) grads.push_back(g ? std::optional<Tensor>(upload(b, *g)) : std::nullopt);
+  std::vector<const Tensor*> inPtr;
+  std::vector<const Tensor*> valPtr;
+  std::vector<Tensor*> gradPtr;
+  for (const Tensor& t : in) inPtr.push_back(&t);
+  for (const Tensor& t : val) valPtr.push_back(&t);
+  for (auto& g : grads) gradPtr.push_back(g ? &*g : nullptr);
+  b.elementwiseBackward(chain, inPtr, valPtr, upload(b, upstream), gradPtr);
+  std::vector<MatF> result;
+  for (auto& g : grads) result.push_back(g ? download(b, *g) : MatF());
+  return result;
+}
+
+inline std::pair<MatF, MatF> runSoftmaxCrossEntropy(Backend& b, const MatF& z, const MatF& t) {
+  Tensor p = b.allocate(z.rows(), z.cols());
+  Tensor loss = b.allocate(1, z.cols());
+  b.softmaxCrossEntropy(upload(b, z), upload(b, t), p, loss);
+  return {download(b, p), download(b, loss)};
+}
+
+inline MatF runSoftmaxCrossEntropyBackward(Backend& b, const MatF& p, const MatF& t, const MatF& g, float beta,
+                                           const MatF& dz) {
+  Tensor d = upload(b, dz);
+  b.softmaxCrossEntropyBackward(upload(b, p), upload(b, t), upload(b, g), beta, d);
+  return download(b, d);
+}
+
+inline MatF runSumColumns(Backend& b, const MatF& a, float beta, const MatF& out) {
+  Tensor o = upload(b, out);
+  b.sumColumns(upload(b, a), beta, o);
+  return download(b, o);
+}
+
+inline MatF runSumRows(Backend& b, const MatF& a, float beta, const MatF& out) {
+  Tensor o = upload(b, out);
+  b.sumRows(upload(b, a), beta, o);
+  return download(b, o);
+}
+
+inline MatF runAxpy(Backend& b, float alpha, const MatF& x, const MatF& y) {
+  Tensor ty = upload(b, y);
+  b.axpy(alpha, upload(b, x), ty);
+  return download(b, ty);
+}
+
+inline MatF runScale(Backend& b, float alpha, const MatF& x) {
+  Tensor t = upload(b, x);
+  b.scale(alpha, t);
+  return download(b, t);
+}
+
+// A chain using every elementwise operator, over inputs x (r x B), bias (r x 1) and y (r x B):
+//   s0 = x + bias, s1 = sigmoid(s0), s2 = s1 * y, s3 = tanh(s2), s4 = 0.5 s3, s5 = s4 - x,
+//   s6 = relu(s5), s7 = exp(s6), s8 = log(s7), s9 = s8 * s1
+inline EwChain everyOpChain() {
+  const auto in = [](int i) { return EwRef{EwRef::Kind::kInput, i}; };
+  const auto st = [](int i) { return EwRef{EwRef::Kind::kStep, i}; };
+  EwChain c;
+  c.inputs = 3;
+  c.steps = {
+      {EwOp::kAdd, {in(0), in(1)}, 1.0f},    {EwOp::kSigmoid, {st(0), {}}, 1.0f}, {EwOp::kMultiply, {st(1), in(2)}, 1.0f},
+      {EwOp::kTanh, {st(2), {}}, 1.0f},      {EwOp::kScale, {st(3), {}}, 0.5f},   {EwOp::kSubtract, {st(4), in(0)}, 1.0f},
+      {EwOp::kRelu, {st(5), {}}, 1.0f},      {EwOp::kExp, {st(6), {}}, 1.0f},     {EwOp::kLog, {st(7), {}}, 1.0f},
+      {EwOp::kMultiply, {st(8), st(1)}, 1.0f},
+  };
+  return c;
+}
+
+}  // namespace orpheus::ops::test
