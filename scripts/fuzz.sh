@@ -5,13 +5,13 @@
 # seed corpus in tests/fuzz/corpus/<target>/. New inputs go to
 # build-fuzz/corpus/<target>/; a crash leaves its input in build-fuzz/findings/.
 # Exits non-zero when any target finds a crash, a leak, a timeout or an
-# out-of-memory.
+# out-of-memory. FUZZ_TARGETS="libsvm idx" runs only those targets.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 seconds=${1:-30}
 dir="$ROOT/build-fuzz"
-targets=(libsvm csv idx hdf5 loss_parser sv_batch)
+read -r -a targets <<<"${FUZZ_TARGETS:-libsvm csv idx hdf5 loss_parser sv_batch}"
 
 if [ ! -f "$dir/CMakeCache.txt" ]; then
   CC=clang CXX=clang++ cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \

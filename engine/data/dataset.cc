@@ -168,6 +168,7 @@ Batch gather(const Dataset& data, const std::vector<int64_t>& indices) {
     const int64_t begin = x.outerIndexPtr()[i];
     const int64_t len = columnNonZeros(x, i);
     outStart[j] = static_cast<int32_t>(pos);
+    if (len == 0) continue;  // a batch without nonzeros has no index or value arrays to copy
     std::memcpy(out.innerIndexPtr() + pos, x.innerIndexPtr() + begin, len * sizeof(int32_t));
     std::memcpy(out.valuePtr() + pos, x.valuePtr() + begin, len * sizeof(float));
     pos += len;

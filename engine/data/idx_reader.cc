@@ -134,7 +134,8 @@ Dataset readIdx(const std::string& path, const ReadOptions& options) {
   const int64_t total = bigEndian32(header.data() + 4);
   const int64_t rows = bigEndian32(header.data() + 8);
   const int64_t cols = bigEndian32(header.data() + 12);
-  ORPHEUS_CHECK_INPUT(rows > 0 && cols > 0 && rows * cols <= INT32_MAX,
+  // Each is below 2^32, so their product could overflow: divide instead.
+  ORPHEUS_CHECK_INPUT(rows > 0 && cols > 0 && rows <= INT32_MAX / cols,
                       "{}: bad IDX image dimensions {}x{}", path, rows, cols);
   const int64_t features = rows * cols;
   ORPHEUS_CHECK_INPUT(options.features < 0 || options.features == features,

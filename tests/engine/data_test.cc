@@ -685,3 +685,33 @@ TEST_CASE("a gzip IDX header promising more than the file can inflate to is refu
              Contains(path) && Contains("truncated") && Contains("1000000 images of 28x28") &&
                  Contains("holds at most"));
 }
+
+TEST_CASE("IDX image dimensions whose product overflows are refused", "[data][idx]") {
+  // 0xffffffff rows and columns: their product wraps to a negative int64.
+  TempDir dir;
+  std::string images;
+  putBigEndian(images, 0x00000803);
+  putBigEndian(images, 1);
+  putBigEndian(images, 0xffffffff);
+  putBigEndian(images, 0xffffffff);
+  images.append(64, '\0');
+  const std::string path = dir.file("o-images-idx3-ubyte");
+  writeFile(path, images);
+  CHECK_THAT(inputErrorOf([&] { readDataset(path, {}); }),
+             Contains(path) && Contains("bad IDX image dimensions 4294967295x4294967295"));
+}
+
+TEST_CASE("LIBSVM examples without any feature gather into an empty sparse batch", "[data][libsvm][batch]") {
+  // Found by fuzzing under UBSan: copying zero nonzeros from a matrix that holds
+  // none passed null pointers to memcpy.
+  TempDir dir;
+  const std::string path = dir.file("labels-only.libsvm");
+  writeFile(path, "0\n1\n0.0\n");
+  const Dataset d = readDataset(path, {});
+  REQUIRE(d.size() == 3);
+  const Batch b = slice(d, 0, 3);
+  CHECK(b.sparseX.nonZeros() == 0);
+  CHECK(b.labels(1) == 1);
+  const Batch g = gather(d, {2, 0});
+  CHECK(g.sparseX.cols() == 2);
+}
