@@ -63,6 +63,8 @@ int Graph::label(const std::string& name, int64_t rows, SourceLoc loc) {
 
 int Graph::local(const std::string& name, int64_t rows, Init init, int innerSteps, double innerLr, SourceLoc loc) {
   ORPHEUS_CHECK_INPUT(innerSteps >= 0 && innerLr >= 0, "'{}': inner steps and rate must be non-negative", name);
+  ORPHEUS_CHECK_INPUT(innerSteps <= kMaxInnerSteps, "'{}': {} inner steps per clock; at most {} are allowed", name,
+                      innerSteps, kMaxInnerSteps);
   Node n;
   n.kind = NodeKind::kLocal;
   n.name = name;
@@ -195,6 +197,10 @@ std::string Graph::where(int id) const {
 
 std::vector<SvSite> Graph::identifySvs() const {
   ORPHEUS_CHECK_INPUT(loss_ >= 0, "{}the model declares no loss", where(-1));
+  ORPHEUS_CHECK_INPUT(!params_.empty(),
+                      "{}the model declares no parameters, so training has nothing to learn (declare one with "
+                      "'param NAME[ROWS, COLS]')",
+                      where(-1));
   // Nodes the loss depends on.
   std::vector<bool> feedsLoss(nodes_.size(), false);
   feedsLoss[static_cast<size_t>(loss_)] = true;

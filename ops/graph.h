@@ -65,7 +65,11 @@ struct FusedStep {
 
 class Graph {
  public:
-  // Terminals. Names must be unique; shapes positive.
+  // Gradient steps a data-dependent variable may take per clock: each one is a
+  // forward and backward pass over the batch.
+  static constexpr int kMaxInnerSteps = 10000;
+
+  // Terminals. Names must be unique; shapes positive; inner steps at most kMaxInnerSteps.
   int param(const std::string& name, int64_t rows, int64_t cols, Init init, SourceLoc loc = {});
   int input(const std::string& name, int64_t rows, SourceLoc loc = {});
   int label(const std::string& name, int64_t rows, SourceLoc loc = {});
@@ -95,7 +99,8 @@ class Graph {
   std::vector<int> consumers(int id) const;
 
   // Throws InputError naming the parameter and why it has no SV form; also when the
-  // loss is missing, or some parameter does not influence the loss.
+  // loss is missing, the model has no parameters, or some parameter does not
+  // influence the loss.
   std::vector<SvSite> identifySvs() const;
   std::vector<FusedStep> fusionPlan() const;
 

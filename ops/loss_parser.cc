@@ -1,6 +1,7 @@
 #include "ops/loss_parser.h"
 
 #include "engine/base/error.h"
+#include "engine/base/memory.h"
 
 #include <cctype>
 #include <charconv>
@@ -10,6 +11,20 @@
 
 namespace orpheus::ops {
 namespace {
+
+// Limits that keep hostile model files from exhausting the stack, memory or time:
+// recursive descent recurses once per nesting level; an operator node keeps (a
+// prefix of) its expression's text; graph passes are quadratic in the node count.
+constexpr int kMaxNestingDepth = 256;
+constexpr size_t kMaxLineBytes = size_t{1} << 16;
+constexpr size_t kMaxFileBytes = size_t{1} << 24;
+constexpr size_t kMaxNodes = 10000;
+// Operator nodes are named by their expression's text, for messages; longer texts
+// are cut to this many bytes.
+constexpr size_t kMaxNodeTextBytes = 200;
+// The parameters are held at least twice while training (the replica and its
+// rebuilt update), so together they may take at most this share of memory.
+constexpr double kParamMemoryShare = 0.5;
 
 struct Token {
   enum class Kind { kIdent, kNumber, kPunct, kEnd } kind = Kind::kEnd;
@@ -31,11 +46,20 @@ struct Value {
   bool isNumber() const { return node < 0; }
 };
 
+// What the statements of a file have declared so far.
+struct FileState {
+  std::map<std::string, int64_t> dims;
+  std::map<std::string, int> names;
+  int lossLine = 0;     // line of the 'loss' statement, 0 before it
+  int predictLine = 0;  // line of the 'predict' statement, 0 before it
+  double paramFloats = 0;
+};
+
 class LineParser {
  public:
-  LineParser(Graph& graph, std::map<std::string, int64_t>& dims, std::map<std::string, int>& names,
-             const std::string& source, const std::string& line, int lineNo)
-      : graph_(graph), dims_(dims), names_(names), source_(source), line_(line), lineNo_(lineNo) {
+  LineParser(Graph& graph, FileState& state, const std::string& source, const std::string& line, int lineNo)
+      : graph_(graph), state_(state), dims_(state.dims), names_(state.names), source_(source), line_(line),
+        lineNo_(lineNo) {
     tokenize();
   }
 
@@ -57,6 +81,7 @@ class LineParser {
       expectPunct("]");
       Init init;
       if (acceptWord("init")) init = initSpec();
+      checkParamFits(name, rows, cols);
       declare(name, graph_.param(name.text, rows, cols, init, loc(name)));
     } else if (first.text == "input" || first.text == "label") {
       const Token name = expectIdent("a name");
@@ -70,6 +95,9 @@ class LineParser {
       expectPunct("[");
       const int64_t rows = dimension();
       expectPunct("]");
+      // One example's variable, at least: the batch's are allocated per clock.
+      checkFits(name, static_cast<double>(rows) * sizeof(float),
+                fmt::format("'{}' of {} floats per example", name.text, rows), 1.0);
       Init init;
       int steps = 5;
       double lr = 0.1;
@@ -77,7 +105,13 @@ class LineParser {
         if (acceptWord("init")) {
           init = initSpec();
         } else if (acceptWord("steps")) {
-          steps = static_cast<int>(integer(expect(Token::Kind::kNumber, "a number of steps")));
+          const Token count = expect(Token::Kind::kNumber, "a number of steps");
+          const int64_t n = integer(count);
+          if (n > Graph::kMaxInnerSteps) {
+            throw InputError(fmt::format("{}'{}' asks for {} inner steps per clock; at most {} are allowed", at(count),
+                                         name.text, n, Graph::kMaxInnerSteps));
+          }
+          steps = static_cast<int>(n);
         } else if (acceptWord("lr")) {
           lr = number(expect(Token::Kind::kNumber, "a learning rate"));
         } else {
@@ -86,11 +120,13 @@ class LineParser {
       }
       declare(name, graph_.local(name.text, rows, init, steps, lr, loc(name)));
     } else if (first.text == "loss") {
+      once(first, state_.lossLine);
       acceptPunct("=");
       const Value v = expression();
       requireNode(v, first, "the loss");
       graph_.setLoss(v.node);
     } else if (first.text == "predict") {
+      once(first, state_.predictLine);
       const Value v = expression();
       requireNode(v, first, "the prediction");
       graph_.setPrediction(v.node);
@@ -143,6 +179,50 @@ class LineParser {
     end.column = static_cast<int>(line_.size()) + 1;
     tokens_.push_back(end);
   }
+
+  // Refuses a statement that may appear once; `line` holds where it appeared first.
+  void once(const Token& keyword, int& line) const {
+    if (line > 0) {
+      throw InputError(fmt::format("{}second '{}' statement; the first is at line {}", at(keyword), keyword.text, line));
+    }
+    line = lineNo_;
+  }
+
+  void checkFits(const Token& name, double bytes, const std::string& what, double share) const {
+    try {
+      checkFitsInMemory(bytes, what, share);
+    } catch (const InputError& e) {
+      throw InputError(at(name) + e.what());
+    }
+  }
+
+  // A parameter matrix, and all parameters so far together, must fit in memory.
+  void checkParamFits(const Token& name, int64_t rows, int64_t cols) {
+    const double floats = static_cast<double>(rows) * static_cast<double>(cols);
+    checkFits(name, floats * sizeof(float), fmt::format("parameter '{}' of {}x{} floats", name.text, rows, cols),
+              kParamMemoryShare);
+    state_.paramFloats += floats;
+    checkFits(name, state_.paramFloats * sizeof(float),
+              fmt::format("the model's parameters up to '{}' ({:.0f} floats)", name.text, state_.paramFloats),
+              kParamMemoryShare);
+  }
+
+  // Bounds the recursion of the expression rules; one per nesting level.
+  class Nesting {
+   public:
+    Nesting(LineParser& parser, const Token& at) : parser_(parser) {
+      if (++parser_.depth_ > kMaxNestingDepth) {
+        throw InputError(
+            fmt::format("{}expression nested more than {} levels deep", parser_.at(at), kMaxNestingDepth));
+      }
+    }
+    ~Nesting() { --parser_.depth_; }
+    Nesting(const Nesting&) = delete;
+    Nesting& operator=(const Nesting&) = delete;
+
+   private:
+    LineParser& parser_;
+  };
 
   const Token& peek() const { return tokens_[pos_]; }
   Token next() { return tokens_[pos_ < tokens_.size() - 1 ? pos_++ : pos_]; }
@@ -237,7 +317,9 @@ class LineParser {
 
   std::string textFrom(size_t begin) const {
     const size_t end = tokens_[pos_ > 0 ? pos_ - 1 : 0].end;
-    return line_.substr(begin, end > begin ? end - begin : 0);
+    const size_t length = end > begin ? end - begin : 0;
+    if (length <= kMaxNodeTextBytes) return line_.substr(begin, length);
+    return line_.substr(begin, kMaxNodeTextBytes - 3) + "...";
   }
 
   Value apply(OpKind op, std::vector<int> inputs, size_t begin, const Token& where, double attr = 1.0) {
@@ -247,6 +329,7 @@ class LineParser {
   }
 
   Value expression() {
+    const Nesting nesting(*this, peek());
     const size_t begin = peek().begin;
     const Token startTok = peek();
     Value left = term();
@@ -293,6 +376,7 @@ class LineParser {
 
   Value unary() {
     if (peek().kind == Token::Kind::kPunct && peek().text == "-") {
+      const Nesting nesting(*this, peek());
       const Token minus = next();
       const size_t begin = minus.begin;
       Value v = unary();
@@ -359,6 +443,7 @@ class LineParser {
   }
 
   Graph& graph_;
+  FileState& state_;
   std::map<std::string, int64_t>& dims_;
   std::map<std::string, int>& names_;
   const std::string& source_;
@@ -366,25 +451,31 @@ class LineParser {
   int lineNo_;
   std::vector<Token> tokens_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
 
 Graph parseLoss(const std::string& text, const std::string& source, const LossDims& dims) {
+  ORPHEUS_CHECK_INPUT(text.size() <= kMaxFileBytes, "{}: the model file is {} bytes; at most {} are allowed", source,
+                      text.size(), kMaxFileBytes);
   Graph graph;
   graph.setSourceName(source);
-  std::map<std::string, int64_t> dimTable;
-  if (dims.features > 0) dimTable["features"] = dims.features;
-  if (dims.classes > 0) dimTable["classes"] = dims.classes;
-  std::map<std::string, int> names;
+  FileState state;
+  if (dims.features > 0) state.dims["features"] = dims.features;
+  if (dims.classes > 0) state.dims["classes"] = dims.classes;
   std::istringstream in(text);
   std::string line;
   int lineNo = 0;
   while (std::getline(in, line)) {
     ++lineNo;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    LineParser parser(graph, dimTable, names, source, line, lineNo);
+    ORPHEUS_CHECK_INPUT(line.size() <= kMaxLineBytes, "{}:{}:1: line is {} bytes long; a line may be at most {}",
+                        source, lineNo, line.size(), kMaxLineBytes);
+    LineParser parser(graph, state, source, line, lineNo);
     parser.statement();
+    ORPHEUS_CHECK_INPUT(graph.nodes().size() <= kMaxNodes, "{}:{}:1: the model has more than {} expression nodes",
+                        source, lineNo, kMaxNodes);
   }
   ORPHEUS_CHECK_INPUT(graph.loss() >= 0, "{}: no loss declared (add a line 'loss EXPR')", source);
   return graph;
@@ -393,6 +484,11 @@ Graph parseLoss(const std::string& text, const std::string& source, const LossDi
 Graph parseLossFile(const std::string& path, const LossDims& dims) {
   std::ifstream in(path);
   ORPHEUS_CHECK_INPUT(in.good(), "cannot read model file '{}'", path);
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<std::streamoff>(in.tellg());
+  ORPHEUS_CHECK_INPUT(size >= 0 && static_cast<size_t>(size) <= kMaxFileBytes,
+                      "{}: the model file is {} bytes; at most {} are allowed", path, size, kMaxFileBytes);
+  in.seekg(0, std::ios::beg);
   std::stringstream text;
   text << in.rdbuf();
   return parseLoss(text.str(), path, dims);

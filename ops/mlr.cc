@@ -1,6 +1,7 @@
 #include "ops/mlr.h"
 
 #include "engine/base/error.h"
+#include "engine/base/memory.h"
 #include "engine/base/rng.h"
 
 #include <cmath>
@@ -11,6 +12,11 @@ MultinomialLogisticRegression::MultinomialLogisticRegression(int64_t features, i
     : features_(features), classes_(classes), initScale_(initScale) {
   ORPHEUS_CHECK_INPUT(features > 0, "MLR needs at least one feature, got {}", features);
   ORPHEUS_CHECK_INPUT(classes >= 2, "MLR needs at least two classes, got {}", classes);
+  // Training holds W at least twice (the replica and its rebuilt update).
+  checkFitsInMemory(static_cast<double>(classes) * static_cast<double>(features) * sizeof(float),
+                    fmt::format("the MLR weights of {}x{} floats ({} classes, {} features)", classes, features, classes,
+                                features),
+                    0.5);
 }
 
 std::string MultinomialLogisticRegression::spec() const {

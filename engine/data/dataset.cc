@@ -1,6 +1,9 @@
 #include "engine/data/dataset.h"
 
 #include "engine/base/error.h"
+#include "engine/base/memory.h"
+
+#include <zlib.h>
 
 #include <algorithm>
 #include <cctype>
@@ -27,6 +30,29 @@ bool endsWithNoCase(const std::string& s, const std::string& suffix) {
                       return std::tolower(static_cast<unsigned char>(a)) ==
                              std::tolower(static_cast<unsigned char>(b));
                     });
+}
+
+// The MNIST family's names: "...-images-idx3-ubyte", "...-labels.idx1-ubyte",
+// optionally ".gz".
+bool hasIdxName(std::string name) {
+  if (endsWithNoCase(name, ".gz")) name.resize(name.size() - 3);
+  if (!endsWithNoCase(name, "-ubyte") || name.size() < std::strlen("-idx1-ubyte")) return false;
+  const std::string idx = name.substr(name.size() - std::strlen("-idx1-ubyte"), 5);
+  return (idx[0] == '-' || idx[0] == '.') && endsWithNoCase(idx.substr(0, 4), "idx") &&
+         std::isdigit(static_cast<unsigned char>(idx[4]));
+}
+
+// Whether the content (gzipped or raw) starts with an IDX magic number: two zero
+// bytes, a type code, and 1 to 4 dimensions. No text file starts with a zero byte.
+bool hasIdxMagic(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  unsigned char magic[4] = {};
+  const int got = gzread(f, magic, sizeof magic);
+  gzclose(f);
+  if (got != static_cast<int>(sizeof magic)) return false;
+  const bool knownType = magic[2] == 0x08 || magic[2] == 0x09 || (magic[2] >= 0x0b && magic[2] <= 0x0e);
+  return magic[0] == 0 && magic[1] == 0 && knownType && magic[3] >= 1 && magic[3] <= 4;
 }
 
 // Examples in column `j` of a sparse matrix, compressed or not.
@@ -61,10 +87,12 @@ Format parseFormat(const std::string& name) {
 
 Format resolveFormat(const std::string& path, Format format) {
   if (format != Format::kAuto) return format;
-  // Only the file name counts: a directory called "idx" must not make a CSV file IDX.
+  // Only the file name's ending counts, then the content: neither a directory
+  // called "idx" nor "idx" inside a name makes a file IDX.
   const std::string name = std::filesystem::path(path).filename().string();
-  if (name.find("idx") != std::string::npos) return Format::kIdx;
+  if (hasIdxName(name)) return Format::kIdx;
   if (endsWithNoCase(name, ".csv")) return Format::kCsv;
+  if (hasIdxMagic(path)) return Format::kIdx;
   return Format::kLibsvm;
 }
 
@@ -97,6 +125,9 @@ void widen(Dataset& data, int64_t features) {
     // Column-major: growing the inner dimension keeps every stored entry as is.
     data.sparseX.conservativeResize(features, data.size());
   } else {
+    checkFitsInMemory(static_cast<double>(features) * static_cast<double>(data.dense.cols()) * sizeof(float),
+                      fmt::format("{}: {} examples widened to {} dense features", data.source, data.dense.cols(),
+                                  features));
     Matrix grown = Matrix::Zero(features, data.dense.cols());
     grown.topRows(data.dense.rows()) = data.dense;
     data.dense.swap(grown);
@@ -137,6 +168,7 @@ Batch gather(const Dataset& data, const std::vector<int64_t>& indices) {
     const int64_t begin = x.outerIndexPtr()[i];
     const int64_t len = columnNonZeros(x, i);
     outStart[j] = static_cast<int32_t>(pos);
+    if (len == 0) continue;  // a batch without nonzeros has no index or value arrays to copy
     std::memcpy(out.innerIndexPtr() + pos, x.innerIndexPtr() + begin, len * sizeof(int32_t));
     std::memcpy(out.valuePtr() + pos, x.valuePtr() + begin, len * sizeof(float));
     pos += len;

@@ -65,8 +65,10 @@ Dataset readDataset(const std::string& path, const ReadOptions& options);
 // other formats returns -1.
 int detectIndexBase(const std::string& path, Format format);
 
-// The detected format of a path (by name: contains "idx" -> IDX, ends ".csv" -> CSV,
-// otherwise LIBSVM), or `format` itself when not kAuto.
+// The detected format of a path, or `format` itself when not kAuto. By the file
+// name's ending: "-idx3-ubyte" or "-idx1-ubyte" (or ".idx3-ubyte"...; each
+// optionally ".gz") -> IDX, ".csv" -> CSV; otherwise by content: an IDX magic
+// number (raw or gzipped) -> IDX; otherwise LIBSVM.
 Format resolveFormat(const std::string& path, Format format);
 
 // Raises the width of `data` to `features`, padding with zero features. A text

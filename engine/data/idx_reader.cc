@@ -2,6 +2,7 @@
 // file, gzipped or raw.
 
 #include "engine/base/error.h"
+#include "engine/base/memory.h"
 #include "engine/data/dataset.h"
 
 #include <fcntl.h>
@@ -25,6 +26,9 @@ constexpr int64_t kImagesHeaderBytes = 16;
 constexpr int64_t kLabelsHeaderBytes = 8;
 constexpr unsigned kGzBufferBytes = 1u << 18;
 constexpr int64_t kReadChunkBytes = int64_t{1} << 22;
+// Deflate expands at most 1032:1, so a gzip file of n bytes holds no more than
+// this many times n (plus a little) bytes of content.
+constexpr int64_t kMaxDeflateRatio = 1032;
 
 uint32_t bigEndian32(const unsigned char* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
@@ -60,6 +64,12 @@ class IdxFile {
   // The file's size on disk when it is raw (so its length can be checked up
   // front), or -1 when it is compressed.
   int64_t rawBytes() { return gzdirect(file_) ? fileBytes_ : -1; }
+  // The most content bytes the file can hold: its size when raw; what deflate can
+  // expand it to when compressed.
+  double maxContentBytes() {
+    const double bytes = static_cast<double>(fileBytes_);
+    return gzdirect(file_) ? bytes : bytes * kMaxDeflateRatio + 1024;
+  }
 
   // Reads exactly `n` bytes; `what` names them in the message if the file ends first.
   void read(void* dst, int64_t n, const char* what) {
@@ -124,7 +134,8 @@ Dataset readIdx(const std::string& path, const ReadOptions& options) {
   const int64_t total = bigEndian32(header.data() + 4);
   const int64_t rows = bigEndian32(header.data() + 8);
   const int64_t cols = bigEndian32(header.data() + 12);
-  ORPHEUS_CHECK_INPUT(rows > 0 && cols > 0 && rows * cols <= INT32_MAX,
+  // Each is below 2^32, so their product could overflow: divide instead.
+  ORPHEUS_CHECK_INPUT(rows > 0 && cols > 0 && rows <= INT32_MAX / cols,
                       "{}: bad IDX image dimensions {}x{}", path, rows, cols);
   const int64_t features = rows * cols;
   ORPHEUS_CHECK_INPUT(options.features < 0 || options.features == features,
@@ -159,6 +170,19 @@ Dataset readIdx(const std::string& path, const ReadOptions& options) {
   const int64_t count = end - begin;
   ORPHEUS_CHECK_INPUT(count > 0, "{}: shard {} of {} is empty: the file has {} examples", path,
                       options.rank, options.worldSize, total);
+
+  // Sizes from the header are checked before anything of theirs is allocated.
+  checkFitsInMemory(static_cast<double>(count) * static_cast<double>(features) * sizeof(float),
+                    fmt::format("{}: the header promises {} images of {}x{}; this shard's {} as floats", path,
+                                total, rows, cols, count));
+  ORPHEUS_CHECK_INPUT(static_cast<double>(imageBytes) <= images.maxContentBytes(),
+                      "{}: truncated: the header promises {} images of {}x{} ({} bytes) but a gzip file of {} "
+                      "bytes holds at most {:.0f}",
+                      path, total, rows, cols, imageBytes, std::filesystem::file_size(path),
+                      images.maxContentBytes());
+  ORPHEUS_CHECK_INPUT(static_cast<double>(kLabelsHeaderBytes + total) <= labelsFile.maxContentBytes(),
+                      "{}: truncated: the header promises {} labels but a gzip file of {} bytes holds at most {:.0f}",
+                      labelsPath, total, std::filesystem::file_size(labelsPath), labelsFile.maxContentBytes());
 
   Dataset data;
   data.source = path;

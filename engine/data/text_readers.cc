@@ -28,7 +28,7 @@ constexpr int64_t kDetectBytes = int64_t{1} << 20;
 // Reads the lines that start in a byte range of a file, with their true line numbers.
 class LineReader {
  public:
-  explicit LineReader(const std::string& path) : path_(path), buffer_(kReadBlockBytes) {
+  explicit LineReader(const std::string& path) : path_(path) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) throw IoError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
     struct stat st {};
@@ -39,6 +39,8 @@ class LineReader {
     }
     size_ = st.st_size;
     end_ = size_;
+    // A small file needs no more than its size; a longer line grows the buffer.
+    buffer_.resize(static_cast<size_t>(std::clamp<int64_t>(size_, 64, kReadBlockBytes)));
   }
   ~LineReader() { ::close(fd_); }
   LineReader(const LineReader&) = delete;

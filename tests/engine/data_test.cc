@@ -609,3 +609,109 @@ TEST_CASE("prefetch queue", "[data][prefetch]") {
     CHECK_THROWS_AS(queue.next(), TimeoutError);
   }
 }
+
+TEST_CASE("auto format detection looks at the name's ending and the IDX magic", "[data]") {
+  // Names that merely contain "idx" are not IDX.
+  CHECK(resolveFormat("/d/idx_features.libsvm", Format::kAuto) == Format::kLibsvm);
+  CHECK(resolveFormat("/d/rapidxml.txt", Format::kAuto) == Format::kLibsvm);
+  CHECK(resolveFormat("/d/idx-train.csv", Format::kAuto) == Format::kCsv);
+  // The MNIST family's names, with either separator, raw or gzipped.
+  CHECK(resolveFormat("/d/t10k-images-idx3-ubyte", Format::kAuto) == Format::kIdx);
+  CHECK(resolveFormat("/d/t10k-images.idx3-ubyte", Format::kAuto) == Format::kIdx);
+  CHECK(resolveFormat("/d/t10k-labels-idx1-ubyte.gz", Format::kAuto) == Format::kIdx);
+  CHECK(resolveFormat("/d/TRAIN-IMAGES-IDX3-UBYTE.GZ", Format::kAuto) == Format::kIdx);
+
+  // Any name, when the content starts with the IDX magic (raw or gzipped).
+  TempDir dir;
+  std::string images;
+  putBigEndian(images, 0x00000803);
+  putBigEndian(images, 1);
+  const std::string raw = dir.file("digits.bin");
+  const std::string gz = dir.file("digits.bin.gz");
+  writeMaybeGzip(raw, images, false);
+  writeMaybeGzip(gz, images, true);
+  CHECK(resolveFormat(raw, Format::kAuto) == Format::kIdx);
+  CHECK(resolveFormat(gz, Format::kAuto) == Format::kIdx);
+  const std::string text = dir.file("idx.data");
+  writeFile(text, "1 1:0.5\n");
+  CHECK(resolveFormat(text, Format::kAuto) == Format::kLibsvm);
+}
+
+TEST_CASE("an IDX header promising more than memory holds is refused before allocating", "[data][idx]") {
+  TempDir dir;
+  std::string images;
+  putBigEndian(images, 0x00000803);
+  putBigEndian(images, 0x7fffffff);
+  putBigEndian(images, 28);
+  putBigEndian(images, 28);
+  std::string labels;
+  putBigEndian(labels, 0x00000801);
+  putBigEndian(labels, 0x7fffffff);
+  const std::string path = dir.file("huge-images-idx3-ubyte.gz");
+  writeMaybeGzip(path, images, true);
+  writeMaybeGzip(dir.file("huge-labels-idx1-ubyte.gz"), labels, true);
+  CHECK_THAT(inputErrorOf([&] { readDataset(path, {}); }),
+             Contains(path) && Contains("2147483647 images of 28x28") && Contains("needs 6.1 TiB") &&
+                 Contains("memory"));
+}
+
+TEST_CASE("a huge sparse LIBSVM index is read as sparse data", "[data][libsvm]") {
+  // The reader keeps only the nonzeros; whether a dense model of that width fits
+  // is the model's check.
+  TempDir dir;
+  const std::string path = dir.file("huge.libsvm");
+  writeFile(path, "0 1:1 2147483647:2\n1 3:1\n");
+  const Dataset d = readDataset(path, {});
+  CHECK(d.features == 2147483647);
+  CHECK(d.sparseX.nonZeros() == 3);
+}
+
+TEST_CASE("a gzip IDX header promising more than the file can inflate to is refused before allocating", "[data][idx]") {
+  // A million 28x28 images (3 GiB as floats) would fit in memory, but a gzip file
+  // of a few dozen bytes cannot hold them: deflate expands at most 1032:1.
+  TempDir dir;
+  std::string images;
+  putBigEndian(images, 0x00000803);
+  putBigEndian(images, 1000000);
+  putBigEndian(images, 28);
+  putBigEndian(images, 28);
+  std::string labels;
+  putBigEndian(labels, 0x00000801);
+  putBigEndian(labels, 1000000);
+  const std::string path = dir.file("big-images-idx3-ubyte.gz");
+  writeMaybeGzip(path, images, true);
+  writeMaybeGzip(dir.file("big-labels-idx1-ubyte.gz"), labels, true);
+  CHECK_THAT(inputErrorOf([&] { readDataset(path, {}); }),
+             Contains(path) && Contains("truncated") && Contains("1000000 images of 28x28") &&
+                 Contains("holds at most"));
+}
+
+TEST_CASE("IDX image dimensions whose product overflows are refused", "[data][idx]") {
+  // 0xffffffff rows and columns: their product wraps to a negative int64.
+  TempDir dir;
+  std::string images;
+  putBigEndian(images, 0x00000803);
+  putBigEndian(images, 1);
+  putBigEndian(images, 0xffffffff);
+  putBigEndian(images, 0xffffffff);
+  images.append(64, '\0');
+  const std::string path = dir.file("o-images-idx3-ubyte");
+  writeFile(path, images);
+  CHECK_THAT(inputErrorOf([&] { readDataset(path, {}); }),
+             Contains(path) && Contains("bad IDX image dimensions 4294967295x4294967295"));
+}
+
+TEST_CASE("LIBSVM examples without any feature gather into an empty sparse batch", "[data][libsvm][batch]") {
+  // Found by fuzzing under UBSan: copying zero nonzeros from a matrix that holds
+  // none passed null pointers to memcpy.
+  TempDir dir;
+  const std::string path = dir.file("labels-only.libsvm");
+  writeFile(path, "0\n1\n0.0\n");
+  const Dataset d = readDataset(path, {});
+  REQUIRE(d.size() == 3);
+  const Batch b = slice(d, 0, 3);
+  CHECK(b.sparseX.nonZeros() == 0);
+  CHECK(b.labels(1) == 1);
+  const Batch g = gather(d, {2, 0});
+  CHECK(g.sparseX.cols() == 2);
+}
