@@ -32,6 +32,8 @@ namespace orpheus::engine {
 struct ReceivedBatch {
   SvBatch batch;
   ckpt::SharedBytes bytes;
+  // The bytes as a record for the checkpoint log; an empty record when not kept.
+  ckpt::Record record() const { return bytes ? ckpt::Record::encoded(bytes, true) : ckpt::Record{}; }
 };
 
 class Inbox {

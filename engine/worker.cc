@@ -229,7 +229,7 @@ Worker::Group Worker::exchangeWithPeers(uint64_t clock, const std::shared_ptr<Sv
       group.add(local.get(), own);
       ownAdded = true;
     }
-    group.add(&r.batch, ckpt::Record::encoded(r.bytes, true));
+    group.add(&r.batch, r.record());
   }
   if (!ownAdded) group.add(local.get(), std::move(own));
   return group;
@@ -273,7 +273,7 @@ void Worker::applyReady(uint64_t clock) {
   for (ReceivedBatch& r : inbox_.takeReady()) {
     const SvBatch* one[] = {&r.batch};
     model_.computeUpdate(one, replica_);
-    log_->appendGroup(clock, {ckpt::Record::encoded(r.bytes, true)});
+    log_->appendGroup(clock, {r.record()});
   }
 }
 

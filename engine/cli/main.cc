@@ -191,6 +191,7 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
          },
          "sv: log every SV batch applied to each replica (restore any clock with 'orpheus restore'); matrix: the "
          "baseline, computation halts every --ckpt-every clocks while every replica is written whole; none")
+      ->type_name("{sv,matrix,none}")
       ->default_str("none");
   cmd.add_option("--snapshot-every", c.snapshotEvery,
                  "With --ckpt sv and --average-every: write a snapshot at every K-th averaging barrier")
@@ -211,6 +212,7 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
          "--inject-delay",
          [&c](const std::string& v) { parseInjectDelay(v, c); },
          "Testing aid: RANK:MS makes that rank sleep MS milliseconds every clock")
+      ->type_name("RANK:MS")
       ->group("Testing");
   cmd.add_option("--eval-every", c.evalEvery, "Evaluate on the test data every N clocks (0: only at the end)")
       ->capture_default_str()
