@@ -124,7 +124,8 @@ void parseInjectDelay(const std::string& v, TrainConfig& c) {
   c.delayMs = static_cast<int>(*ms);
 }
 
-void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
+// The data, the model and its optimisation.
+void addModelFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--model", c.model,
                  "Model to train: a .loss file (see examples/), or the built-in 'mlr' (multinomial logistic regression)")
       ->capture_default_str();
@@ -147,6 +148,10 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
       ->check(positive());
   cmd.add_option("--seed", c.seed, "Job seed: initialisation, sampling and every other random choice")
       ->capture_default_str();
+}
+
+// Synchronization: SV or dense, the communication co-designs, consistency, the coordinator.
+void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
   addEnumOption(cmd, "--sync", c.sync, orpheus::engine::syncModeNames(),
                 "sv: broadcast sufficient vectors and rebuild updates; dense: allreduce dense gradients");
   cmd.add_option("--select", c.select,
@@ -175,6 +180,10 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--rotate-every", c.rotateEvery,
                  "Parameter-replica rotation: every S clocks each replica moves to the next rank of the ring")
       ->check(atLeast(1));
+}
+
+// Checkpoints, recovery and failure injection.
+void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--save-replicas", c.saveReplicas,
                  "Directory where every rank saves the replica it holds at the end as replica-<id>.h5");
   cmd.add_option("--ckpt-dir", c.ckptDir, "Checkpoint directory (with --ckpt sv, or to --resume from)");
@@ -214,6 +223,10 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
          "Testing aid: RANK:MS makes that rank sleep MS milliseconds every clock")
       ->type_name("RANK:MS")
       ->group("Testing");
+}
+
+// Evaluation, outputs and the run's environment.
+void addRunFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--eval-every", c.evalEvery, "Evaluate on the test data every N clocks (0: only at the end)")
       ->capture_default_str()
       ->check(atLeast(0));
@@ -235,6 +248,13 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--progress", c.progress, "Live progress line: auto (on a terminal), on, off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
+}
+
+void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
+  addModelFlags(cmd, c, format);
+  addSyncFlags(cmd, c);
+  addCheckpointFlags(cmd, c);
+  addRunFlags(cmd, c);
 }
 
 void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
