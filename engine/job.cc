@@ -69,6 +69,18 @@ std::unique_ptr<ops::Model> makeModel(const ModelSource& source, int64_t feature
   throw InputError(fmt::format("unknown model '{}' (a .loss file, or the built-in 'mlr')", source.name));
 }
 
+void createDirectories(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec) return;
+  const std::string message = fmt::format("cannot create {}'{}': {}", what, dir, ec.message());
+  if (ec == std::errc::not_a_directory || ec == std::errc::file_exists || ec == std::errc::permission_denied ||
+      ec == std::errc::read_only_file_system) {
+    throw InputError(message);
+  }
+  throw IoError(message);
+}
+
 void checkInputExists(const std::string& path) {
   if (path.empty() || isSyntheticSource(path)) return;
   std::error_code ec;
@@ -232,9 +244,7 @@ Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transpo
 // What a fresh checkpoint directory records of the job, so restore can rebuild its model.
 void writeJobInfo(const TrainConfig& config, const comm::Transport& transport, const ops::Model& model,
                   const Shards& shards) {
-  std::error_code ec;
-  std::filesystem::create_directories(config.ckptDir, ec);
-  if (ec) throw IoError(fmt::format("cannot create checkpoint directory '{}': {}", config.ckptDir, ec.message()));
+  createDirectories(config.ckptDir, "checkpoint directory ");
   ckpt::JobInfo info;
   info.modelName = config.model;
   if (config.model.ends_with(".loss")) {

@@ -56,6 +56,12 @@ struct ModelSource {
 // shape. InputError naming the model when it is neither.
 std::unique_ptr<ops::Model> makeModel(const ModelSource& source, int64_t features, int64_t classes, uint64_t seed);
 
+// Creates `dir` and its parents; `what` names it in the message ("cannot create
+// <what>'<dir>': <reason>"). A path that cannot be a directory (a file in the way)
+// or may not be written is the user's choice of path: InputError. Anything else the
+// system refuses (a full or failing disk) is an IoError.
+void createDirectories(const std::string& dir, const std::string& what);
+
 // A named input file (not a synthetic: source) that does not exist, or is a
 // directory, is bad input: InputError in the data readers' words, before a reader
 // would report it as a failing file operation.

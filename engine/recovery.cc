@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <malloc.h>
 
 namespace orpheus::engine {
@@ -116,9 +115,7 @@ void Recovery::checkpoint(uint64_t clock, const ParamSet& replica, int replicaId
     info.seed = config_.seed;
     info.replica = replicaId;
     const std::string dir = fmt::format("{}/matrix-{:012d}", config_.ckptDir, clock);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw IoError(fmt::format("cannot create '{}': {}", dir, ec.message()));
+    createDirectories(dir, "");
     ckpt::saveParams(fmt::format("{}/replica-{}.h5", dir, replicaId), replica, info);
     matrixCheckpoint_ = replica;
     matrixCheckpointClock_ = clock;
