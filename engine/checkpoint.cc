@@ -3,6 +3,7 @@
 #include "ckpt/layout.h"
 #include "engine/base/error.h"
 #include "engine/base/sv_batch.h"
+#include "engine/job.h"
 #include "ops/graph_model.h"
 #include "ops/mlr.h"
 
@@ -15,10 +16,9 @@
 namespace orpheus::engine {
 
 std::unique_ptr<ops::Model> modelOfJob(const ckpt::JobInfo& job) {
-  if (job.modelName == "mlr") return std::make_unique<ops::MultinomialLogisticRegression>(job.features, job.classes);
-  ORPHEUS_CHECK_INPUT(!job.modelText.empty(), "checkpoint: model '{}' has no stored definition", job.modelName);
-  ops::Graph graph = ops::parseLoss(job.modelText, job.modelName, ops::LossDims{job.features, job.classes});
-  return std::make_unique<ops::GraphModel>(std::move(graph), job.modelSpec, job.seed);
+  ORPHEUS_CHECK_INPUT(job.modelName == "mlr" || !job.modelText.empty(),
+                      "checkpoint: model '{}' has no stored definition", job.modelName);
+  return makeModel({job.modelName, job.modelText, job.modelSpec}, job.features, job.classes, job.seed);
 }
 
 namespace {

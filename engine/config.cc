@@ -2,10 +2,64 @@
 
 #include "engine/base/error.h"
 
-namespace orpheus::engine {
+#include <algorithm>
 
-std::string toString(SyncMode mode) { return mode == SyncMode::kSv ? "sv" : "dense"; }
-std::string toString(Consistency c) { return c == Consistency::kBsp ? "bsp" : "ssp"; }
+namespace orpheus::engine {
+namespace {
+
+template <typename E>
+const std::string& nameIn(const NamedValues<E>& table, E value) {
+  const auto it = std::find_if(table.begin(), table.end(), [&](const auto& entry) { return entry.second == value; });
+  ORPHEUS_ENFORCE(it != table.end(), "enum value {} has no name", static_cast<int>(value));
+  return it->first;
+}
+
+}  // namespace
+
+const NamedValues<SyncMode>& syncModeNames() {
+  static const NamedValues<SyncMode> table{{"sv", SyncMode::kSv}, {"dense", SyncMode::kDense}};
+  return table;
+}
+
+const NamedValues<Consistency>& consistencyNames() {
+  static const NamedValues<Consistency> table{{"bsp", Consistency::kBsp}, {"ssp", Consistency::kSsp}};
+  return table;
+}
+
+const NamedValues<comm::MulticastKind>& multicastNames() {
+  static const NamedValues<comm::MulticastKind> table = [] {
+    NamedValues<comm::MulticastKind> t;
+    for (const auto kind : {comm::MulticastKind::kAll, comm::MulticastKind::kRandom, comm::MulticastKind::kFixed,
+                            comm::MulticastKind::kRing}) {
+      t.emplace_back(comm::multicastName(kind), kind);
+    }
+    return t;
+  }();
+  return table;
+}
+
+const NamedValues<SelectionMethod>& selectionMethodNames() {
+  static const NamedValues<SelectionMethod> table = [] {
+    NamedValues<SelectionMethod> t;
+    for (const auto method : {SelectionMethod::kJmcss, SelectionMethod::kUniform}) t.emplace_back(toString(method), method);
+    return t;
+  }();
+  return table;
+}
+
+std::string toString(SyncMode mode) { return nameIn(syncModeNames(), mode); }
+std::string toString(Consistency c) { return nameIn(consistencyNames(), c); }
+
+comm::ScheduleConfig scheduleConfig(const TrainConfig& c, int ranks) {
+  comm::ScheduleConfig sc;
+  sc.kind = c.multicast;
+  sc.ranks = ranks;
+  sc.fanout = c.multicast == comm::MulticastKind::kAll ? std::max(ranks - 1, 1) : std::max(c.fanout, 1);
+  sc.seed = c.seed;
+  sc.dropLinks = c.dropLinks;
+  return sc;
+}
+
 void validate(const TrainConfig& c, int ranks) {
   ORPHEUS_CHECK_INPUT(c.select >= 0 && c.select <= c.batch,
                       "--select {} must be between 1 and the batch size --batch {} (0 sends every SVG)", c.select,

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace orpheus::engine {
 
@@ -59,8 +61,22 @@ struct TrainConfig {
   std::string progress = "auto";  // auto (on a terminal), on, off
 };
 
+// Every value of an enum a flag takes, with its name: the one table the CLI parses
+// and documents the flags from and the metrics summary names the values by.
+template <typename E>
+using NamedValues = std::vector<std::pair<std::string, E>>;
+const NamedValues<SyncMode>& syncModeNames();
+const NamedValues<Consistency>& consistencyNames();
+// Names from comm::multicastName and engine::toString(SelectionMethod), so each
+// value has one spelling in the whole program.
+const NamedValues<comm::MulticastKind>& multicastNames();
+const NamedValues<SelectionMethod>& selectionMethodNames();
+
 std::string toString(SyncMode mode);
 std::string toString(Consistency c);
+
+// The multicast schedule of a job on `ranks` workers (Q = P - 1 for broadcast).
+comm::ScheduleConfig scheduleConfig(const TrainConfig& config, int ranks);
 
 // Refuses inconsistent settings for `ranks` workers with one clear InputError.
 void validate(const TrainConfig& config, int ranks);

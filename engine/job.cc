@@ -7,33 +7,19 @@
 #include "engine/synthetic_data.h"
 #include "engine/worker.h"
 #include "ops/graph_model.h"
+#include "ops/loss_parser.h"
 #include "ops/mlr.h"
 
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 namespace orpheus::engine {
-namespace {
-
-data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
-                        int64_t features, int indexBase) {
-  if (isSyntheticSource(path)) {
-    return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
-  }
-  data::ReadOptions options;
-  options.format = config.format;
-  options.rank = transport.rank();
-  options.worldSize = transport.size();
-  options.features = features;
-  options.indexBase = indexBase;
-  return data::readDataset(path, options);
-}
-
-}  // namespace
 
 void collectively(comm::Transport& transport, const std::function<void()>& step) {
   std::string message;
@@ -56,9 +42,13 @@ void collectively(comm::Transport& transport, const std::function<void()>& step)
   }
 }
 
+// The CLI's exit codes: 0 success, 1 internal failure (a bug, a lost peer),
+// 2 bad input or usage, 3 the operating system refused a file operation (a full or
+// failing disk). IoError is tested before InputError, its base.
 int exitCodeFor(const std::exception& e) {
   if (const auto* failed = dynamic_cast<const JobFailed*>(&e)) return failed->code();
-  return dynamic_cast<const InputError*>(&e) != nullptr ? 2 : 1;
+  if (dynamic_cast<const IoError*>(&e) != nullptr) return kExitIoError;
+  return dynamic_cast<const InputError*>(&e) != nullptr ? kExitBadInput : kExitInternal;
 }
 
 void reportError(const std::string& message) {
@@ -67,18 +57,69 @@ void reportError(const std::string& message) {
   std::fflush(stderr);
 }
 
-std::unique_ptr<ops::Model> makeModel(const std::string& name, int64_t features, int64_t classes, uint64_t seed) {
-  if (name == "mlr") return std::make_unique<ops::MultinomialLogisticRegression>(features, classes);
-  if (name.size() > 5 && name.ends_with(".loss")) {
-    return ops::GraphModel::fromFile(name, ops::LossDims{features, classes}, seed);
+std::unique_ptr<ops::Model> makeModel(const ModelSource& source, int64_t features, int64_t classes, uint64_t seed) {
+  if (source.name == "mlr") return std::make_unique<ops::MultinomialLogisticRegression>(features, classes);
+  const ops::LossDims dims{features, classes};
+  if (!source.text.empty()) {
+    return std::make_unique<ops::GraphModel>(ops::parseLoss(source.text, source.name, dims), source.spec, seed);
   }
-  throw InputError(fmt::format("unknown model '{}' (a .loss file, or the built-in 'mlr')", name));
+  if (source.name.size() > 5 && source.name.ends_with(".loss")) {
+    return ops::GraphModel::fromFile(source.name, dims, seed);
+  }
+  throw InputError(fmt::format("unknown model '{}' (a .loss file, or the built-in 'mlr')", source.name));
 }
 
-int runTrain(const TrainConfig& config, comm::Transport& transport) {
-  transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
-  const bool leader = transport.rank() == 0;
+void createDirectories(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec) return;
+  const std::string message = fmt::format("cannot create {}'{}': {}", what, dir, ec.message());
+  if (ec == std::errc::not_a_directory || ec == std::errc::file_exists || ec == std::errc::permission_denied ||
+      ec == std::errc::read_only_file_system) {
+    throw InputError(message);
+  }
+  throw IoError(message);
+}
 
+void checkInputExists(const std::string& path) {
+  if (path.empty() || isSyntheticSource(path)) return;
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (status.type() == std::filesystem::file_type::not_found) {
+    throw InputError(fmt::format("{}: cannot open: {}", path, std::strerror(ENOENT)));
+  }
+  if (std::filesystem::is_directory(status)) {
+    throw InputError(fmt::format("{}: cannot read: {}", path, std::strerror(EISDIR)));
+  }
+}
+
+namespace {
+
+// A job's data as every rank agrees on it: its shards, read to the same width.
+struct Shards {
+  data::Dataset train;
+  data::Dataset test;
+  bool haveTest = false;
+  int indexBase = -1;  // of LIBSVM files: 0 or 1, detected from the training file
+  int64_t features = 0;
+  int64_t classes = 0;
+};
+
+data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
+                        int64_t features, int indexBase) {
+  if (isSyntheticSource(path)) {
+    return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
+  }
+  data::ReadOptions options;
+  options.format = config.format;
+  options.rank = transport.rank();
+  options.worldSize = transport.size();
+  options.features = features;
+  options.indexBase = indexBase;
+  return data::readDataset(path, options);
+}
+
+void validateJob(const TrainConfig& config, comm::Transport& transport) {
   collectively(transport, [&] {
     validate(config, transport.size());
     if (config.ckptSv || config.resume) {
@@ -91,16 +132,18 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
       ORPHEUS_CHECK_INPUT(config.consistency == Consistency::kBsp,
                           "--resume continues a job exactly only under --consistency bsp");
     }
+    checkInputExists(config.train);
+    checkInputExists(config.test);
   });
+}
 
-  // Training shard, then the shape every rank agrees on.
-  data::Dataset train;
-  int indexBase = -1;
+// The training shard, then the shape every rank agrees on: the widest rows, the
+// largest label.
+void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shards& shards) {
+  data::Dataset& train = shards.train;
   collectively(transport, [&] {
-    if (!isSyntheticSource(config.train)) {
-      indexBase = data::detectIndexBase(config.train, config.format);
-    }
-    train = readShard(config.train, config, transport, config.features, indexBase);
+    if (!isSyntheticSource(config.train)) shards.indexBase = data::detectIndexBase(config.train, config.format);
+    train = readShard(config.train, config, transport, config.features, shards.indexBase);
   });
   double shape[3] = {static_cast<double>(train.features), static_cast<double>(train.maxLabel()),
                      train.sparse ? 1.0 : 0.0};
@@ -117,7 +160,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
                           static_cast<int64_t>(minFeatures[0]), features);
     }
   });
-  const int64_t maxLabel = static_cast<int64_t>(shape[1]);
+  const auto maxLabel = static_cast<int64_t>(shape[1]);
   const int64_t classes = config.classes > 0 ? config.classes : maxLabel + 1;
   collectively(transport, [&] {
     ORPHEUS_CHECK_INPUT(maxLabel < classes, "training data '{}' has label {} but --classes is {} (labels 0..{})",
@@ -125,118 +168,135 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
     ORPHEUS_CHECK_INPUT(train.size() >= 1, "rank {} got no training examples from '{}'", transport.rank(),
                         config.train);
   });
+  shards.features = features;
+  shards.classes = classes;
+}
 
-  // Test shard, read to the training data's width.
-  data::Dataset test;
-  const bool haveTest = !config.test.empty();
-  if (haveTest) {
-    collectively(transport, [&] {
-      test = readShard(config.test, config, transport, train.sparse ? features : -1, indexBase);
-      if (test.sparse) {
-        ORPHEUS_CHECK_INPUT(test.features <= features,
-                            "test data '{}' has {} features but the training data has {} (set --features)",
-                            config.test, test.features, features);
-        data::widen(test, features);
-      }
-      ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the training data '{}' has {}",
-                          config.test, test.features, config.train, features);
-      ORPHEUS_CHECK_INPUT(test.maxLabel() < classes,
-                          "test data '{}' has label {} but the model has {} classes (labels 0..{})", config.test,
-                          test.maxLabel(), classes, classes - 1);
-    });
-  }
-
-  std::unique_ptr<ops::Model> model;
-  std::unique_ptr<MetricsWriter> metrics;
+// The test shard, read to the training data's width.
+void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards& shards) {
+  shards.haveTest = !config.test.empty();
+  if (!shards.haveTest) return;
+  const int64_t features = shards.features;
+  const int64_t classes = shards.classes;
+  data::Dataset& test = shards.test;
   collectively(transport, [&] {
-    model = makeModel(config.model, features, classes, config.seed);
-    metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
+    test = readShard(config.test, config, transport, shards.train.sparse ? features : -1, shards.indexBase);
+    if (test.sparse) {
+      ORPHEUS_CHECK_INPUT(test.features <= features,
+                          "test data '{}' has {} features but the training data has {} (set --features)",
+                          config.test, test.features, features);
+      data::widen(test, features);
+    }
+    ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the training data '{}' has {}",
+                        config.test, test.features, config.train, features);
+    ORPHEUS_CHECK_INPUT(test.maxLabel() < classes,
+                        "test data '{}' has label {} but the model has {} classes (labels 0..{})", config.test,
+                        test.maxLabel(), classes, classes - 1);
+  });
+}
+
+// Rank 0's log lines about the job (the example counts are a collective).
+void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards) {
+  const bool leader = transport.rank() == 0;
+  double counts[2] = {static_cast<double>(shards.train.size()), static_cast<double>(shards.test.size())};
+  transport.controlSum(counts);
+  if (!leader) return;
+  spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
+               transport.size(), model.spec(), transport.name(), static_cast<int64_t>(counts[0]),
+               static_cast<int64_t>(counts[1]), toString(config.sync), config.clocks, config.batch);
+  if (config.sync == SyncMode::kSv && transport.size() > 1) {
+    spdlog::info("{}; {} consistency{}; {}", comm::MulticastSchedule(scheduleConfig(config, transport.size())).describe(),
+                 toString(config.consistency),
+                 config.consistency == Consistency::kSsp ? fmt::format(" (staleness {})", config.staleness) : "",
+                 config.select > 0 ? fmt::format("{} of {} SVGs sent per clock", config.select, config.batch)
+                                   : "every SVG sent");
+  }
+  if (transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {
+    spdlog::warn("one rank: --average-every and --rotate-every have nothing to do");
+  }
+}
+
+struct Outputs {
+  std::unique_ptr<ops::Model> model;
+  std::unique_ptr<MetricsWriter> metrics;  // rank 0's file; a sink that discards elsewhere
+};
+
+// The model, the metrics file, and a check that every output can be written.
+Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transport, const Shards& shards) {
+  const bool leader = transport.rank() == 0;
+  Outputs out;
+  collectively(transport, [&] {
+    out.model = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+    out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
     if (leader && !config.save.empty()) {
       const auto dir = std::filesystem::path(config.save).parent_path();
       ORPHEUS_CHECK_INPUT(dir.empty() || std::filesystem::is_directory(dir),
                           "cannot save the model to '{}': directory '{}' does not exist", config.save, dir.string());
     }
-  });
-  double counts[2] = {static_cast<double>(train.size()), static_cast<double>(test.size())};
-  transport.controlSum(counts);
-  if (leader) {
-    spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
-                 transport.size(), model->spec(), transport.name(), static_cast<int64_t>(counts[0]),
-                 static_cast<int64_t>(counts[1]), toString(config.sync), config.clocks, config.batch);
-    if (config.sync == SyncMode::kSv && transport.size() > 1) {
-      spdlog::info("{}; {} consistency{}; {}", comm::MulticastSchedule(comm::ScheduleConfig{
-                                                                       config.multicast, transport.size(),
-                                                                       config.multicast == comm::MulticastKind::kAll
-                                                                           ? transport.size() - 1
-                                                                           : config.fanout,
-                                                                       config.seed, config.dropLinks})
-                                                   .describe(),
-                   toString(config.consistency),
-                   config.consistency == Consistency::kSsp ? fmt::format(" (staleness {})", config.staleness) : "",
-                   config.select > 0 ? fmt::format("{} of {} SVGs sent per clock", config.select, config.batch)
-                                     : "every SVG sent");
-    }
-  }
-
-  if (leader && transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {
-    spdlog::warn("one rank: --average-every and --rotate-every have nothing to do");
-  }
-  if (!config.saveReplicas.empty()) {
-    collectively(transport, [&] {
+    if (!config.saveReplicas.empty()) {
       ORPHEUS_CHECK_INPUT(std::filesystem::is_directory(config.saveReplicas),
                           "cannot save replicas to '{}': not a directory", config.saveReplicas);
-    });
-  }
+    }
+  });
+  return out;
+}
 
-  // The incremental SV checkpoint: a fresh job records what it is; a resumed one
-  // continues from the newest clock every replica's log reaches.
+// What a fresh checkpoint directory records of the job, so restore can rebuild its model.
+void writeJobInfo(const TrainConfig& config, const comm::Transport& transport, const ops::Model& model,
+                  const Shards& shards) {
+  createDirectories(config.ckptDir, "checkpoint directory ");
+  ckpt::JobInfo info;
+  info.modelName = config.model;
+  if (config.model.ends_with(".loss")) {
+    std::ifstream in(config.model);
+    std::stringstream text;
+    text << in.rdbuf();
+    info.modelText = text.str();
+  }
+  info.modelSpec = model.spec();
+  info.features = shards.features;
+  info.classes = shards.classes;
+  info.seed = config.seed;
+  info.ranks = transport.size();
+  info.batch = config.batch;
+  info.lr = config.lr;
+  ckpt::writeJobInfo(config.ckptDir, info);
+}
+
+// The incremental SV checkpoint: a fresh job records what it is; a resumed one
+// continues from the newest clock every replica's log reaches. Returns that clock
+// (0: a fresh start), the same on every rank.
+uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+                              const Shards& shards) {
+  if (!config.ckptSv) return 0;
   uint64_t resumeClock = 0;
-  if (config.ckptSv) {
-    collectively(transport, [&] {
-      if (config.resume) {
-        if (leader) {
-          const ckpt::Inventory inv = ckpt::inspect(config.ckptDir);
-          resumeClock = resumableClock(inv);
-          discardAfter(config.ckptDir, resumeClock);
-        }
-      } else if (leader) {
-        std::error_code ec;
-        std::filesystem::create_directories(config.ckptDir, ec);
-        if (ec) throw IoError(fmt::format("cannot create checkpoint directory '{}': {}", config.ckptDir, ec.message()));
-        ckpt::JobInfo info;
-        info.modelName = config.model;
-        if (config.model.ends_with(".loss")) {
-          std::ifstream in(config.model);
-          std::stringstream text;
-          text << in.rdbuf();
-          info.modelText = text.str();
-        }
-        info.modelSpec = model->spec();
-        info.features = features;
-        info.classes = classes;
-        info.seed = config.seed;
-        info.ranks = transport.size();
-        info.batch = config.batch;
-        info.lr = config.lr;
-        ckpt::writeJobInfo(config.ckptDir, info);
-      }
-    });
-    double shared[1] = {static_cast<double>(resumeClock)};
-    transport.controlSum(shared);
-    resumeClock = static_cast<uint64_t>(shared[0]);
-  }
+  collectively(transport, [&] {
+    if (transport.rank() != 0) return;
+    if (!config.resume) {
+      writeJobInfo(config, transport, model, shards);
+      return;
+    }
+    resumeClock = resumableClock(ckpt::inspect(config.ckptDir));
+    discardAfter(config.ckptDir, resumeClock);
+  });
+  double shared[1] = {static_cast<double>(resumeClock)};
+  transport.controlSum(shared);
+  return static_cast<uint64_t>(shared[0]);
+}
 
-  Worker worker(config, *model, transport, train, haveTest ? &test : nullptr);
-  if (config.resume && resumeClock > 0) {
-    collectively(transport, [&] {
-      const int id = replicaHeldAt(transport.rank(), transport.size(), resumeClock, config.rotateEvery);
-      Restored r = restore(config.ckptDir, id, resumeClock);
-      worker.resumeFrom(resumeClock, std::move(r.params), id);
-    });
-    if (leader) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
-  }
+void resume(Worker& worker, const TrainConfig& config, comm::Transport& transport, uint64_t resumeClock) {
+  if (!config.resume || resumeClock == 0) return;
+  collectively(transport, [&] {
+    const int id = replicaHeldAt(transport.rank(), transport.size(), resumeClock, config.rotateEvery);
+    Restored r = restore(config.ckptDir, id, resumeClock);
+    worker.resumeFrom(resumeClock, std::move(r.params), id);
+  });
+  if (transport.rank() == 0) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
+}
+
+void runWorker(Worker& worker, MetricsWriter& metrics, comm::Transport& transport) {
   try {
-    worker.run(*metrics);
+    worker.run(metrics);
   } catch (const JobFailed&) {
     throw;  // reported once, every rank stops
   } catch (const std::exception& e) {
@@ -244,33 +304,54 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
     reportError(e.what());
     transport.abortJob(exitCodeFor(e));
   }
+}
 
+// Every rank's replica (--save-replicas), rank 0's model (--save) and its one-line result.
+void saveAndReport(const TrainConfig& config, const comm::Transport& transport, const Worker& worker,
+                   const ops::Model& model, const Shards& shards) {
   ckpt::ModelFileInfo info;
-  info.modelSpec = model->spec();
+  info.modelSpec = model.spec();
   info.clock = static_cast<int64_t>(worker.lastClock());
   info.seed = config.seed;
-  info.features = features;
-  info.classes = classes;
+  info.features = shards.features;
+  info.classes = shards.classes;
   info.replica = worker.replicaId();
   if (!config.saveReplicas.empty()) {
     ckpt::saveParams(fmt::format("{}/replica-{}.h5", config.saveReplicas, worker.replicaId()), worker.replica(), info);
   }
-  if (leader) {
-    if (!config.save.empty()) ckpt::saveParams(config.save, worker.replica(), info);
-    const EvalResult& eval = worker.lastEval();
-    std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model->spec().c_str(), transport.size(),
-                static_cast<long long>(worker.lastClock()), worker.trainSeconds());
-    if (haveTest && model->hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
-    if (haveTest) std::printf(", test loss %.4f", eval.loss);
-    std::printf("\n");
-    if (!config.metrics.empty()) std::printf("metrics: %s\n", config.metrics.c_str());
-    if (!config.save.empty()) std::printf("model: %s\n", config.save.c_str());
-    std::fflush(stdout);
-  }
+  if (transport.rank() != 0) return;
+  if (!config.save.empty()) ckpt::saveParams(config.save, worker.replica(), info);
+  const EvalResult& eval = worker.lastEval();
+  std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model.spec().c_str(), transport.size(),
+              static_cast<long long>(worker.lastClock()), worker.trainSeconds());
+  if (shards.haveTest && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
+  if (shards.haveTest) std::printf(", test loss %.4f", eval.loss);
+  std::printf("\n");
+  if (!config.metrics.empty()) std::printf("metrics: %s\n", config.metrics.c_str());
+  if (!config.save.empty()) std::printf("model: %s\n", config.save.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int runTrain(const TrainConfig& config, comm::Transport& transport) {
+  transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
+  validateJob(config, transport);
+  Shards shards;
+  loadTrainShard(config, transport, shards);
+  loadTestShard(config, transport, shards);
+  const Outputs out = buildModelAndOutputs(config, transport, shards);
+  announce(config, transport, *out.model, shards);
+  const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, shards);
+  Worker worker(config, *out.model, transport, shards.train, shards.haveTest ? &shards.test : nullptr);
+  resume(worker, config, transport, resumeClock);
+  runWorker(worker, *out.metrics, transport);
+  saveAndReport(config, transport, worker, *out.model, shards);
   return 0;
 }
 
 int runEval(const EvalConfig& config) {
+  checkInputExists(config.test);
   ckpt::ModelFileInfo info;
   const ParamSet saved = ckpt::loadParams(config.params, &info);
 
@@ -290,7 +371,7 @@ int runEval(const EvalConfig& config) {
     classes = saved[w].rows();
     features = saved[w].cols();
   }
-  auto model = makeModel(config.model, features, classes, info.seed);
+  auto model = makeModel({config.model, "", ""}, features, classes, info.seed);
   // Parameters by name, in the model's order, with the model's shapes.
   ParamSet params = model->zeroParams();
   for (auto& p : params.params) {
@@ -309,14 +390,7 @@ int runEval(const EvalConfig& config) {
   ORPHEUS_CHECK_INPUT(test.maxLabel() < classes, "test data '{}' has label {} but the model has {} classes (labels 0..{})",
                       config.test, test.maxLabel(), classes, classes - 1);
 
-  ops::EvalSums sums;
-  for (int64_t begin = 0; begin < test.size(); begin += 2000) {
-    const data::Batch chunk = data::slice(test, begin, std::min(test.size(), begin + 2000));
-    const ops::EvalSums part = model->evaluate(params, view(chunk));
-    sums.lossSum += part.lossSum;
-    sums.correct += part.correct;
-    sums.count += part.count;
-  }
+  const ops::EvalSums sums = evaluateOn(*model, params, test);
   JsonLine line;
   line.add("params", config.params)
       .add("model_spec", info.modelSpec)

@@ -25,7 +25,13 @@ class JobFailed : public std::runtime_error {
   int code_;
 };
 
-// Exit code for an exception: 2 for bad input or usage, 1 otherwise.
+// The CLI's exit codes (besides 0).
+constexpr int kExitInternal = 1;  // a bug, a lost peer, a timeout
+constexpr int kExitBadInput = 2;  // bad input or usage
+constexpr int kExitIoError = 3;   // the operating system refused a file operation (a full or failing disk)
+
+// Exit code for an exception: kExitIoError for IoError, kExitBadInput for other
+// InputErrors, a JobFailed's own code, kExitInternal otherwise.
 int exitCodeFor(const std::exception& e);
 
 // Prints "orpheus: <message>" as one line on stderr.
@@ -37,8 +43,29 @@ void reportError(const std::string& message);
 // whole job with one line and no hang.
 void collectively(comm::Transport& transport, const std::function<void()>& step);
 
-// The model named on the command line (a .loss file or "mlr"), for data of the given shape.
-std::unique_ptr<ops::Model> makeModel(const std::string& name, int64_t features, int64_t classes, uint64_t seed);
+// What a model is built from: its name as given ("mlr" or a .loss path) and, for a
+// .loss model a checkpoint recorded, the file's text and the spec it had then
+// (the file itself may be gone or changed since).
+struct ModelSource {
+  std::string name;
+  std::string text;  // empty: read the .loss file `name`
+  std::string spec;  // with `text`
+};
+
+// The one model factory: the built-in MLR or a .loss model, for data of the given
+// shape. InputError naming the model when it is neither.
+std::unique_ptr<ops::Model> makeModel(const ModelSource& source, int64_t features, int64_t classes, uint64_t seed);
+
+// Creates `dir` and its parents; `what` names it in the message ("cannot create
+// <what>'<dir>': <reason>"). A path that cannot be a directory (a file in the way)
+// or may not be written is the user's choice of path: InputError. Anything else the
+// system refuses (a full or failing disk) is an IoError.
+void createDirectories(const std::string& dir, const std::string& what);
+
+// A named input file (not a synthetic: source) that does not exist, or is a
+// directory, is bad input: InputError in the data readers' words, before a reader
+// would report it as a failing file operation.
+void checkInputExists(const std::string& path);
 
 // Runs `config` on this rank (collective). Returns 0 on success; throws JobFailed
 // after a reported failure.

@@ -2,9 +2,11 @@
 
 #include "engine/base/error.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 namespace orpheus::engine {
 namespace {
@@ -76,6 +78,114 @@ void MetricsWriter::write(const JsonLine& line) {
   if (std::fwrite(s.data(), 1, s.size(), file_) != s.size() || std::fflush(file_) != 0) {
     throw IoError(fmt::format("cannot write metrics file '{}': {}", path_, std::strerror(errno)));
   }
+}
+
+comm::SharedBytes encodeRecord(const ClockRecord& record) {
+  auto bytes = std::make_shared<std::vector<std::byte>>(sizeof(ClockRecord));
+  std::memcpy(bytes->data(), record.data(), sizeof(ClockRecord));
+  return bytes;
+}
+
+ClockRecord decodeRecord(std::span<const std::byte> bytes, int peer) {
+  ORPHEUS_ENFORCE(bytes.size() == sizeof(ClockRecord), "metrics record of {} bytes from rank {}", bytes.size(), peer);
+  ClockRecord record;
+  std::memcpy(record.data(), bytes.data(), sizeof(ClockRecord));
+  return record;
+}
+
+MetricsAggregator::MetricsAggregator(int ranks, MetricsWriter& out, ProgressLine& progress, bool hasAccuracy,
+                                     uint64_t first, uint64_t clocks)
+    : ranks_(ranks), out_(out), progress_(progress), hasAccuracy_(hasAccuracy), clocks_(clocks), next_(first) {}
+
+void MetricsAggregator::add(const ClockRecord& r) {
+  const auto clock = static_cast<uint64_t>(r[kClock]);
+  ORPHEUS_ENFORCE(clock >= next_ && clock <= clocks_, "metrics record for clock {} arrived out of order", clock);
+  Entry& e = entries_[clock];
+  for (size_t f = 0; f < kClockFieldCount; ++f) e.sum[f] += r[f];
+  e.maxGap = std::max(e.maxGap, r[kGap]);
+  e.maxWait = std::max(e.maxWait, r[kWait]);
+  if (r[kSeconds] > 0 && e.leaderSeconds == 0) e.leaderSeconds = r[kSeconds];
+  ++e.count;
+  writeReady();
+}
+
+void MetricsAggregator::writeReady() {
+  for (auto it = entries_.find(next_); it != entries_.end() && it->second.count == ranks_; it = entries_.find(next_)) {
+    write(next_, it->second);
+    entries_.erase(it);
+    ++next_;
+  }
+}
+
+void MetricsAggregator::write(uint64_t clock, const Entry& e) {
+  const double p = ranks_;
+  JsonLine line;
+  line.add("clock", clock)
+      .add("seconds", e.leaderSeconds)
+      .add("clock_seconds", e.sum[kClockSeconds] / p)
+      .add("train_loss", e.sum[kLoss] / p)
+      .add("bytes_sent", static_cast<uint64_t>(e.sum[kBytes]))
+      .add("messages", static_cast<uint64_t>(e.sum[kMessages]))
+      .add("compute_seconds", e.sum[kCompute] / p)
+      .add("comm_seconds", e.sum[kComm] / p)
+      .add("update_seconds", e.sum[kUpdate] / p)
+      .add("wait_seconds", e.sum[kWait] / p)
+      .add("max_wait_seconds", e.maxWait)
+      .add("select_seconds", e.sum[kSelect] / p)
+      .add("clock_gap", static_cast<int64_t>(e.maxGap))
+      .add("replica", static_cast<int64_t>(e.sum[kReplica]))
+      .add("ckpt_wait_seconds", e.sum[kCkptWait] / p)
+      .add("failures", static_cast<int64_t>(e.sum[kFailed]))
+      .add("lost_clocks", static_cast<int64_t>(e.sum[kLostClocks]));
+  if (e.sum[kAveraged] > 0) {
+    line.add("averaged", true)
+        .add("divergence_max", e.sum[kDivergenceMax])
+        .add("divergence_mean", e.sum[kDivergenceMean]);
+  }
+  if (e.sum[kRotated] > 0) line.add("rotated", true);
+  double accuracy = -1.0;
+  if (e.sum[kHasEval] > 0 && e.sum[kEvalCount] > 0) {
+    line.add("test_loss", e.sum[kEvalLoss] / e.sum[kEvalCount]);
+    if (hasAccuracy_) {
+      accuracy = e.sum[kEvalCorrect] / e.sum[kEvalCount];
+      line.add("test_accuracy", accuracy);
+    }
+  }
+  out_.write(line);
+  if (accuracy >= 0) {
+    lastAccuracy_ = accuracy;
+    bestAccuracy_ = std::max(bestAccuracy_, accuracy);
+  }
+  progress_.update(clock, e.sum[kLoss] / p, lastAccuracy_, e.leaderSeconds, e.sum[kHasEval] > 0);
+  totalBytes_ += static_cast<uint64_t>(e.sum[kBytes]);
+  totalMessages_ += static_cast<uint64_t>(e.sum[kMessages]);
+  totalFailures_ += static_cast<int64_t>(e.sum[kFailed]);
+  totalLost_ += static_cast<int64_t>(e.sum[kLostClocks]);
+  maxGapSeen_ = std::max(maxGapSeen_, e.maxGap);
+}
+
+void MetricsCollector::report(const ClockRecord& record) {
+  aggregator_.add(record);
+  collect();
+}
+
+void MetricsCollector::collect() {
+  while (auto m = transport_.tryReceive(comm::Channel::kControl)) aggregator_.add(decodeRecord(m->bytes, m->peer));
+}
+
+void MetricsCollector::finish(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!aggregator_.done()) {
+    collect();
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw TimeoutError("rank 0 timed out collecting the last clocks' metrics");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void MetricsReporter::report(const ClockRecord& record) {
+  transport_.sendAsync(0, comm::Channel::kControl, encodeRecord(record));
 }
 
 }  // namespace orpheus::engine

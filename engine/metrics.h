@@ -1,8 +1,20 @@
 // Metrics as JSON lines: one object per clock, a summary last. Written by rank 0.
+//
+// Every rank reports each clock as a ClockRecord; rank 0's MetricsAggregator adds
+// up the records of all ranks and writes a clock's line once every rank's record
+// of it is in. Records travel on the control channel, never as a collective, so
+// metrics never make a worker wait for another.
 #pragma once
 
+#include "comm/transport.h"
+#include "engine/progress.h"
+
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +52,130 @@ class MetricsWriter {
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+};
+
+// The fields of one rank's report of one clock. Summed over ranks by rank 0
+// (averaged where the line says so); the fields after kReplica are set by rank 0
+// only, so their sum is rank 0's value.
+enum ClockField : size_t {
+  kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
+  kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
+  kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
+  kCkptWait, kFailed, kLostClocks, kClockFieldCount
+};
+// On the wire: the kClockFieldCount doubles as they are in memory (every rank runs
+// the same binary).
+using ClockRecord = std::array<double, kClockFieldCount>;
+
+comm::SharedBytes encodeRecord(const ClockRecord& record);
+// Error (an internal invariant) when `bytes` is not one record; `peer` names the sender.
+ClockRecord decodeRecord(std::span<const std::byte> bytes, int peer);
+
+// Rank 0's sum of every rank's records: writes the line of a clock once all
+// `ranks` records of it have arrived, in clock order, whatever order the records
+// come in, and draws the progress line. Records of clocks already written or past
+// the last clock are an internal error.
+class MetricsAggregator {
+ public:
+  // Lines for clocks first..clocks; `hasAccuracy`: the model reports test accuracy.
+  MetricsAggregator(int ranks, MetricsWriter& out, ProgressLine& progress, bool hasAccuracy, uint64_t first,
+                    uint64_t clocks);
+
+  void add(const ClockRecord& record);
+  // Every clock's line is written.
+  bool done() const { return next_ > clocks_; }
+  // The job stops early at `clock`: no records come after it.
+  void endAt(uint64_t clock) { clocks_ = clock; }
+
+  // Totals over the lines written so far.
+  uint64_t totalBytes() const { return totalBytes_; }
+  uint64_t totalMessages() const { return totalMessages_; }
+  int64_t totalFailures() const { return totalFailures_; }
+  int64_t totalLostClocks() const { return totalLost_; }
+  double maxGap() const { return maxGapSeen_; }
+  // -1 before any line with a test accuracy.
+  double bestAccuracy() const { return bestAccuracy_; }
+
+ private:
+  struct Entry {
+    int count = 0;
+    ClockRecord sum{};
+    double maxGap = 0;
+    double maxWait = 0;
+    double leaderSeconds = 0;
+  };
+  void writeReady();
+  void write(uint64_t clock, const Entry& e);
+
+  int ranks_;
+  MetricsWriter& out_;
+  ProgressLine& progress_;
+  bool hasAccuracy_;
+  uint64_t clocks_;
+  uint64_t next_;
+  std::map<uint64_t, Entry> entries_;
+  uint64_t totalBytes_ = 0;
+  uint64_t totalMessages_ = 0;
+  int64_t totalFailures_ = 0;
+  int64_t totalLost_ = 0;
+  double maxGapSeen_ = 0;
+  double lastAccuracy_ = -1.0;
+  double bestAccuracy_ = -1.0;
+};
+
+// Where a rank's clock records go. Not thread-safe: the compute thread calls it.
+class MetricsSink {
+ public:
+  virtual ~MetricsSink() = default;
+  // This rank's record of a clock.
+  virtual void report(const ClockRecord& record) = 0;
+  // Takes in the other ranks' records that have arrived, without blocking. The
+  // worker calls it whenever it waits on peers, so rank 0's collecting never
+  // holds the others up.
+  virtual void collect() = 0;
+  // The job stops early at `clock` (every rank calls it at the same clock).
+  virtual void endAt(uint64_t clock) = 0;
+  // After the last report: blocks until every record is delivered (rank 0: until
+  // every line is written; TimeoutError after `timeout`).
+  virtual void finish(std::chrono::milliseconds timeout) = 0;
+};
+
+// Discards everything: clocks driven without a metrics file (tests, a failed job's drain).
+class NullMetricsSink final : public MetricsSink {
+ public:
+  void report(const ClockRecord&) override {}
+  void collect() override {}
+  void endAt(uint64_t) override {}
+  void finish(std::chrono::milliseconds) override {}
+};
+
+// Rank 0: its own records and those that arrive on the control channel go to the aggregator.
+class MetricsCollector final : public MetricsSink {
+ public:
+  MetricsCollector(comm::Transport& transport, MetricsAggregator& aggregator)
+      : transport_(transport), aggregator_(aggregator) {}
+  void report(const ClockRecord& record) override;
+  void collect() override;
+  void endAt(uint64_t clock) override { aggregator_.endAt(clock); }
+  void finish(std::chrono::milliseconds timeout) override;
+
+ private:
+  comm::Transport& transport_;
+  MetricsAggregator& aggregator_;
+};
+
+// Every other rank: records go to rank 0.
+class MetricsReporter final : public MetricsSink {
+ public:
+  explicit MetricsReporter(comm::Transport& transport) : transport_(transport) {}
+  void report(const ClockRecord& record) override;
+  void collect() override {}
+  void endAt(uint64_t) override {}
+  // Completes this rank's sends.
+  void finish(std::chrono::milliseconds) override { transport_.flushSends(); }
+
+ private:
+  comm::Transport& transport_;
 };
 
 }  // namespace orpheus::engine

@@ -1,21 +1,29 @@
 // One symmetric worker: a data shard, a parameter replica, and the clock loop of
 // the paper's Algorithm 1 with its communication co-designs: SV selection,
-// multicast to a schedule's peers, and BSP or SSP consistency.
+// multicast to a schedule's peers, and BSP or SSP consistency. Around the clock,
+// each concern has a room of its own: engine/consistency (which batches have
+// arrived), engine/coordinator (averaging, rotation), engine/recovery (the
+// checkpoint log, failures) and engine/metrics (the per-clock records).
 #pragma once
 
-#include "ckpt/sv_log.h"
 #include "comm/schedule.h"
 #include "comm/transport.h"
 #include "engine/config.h"
+#include "engine/consistency.h"
+#include "engine/coordinator.h"
 #include "engine/data/dataset.h"
 #include "engine/metrics.h"
+#include "engine/recovery.h"
 #include "ops/model.h"
 
-#include <chrono>
-#include <functional>
 #include <map>
-#include <set>
+#include <memory>
+#include <optional>
 #include <vector>
+
+namespace orpheus::data {
+class PrefetchQueue;
+}  // namespace orpheus::data
 
 namespace orpheus::engine {
 
@@ -43,6 +51,7 @@ class Worker {
   // All references must outlive the worker. `test` may be null (no evaluation).
   Worker(const TrainConfig& config, const ops::Model& model, comm::Transport& transport, const data::Dataset& train,
          const data::Dataset* test);
+  ~Worker();
 
   // Runs config.clocks clocks, writing metrics on rank 0, and returns the replica
   // once every batch addressed to this rank has been applied. A checkpoint that
@@ -50,35 +59,34 @@ class Worker {
   const ParamSet& run(MetricsWriter& metrics);
 
   // One clock on the given minibatch; public so tests can drive clocks directly.
+  // `metrics` collects the other ranks' records while this rank waits on peers.
+  ClockStats runClock(uint64_t clock, const data::Batch& batch, MetricsSink& metrics);
   ClockStats runClock(uint64_t clock, const data::Batch& batch);
   // Waits for and applies every batch still addressed to this rank up to `lastClock`,
   // and completes this rank's sends (point-to-point modes; a no-op otherwise).
+  void drain(uint64_t lastClock, MetricsSink& metrics);
   void drain(uint64_t lastClock);
 
   // The coordinator's barrier after `clock` (collective; every rank calls it after
   // every clock): drains every batch of clocks <= clock, then averages replicas
   // every R clocks and rotates them every S clocks. Returns what it did.
-  struct Coordination {
-    bool averaged = false;
-    bool rotated = false;
-    double divergenceMax = 0.0;   // max over replicas of ||W_r - mean|| / ||mean||, before averaging
-    double divergenceMean = 0.0;
-  };
+  using Coordination = engine::Coordination;
+  Coordination coordinate(uint64_t clock, MetricsSink& metrics);
   Coordination coordinate(uint64_t clock);
   // Periodic centralized synchronization: every replica becomes the average (collective).
-  Coordination averageReplicas(uint64_t clock);
+  Coordination averageReplicas(uint64_t clock) { return coordinator_.average(replica_, clock); }
   // Replica rotation: this rank's replica goes to rank+1, rank-1's comes here (collective).
-  void rotateReplica(uint64_t clock);
+  void rotateReplica(uint64_t clock) { coordinator_.rotate(replica_, replicaId_, clock); }
   // The id of the replica this rank holds (its rank at the start; rotation moves it).
   int replicaId() const { return replicaId_; }
   ParamSet& mutableReplica() { return replica_; }
   // Resume: continue from `clock` with `replica` (id `id`) restored from a checkpoint.
   void resumeFrom(uint64_t clock, ParamSet replica, int id);
-  // Seconds the compute thread waited for the checkpoint writer, and bytes it wrote.
-  double checkpointWaitSeconds() const { return log_ ? log_->waitSeconds() + handOffSeconds_ : 0.0; }
-  int64_t failures() const { return failures_; }
+  // Seconds the compute thread waited for the checkpoint writer, in all.
+  double checkpointWaitSeconds() const { return log_->waitSeconds(); }
+  int64_t failures() const { return recovery_.failures(); }
   // Clocks of updates the failures made this rank's replicas lose, in all.
-  uint64_t lostClocks() const { return lostClocks_; }
+  uint64_t lostClocks() const { return recovery_.lostClocks(); }
 
   // Loss and accuracy over every rank's test shard, each with its own replica (collective).
   EvalResult evaluate();
@@ -95,24 +103,50 @@ class Worker {
   bool pointToPoint() const { return pointToPoint_; }
 
  private:
-  const ParamSet& runClocks(MetricsWriter& metrics);
-  // --sync sv: compute_svg, select, send S, receive T, compute_update(S ∪ T).
-  void svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
-  void svBroadcastClock(uint64_t clock, const std::shared_ptr<SvBatch>& local, ClockStats& stats);
-  void svMulticastClock(uint64_t clock, const std::shared_ptr<SvBatch>& local, ClockStats& stats);
+  // The batches a clock applies together, in rank order, with their records for the log.
+  struct Group {
+    std::vector<const SvBatch*> batches;
+    std::vector<ckpt::Record> records;
+    std::vector<SvBatch> remote;               // T, decoded (broadcast)
+    std::map<int, ReceivedBatch> received;     // T, as it arrived (point to point, BSP)
+    void add(const SvBatch* batch, ckpt::Record record) {
+      batches.push_back(batch);
+      records.push_back(std::move(record));
+    }
+  };
+  // What one clock of the loop in run() adds up to, beyond ClockStats.
+  struct Tally {
+    double trainSeconds = 0.0;
+    uint64_t last = 0;
+    bool reachedTarget = false;
+  };
+
+  // run(): the loop, one clock of it with its barrier, checkpoint and record, and the end.
+  const ParamSet& runClocks(MetricsWriter& metrics, MetricsSink& sink, const MetricsAggregator& aggregator);
+  bool runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSink& sink, Tally& tally);
+  Recovery::Failure afterClock(uint64_t clock);
+  bool evaluateAt(uint64_t clock, ClockRecord& record);
+  void writeSummary(MetricsWriter& metrics, const MetricsAggregator& aggregator, const Tally& tally, uint64_t first,
+                    const EvalResult& initialEval) const;
+
+  // --sync sv, Algorithm 1: compute_svg, select, send S, receive T, compute_update(S ∪ T), log.
+  void svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats, MetricsSink& metrics);
+  std::shared_ptr<SvBatch> computeSvgs(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
+  std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) const;
+  Group exchangeWithAll(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
+                        ClockStats& stats);
+  Group exchangeWithPeers(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
+                          bool selected, ClockStats& stats, MetricsSink& metrics);
+  void rebuild(const Group& group, ClockStats& stats);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline).
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
-  std::vector<SvBatch> decodeRemote(const comm::Gathered& all, uint64_t clock) const;
 
-  // Point-to-point bookkeeping: receive what has arrived; under SSP apply it at once.
-  void pump();
-  void accept(comm::Message message);
-  // Clocks whose every expected batch has arrived (and, under SSP, been applied).
-  uint64_t completeThrough() const { return completeThrough_; }
-  void advanceComplete();
-  // Blocks (pumping) until completeThrough() >= clock; TimeoutError naming the missing peers.
-  void waitComplete(uint64_t clock, ClockStats& stats);
-  std::vector<int> missingSenders(uint64_t clock) const;
+  // Point to point: takes in what has arrived and applies what SSP lets through at
+  // once, logged at local clock `clock`; waits (taking in) until the clocks <=
+  // `through` are complete and returns the seconds waited.
+  void receive(uint64_t clock, MetricsSink& metrics);
+  double waitComplete(uint64_t through, uint64_t clock, MetricsSink& metrics);
+  void applyReady(uint64_t clock);
 
   SvBatchHeader header(uint64_t clock) const;
 
@@ -122,44 +156,25 @@ class Worker {
   const data::Dataset& train_;
   const data::Dataset* test_;
   ParamSet replica_;
+  int replicaId_ = 0;
   uint64_t clock_ = 0;
   // W -= lr / (B (Q + 1)) * sum of per-example gradients (see the constructor).
-  float stepScale_;
+  float stepScale_ = 0.0f;
   std::vector<std::byte> encoded_;  // reused send buffer (broadcast path)
   bool pointToPoint_;
   comm::MulticastSchedule schedule_;
-  std::vector<std::pair<int64_t, int64_t>> shapes_;
-  // Batches received and not yet applied (BSP), by clock then sender.
-  struct Received {
-    SvBatch batch;
-    ckpt::SharedBytes bytes;  // kept for the checkpoint log, or null
-  };
-  std::map<uint64_t, std::map<int, Received>> pending_;
-  std::map<uint64_t, std::set<int>> arrived_;  // senders heard from, by clock
-  uint64_t completeThrough_ = 0;
-  uint64_t sentThrough_ = 0;  // the newest clock this rank has sent
+  std::unique_ptr<ClockLog> log_;  // the incremental SV checkpoint, or a log that does nothing
+  Inbox inbox_;
+  Coordinator coordinator_;
+  Recovery recovery_;
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
   uint64_t lastClock_ = 0;
-  int replicaId_ = 0;
-  std::function<void()> idle_;  // run() on rank 0: collects metrics while waiting
-  // The incremental SV checkpoint: every group of batches applied to the replica.
-  std::unique_ptr<ckpt::SvLogWriter> log_;
-  uint64_t current_ = 0;  // the local clock being worked on
-  int64_t averagings_ = 0;
-  void logGroup(std::vector<ckpt::Record> records);
-  // Failure injection and recovery (--fail-prob): returns whether this rank failed
-  // at the end of `clock`, and sets `lost` to the clocks of updates its replica lost.
-  bool maybeFail(uint64_t clock, uint64_t* lost);
-  void writeMatrixCheckpoint(uint64_t clock);
-  ParamSet matrixCheckpoint_;          // --ckpt matrix: the last one written (what recovery restores)
-  uint64_t matrixCheckpointClock_ = 0;
-  uint64_t lastSnapshot_ = 0;          // --ckpt sv: the newest snapshot known complete on disk
-  double handOffSeconds_ = 0.0;        // --ckpt sv: waiting for the log at rotations
-  int64_t failures_ = 0;
-  uint64_t lostClocks_ = 0;
 };
 
 ops::ExampleBatch view(const data::Batch& batch);
+
+// Loss and accuracy sums of `params` over all of `test`, evaluated in chunks.
+ops::EvalSums evaluateOn(const ops::Model& model, const ParamSet& params, const data::Dataset& test);
 
 }  // namespace orpheus::engine

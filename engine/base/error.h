@@ -1,5 +1,5 @@
 // Error types shared by every library. The CLI maps them to exit codes:
-// InputError (and its subclasses) -> 2, everything else -> 1.
+// IoError -> 3, InputError (and its other subclasses) -> 2, everything else -> 1.
 #pragma once
 
 #include <fmt/format.h>
@@ -34,7 +34,9 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
-// The operating system refused a file operation.
+// The operating system refused a file operation. Still an InputError for the
+// readers' callers that treat an unreadable input as bad input; the exit code
+// (3, not 2) is decided by its own type first.
 class IoError : public InputError {
  public:
   using InputError::InputError;

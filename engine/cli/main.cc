@@ -1,6 +1,7 @@
 // orpheus: the command-line entry point. `train` runs under mpirun (every rank is
 // a symmetric worker); `eval` scores a saved model in one process.
-// Exit codes: 0 success, 2 bad input or usage, 1 internal failure.
+// Exit codes (engine/job.h): 0 success, 1 internal failure, 2 bad input or usage,
+// 3 a file operation failed (a full or failing disk).
 #include "comm/mpi/mpi_transport.h"
 #include "engine/base/error.h"
 #include "engine/base/log.h"
@@ -13,14 +14,22 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <map>
+#include <optional>
+#include <utility>
 
 namespace {
 
 using orpheus::engine::EvalConfig;
-using orpheus::engine::SyncMode;
+using orpheus::engine::NamedValues;
 using orpheus::engine::TrainConfig;
+
+constexpr const char* kExitCodes =
+    "Exit codes: 0 success, 1 internal failure, 2 bad input or usage, 3 a file operation failed (a full or failing "
+    "disk).";
 
 // The launcher's rank before MPI is up, so only one copy of a usage error prints.
 int launcherRank() {
@@ -61,7 +70,62 @@ CLI::Validator positive() {
       "> 0");
 }
 
-void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
+// An enum flag that takes the names of `names` (any case); --help shows them as
+// {a,b,c} with the default.
+template <typename E>
+CLI::Option* addEnumOption(CLI::App& cmd, const std::string& flag, E& value, const NamedValues<E>& names,
+                           const std::string& help) {
+  std::string choices;
+  std::string current;
+  for (const auto& [name, v] : names) {
+    choices += (choices.empty() ? "" : ",") + name;
+    if (v == value) current = name;
+  }
+  CLI::Validator byName(
+      [names, choices](std::string& s) -> std::string {
+        const std::string lower = CLI::detail::to_lower(s);
+        for (const auto& [name, v] : names) {
+          if (lower == name) {
+            s = std::to_string(static_cast<int>(v));
+            return {};
+          }
+        }
+        return fmt::format("expected one of {}, got '{}'", choices, s);
+      },
+      "");
+  return cmd.add_option(flag, value, help)->transform(byName)->type_name("{" + choices + "}")->default_str(current);
+}
+
+// A whole decimal integer in [min, max], or nothing.
+std::optional<int64_t> parseInteger(const std::string& s, int64_t min, int64_t max) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || v < min || v > max) return std::nullopt;
+  return v;
+}
+
+// --inject-delay RANK:MS, strictly: both whole numbers in range.
+void parseInjectDelay(const std::string& v, TrainConfig& c) {
+  constexpr int64_t kMaxDelayMs = 3'600'000;  // an hour per clock is surely a typo beyond
+  const auto colon = v.find(':');
+  if (colon == std::string::npos) throw CLI::ValidationError("--inject-delay", "expected RANK:MS, got '" + v + "'");
+  const auto rank = parseInteger(v.substr(0, colon), 0, std::numeric_limits<int>::max());
+  const auto ms = parseInteger(v.substr(colon + 1), 0, kMaxDelayMs);
+  if (!rank) {
+    throw CLI::ValidationError("--inject-delay",
+                               fmt::format("RANK must be a whole number >= 0, got '{}'", v.substr(0, colon)));
+  }
+  if (!ms) {
+    throw CLI::ValidationError("--inject-delay", fmt::format("MS must be a whole number of milliseconds in [0, {}], "
+                                                             "got '{}'",
+                                                             kMaxDelayMs, v.substr(colon + 1)));
+  }
+  c.delayRank = static_cast<int>(*rank);
+  c.delayMs = static_cast<int>(*ms);
+}
+
+// The data, the model and its optimisation.
+void addModelFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--model", c.model,
                  "Model to train: a .loss file (see examples/), or the built-in 'mlr' (multinomial logistic regression)")
       ->capture_default_str();
@@ -84,41 +148,27 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
       ->check(positive());
   cmd.add_option("--seed", c.seed, "Job seed: initialisation, sampling and every other random choice")
       ->capture_default_str();
-  const std::map<std::string, SyncMode> syncModes{{"sv", SyncMode::kSv}, {"dense", SyncMode::kDense}};
-  cmd.add_option("--sync", c.sync,
-                 "sv: broadcast sufficient vectors and rebuild updates; dense: allreduce dense gradients")
-      ->transform(CLI::CheckedTransformer(syncModes, CLI::ignore_case))
-      ->default_str("sv");
+}
+
+// Synchronization: SV or dense, the communication co-designs, consistency, the coordinator.
+void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
+  addEnumOption(cmd, "--sync", c.sync, orpheus::engine::syncModeNames(),
+                "sv: broadcast sufficient vectors and rebuild updates; dense: allreduce dense gradients");
   cmd.add_option("--select", c.select,
                  "SV selection: send C of the B SVGs of each clock, chosen jointly across matrices (0: send all)")
       ->capture_default_str()
       ->check(atLeast(0));
-  const std::map<std::string, orpheus::engine::SelectionMethod> selectMethods{
-      {"jmcss", orpheus::engine::SelectionMethod::kJmcss}, {"uniform", orpheus::engine::SelectionMethod::kUniform}};
-  cmd.add_option("--select-method", c.selectMethod,
-                 "jmcss: joint matrix column subset selection with a least-squares core; uniform: C at random, "
-                 "rescaled by B/C")
-      ->transform(CLI::CheckedTransformer(selectMethods, CLI::ignore_case))
-      ->default_str("jmcss");
-  const std::map<std::string, orpheus::comm::MulticastKind> multicasts{
-      {"all", orpheus::comm::MulticastKind::kAll},
-      {"random", orpheus::comm::MulticastKind::kRandom},
-      {"fixed", orpheus::comm::MulticastKind::kFixed},
-      {"ring", orpheus::comm::MulticastKind::kRing}};
-  cmd.add_option("--multicast", c.multicast,
-                 "Who gets a worker's SV batch each clock: all (broadcast), random (Q peers drawn per clock), fixed "
-                 "(the same Q peers), ring (Q peers in circular order over clocks)")
-      ->transform(CLI::CheckedTransformer(multicasts, CLI::ignore_case))
-      ->default_str("all");
+  addEnumOption(cmd, "--select-method", c.selectMethod, orpheus::engine::selectionMethodNames(),
+                "jmcss: joint matrix column subset selection with a least-squares core; uniform: C at random, "
+                "rescaled by B/C");
+  addEnumOption(cmd, "--multicast", c.multicast, orpheus::engine::multicastNames(),
+                "Who gets a worker's SV batch each clock: all (broadcast), random (Q peers drawn per clock), fixed "
+                "(the same Q peers), ring (Q peers in circular order over clocks)");
   cmd.add_option("--fanout", c.fanout, "Q: peers per clock for random, fixed and ring multicast (at most P-1)")
       ->check(atLeast(1));
-  const std::map<std::string, orpheus::engine::Consistency> consistencies{
-      {"bsp", orpheus::engine::Consistency::kBsp}, {"ssp", orpheus::engine::Consistency::kSsp}};
-  cmd.add_option("--consistency", c.consistency,
-                 "bsp: a clock starts once every batch of the previous one is applied; ssp: once every batch from "
-                 "clocks <= t-s-1 is")
-      ->transform(CLI::CheckedTransformer(consistencies, CLI::ignore_case))
-      ->default_str("bsp");
+  addEnumOption(cmd, "--consistency", c.consistency, orpheus::engine::consistencyNames(),
+                "bsp: a clock starts once every batch of the previous one is applied; ssp: once every batch from "
+                "clocks <= t-s-1 is");
   cmd.add_option("--staleness", c.staleness, "s: how many clocks a worker may run ahead under SSP")
       ->capture_default_str();
   cmd.add_option("--drop-links", c.dropLinks,
@@ -130,6 +180,10 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--rotate-every", c.rotateEvery,
                  "Parameter-replica rotation: every S clocks each replica moves to the next rank of the ring")
       ->check(atLeast(1));
+}
+
+// Checkpoints, recovery and failure injection.
+void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--save-replicas", c.saveReplicas,
                  "Directory where every rank saves the replica it holds at the end as replica-<id>.h5");
   cmd.add_option("--ckpt-dir", c.ckptDir, "Checkpoint directory (with --ckpt sv, or to --resume from)");
@@ -146,6 +200,7 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
          },
          "sv: log every SV batch applied to each replica (restore any clock with 'orpheus restore'); matrix: the "
          "baseline, computation halts every --ckpt-every clocks while every replica is written whole; none")
+      ->type_name("{sv,matrix,none}")
       ->default_str("none");
   cmd.add_option("--snapshot-every", c.snapshotEvery,
                  "With --ckpt sv and --average-every: write a snapshot at every K-th averaging barrier")
@@ -164,14 +219,14 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
       "Continue a killed job from the newest clock its --ckpt-dir reaches (same flags, BSP)");
   cmd.add_option_function<std::string>(
          "--inject-delay",
-         [&c](const std::string& v) {
-           const auto colon = v.find(':');
-           if (colon == std::string::npos) throw CLI::ValidationError("--inject-delay", "expected RANK:MS");
-           c.delayRank = std::stoi(v.substr(0, colon));
-           c.delayMs = std::stoi(v.substr(colon + 1));
-         },
+         [&c](const std::string& v) { parseInjectDelay(v, c); },
          "Testing aid: RANK:MS makes that rank sleep MS milliseconds every clock")
+      ->type_name("RANK:MS")
       ->group("Testing");
+}
+
+// Evaluation, outputs and the run's environment.
+void addRunFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--eval-every", c.evalEvery, "Evaluate on the test data every N clocks (0: only at the end)")
       ->capture_default_str()
       ->check(atLeast(0));
@@ -193,6 +248,13 @@ void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--progress", c.progress, "Live progress line: auto (on a terminal), on, off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
+}
+
+void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
+  addModelFlags(cmd, c, format);
+  addSyncFlags(cmd, c);
+  addCheckpointFlags(cmd, c);
+  addRunFlags(cmd, c);
 }
 
 void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
@@ -300,6 +362,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string(ORPHEUS_VERSION));
   app.require_subcommand(1);
   app.set_config("--config", "", "Read flags from a TOML/INI file");
+  app.footer(kExitCodes);
 
   TrainConfig train;
   std::string trainFormat = "auto";
@@ -331,7 +394,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     if (launcherRank() == 0) orpheus::engine::reportError(std::string(e.what()) + " (see orpheus --help)");
-    return 2;
+    return orpheus::engine::kExitBadInput;
   }
 
   try {

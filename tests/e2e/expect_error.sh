@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # expect_error.sh PATTERN FORBIDDEN_FILE -- command...
-# Runs the command and passes when it exits with code 2, its stderr's first line
+# Runs the command and passes when it exits with code 2 (or $EXPECT_CODE: 3 for a
+# failed file operation), its stderr's first line
 # starting "orpheus:" matches PATTERN (grep -E), it wrote exactly one such line,
 # did not dump core, and FORBIDDEN_FILE (a model it must not write; "-" for none)
 # does not exist afterwards.
@@ -15,7 +16,8 @@ first=$(grep -m1 '^orpheus:' "$err")
 echo "exit code: $rc"
 echo "message: $first"
 fail=0
-[ "$rc" -eq 2 ] || { echo "FAIL: expected exit code 2"; fail=1; }
+want=${EXPECT_CODE:-2}
+[ "$rc" -eq "$want" ] || { echo "FAIL: expected exit code $want"; fail=1; }
 [ "$ours" -eq 1 ] || { echo "FAIL: expected exactly one 'orpheus:' line, got $ours"; cat "$err"; fail=1; }
 echo "$first" | grep -Eq -- "$pattern" || { echo "FAIL: message does not match /$pattern/"; fail=1; }
 grep -qi 'core dumped\|segmentation fault\|terminate called' "$err" && { echo "FAIL: crashed"; fail=1; }

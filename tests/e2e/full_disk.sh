@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # full_disk.sh ORPHEUS MPIEXEC: training with --ckpt sv into a checkpoint directory
-# on a small file system that fills up mid-run. The job must stop with exit code 2
+# on a small file system that fills up mid-run. The job must stop with exit code 3 (IO)
 # and one line naming the directory and the problem (no core dump, no hang), without
 # saving a model, and the segments written before must stay intact: inspect finds no
 # damage and every replica restores at its latest clock. Needs a tmpfs mount (root);
@@ -28,7 +28,7 @@ rc=$?
 set -e
 cat "$out/stderr"
 echo "exit code $rc"
-[ "$rc" -eq 2 ] || { echo "expected exit code 2"; exit 1; }
+[ "$rc" -eq 3 ] || { echo "expected exit code 3"; exit 1; }
 lines=$(grep -c '^orpheus:' "$out/stderr" || true)
 [ "$lines" -eq 1 ] || { echo "expected one line from orpheus, got $lines"; exit 1; }
 line=$(grep '^orpheus:' "$out/stderr")

@@ -1,0 +1,77 @@
+// BSP and SSP when SV batches travel point to point (multicast, SSP, link
+// failures): which batches addressed to this rank have arrived, and the waits the
+// consistency model imposes (paper, section 3.2.3).
+//
+// Every rank can compute who sends to it at each clock (comm/schedule.h), so the
+// inbox knows exactly which batches it still waits for and names the missing
+// senders when a wait times out. A batch from a sender the schedule does not name,
+// or one that comes twice, is a CorruptRecordError.
+//
+// BSP keeps each batch until its clock's group is complete; SSP hands batches on
+// as they arrive (takeReady), to be applied at once. Not thread-safe: the compute
+// thread owns it.
+#pragma once
+
+#include "ckpt/sv_log.h"
+#include "comm/schedule.h"
+#include "comm/transport.h"
+#include "engine/base/sv_batch.h"
+#include "engine/config.h"
+#include "engine/metrics.h"
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace orpheus::engine {
+
+// A batch from a peer: decoded (so checked), and the bytes it came in when the
+// checkpoint log keeps them (null otherwise).
+struct ReceivedBatch {
+  SvBatch batch;
+  ckpt::SharedBytes bytes;
+  // The bytes as a record for the checkpoint log; an empty record when not kept.
+  ckpt::Record record() const { return bytes ? ckpt::Record::encoded(bytes, true) : ckpt::Record{}; }
+};
+
+class Inbox {
+ public:
+  // All references must outlive the inbox. `keepBytes`: keep each batch's bytes for the log.
+  Inbox(const TrainConfig& config, const comm::MulticastSchedule& schedule, comm::Transport& transport,
+        std::vector<std::pair<int64_t, int64_t>> paramShapes, bool keepBytes);
+
+  // Takes in every batch that has arrived, then lets `metrics` collect; never blocks.
+  void receive(MetricsSink& metrics);
+  // Blocks (receiving) until every batch of clocks <= `clock` addressed here has
+  // arrived; returns the seconds it waited. TimeoutError after --timeout names the
+  // missing senders; `at` is the clock this rank is at, for that message.
+  double waitComplete(uint64_t clock, uint64_t at, MetricsSink& metrics);
+
+  // The clocks whose every expected batch has arrived.
+  uint64_t completeThrough() const { return completeThrough_; }
+  // BSP: the batches of `clock`, by sender, taken out of the inbox.
+  std::map<int, ReceivedBatch> takeClock(uint64_t clock);
+  // SSP: the batches that arrived since the last call, in arrival order.
+  std::vector<ReceivedBatch> takeReady();
+  // Resume: the clocks up to `clock` are done.
+  void resumeAt(uint64_t clock) { completeThrough_ = clock; }
+
+ private:
+  void accept(comm::Message message);
+  void advanceComplete();
+  std::vector<int> missingSenders(uint64_t clock) const;
+
+  const TrainConfig& config_;
+  const comm::MulticastSchedule& schedule_;
+  comm::Transport& transport_;
+  std::vector<std::pair<int64_t, int64_t>> shapes_;
+  bool keepBytes_;
+  std::map<uint64_t, std::map<int, ReceivedBatch>> pending_;  // BSP: by clock, then sender
+  std::vector<ReceivedBatch> ready_;                          // SSP: to apply now
+  std::map<uint64_t, std::set<int>> arrived_;                 // senders heard from, by clock
+  uint64_t completeThrough_ = 0;
+};
+
+}  // namespace orpheus::engine

@@ -1,0 +1,151 @@
+#include "engine/recovery.h"
+
+#include "ckpt/model_file.h"
+#include "engine/base/error.h"
+#include "engine/base/rng.h"
+#include "engine/checkpoint.h"
+#include "engine/job.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <malloc.h>
+
+namespace orpheus::engine {
+namespace {
+
+// Clocks between the ranks' agreements on the checkpoint writers' health.
+constexpr uint64_t kLogCheckEvery = 50;
+
+class NullClockLog final : public ClockLog {
+ public:
+  bool keepsRecords() const override { return false; }
+  void appendGroup(uint64_t, std::vector<ckpt::Record>) override {}
+  void endClock(uint64_t) override {}
+  void averaged(uint64_t, const ParamSet&) override {}
+  void handOff(uint64_t) override {}
+  void takeOver(uint64_t, int) override {}
+  void flush() override {}
+  void resumeAt(int, uint64_t) override {}
+  void abandon() override {}
+  uint64_t loseStaged() override { return 0; }
+  void recordReset(uint64_t, uint64_t) override {}
+  double waitSeconds() const override { return 0.0; }
+};
+
+class SvClockLog final : public ClockLog {
+ public:
+  SvClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId)
+      : config_(config), transport_(transport), writer_(config.ckptDir, replicaId) {}
+
+  bool keepsRecords() const override { return true; }
+  void appendGroup(uint64_t clock, std::vector<ckpt::Record> records) override {
+    writer_.appendGroup(clock, std::move(records));
+  }
+  void endClock(uint64_t clock) override {
+    writer_.endClock(clock);
+    if (clock % kLogCheckEvery == 0) collectively(transport_, [&] { writer_.check(); });
+  }
+  void averaged(uint64_t clock, const ParamSet& replica) override {
+    ++averagings_;
+    writer_.appendEvent(clock, ckpt::EventKind::kAveraged);
+    if (averagings_ % std::max<int64_t>(config_.snapshotEvery, 1) != 0) return;
+    // Every part is on disk once all ranks pass here: the snapshot is complete.
+    collectively(transport_, [&] {
+      ckpt::writeSnapshotPart(config_.ckptDir, clock, transport_.rank(), transport_.size(), replica);
+    });
+    lastSnapshot_ = clock;
+  }
+  void handOff(uint64_t clock) override {
+    writer_.appendEvent(clock, ckpt::EventKind::kRotatedOut);
+    const auto start = std::chrono::steady_clock::now();
+    collectively(transport_, [&] { writer_.flush(); });
+    handOffSeconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  void takeOver(uint64_t clock, int id) override {
+    writer_.switchReplica(id);
+    writer_.appendEvent(clock, ckpt::EventKind::kRotatedIn);
+  }
+  void flush() override {
+    collectively(transport_, [&] { writer_.flush(); });
+  }
+  void resumeAt(int id, uint64_t clock) override { writer_.resumeAt(id, clock); }
+  void abandon() override { writer_.abandon(); }
+  uint64_t loseStaged() override {
+    logEnd_ = writer_.discardStaged();
+    return std::max(logEnd_, lastSnapshot_);
+  }
+  void recordReset(uint64_t clock, uint64_t to) override {
+    // Unless the log on disk reaches this very clock, its entries since its end
+    // are gone: the reset says where the replica stands.
+    if (logEnd_ < clock) writer_.appendReset(clock, to);
+  }
+  double waitSeconds() const override { return writer_.waitSeconds() + handOffSeconds_; }
+
+ private:
+  const TrainConfig& config_;
+  comm::Transport& transport_;
+  ckpt::SvLogWriter writer_;
+  int64_t averagings_ = 0;
+  uint64_t lastSnapshot_ = 0;  // the newest snapshot known complete on disk
+  uint64_t logEnd_ = 0;        // where the log on disk ended at the last failure
+  double handOffSeconds_ = 0.0;
+};
+
+}  // namespace
+
+std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId) {
+  if (!config.ckptSv) return std::make_unique<NullClockLog>();
+  // The log's IO thread frees each clock's batches once it has copied them, a
+  // little after the clock. Keep freed memory in the heap for the next clock's
+  // batches rather than handing it back to the system and faulting it in again.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  return std::make_unique<SvClockLog>(config, transport, replicaId);
+}
+
+void Recovery::checkpoint(uint64_t clock, const ParamSet& replica, int replicaId) {
+  if (!config_.ckptMatrix || clock % static_cast<uint64_t>(config_.ckptEvery) != 0) return;
+  collectively(transport_, [&] {
+    // The baseline of the paper: computation halts while the whole replica is written.
+    ckpt::ModelFileInfo info;
+    info.modelSpec = model_.spec();
+    info.clock = static_cast<int64_t>(clock);
+    info.seed = config_.seed;
+    info.replica = replicaId;
+    const std::string dir = fmt::format("{}/matrix-{:012d}", config_.ckptDir, clock);
+    createDirectories(dir, "");
+    ckpt::saveParams(fmt::format("{}/replica-{}.h5", dir, replicaId), replica, info);
+    matrixCheckpoint_ = replica;
+    matrixCheckpointClock_ = clock;
+  });
+}
+
+Recovery::Failure Recovery::maybeFail(uint64_t clock, ParamSet& replica, int replicaId, ClockLog& log) {
+  if (config_.failProb <= 0.0) return {};
+  CounterRng rng(config_.seed, RngPurpose::kFailure, clock, static_cast<uint64_t>(transport_.rank()));
+  if (rng.uniform() >= config_.failProb) return {};
+  ++failures_;
+  uint64_t recovered = 0;
+  if (config_.ckptSv) {
+    // The process is gone: its replica and what it had only staged of the log. What
+    // is durable is the log on disk and the snapshots; the replica comes back at the
+    // newest clock they reach, and the log records the reset.
+    recovered = log.loseStaged();
+    replica = recovered == 0 ? model_.initParams(config_.seed)
+                             : restore(config_.ckptDir, model_, config_.seed, replicaId, recovered).params;
+    log.recordReset(clock, recovered);
+  } else if (config_.ckptMatrix) {
+    // Back to the last whole-matrix checkpoint: the clocks since are lost.
+    replica = matrixCheckpointClock_ > 0 ? matrixCheckpoint_ : model_.initParams(config_.seed);
+    recovered = matrixCheckpointClock_;
+  }
+  Failure failure{true, clock - recovered};
+  lostClocks_ += failure.lostClocks;
+  spdlog::debug("rank {} failed at clock {}: replica {} recovered at clock {} ({} clocks lost)", transport_.rank(),
+                clock, replicaId, recovered, failure.lostClocks);
+  return failure;
+}
+
+}  // namespace orpheus::engine
