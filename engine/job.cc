@@ -47,9 +47,9 @@ void collectively(comm::Transport& transport, const std::function<void()>& step)
   const int size = transport.size();
   double agree[2] = {code != 0 ? static_cast<double>(transport.rank()) : static_cast<double>(size),
                      static_cast<double>(code)};
-  transport.controlMin({agree, 1});
+  transport.control().min({agree, 1});
   double worst[1] = {static_cast<double>(code)};
-  transport.controlMax(worst);
+  transport.control().max(worst);
   if (agree[0] < size) {
     if (static_cast<int>(agree[0]) == transport.rank()) reportError(message);
     throw JobFailed(static_cast<int>(worst[0]));
@@ -104,9 +104,9 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
   });
   double shape[3] = {static_cast<double>(train.features), static_cast<double>(train.maxLabel()),
                      train.sparse ? 1.0 : 0.0};
-  transport.controlMax(shape);
+  transport.control().max(shape);
   double minFeatures[1] = {static_cast<double>(train.features)};
-  transport.controlMin(minFeatures);
+  transport.control().min(minFeatures);
   const auto features = static_cast<int64_t>(shape[0]);
   collectively(transport, [&] {
     if (train.sparse) {
@@ -158,7 +158,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
     }
   });
   double counts[2] = {static_cast<double>(train.size()), static_cast<double>(test.size())};
-  transport.controlSum(counts);
+  transport.control().sum(counts);
   if (leader) {
     spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
                  transport.size(), model->spec(), transport.name(), static_cast<int64_t>(counts[0]),
@@ -222,7 +222,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
       }
     });
     double shared[1] = {static_cast<double>(resumeClock)};
-    transport.controlSum(shared);
+    transport.control().sum(shared);
     resumeClock = static_cast<uint64_t>(shared[0]);
   }
 
@@ -242,7 +242,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
   } catch (const std::exception& e) {
     // Peers cannot know about this rank's failure: report it and end the job.
     reportError(e.what());
-    transport.abortJob(exitCodeFor(e));
+    transport.control().abortJob(exitCodeFor(e));
   }
 
   ckpt::ModelFileInfo info;

@@ -237,7 +237,7 @@ void Worker::svMulticastClock(uint64_t clock, const std::shared_ptr<SvBatch>& lo
   // that, else the batch itself (encoded by the log's IO thread).
   ckpt::Record ownRecord;
   if (log_) ownRecord = selecting ? ckpt::Record::of(localBatch) : ckpt::Record::encoded(bytes, true);
-  for (int peer : schedule_.receivers(clock, transport_.rank())) transport_.sendAsync(peer, comm::Channel::kData, bytes);
+  for (int peer : schedule_.receivers(clock, transport_.rank())) transport_.sendAsync(peer, bytes);
   sentThrough_ = clock;
   pump();
   stats.commSeconds = secondsSince(t);
@@ -278,7 +278,7 @@ void Worker::svMulticastClock(uint64_t clock, const std::shared_ptr<SvBatch>& lo
 }
 
 void Worker::pump() {
-  while (auto message = transport_.tryReceive(comm::Channel::kData)) accept(std::move(*message));
+  while (auto message = transport_.tryReceive()) accept(std::move(*message));
   if (idle_) idle_();
 }
 
@@ -475,9 +475,9 @@ Worker::Coordination Worker::averageReplicas(uint64_t clock) {
   double stats[2] = {relativeDifference(replica_, mean), 0.0};
   stats[1] = stats[0];
   double maxStat[1] = {stats[0]};
-  transport_.controlMax(maxStat);
+  transport_.control().max(maxStat);
   double sumStat[1] = {stats[1]};
-  transport_.controlSum(sumStat);
+  transport_.control().sum(sumStat);
   done.divergenceMax = maxStat[0];
   done.divergenceMean = sumStat[0] / p;
   replica_ = std::move(mean);  // bitwise the same on every rank (Transport::allreduceSumIdentical)
@@ -510,7 +510,7 @@ ops::EvalSums Worker::evaluateLocal() const {
 EvalResult Worker::evaluate() {
   const ops::EvalSums sums = evaluateLocal();
   double v[3] = {sums.lossSum, sums.correct, sums.count};
-  transport_.controlSum(v);
+  transport_.control().sum(v);
   EvalResult r;
   r.examples = static_cast<int64_t>(v[2]);
   r.loss = v[2] > 0 ? v[0] / v[2] : 0.0;
@@ -676,7 +676,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics) {
   ProgressLine progress(leader ? config_.progress : "off", clocks);
   MetricsAggregator aggregator(transport_.size(), metrics, progress, model_, first, clocks);
   const auto collect = [&] {
-    while (auto m = transport_.tryReceive(comm::Channel::kControl)) {
+    while (auto m = transport_.control().tryReceive()) {
       ORPHEUS_ENFORCE(m->bytes.size() == sizeof(ClockRecord), "metrics record of {} bytes from rank {}",
                       m->bytes.size(), m->peer);
       ClockRecord r;
@@ -749,7 +749,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics) {
       r[kEvalCount] = sums.count;
       if (config_.targetAccuracy > 0.0) {
         double v[2] = {sums.correct, sums.count};
-        transport_.controlSum(v);
+        transport_.control().sum(v);
         reachedTarget = v[1] > 0 && v[0] / v[1] >= config_.targetAccuracy;
       }
     }
@@ -762,7 +762,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics) {
       aggregator.add(r);
       collect();
     } else {
-      transport_.sendAsync(0, comm::Channel::kControl, encodeRecord(r));
+      transport_.control().send(0, encodeRecord(r));
     }
     if (reachedTarget) break;
   }
@@ -780,7 +780,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   } else {
-    transport_.flushSends();
+    transport_.control().flush();
   }
   idle_ = nullptr;
   progress.finish();

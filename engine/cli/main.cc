@@ -1,7 +1,7 @@
 // orpheus: the command-line entry point. `train` runs under mpirun (every rank is
 // a symmetric worker); `eval` scores a saved model in one process.
 // Exit codes: 0 success, 2 bad input or usage, 1 internal failure.
-#include "comm/mpi/mpi_transport.h"
+#include "comm/factory.h"
 #include "engine/base/error.h"
 #include "engine/base/log.h"
 #include "ckpt/model_file.h"
@@ -272,12 +272,14 @@ int inspectMain(const std::string& dir) {
   return 0;
 }
 
-int trainMain(TrainConfig& config) {
+int trainMain(TrainConfig& config, const std::string& transportName) {
+  orpheus::comm::checkTransport(transportName);
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   int code = 0;
   {
-    orpheus::comm::mpi::MpiTransport transport(MPI_COMM_WORLD);
+    const auto owned = orpheus::comm::makeTransport(transportName);
+    orpheus::comm::Transport& transport = *owned;
     orpheus::setupLogging(transport.rank(), config.logLevel);
     orpheus::setBlasThreads(config.blasThreads);
     try {
@@ -305,6 +307,8 @@ int main(int argc, char** argv) {
   std::string trainFormat = "auto";
   CLI::App* trainCmd = app.add_subcommand("train", "Train a model; launch with mpirun, one rank per worker");
   addTrainFlags(*trainCmd, train, trainFormat);
+  std::string trainTransport = "mpi";
+  trainCmd->add_option("--transport", trainTransport, "How ranks talk: mpi (launch with mpirun)")->capture_default_str();
 
   EvalConfig eval;
   std::string evalFormat = "auto";
@@ -337,7 +341,7 @@ int main(int argc, char** argv) {
   try {
     if (trainCmd->parsed()) {
       train.format = orpheus::data::parseFormat(trainFormat);
-      return trainMain(train);
+      return trainMain(train, trainTransport);
     }
     orpheus::setupLogging(0, "warn");
     if (restoreCmd->parsed()) return restoreMain(restoreArgs);
