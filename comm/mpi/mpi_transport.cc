@@ -21,8 +21,12 @@ MpiTransport::MpiTransport(MPI_Comm comm) : control_(comm) {
 
 MpiTransport::~MpiTransport() {
   sends_.reset();
-  // A late peer may still complete an abandoned request into this memory.
-  if (abandoned_) static_cast<void>(scratch_.release());
+  if (abandoned_) {
+    // A late peer may still complete an abandoned request: into this memory, on
+    // this communicator. Neither is given back.
+    static_cast<void>(scratch_.release());
+    return;
+  }
   MPI_Comm_free(&comm_);
 }
 

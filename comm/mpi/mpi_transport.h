@@ -5,8 +5,9 @@
 // (comm/transport.h), whatever Open MPI's algorithms really send.
 //
 // Timeouts: MPI cannot cancel a collective, so after a TimeoutError the request
-// stays active and a late peer can still complete it. The scratch memory such a
-// request may touch is never freed; the caller's span may still be written.
+// stays active and a late peer can still complete it. The scratch memory and the
+// communicator such a request may touch are never freed; the caller's span may
+// still be written.
 // A collective's timeout names the operation and the clock but not the late rank
 // (MPI does not say which); the ring shift and sends name the peer.
 #pragma once
