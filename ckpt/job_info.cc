@@ -25,6 +25,7 @@ void writeJobInfo(const std::string& dir, const JobInfo& info) {
     writeI64Attr(file, "batch", info.batch, name);
     writeF64Attr(file, "lr", info.lr, name);
     writeStringAttr(file, "flags", info.flags, name);
+    writeStringAttr(file, "computation", info.computation, name);
   });
 }
 
@@ -53,6 +54,8 @@ JobInfo readJobInfo(const std::string& dir) {
   require(readI64Attr(file.get(), "batch", &info.batch), "batch");
   require(readF64Attr(file.get(), "lr", &info.lr), "lr");
   require(readStringAttr(file.get(), "flags", &info.flags), "flags");
+  // Optional: older checkpoints did not record it.
+  if (!readStringAttr(file.get(), "computation", &info.computation)) info.computation.clear();
   info.ranks = static_cast<int>(ranks);
   return info;
 }

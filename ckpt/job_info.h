@@ -18,6 +18,9 @@ struct JobInfo {
   int64_t batch = 0;
   double lr = 0.0;
   std::string flags;       // the training command line, for humans
+  // The settings that decide what the job computes, one "flag=value" per line
+  // (engine/job_record.h); "" in checkpoints written before it was recorded.
+  std::string computation;
 };
 
 // Writes DIR/job.h5 durably; reading it back gives the same JobInfo. IoError naming

@@ -1,21 +1,36 @@
-// The transport interface the engine talks to. Modeled after c10d: one virtual per
-// collective, each with a deadline; what a backend cannot do throws, never a silent
-// no-op.
+// The data plane the engine talks to: collectives and point-to-point messages of
+// training data (SV batches, gradients, replicas). Modeled after c10d and gloo:
+// the public calls are non-virtual and do what every backend shares (argument
+// checks, chunking, traffic counting, refusing use after a timeout); a backend
+// implements the protected do...() calls. What a backend cannot do throws, never
+// a silent no-op. Agreement, metrics and aborting live on the control plane
+// (comm/control.h), reached through control(); buffer registration in comm/buffer.h.
 //
-// Contract for every call:
-//  - Collective: every rank calls it, in the same order, with the same clock.
+// Contract for every data-plane call:
+//  - Collective (allgatherv, allreduceSum, allreduceSumIdentical, shiftRing): every
+//    rank calls it, in the same order, with the same clock and the same length.
 //  - Blocking: returns when this rank's part is complete, or throws TimeoutError
-//    naming the operation, the clock and the peers still missing once `timeout`
-//    has passed.
+//    once timeout() has passed, naming the operation, the clock and the peers
+//    still missing where the backend can tell (loopback always; MPI for the ring
+//    shift and sends — an MPI collective does not say which rank is late).
+//  - After a TimeoutError the data plane is unusable: every later data-plane call
+//    throws Error, and a late peer may still write into the buffers of the call
+//    that timed out. The control plane stays usable, so ranks can agree to end.
 //  - Not thread-safe: one thread per transport object drives it.
-// Traffic counters record what this rank hands to the network for training data
-// (SV batches, gradients); control traffic (metrics, error agreement) is not counted.
+//
+// Traffic counters record the logical traffic this rank hands to the network for
+// training data; they are counted here, once, by the formulas of comm::traffic
+// below, so every backend reports the same numbers for the same calls, whatever
+// algorithm it really runs. Control-plane traffic is not counted.
 #pragma once
+
+#include "comm/buffer.h"
+#include "comm/control.h"
+#include "comm/message.h"
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -26,6 +41,13 @@ namespace orpheus::comm {
 struct TrafficCounters {
   uint64_t bytesSent = 0;
   uint64_t messages = 0;
+
+  TrafficCounters& operator+=(const TrafficCounters& o) {
+    bytesSent += o.bytesSent;
+    messages += o.messages;
+    return *this;
+  }
+  bool operator==(const TrafficCounters&) const = default;
 };
 
 // Every rank's contribution to an allgather, concatenated in rank order.
@@ -39,16 +61,27 @@ struct Gathered {
   }
 };
 
-// Point-to-point messages travel on a channel: training data (counted as traffic)
-// or control (metrics, coordination; not counted).
-enum class Channel : int { kData = 1, kControl = 2 };
+// Collectives on float spans run in chunks of at most this many floats (64 MiB):
+// a backend's extra memory stays bounded, and the chunk is the unit traffic is
+// counted in. One constant for every backend, so their counts agree.
+inline constexpr size_t kChunkFloats = size_t{1} << 24;
 
-struct Message {
-  int peer = -1;  // the sender
-  std::vector<std::byte> bytes;
-};
-
-using SharedBytes = std::shared_ptr<const std::vector<std::byte>>;
+// The counting formulas: the logical traffic of one call on one rank of `ranks`.
+// With one rank nothing is sent. Float collectives are counted per chunk of
+// kChunkFloats (n floats in the chunk, integer arithmetic per chunk):
+namespace traffic {
+// allgatherv: the local record to each of the P-1 peers, one message each.
+TrafficCounters allgatherv(uint64_t localBytes, int ranks);
+// allreduceSum: the bandwidth-optimal ring, 2(P-1)/P·4n bytes in 2(P-1) messages.
+TrafficCounters allreduceSum(size_t floats, int ranks);
+// allreduceSumIdentical: reduce-scatter + allgather of blocks of b = ceil(n/P)
+// floats, 2(P-1)·4b bytes in 2(P-1) messages.
+TrafficCounters allreduceSumIdentical(size_t floats, int ranks);
+// shiftRing: 4n bytes to the right neighbour, one message.
+TrafficCounters shiftRing(size_t floats, int ranks);
+// sendAsync: the message itself.
+TrafficCounters send(uint64_t bytes);
+}  // namespace traffic
 
 class Transport {
  public:
@@ -58,39 +91,60 @@ class Transport {
   virtual int size() const = 0;
   virtual std::string name() const = 0;
 
+  // The control plane of the same job and ranks.
+  virtual ControlPlane& control() = 0;
+
   // Full broadcast of variable-size records: sizes first, then the payloads.
-  virtual Gathered allgatherv(std::span<const std::byte> local, uint64_t clock) = 0;
+  Gathered allgatherv(std::span<const std::byte> local, uint64_t clock);
   // Training data: in-place sum over ranks (the library's allreduce).
-  virtual void allreduceSum(std::span<float> data, uint64_t clock) = 0;
+  void allreduceSum(std::span<float> data, uint64_t clock);
   // In-place sum over ranks that every rank gets bitwise identical (replica averaging).
-  virtual void allreduceSumIdentical(std::span<float> data, uint64_t clock) = 0;
+  void allreduceSumIdentical(std::span<float> data, uint64_t clock);
   // Replica rotation: sends `data` to rank+1 and replaces it with rank-1's (mod P).
-  virtual void shiftRing(std::span<float> data, uint64_t clock) = 0;
-  // Control: in-place sum / max / min over ranks; not counted as traffic.
-  virtual void controlSum(std::span<double> data) = 0;
-  virtual void controlMax(std::span<double> data) = 0;
-  virtual void controlMin(std::span<double> data) = 0;
+  void shiftRing(std::span<float> data, uint64_t clock);
 
-  // Point-to-point, nonblocking and not collective. The transport keeps `bytes`
-  // alive until the send completes. Messages from one sender on one channel arrive
+  // Point-to-point training data, nonblocking and not collective. The transport
+  // keeps `bytes` alive until the send completes. Messages from one sender arrive
   // in the order they were sent.
-  virtual void sendAsync(int peer, Channel channel, SharedBytes bytes) = 0;
-  // A message that has arrived on `channel` from any peer, or nothing; never blocks.
-  virtual std::optional<Message> tryReceive(Channel channel) = 0;
-  // Waits until every send posted so far has completed (TimeoutError after timeout()).
-  virtual void flushSends() = 0;
+  void sendAsync(int peer, SharedBytes bytes);
+  // A data message that has arrived from any peer, or nothing; never blocks.
+  std::optional<Message> tryReceive();
+  // Waits until every data send posted so far has completed (TimeoutError after timeout()).
+  void flushSends();
 
-  // Ends the whole job at once (all ranks) with the given exit code. Used when one
-  // rank hits an error the others cannot know about.
-  [[noreturn]] virtual void abortJob(int exitCode) = 0;
+  // See comm/buffer.h.
+  RegisteredBuffer registerBuffer(std::span<std::byte> bytes, MemoryKind kind);
 
   const TrafficCounters& counters() const { return counters_; }
-  void setTimeout(std::chrono::milliseconds t) { timeout_ = t; }
+  // Sets the deadline of the data plane and of control().
+  void setTimeout(std::chrono::milliseconds t);
   std::chrono::milliseconds timeout() const { return timeout_; }
 
  protected:
+  // The backend's part. The base has checked the arguments and the transport's
+  // health and counts the traffic after a call returns. Float collectives are
+  // called only with more than one rank, once per chunk of at most kChunkFloats.
+  virtual Gathered doAllgatherv(std::span<const std::byte> local, uint64_t clock) = 0;
+  virtual void doAllreduceSum(std::span<float> chunk, uint64_t clock) = 0;
+  virtual void doAllreduceSumIdentical(std::span<float> chunk, uint64_t clock) = 0;
+  virtual void doShiftRing(std::span<float> chunk, uint64_t clock) = 0;
+  virtual void doSendAsync(int peer, SharedBytes bytes) = 0;
+  virtual std::optional<Message> doTryReceive() = 0;
+  virtual void doFlushSends() = 0;
+  // Host memory: no state (null). Any other kind: InputError naming the transport.
+  virtual std::unique_ptr<BufferRegistration> doRegisterBuffer(std::span<std::byte> bytes, MemoryKind kind);
+
+ private:
+  // Runs one backend call; a TimeoutError it throws makes the data plane unusable.
+  template <typename Fn>
+  auto guarded(Fn&& fn) -> decltype(fn());
+  template <typename Fn>
+  void forEachChunk(std::span<float> data, Fn&& fn);
+  void checkUsable(const char* call) const;
+
   TrafficCounters counters_;
   std::chrono::milliseconds timeout_{std::chrono::minutes(5)};
+  std::string failed_;  // the timeout that made the data plane unusable; empty while usable
 };
 
 }  // namespace orpheus::comm

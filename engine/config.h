@@ -56,6 +56,8 @@ struct TrainConfig {
   std::string metrics;
   std::string save;
   double timeoutSeconds = 300.0;
+  std::string transport = "mpi";  // comm/factory.h
+  bool overwrite = false;         // a fresh job may replace the checkpoint in --ckpt-dir
   int blasThreads = 1;
   std::string logLevel = "info";
   std::string progress = "auto";  // auto (on a terminal), on, off

@@ -16,7 +16,7 @@ Inbox::Inbox(const TrainConfig& config, const comm::MulticastSchedule& schedule,
       keepBytes_(keepBytes) {}
 
 void Inbox::receive(MetricsSink& metrics) {
-  while (auto message = transport_.tryReceive(comm::Channel::kData)) accept(std::move(*message));
+  while (auto message = transport_.tryReceive()) accept(std::move(*message));
   metrics.collect();
 }
 

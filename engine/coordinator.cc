@@ -15,8 +15,8 @@ Coordination Coordinator::average(ParamSet& replica, uint64_t clock) {
   }
   double maxStat[1] = {relativeDifference(replica, mean)};
   double sumStat[1] = {maxStat[0]};
-  transport_.controlMax(maxStat);
-  transport_.controlSum(sumStat);
+  transport_.control().max(maxStat);
+  transport_.control().sum(sumStat);
   done.divergenceMax = maxStat[0];
   done.divergenceMean = sumStat[0] / p;
   replica = std::move(mean);  // bitwise the same on every rank (Transport::allreduceSumIdentical)

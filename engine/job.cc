@@ -1,9 +1,12 @@
 #include "engine/job.h"
 
+#include "ckpt/layout.h"
 #include "ckpt/model_file.h"
 #include "engine/base/error.h"
 #include "engine/checkpoint.h"
+#include "engine/job_record.h"
 #include "engine/metrics.h"
+#include "engine/outputs.h"
 #include "engine/synthetic_data.h"
 #include "engine/worker.h"
 #include "ops/graph_model.h"
@@ -33,9 +36,9 @@ void collectively(comm::Transport& transport, const std::function<void()>& step)
   const int size = transport.size();
   double agree[2] = {code != 0 ? static_cast<double>(transport.rank()) : static_cast<double>(size),
                      static_cast<double>(code)};
-  transport.controlMin({agree, 1});
+  transport.control().min({agree, 1});
   double worst[1] = {static_cast<double>(code)};
-  transport.controlMax(worst);
+  transport.control().max(worst);
   if (agree[0] < size) {
     if (static_cast<int>(agree[0]) == transport.rank()) reportError(message);
     throw JobFailed(static_cast<int>(worst[0]));
@@ -119,6 +122,21 @@ data::Dataset readShard(const std::string& path, const TrainConfig& config, cons
   return data::readDataset(path, options);
 }
 
+// The paths this rank writes: rank 0 the model and the metrics, every rank its
+// replica's files (ranks may sit on hosts of their own).
+std::vector<OutputPath> outputsOf(const TrainConfig& config, bool leader) {
+  std::vector<OutputPath> out;
+  if (leader) {
+    out.push_back({"--save", config.save, OutputPath::Kind::kFile});
+    OutputPath metrics{"--metrics", config.metrics, OutputPath::Kind::kFile};
+    metrics.stream = true;
+    out.push_back(metrics);
+  }
+  out.push_back({"--save-replicas", config.saveReplicas, OutputPath::Kind::kDirectory});
+  if (config.ckptSv || config.ckptMatrix) out.push_back({"--ckpt-dir", config.ckptDir, OutputPath::Kind::kDirectory});
+  return out;
+}
+
 void validateJob(const TrainConfig& config, comm::Transport& transport) {
   collectively(transport, [&] {
     validate(config, transport.size());
@@ -126,6 +144,8 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
       ORPHEUS_CHECK_INPUT(!config.ckptDir.empty(), "--ckpt sv and --resume need --ckpt-dir DIR");
       ORPHEUS_CHECK_INPUT(config.sync == SyncMode::kSv, "--ckpt sv logs SV batches: it needs --sync sv");
     }
+    ORPHEUS_CHECK_INPUT(!(config.resume && config.overwrite),
+                        "--resume continues the job in --ckpt-dir and --overwrite replaces it: give one");
     if (config.resume) {
       ORPHEUS_CHECK_INPUT(std::filesystem::exists(std::filesystem::path(config.ckptDir) / "job.h5"),
                           "--resume: '{}' holds no checkpoint (no job.h5)", config.ckptDir);
@@ -134,6 +154,11 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
     }
     checkInputExists(config.train);
     checkInputExists(config.test);
+    checkOutputs(outputsOf(config, transport.rank() == 0),
+                 {{"--train", config.train}, {"--test", config.test}, {"--model", config.model}});
+    if (transport.rank() == 0 && !config.resume && (config.ckptSv || config.ckptMatrix)) {
+      claimCheckpointDir(config.ckptDir, config.overwrite);
+    }
   });
 }
 
@@ -147,9 +172,9 @@ void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shard
   });
   double shape[3] = {static_cast<double>(train.features), static_cast<double>(train.maxLabel()),
                      train.sparse ? 1.0 : 0.0};
-  transport.controlMax(shape);
+  transport.control().max(shape);
   double minFeatures[1] = {static_cast<double>(train.features)};
-  transport.controlMin(minFeatures);
+  transport.control().min(minFeatures);
   const auto features = static_cast<int64_t>(shape[0]);
   collectively(transport, [&] {
     if (train.sparse) {
@@ -199,7 +224,7 @@ void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards
 void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards) {
   const bool leader = transport.rank() == 0;
   double counts[2] = {static_cast<double>(shards.train.size()), static_cast<double>(shards.test.size())};
-  transport.controlSum(counts);
+  transport.control().sum(counts);
   if (!leader) return;
   spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
                transport.size(), model.spec(), transport.name(), static_cast<int64_t>(counts[0]),
@@ -221,24 +246,28 @@ struct Outputs {
   std::unique_ptr<MetricsWriter> metrics;  // rank 0's file; a sink that discards elsewhere
 };
 
-// The model, the metrics file, and a check that every output can be written.
+// The model and the metrics file (the outputs were checked by validateJob).
 Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transport, const Shards& shards) {
   const bool leader = transport.rank() == 0;
   Outputs out;
   collectively(transport, [&] {
     out.model = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
     out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
-    if (leader && !config.save.empty()) {
-      const auto dir = std::filesystem::path(config.save).parent_path();
-      ORPHEUS_CHECK_INPUT(dir.empty() || std::filesystem::is_directory(dir),
-                          "cannot save the model to '{}': directory '{}' does not exist", config.save, dir.string());
-    }
-    if (!config.saveReplicas.empty()) {
-      ORPHEUS_CHECK_INPUT(std::filesystem::is_directory(config.saveReplicas),
-                          "cannot save replicas to '{}': not a directory", config.saveReplicas);
-    }
   });
   return out;
+}
+
+std::string readModelText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+ComputationRecord computationRecordOf(const TrainConfig& config, const comm::Transport& transport,
+                                      const Shards& shards, const std::string& modelText) {
+  const std::string data = isSyntheticSource(config.train) ? config.train : fileDigest(config.train);
+  return computationRecord(config, transport.size(), shards.features, shards.classes, modelText, data);
 }
 
 // What a fresh checkpoint directory records of the job, so restore can rebuild its model.
@@ -247,12 +276,7 @@ void writeJobInfo(const TrainConfig& config, const comm::Transport& transport, c
   createDirectories(config.ckptDir, "checkpoint directory ");
   ckpt::JobInfo info;
   info.modelName = config.model;
-  if (config.model.ends_with(".loss")) {
-    std::ifstream in(config.model);
-    std::stringstream text;
-    text << in.rdbuf();
-    info.modelText = text.str();
-  }
+  if (config.model.ends_with(".loss")) info.modelText = readModelText(config.model);
   info.modelSpec = model.spec();
   info.features = shards.features;
   info.classes = shards.classes;
@@ -260,7 +284,21 @@ void writeJobInfo(const TrainConfig& config, const comm::Transport& transport, c
   info.ranks = transport.size();
   info.batch = config.batch;
   info.lr = config.lr;
+  info.computation = encodeRecord(computationRecordOf(config, transport, shards, info.modelText));
   ckpt::writeJobInfo(config.ckptDir, info);
+}
+
+// A resumed job continues the recorded computation, or refuses naming the flag.
+void checkResumedJob(const TrainConfig& config, const comm::Transport& transport, const Shards& shards) {
+  const ckpt::JobInfo info = ckpt::readJobInfo(config.ckptDir);
+  if (info.computation.empty()) {
+    spdlog::warn("'{}' predates recorded job settings: --resume cannot check that the flags are unchanged",
+                 config.ckptDir);
+    return;
+  }
+  const std::string modelText = config.model.ends_with(".loss") ? readModelText(config.model) : std::string();
+  checkResume(decodeRecord(info.computation, ckpt::jobPath(config.ckptDir).string()),
+              computationRecordOf(config, transport, shards, modelText), config.ckptDir);
 }
 
 // The incremental SV checkpoint: a fresh job records what it is; a resumed one
@@ -276,11 +314,12 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
       writeJobInfo(config, transport, model, shards);
       return;
     }
+    checkResumedJob(config, transport, shards);
     resumeClock = resumableClock(ckpt::inspect(config.ckptDir));
     discardAfter(config.ckptDir, resumeClock);
   });
   double shared[1] = {static_cast<double>(resumeClock)};
-  transport.controlSum(shared);
+  transport.control().sum(shared);
   return static_cast<uint64_t>(shared[0]);
 }
 
@@ -302,7 +341,7 @@ void runWorker(Worker& worker, MetricsWriter& metrics, comm::Transport& transpor
   } catch (const std::exception& e) {
     // Peers cannot know about this rank's failure: report it and end the job.
     reportError(e.what());
-    transport.abortJob(exitCodeFor(e));
+    transport.control().abortJob(exitCodeFor(e));
   }
 }
 
@@ -320,7 +359,8 @@ void saveAndReport(const TrainConfig& config, const comm::Transport& transport, 
     ckpt::saveParams(fmt::format("{}/replica-{}.h5", config.saveReplicas, worker.replicaId()), worker.replica(), info);
   }
   if (transport.rank() != 0) return;
-  if (!config.save.empty()) ckpt::saveParams(config.save, worker.replica(), info);
+  // Through a symlink to the file it names: the link stays (engine/outputs.h).
+  if (!config.save.empty()) ckpt::saveParams(resolveOutput(config.save), worker.replica(), info);
   const EvalResult& eval = worker.lastEval();
   std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model.spec().c_str(), transport.size(),
               static_cast<long long>(worker.lastClock()), worker.trainSeconds());

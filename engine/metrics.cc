@@ -170,7 +170,7 @@ void MetricsCollector::report(const ClockRecord& record) {
 }
 
 void MetricsCollector::collect() {
-  while (auto m = transport_.tryReceive(comm::Channel::kControl)) aggregator_.add(decodeRecord(m->bytes, m->peer));
+  while (auto m = transport_.control().tryReceive()) aggregator_.add(decodeRecord(m->bytes, m->peer));
 }
 
 void MetricsCollector::finish(std::chrono::milliseconds timeout) {
@@ -185,7 +185,7 @@ void MetricsCollector::finish(std::chrono::milliseconds timeout) {
 }
 
 void MetricsReporter::report(const ClockRecord& record) {
-  transport_.sendAsync(0, comm::Channel::kControl, encodeRecord(record));
+  transport_.control().send(0, encodeRecord(record));
 }
 
 }  // namespace orpheus::engine

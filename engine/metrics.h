@@ -172,7 +172,7 @@ class MetricsReporter final : public MetricsSink {
   void collect() override {}
   void endAt(uint64_t) override {}
   // Completes this rank's sends.
-  void finish(std::chrono::milliseconds) override { transport_.flushSends(); }
+  void finish(std::chrono::milliseconds) override { transport_.control().flush(); }
 
  private:
   comm::Transport& transport_;

@@ -210,7 +210,7 @@ Worker::Group Worker::exchangeWithPeers(uint64_t clock, const std::shared_ptr<Sv
   auto t = Clock::now();
   auto bytes = std::make_shared<std::vector<std::byte>>();
   encode(sent, *bytes);
-  for (int peer : schedule_.receivers(clock, transport_.rank())) transport_.sendAsync(peer, comm::Channel::kData, bytes);
+  for (int peer : schedule_.receivers(clock, transport_.rank())) transport_.sendAsync(peer, bytes);
   receive(clock, metrics);
   stats.commSeconds = secondsSince(t);
   // The log keeps the whole batch the replica applies: the bytes sent when they
@@ -321,7 +321,7 @@ ops::EvalSums Worker::evaluateLocal() const {
 EvalResult Worker::evaluate() {
   const ops::EvalSums sums = evaluateLocal();
   double v[3] = {sums.lossSum, sums.correct, sums.count};
-  transport_.controlSum(v);
+  transport_.control().sum(v);
   EvalResult r;
   r.examples = static_cast<int64_t>(v[2]);
   r.loss = v[2] > 0 ? v[0] / v[2] : 0.0;
@@ -449,7 +449,7 @@ bool Worker::evaluateAt(uint64_t clock, ClockRecord& record) {
   record[kEvalCount] = sums.count;
   if (config_.targetAccuracy <= 0.0) return false;
   double v[2] = {sums.correct, sums.count};
-  transport_.controlSum(v);
+  transport_.control().sum(v);
   return v[1] > 0 && v[0] / v[1] >= config_.targetAccuracy;
 }
 

@@ -1,58 +1,71 @@
 // Transport over MPI. Collectives are issued nonblocking (MPI_Iallgatherv,
-// MPI_Iallreduce) and polled against the transport's deadline, so no wait is
-// unbounded. Byte counts follow the algorithms' logical traffic per rank:
-// allgatherv sends the local record to each of the P-1 peers; a sum-allreduce of
-// N bytes counts 2 (P-1)/P N bytes in 2 (P-1) messages (the bandwidth-optimal ring
-// schedule); the identical-result sum runs as reduce-scatter + allgather of blocks
-// of ceil(N/P) and counts those; a ring shift sends N bytes.
+// MPI_Iallreduce, ...) and polled against the transport's deadline, so no wait
+// is unbounded. The data plane and the control plane each run on their own
+// duplicate of the given communicator. Traffic is counted by the base
+// (comm/transport.h), whatever Open MPI's algorithms really send.
+//
+// Timeouts: MPI cannot cancel a collective, so after a TimeoutError the request
+// stays active and a late peer can still complete it. The scratch memory and the
+// communicator such a request may touch are never freed; the caller's span may
+// still be written.
+// A collective's timeout names the operation and the clock but not the late rank
+// (MPI does not say which); the ring shift and sends name the peer.
 #pragma once
 
+#include "comm/mpi/mpi_control.h"
+#include "comm/mpi/mpi_requests.h"
 #include "comm/transport.h"
 
 #include <mpi.h>
 
+#include <memory>
 #include <vector>
 
 namespace orpheus::comm::mpi {
 
 class MpiTransport final : public Transport {
  public:
-  // Uses (does not own) `comm`; MPI must be initialised and outlive the transport.
+  // Duplicates `comm` for each plane (collective over `comm`). MPI must be
+  // initialised before and finalised only after the transport is destroyed.
   explicit MpiTransport(MPI_Comm comm);
+  ~MpiTransport() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
+  ControlPlane& control() override { return control_; }
 
-  Gathered allgatherv(std::span<const std::byte> local, uint64_t clock) override;
-  void allreduceSum(std::span<float> data, uint64_t clock) override;
-  void allreduceSumIdentical(std::span<float> data, uint64_t clock) override;
-  void shiftRing(std::span<float> data, uint64_t clock) override;
-  void controlSum(std::span<double> data) override;
-  void controlMax(std::span<double> data) override;
-  void controlMin(std::span<double> data) override;
-  void sendAsync(int peer, Channel channel, SharedBytes bytes) override;
-  std::optional<Message> tryReceive(Channel channel) override;
-  void flushSends() override;
-  [[noreturn]] void abortJob(int exitCode) override;
-  ~MpiTransport() override;
+ protected:
+  Gathered doAllgatherv(std::span<const std::byte> local, uint64_t clock) override;
+  void doAllreduceSum(std::span<float> chunk, uint64_t clock) override;
+  void doAllreduceSumIdentical(std::span<float> chunk, uint64_t clock) override;
+  void doShiftRing(std::span<float> chunk, uint64_t clock) override;
+  void doSendAsync(int peer, SharedBytes bytes) override;
+  std::optional<Message> doTryReceive() override;
+  void doFlushSends() override;
 
  private:
-  struct PendingSend {
-    MPI_Request request;
-    SharedBytes bytes;
+  // Memory a pending request reads or writes, kept here (not on the stack) so
+  // a request abandoned by a timeout never touches freed memory.
+  struct Scratch {
+    long long localSize = 0;
+    std::vector<long long> sizes;
+    std::vector<int> counts;
+    std::vector<int> displs;
+    std::vector<std::byte> records;
+    std::vector<float> a;
+    std::vector<float> b;
   };
-  // Completes finished sends and releases their buffers.
-  void reapSends();
-  // Polls `request` until done or the deadline passes (TimeoutError naming `what` and `clock`).
-  void wait(MPI_Request& request, const char* what, uint64_t clock);
-  void controlReduce(std::span<double> data, MPI_Op op);
+  // Polls `request` until done; TimeoutError naming `what`, `clock` and `peer` (-1: unknown).
+  void wait(MPI_Request& request, const char* what, uint64_t clock, int peer = -1);
 
-  MPI_Comm comm_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  std::vector<PendingSend> sends_;
-  std::vector<float> allreduceSend_;  // the send side of allreduceSum (not in place: see there)
+  MpiControlPlane control_;
+  std::optional<SendQueue> sends_;
+  std::unique_ptr<Scratch> scratch_ = std::make_unique<Scratch>();
+  bool abandoned_ = false;  // a request timed out and may still be active
 };
 
 }  // namespace orpheus::comm::mpi

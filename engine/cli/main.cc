@@ -2,16 +2,18 @@
 // a symmetric worker); `eval` scores a saved model in one process.
 // Exit codes (engine/job.h): 0 success, 1 internal failure, 2 bad input or usage,
 // 3 a file operation failed (a full or failing disk).
-#include "comm/mpi/mpi_transport.h"
+#include "comm/factory.h"
 #include "engine/base/error.h"
 #include "engine/base/log.h"
 #include "ckpt/model_file.h"
 #include "engine/checkpoint.h"
+#include "engine/cli/flags.h"
 #include "engine/job.h"
 #include "orpheus/config.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mpi.h>
 
 #include <charconv>
@@ -26,10 +28,24 @@ namespace {
 using orpheus::engine::EvalConfig;
 using orpheus::engine::NamedValues;
 using orpheus::engine::TrainConfig;
+using orpheus::engine::cli::integerIn;
+using orpheus::engine::cli::numberIn;
 
 constexpr const char* kExitCodes =
     "Exit codes: 0 success, 1 internal failure, 2 bad input or usage, 3 a file operation failed (a full or failing "
     "disk).";
+
+// CLI11 says "INI was not able to parse train.clokcs": name the key and the rule.
+std::string configErrorLine(const CLI::ConfigError& e) {
+  const std::string what = e.what();
+  const std::string marker = "not able to parse ";
+  const auto at = what.find(marker);
+  if (at == std::string::npos) return "--config: " + what;
+  const std::string key = what.substr(at + marker.size());
+  return fmt::format("--config: '{}' is not a flag (flags of 'orpheus train' go under [train] as name = value; see "
+                     "orpheus train --help)",
+                     key);
+}
 
 // The launcher's rank before MPI is up, so only one copy of a usage error prints.
 int launcherRank() {
@@ -39,36 +55,6 @@ int launcherRank() {
   return 0;
 }
 
-// Range checks whose messages read well: "--clocks: must be at least 1, got 0".
-CLI::Validator atLeast(double min) {
-  return CLI::Validator(
-      [min](std::string& s) -> std::string {
-        double v = 0;
-        try {
-          v = std::stod(s);
-        } catch (...) {
-          return "expected a number, got '" + s + "'";
-        }
-        if (!(v >= min)) return fmt::format("must be at least {}, got {}", min, s);
-        return {};
-      },
-      fmt::format(">= {}", min));
-}
-
-CLI::Validator positive() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        double v = 0;
-        try {
-          v = std::stod(s);
-        } catch (...) {
-          return "expected a number, got '" + s + "'";
-        }
-        if (!(v > 0)) return "must be positive, got " + s;
-        return {};
-      },
-      "> 0");
-}
 
 // An enum flag that takes the names of `names` (any case); --help shows them as
 // {a,b,c} with the default.
@@ -136,18 +122,19 @@ void addModelFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--test", c.test, "Test data, same formats; evaluated on every rank's shard");
   cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv")->capture_default_str();
   cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: from the data")
-      ->check(atLeast(1));
+      ->check(integerIn(1));
   cmd.add_option("--classes", c.classes, "Number of classes; default: largest training label + 1")
-      ->check(atLeast(1));
-  cmd.add_option("--clocks", c.clocks, "Clocks (iterations) to run")->capture_default_str()->check(atLeast(1));
+      ->check(integerIn(1));
+  cmd.add_option("--clocks", c.clocks, "Clocks (iterations) to run")->capture_default_str()->check(integerIn(1));
   cmd.add_option("--batch", c.batch, "Minibatch size per rank per clock")
       ->capture_default_str()
-      ->check(atLeast(1));
+      ->check(integerIn(1));
   cmd.add_option("--lr", c.lr, "Learning rate of SGD on the mean loss of the examples a replica hears of per clock")
       ->capture_default_str()
-      ->check(positive());
+      ->check(numberIn(0, 1e6, true));
   cmd.add_option("--seed", c.seed, "Job seed: initialisation, sampling and every other random choice")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integerIn(0));
 }
 
 // Synchronization: SV or dense, the communication co-designs, consistency, the coordinator.
@@ -157,7 +144,7 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--select", c.select,
                  "SV selection: send C of the B SVGs of each clock, chosen jointly across matrices (0: send all)")
       ->capture_default_str()
-      ->check(atLeast(0));
+      ->check(integerIn(0));
   addEnumOption(cmd, "--select-method", c.selectMethod, orpheus::engine::selectionMethodNames(),
                 "jmcss: joint matrix column subset selection with a least-squares core; uniform: C at random, "
                 "rescaled by B/C");
@@ -165,21 +152,23 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
                 "Who gets a worker's SV batch each clock: all (broadcast), random (Q peers drawn per clock), fixed "
                 "(the same Q peers), ring (Q peers in circular order over clocks)");
   cmd.add_option("--fanout", c.fanout, "Q: peers per clock for random, fixed and ring multicast (at most P-1)")
-      ->check(atLeast(1));
+      ->check(integerIn(1));
   addEnumOption(cmd, "--consistency", c.consistency, orpheus::engine::consistencyNames(),
                 "bsp: a clock starts once every batch of the previous one is applied; ssp: once every batch from "
                 "clocks <= t-s-1 is");
   cmd.add_option("--staleness", c.staleness, "s: how many clocks a worker may run ahead under SSP")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integerIn(0, 1000000));
   cmd.add_option("--drop-links", c.dropLinks,
                  "Failure injection: fraction F in [0,1) of directed links broken each clock (seeded)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(numberIn(0, 1));
   cmd.add_option("--average-every", c.averageEvery,
                  "Periodic centralized synchronization: every R clocks the coordinator averages all replicas")
-      ->check(atLeast(1));
+      ->check(integerIn(1));
   cmd.add_option("--rotate-every", c.rotateEvery,
                  "Parameter-replica rotation: every S clocks each replica moves to the next rank of the ring")
-      ->check(atLeast(1));
+      ->check(integerIn(1));
 }
 
 // Checkpoints, recovery and failure injection.
@@ -205,18 +194,22 @@ void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--snapshot-every", c.snapshotEvery,
                  "With --ckpt sv and --average-every: write a snapshot at every K-th averaging barrier")
       ->capture_default_str()
-      ->check(atLeast(1));
+      ->check(integerIn(1));
   cmd.add_option("--ckpt-every", c.ckptEvery, "With --ckpt matrix: clocks between whole-matrix checkpoints")
       ->capture_default_str()
-      ->check(atLeast(1));
+      ->check(integerIn(1));
   cmd.add_option("--fail-prob", c.failProb,
                  "Failure injection: each clock each rank loses its replica with this probability and recovers it "
                  "from the checkpoint, losing the clocks since (--ckpt sv: snapshot + the log on disk, what was "
                  "staged in memory is lost; --ckpt matrix: the last matrix)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(numberIn(0, 1));
   cmd.add_flag_function(
       "--resume", [&c](int64_t) { c.resume = c.ckptSv = true; },
       "Continue a killed job from the newest clock its --ckpt-dir reaches (same flags, BSP)");
+  cmd.add_flag("--overwrite", c.overwrite,
+               "Let a new job replace the checkpoint an earlier job left in --ckpt-dir (only the engine's own files "
+               "are removed)");
   cmd.add_option_function<std::string>(
          "--inject-delay",
          [&c](const std::string& v) { parseInjectDelay(v, c); },
@@ -229,19 +222,22 @@ void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
 void addRunFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--eval-every", c.evalEvery, "Evaluate on the test data every N clocks (0: only at the end)")
       ->capture_default_str()
-      ->check(atLeast(0));
+      ->check(integerIn(0));
   cmd.add_option("--target-accuracy", c.targetAccuracy,
                  "Stop at the first eval clock whose test accuracy (all ranks' shards) reaches this; "
                  "that eval is then a collective")
-      ->check(atLeast(0));
+      ->check(numberIn(0, 1));
   cmd.add_option("--metrics", c.metrics, "Write per-clock metrics as JSON lines to this file (rank 0)");
   cmd.add_option("--save", c.save, "Save the final parameters to this HDF5 file (rank 0)");
   cmd.add_option("--timeout", c.timeoutSeconds, "Seconds any wait for a peer may take before the job fails")
       ->capture_default_str()
-      ->check(positive());
+      ->check(numberIn(0, orpheus::engine::cli::kMaxTimeoutSeconds, true));
+  cmd.add_option("--transport", c.transport,
+                 fmt::format("How ranks talk: {} (launch with mpirun)", fmt::join(orpheus::comm::availableTransports(), ", ")))
+      ->capture_default_str();
   cmd.add_option("--blas-threads", c.blasThreads, "Threads for BLAS in each rank")
       ->capture_default_str()
-      ->check(atLeast(1));
+      ->check(integerIn(1));
   cmd.add_option("--log-level", c.logLevel, "Log level: debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
@@ -263,7 +259,7 @@ void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
   cmd.add_option("--test", c.test, "Test data (IDX, LIBSVM or CSV)")->required();
   cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv")->capture_default_str();
   cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: the model's")
-      ->check(atLeast(1));
+      ->check(integerIn(1));
 }
 
 struct RestoreArgs {
@@ -335,11 +331,13 @@ int inspectMain(const std::string& dir) {
 }
 
 int trainMain(TrainConfig& config) {
+  orpheus::comm::checkTransport(config.transport);
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   int code = 0;
   {
-    orpheus::comm::mpi::MpiTransport transport(MPI_COMM_WORLD);
+    const auto owned = orpheus::comm::makeTransport(config.transport);
+    orpheus::comm::Transport& transport = *owned;
     orpheus::setupLogging(transport.rank(), config.logLevel);
     orpheus::setBlasThreads(config.blasThreads);
     try {
@@ -361,7 +359,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Orpheus: peer-to-peer training of matrix-parameterized models with sufficient vectors"};
   app.set_version_flag("--version", std::string(ORPHEUS_VERSION));
   app.require_subcommand(1);
-  app.set_config("--config", "", "Read flags from a TOML/INI file");
+  app.set_config("--config", "", "Read flags from a TOML/INI file: flags of 'train' under [train], as name = value");
+  // Before the subcommands exist, so they inherit it: a key no flag takes (a typo,
+  // a key outside its [section], a line that is not 'name = value') is an error.
+  app.allow_config_extras(CLI::config_extras_mode::error);
   app.footer(kExitCodes);
 
   TrainConfig train;
@@ -378,7 +379,7 @@ int main(int argc, char** argv) {
   CLI::App* restoreCmd = app.add_subcommand("restore", "Rebuild a replica's parameters at any past clock from a checkpoint");
   restoreCmd->add_option("--ckpt-dir", restoreArgs.dir, "Checkpoint directory written by train --ckpt sv")->required();
   restoreCmd->add_option("--clock", restoreArgs.clock, "Clock number, or 'latest'")->capture_default_str();
-  restoreCmd->add_option("--replica", restoreArgs.replica, "Replica id")->capture_default_str()->check(atLeast(0));
+  restoreCmd->add_option("--replica", restoreArgs.replica, "Replica id")->capture_default_str()->check(integerIn(0, 1 << 30));
   restoreCmd->add_option("--out", restoreArgs.out, "HDF5 file to write the parameters to")->required();
   std::string inspectDir;
   CLI::App* inspectCmd = app.add_subcommand("inspect", "List a checkpoint's replicas, clocks, snapshots, bytes and damage");
@@ -392,6 +393,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::ConfigError& e) {
+    if (launcherRank() == 0) orpheus::engine::reportError(configErrorLine(e));
+    return orpheus::engine::kExitBadInput;
   } catch (const CLI::ParseError& e) {
     if (launcherRank() == 0) orpheus::engine::reportError(std::string(e.what()) + " (see orpheus --help)");
     return orpheus::engine::kExitBadInput;

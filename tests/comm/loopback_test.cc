@@ -62,10 +62,10 @@ TEST_CASE("loopback reductions agree on every rank", "[comm][loopback]") {
     CHECK(v[1] == 8.0f);
     CHECK(t.counters().bytesSent == 2 * 8 * 3 / 4);
     std::vector<double> d = {static_cast<double>(t.rank())};
-    t.controlMax(d);
+    t.control().max(d);
     CHECK(d[0] == 3.0);
     d[0] = static_cast<double>(t.rank());
-    t.controlMin(d);
+    t.control().min(d);
     CHECK(d[0] == 0.0);
   });
 }

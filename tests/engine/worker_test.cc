@@ -29,24 +29,20 @@ class CorruptingTransport final : public comm::Transport {
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   std::string name() const override { return "corrupting"; }
-  comm::Gathered allgatherv(std::span<const std::byte> local, uint64_t clock) override {
+  comm::ControlPlane& control() override { return inner_.control(); }
+
+ protected:
+  comm::Gathered doAllgatherv(std::span<const std::byte> local, uint64_t clock) override {
     comm::Gathered all = inner_.allgatherv(local, clock);
     if (clock == clock_) all.data[all.offsets[static_cast<size_t>(victim_)] + 100] ^= std::byte{0x40};
     return all;
   }
-  void allreduceSum(std::span<float> d, uint64_t c) override { inner_.allreduceSum(d, c); }
-  void allreduceSumIdentical(std::span<float> d, uint64_t c) override { inner_.allreduceSumIdentical(d, c); }
-  void shiftRing(std::span<float> d, uint64_t c) override { inner_.shiftRing(d, c); }
-  void controlSum(std::span<double> d) override { inner_.controlSum(d); }
-  void controlMax(std::span<double> d) override { inner_.controlMax(d); }
-  void controlMin(std::span<double> d) override { inner_.controlMin(d); }
-  void sendAsync(int peer, comm::Channel ch, comm::SharedBytes b) override { inner_.sendAsync(peer, ch, std::move(b)); }
-  std::optional<comm::Message> tryReceive(comm::Channel ch) override { return inner_.tryReceive(ch); }
-  void flushSends() override { inner_.flushSends(); }
-  [[noreturn]] void abortJob(int code) override {
-    inner_.abortJob(code);
-    std::abort();
-  }
+  void doAllreduceSum(std::span<float> d, uint64_t c) override { inner_.allreduceSum(d, c); }
+  void doAllreduceSumIdentical(std::span<float> d, uint64_t c) override { inner_.allreduceSumIdentical(d, c); }
+  void doShiftRing(std::span<float> d, uint64_t c) override { inner_.shiftRing(d, c); }
+  void doSendAsync(int peer, comm::SharedBytes b) override { inner_.sendAsync(peer, std::move(b)); }
+  std::optional<comm::Message> doTryReceive() override { return inner_.tryReceive(); }
+  void doFlushSends() override { inner_.flushSends(); }
 
  private:
   comm::Transport& inner_;

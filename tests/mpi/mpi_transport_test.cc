@@ -38,10 +38,10 @@ TEST_CASE("MPI sum-allreduce and control reductions", "[mpi]") {
   CHECK(v[999] == static_cast<float>(size));
   CHECK(t.counters().bytesSent == 2u * 4000u * static_cast<uint64_t>(size - 1) / static_cast<uint64_t>(size));
   std::vector<double> d = {static_cast<double>(t.rank())};
-  t.controlMax(d);
+  t.control().max(d);
   CHECK(d[0] == size - 1);
   const uint64_t before = t.counters().bytesSent;
-  t.controlSum(d);
+  t.control().sum(d);
   CHECK(t.counters().bytesSent == before);  // control traffic is not counted
 }
 
@@ -67,11 +67,11 @@ TEST_CASE("MPI point-to-point messages arrive in order per sender", "[mpi]") {
   const int next = (t.rank() + 1) % t.size();
   for (int i = 0; i < 5; ++i) {
     auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(100 + i), std::byte(i));
-    if (t.size() > 1) t.sendAsync(next, comm::Channel::kData, bytes);
+    if (t.size() > 1) t.sendAsync(next, bytes);
   }
   for (int i = 0; i < 5 && t.size() > 1; ++i) {
     std::optional<comm::Message> m;
-    while (!(m = t.tryReceive(comm::Channel::kData))) {
+    while (!(m = t.tryReceive())) {
     }
     CHECK(m->peer == (t.rank() + t.size() - 1) % t.size());
     REQUIRE(m->bytes.size() == static_cast<size_t>(100 + i));

@@ -1,0 +1,32 @@
+#include "comm/loopback/loopback_control.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace orpheus::comm::loopback {
+
+void LoopbackControlPlane::sum(std::span<double> values) {
+  reduceInRankOrder(hub_->controlRounds(), rank_, values, [](double a, double b) { return a + b; }, timeout(),
+                    "control sum", std::nullopt);
+}
+
+void LoopbackControlPlane::max(std::span<double> values) {
+  reduceInRankOrder(hub_->controlRounds(), rank_, values, [](double a, double b) { return std::max(a, b); },
+                    timeout(), "control max", std::nullopt);
+}
+
+void LoopbackControlPlane::min(std::span<double> values) {
+  reduceInRankOrder(hub_->controlRounds(), rank_, values, [](double a, double b) { return std::min(a, b); },
+                    timeout(), "control min", std::nullopt);
+}
+
+void LoopbackControlPlane::send(int peer, SharedBytes bytes) {
+  ORPHEUS_ENFORCE(peer >= 0 && peer < hub_->size() && peer != rank_, "rank {} cannot send to rank {}", rank_, peer);
+  hub_->controlMail().post(peer, Message{rank_, *bytes});
+}
+
+std::optional<Message> LoopbackControlPlane::tryReceive() { return hub_->controlMail().take(rank_); }
+
+void LoopbackControlPlane::abortJob(int exitCode) { std::_Exit(exitCode); }
+
+}  // namespace orpheus::comm::loopback

@@ -1,0 +1,93 @@
+// What the `size` loopback ranks of one in-process job share: a rendezvous per
+// plane (every collective is one round of it) and mailboxes per plane. The data
+// and control planes never share a round or a mailbox, as on MPI. Thread-safe.
+#pragma once
+
+#include "comm/message.h"
+#include "engine/base/error.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace orpheus::comm::loopback {
+
+using Deposits = std::shared_ptr<const std::vector<std::vector<std::byte>>>;
+
+class Rendezvous {
+ public:
+  explicit Rendezvous(int size);
+
+  // Deposits `bytes` for `rank` in the current round and waits (up to `timeout`)
+  // until every rank has deposited; returns all deposits in rank order. On timeout
+  // the deposit stays in the round (a late rank still completes it) and the
+  // TimeoutError names `what`, the clock (if any) and the ranks missing.
+  Deposits exchange(int rank, std::vector<std::byte> bytes, std::chrono::milliseconds timeout, const char* what,
+                    std::optional<uint64_t> clock);
+
+ private:
+  int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t round_ = 0;
+  int arrived_ = 0;
+  std::vector<bool> present_;
+  std::vector<std::vector<std::byte>> slots_;
+  Deposits published_;
+};
+
+// One FIFO per receiver: messages from one sender keep their order.
+class Mailboxes {
+ public:
+  explicit Mailboxes(int size) : boxes_(static_cast<size_t>(size)) {}
+  void post(int to, Message m);
+  std::optional<Message> take(int rank);
+
+ private:
+  std::mutex mu_;
+  std::vector<std::deque<Message>> boxes_;
+};
+
+class LoopbackHub {
+ public:
+  explicit LoopbackHub(int size);
+  int size() const { return size_; }
+
+  Rendezvous& dataRounds() { return dataRounds_; }
+  Rendezvous& controlRounds() { return controlRounds_; }
+  Mailboxes& dataMail() { return dataMail_; }
+  Mailboxes& controlMail() { return controlMail_; }
+
+ private:
+  int size_;
+  Rendezvous dataRounds_;
+  Rendezvous controlRounds_;
+  Mailboxes dataMail_;
+  Mailboxes controlMail_;
+};
+
+// Exchanges `values` and combines every rank's, in rank order, with `op` into
+// `values`: every rank computes the same sequence, so all get bitwise identical results.
+template <typename T, typename Op>
+void reduceInRankOrder(Rendezvous& rounds, int rank, std::span<T> values, Op op, std::chrono::milliseconds timeout,
+                       const char* what, std::optional<uint64_t> clock) {
+  const auto* raw = reinterpret_cast<const std::byte*>(values.data());
+  const Deposits all = rounds.exchange(rank, {raw, raw + values.size_bytes()}, timeout, what, clock);
+  std::vector<T> acc(values.size());
+  for (size_t r = 0; r < all->size(); ++r) {
+    const auto& part = (*all)[r];
+    ORPHEUS_ENFORCE(part.size() == values.size_bytes(), "{}: rank {} contributed {} bytes, expected {}", what, r,
+                    part.size(), values.size_bytes());
+    const T* theirs = reinterpret_cast<const T*>(part.data());
+    for (size_t i = 0; i < values.size(); ++i) acc[i] = r == 0 ? theirs[i] : op(acc[i], theirs[i]);
+  }
+  std::copy(acc.begin(), acc.end(), values.begin());
+}
+
+}  // namespace orpheus::comm::loopback

@@ -1,0 +1,93 @@
+#include "comm/mpi/mpi_requests.h"
+
+#include "engine/base/error.h"
+
+#include <fmt/ranges.h>
+
+#include <set>
+#include <thread>
+
+namespace orpheus::comm::mpi {
+
+void checkMpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(fmt::format("{} failed: {}", call, std::string(text, static_cast<size_t>(len))));
+}
+
+void waitFor(MPI_Request& request, std::chrono::milliseconds timeout, const std::function<std::string()>& describe) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int done = 0;
+  // Spin briefly for latency, then back off so oversubscribed ranks share the cores.
+  for (int spins = 0;; ++spins) {
+    ORPHEUS_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (spins < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) throw TimeoutError(describe());
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+std::optional<Message> receiveAny(MPI_Comm comm, int tag) {
+  int flag = 0;
+  MPI_Message handle;
+  MPI_Status status;
+  ORPHEUS_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &handle, &status));
+  if (!flag) return std::nullopt;
+  int count = 0;
+  ORPHEUS_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
+  Message m;
+  m.peer = status.MPI_SOURCE;
+  m.bytes.resize(static_cast<size_t>(count));
+  ORPHEUS_MPI_CHECK(MPI_Mrecv(m.bytes.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE));
+  return m;
+}
+
+SendQueue::~SendQueue() {
+  for (auto& s : pending_) {
+    MPI_Cancel(&s.request);
+    MPI_Request_free(&s.request);
+  }
+}
+
+void SendQueue::post(int peer, SharedBytes bytes) {
+  ORPHEUS_ENFORCE(bytes->size() <= INT32_MAX, "a message of {} bytes exceeds MPI's count limit", bytes->size());
+  reap();
+  Pending s{MPI_REQUEST_NULL, peer, std::move(bytes)};
+  ORPHEUS_MPI_CHECK(
+      MPI_Isend(s.bytes->data(), static_cast<int>(s.bytes->size()), MPI_BYTE, peer, tag_, comm_, &s.request));
+  pending_.push_back(std::move(s));
+}
+
+void SendQueue::reap() {
+  size_t kept = 0;
+  for (auto& s : pending_) {
+    int done = 0;
+    ORPHEUS_MPI_CHECK(MPI_Test(&s.request, &done, MPI_STATUS_IGNORE));
+    if (!done) pending_[kept++] = std::move(s);
+  }
+  pending_.resize(kept);
+}
+
+void SendQueue::flush(std::chrono::milliseconds timeout, int rank, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    reap();
+    if (pending_.empty()) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::set<int> peers;
+      for (const auto& s : pending_) peers.insert(s.peer);
+      throw TimeoutError(fmt::format("rank {}: {}: {} sends to rank(s) {} did not complete within {} s (the peer is "
+                                     "stalled or gone)",
+                                     rank, what, pending_.size(), fmt::join(peers, ", "), timeout.count() / 1000.0));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace orpheus::comm::mpi

@@ -1,0 +1,29 @@
+// Strict parsing of numeric flags: a value is taken whole or refused with a line
+// that names the flag, the range and what was given ("1e2" is not a clock, "75abc"
+// is not 75, "inf" is not a learning rate, "-1" is not a count).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace orpheus::engine::cli {
+
+// Parses all of `text` as a decimal integer in [min, max]; nullopt-style error text
+// in `error` otherwise.
+bool parseInteger(const std::string& text, int64_t min, int64_t max, int64_t* out, std::string* error);
+// Parses all of `text` as a finite number in [min, max] (`min` excluded when
+// `minExclusive`).
+bool parseNumber(const std::string& text, double min, double max, bool minExclusive, double* out, std::string* error);
+
+// CLI11 validators over the parsers above.
+CLI::Validator integerIn(int64_t min, int64_t max = std::numeric_limits<int64_t>::max());
+CLI::Validator numberIn(double min, double max, bool minExclusive = false);
+
+// The longest any wait may be told to last (--timeout): a week, so deadlines never
+// overflow a clock's range.
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
+
+}  // namespace orpheus::engine::cli
