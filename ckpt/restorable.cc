@@ -188,7 +188,7 @@ std::string ReplicaRestorability::whyNot(uint64_t clock) const {
   if (covers(clock)) return "";
   for (const LostClocks& l : lost) {
     if (l.first <= clock && clock <= l.last) {
-      return fmt::format("clock {} of replica {} was lost: a failure at clock {} reset the replica to clock {} before "
+      return fmt::format("clock {} of replica {} is lost: a failure at clock {} reset the replica to clock {} before "
                          "its log reached clock {}",
                          clock, replica, l.failedAt, l.resetTo, clock);
     }
@@ -219,6 +219,15 @@ Restorability findRestorable(const Inventory& inventory) {
     out.replicas.push_back(ReplicaAnalysis(r, inventory.snapshots, inventory.damagedSnapshots).run());
   }
   return out;
+}
+
+ReplicaRestorability findRestorable(const Inventory& inventory, int replica) {
+  const auto it = std::find_if(inventory.replicas.begin(), inventory.replicas.end(),
+                               [&](const ReplicaInventory& r) { return r.replica == replica; });
+  ReplicaInventory none;
+  none.replica = replica;
+  const ReplicaInventory& r = it == inventory.replicas.end() ? none : *it;
+  return ReplicaAnalysis(r, inventory.snapshots, inventory.damagedSnapshots).run();
 }
 
 }  // namespace orpheus::ckpt

@@ -80,5 +80,8 @@ struct Restorability {
 };
 
 Restorability findRestorable(const Inventory& inventory);
+// The same for one replica, which may have no log at all (then only the snapshots'
+// clocks are restorable).
+ReplicaRestorability findRestorable(const Inventory& inventory, int replica);
 
 }  // namespace orpheus::ckpt

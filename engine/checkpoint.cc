@@ -32,12 +32,7 @@ ckpt::ReplicaRestorability restorableOf(const std::string& dir, int replica, uin
   scope.replica = replica;
   scope.upTo = upTo;
   scope.shapes = &shapes;
-  const ckpt::Restorability all = ckpt::findRestorable(ckpt::inspect(dir, scope));
-  if (const ckpt::ReplicaRestorability* r = all.replica(replica)) return *r;
-  ckpt::ReplicaRestorability none;
-  none.replica = replica;
-  none.starts.push_back(0);
-  return none;
+  return ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
 }
 
 [[noreturn]] void throwNotRestorable(const std::string& dir, int replica, uint64_t clock, const ParamSet& shapes) {
