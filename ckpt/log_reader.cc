@@ -17,13 +17,16 @@ namespace {
 namespace fs = std::filesystem;
 
 // Verifies every segment of one replica and follows its chain from clock 1.
-ReplicaInventory inspectReplica(int replica, const fs::path& dir, uint64_t upTo) {
+// Verifies the segments of one replica that hold clocks in (after, upTo] (upTo 0:
+// no end) and follows its chain from clock 1.
+ReplicaInventory inspectReplica(int replica, const fs::path& dir, uint64_t after, uint64_t upTo) {
   ReplicaInventory r;
   r.replica = replica;
   bool started = false;
   bool chained = true;
   for (const SegmentFile& f : listSegments(dir)) {
     if (upTo > 0 && f.first > upTo) break;  // by first clock: none of the rest is needed
+    if (f.last <= after) continue;
     SegmentInfo s;
     s.path = f.path;
     s.firstClock = f.first;
@@ -74,18 +77,31 @@ Inventory inspect(const std::string& dir, const InspectScope& scope) {
   } else {
     spdlog::warn("checkpoint '{}' has no {}: the job is unknown", dir, jobPath(dir).filename().string());
   }
-  for (const NumberedDir& d : listReplicaDirs(dir)) {
-    if (scope.replica >= 0 && d.number != static_cast<uint64_t>(scope.replica)) continue;
-    inv.replicas.push_back(inspectReplica(static_cast<int>(d.number), d.path, scope.upTo));
+  // Snapshots first: with fromNewestSnapshot, the newest usable one at or before
+  // upTo is where the segments that matter begin.
+  std::vector<NumberedDir> snapshotDirs = listSnapshotDirs(dir);
+  if (scope.upTo > 0) {
+    std::erase_if(snapshotDirs, [&](const NumberedDir& d) { return d.number > scope.upTo; });
   }
-  for (const NumberedDir& d : listSnapshotDirs(dir)) {
-    if (scope.upTo > 0 && d.number > scope.upTo) break;
+  const bool newestOnly = scope.upTo > 0 && scope.fromNewestSnapshot;
+  if (newestOnly) std::reverse(snapshotDirs.begin(), snapshotDirs.end());
+  uint64_t after = 0;
+  for (const NumberedDir& d : snapshotDirs) {
     std::string problem = snapshotProblem(dir, d.number, scope.shapes);
     if (problem.empty()) {
       inv.snapshots.push_back(d.number);
+      if (newestOnly) {
+        after = d.number;
+        break;
+      }
     } else {
       inv.damagedSnapshots.push_back({d.number, std::move(problem)});
     }
+  }
+  if (newestOnly) std::reverse(inv.damagedSnapshots.begin(), inv.damagedSnapshots.end());
+  for (const NumberedDir& d : listReplicaDirs(dir)) {
+    if (scope.replica >= 0 && d.number != static_cast<uint64_t>(scope.replica)) continue;
+    inv.replicas.push_back(inspectReplica(static_cast<int>(d.number), d.path, after, scope.upTo));
   }
   inv.totalBytes = totalBytes(dir);
   return inv;

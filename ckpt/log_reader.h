@@ -40,10 +40,15 @@ struct Inventory {
   uint64_t totalBytes = 0;
 };
 
-// What inspect looks at; by default everything.
+// What inspect looks at; by default everything. A scoped inventory leaves out what
+// the scope does not need (its lastIntactClock then says nothing).
 struct InspectScope {
   int replica = -1;     // only this replica's log (-1: every replica)
   uint64_t upTo = 0;    // only what restoring a clock <= upTo can need (0: everything)
+  // With upTo: only what restoring upTo itself needs when its replay starts at the
+  // newest usable snapshot at or before it: that snapshot (older ones are not
+  // looked at) and the segments holding later clocks.
+  bool fromNewestSnapshot = false;
   const ParamSet* shapes = nullptr;  // snapshots must also match these (the model's parameters)
 };
 Inventory inspect(const std::string& dir, const InspectScope& scope = {});

@@ -55,6 +55,7 @@ class ReplicaAnalysis {
     out_.replica = inv.replica;
     out_.starts.push_back(0);
     out_.starts.insert(out_.starts.end(), snapshots.begin(), snapshots.end());
+    out_.unusableSnapshots = unusable;
   }
 
   ReplicaRestorability run() {
@@ -199,8 +200,16 @@ std::string ReplicaRestorability::whyNot(uint64_t clock) const {
   }
   for (const ReplayStop& s : stops) {
     if (s.from == from && s.at <= clock) {
-      return fmt::format("the replay of replica {} from {} stops at clock {}: {}", replica, startName(from), s.at,
-                         s.why);
+      std::string why = fmt::format("the replay of replica {} from {} stops at clock {}: {}", replica,
+                                    startName(from), s.at, s.why);
+      // A snapshot that would have been a later start, named unless it already is.
+      for (const UnusableSnapshot& u : unusableSnapshots) {
+        const std::string name = fmt::format("the snapshot of clock {} is unusable", u.clock);
+        if (u.clock > from && u.clock <= clock && why.find(name) == std::string::npos) {
+          why += fmt::format("; {} too: {}", name, u.problem);
+        }
+      }
+      return why;
     }
   }
   return fmt::format("clock {} is past the log of replica {} (latest: {})", clock, replica, latest());

@@ -56,6 +56,7 @@ struct ReplicaRestorability {
   std::vector<LostClocks> lost;         // by clock
   std::vector<ClockRange> missing;      // clocks no segment file holds, before the last one
   std::vector<uint64_t> starts;         // 0 and the usable snapshots
+  std::vector<UnusableSnapshot> unusableSnapshots;  // by clock
 
   bool covers(uint64_t clock) const;
   // The newest restorable clock (0: none).

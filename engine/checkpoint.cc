@@ -25,12 +25,15 @@ namespace {
 
 ParamSet shapesOf(const ops::Model& model, uint64_t seed) { return model.initParams(seed); }
 
-// What replica `replica` can restore up to `upTo` (0: all), snapshots checked
-// against `shapes`.
-ckpt::ReplicaRestorability restorableOf(const std::string& dir, int replica, uint64_t upTo, const ParamSet& shapes) {
+// What replica `replica` can restore up to `upTo` (0: all; `newest`: only what the
+// replay of upTo from the newest usable snapshot needs), snapshots checked against
+// `shapes`.
+ckpt::ReplicaRestorability restorableOf(const std::string& dir, int replica, uint64_t upTo, const ParamSet& shapes,
+                                        bool newest = false) {
   ckpt::InspectScope scope;
   scope.replica = replica;
   scope.upTo = upTo;
+  scope.fromNewestSnapshot = newest;
   scope.shapes = &shapes;
   return ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
 }
@@ -159,7 +162,10 @@ CheckpointView inspectCheckpoint(const std::string& dir) {
 Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock) {
   ORPHEUS_CHECK_INPUT(clock > 0, "cannot restore replica {} to clock 0: that is W0", replica);
   const ParamSet shapes = shapesOf(model, seed);
-  const ckpt::ReplicaRestorability restorable = restorableOf(dir, replica, clock, shapes);
+  // Usually all a restore needs to read is the newest usable snapshot and the log
+  // after it; only a reset back past that snapshot needs what lies before it.
+  ckpt::ReplicaRestorability restorable = restorableOf(dir, replica, clock, shapes, /*newest=*/true);
+  if (!restorable.covers(clock)) restorable = restorableOf(dir, replica, clock, shapes);
   if (!restorable.covers(clock)) throwNotRestorable(dir, replica, clock, shapes);
   return replay(dir, model, seed, replica, clock, restorable);
 }

@@ -247,6 +247,19 @@ TEST_CASE("a missing snapshot part is the same as a damaged one", "[ckpt][restor
   CHECK_THAT(restoreError(dir.str(), 60), Catch::Contains("part 0") && Catch::Contains("missing"));
 }
 
+TEST_CASE("a refusal names every damage on the way: segment and snapshot part", "[ckpt][restorable]") {
+  TempDir dir;
+  const auto states = writeJob(dir.str());
+  const fs::path middle = segmentOf(dir.str(), 41, 50);
+  corruptSegment(middle);
+  fs::remove(snapshotPartPath(dir.str(), 60, 1));
+  const auto view = engine::inspectCheckpoint(dir.str());
+  CHECK(rangesOf(*view.restorable.replica(0)) == "1..40,80..100");
+  requireAgreement(dir.str(), states);
+  CHECK_THAT(restoreError(dir.str(), 65), Catch::Contains(middle.filename().string()) &&
+                                              Catch::Contains("snapshot of clock 60 is unusable too: part 1"));
+}
+
 TEST_CASE("a torn last segment ends the log; a snapshot after it still restores", "[ckpt][restorable]") {
   TempDir dir;
   const auto states = writeJob(dir.str());
