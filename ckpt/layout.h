@@ -25,7 +25,8 @@
 // events (averaged, rotated in/out, reset). Every file is written under a temporary
 // name, flushed (fsync) and renamed (ckpt/durable.h), and a segment carries a CRC32C
 // of its contents, so a crash leaves only whole segments; a segment that fails its
-// CRC is damage.
+// CRC is damage. A damaged segment and a missing one are the same gap in the log; a
+// later snapshot bridges it (ckpt/restorable.h).
 //
 // A failure loses what the log had only staged in memory. The holder then restores
 // the replica from what is durable (the end of its log on disk, or a later snapshot)

@@ -17,12 +17,16 @@ namespace {
 namespace fs = std::filesystem;
 
 // Verifies every segment of one replica and follows its chain from clock 1.
-ReplicaInventory inspectReplica(int replica, const fs::path& dir) {
+// Verifies the segments of one replica that hold clocks in (after, upTo] (upTo 0:
+// no end) and follows its chain from clock 1.
+ReplicaInventory inspectReplica(int replica, const fs::path& dir, uint64_t after, uint64_t upTo) {
   ReplicaInventory r;
   r.replica = replica;
   bool started = false;
   bool chained = true;
   for (const SegmentFile& f : listSegments(dir)) {
+    if (upTo > 0 && f.first > upTo) break;  // by first clock: none of the rest is needed
+    if (f.last <= after) continue;
     SegmentInfo s;
     s.path = f.path;
     s.firstClock = f.first;
@@ -31,9 +35,10 @@ ReplicaInventory inspectReplica(int replica, const fs::path& dir) {
     s.bytes = fs::file_size(f.path, ec);
     if (ec) s.bytes = 0;
     std::vector<ClockRange> lost;
-    s.problem = loadSegment(f.path, r.replica, f.first, f.last, nullptr, &lost);
+    s.problem = loadSegment(f.path, r.replica, f.first, f.last, nullptr, &lost, &s.events);
     if (s.problem.empty()) r.lost.insert(r.lost.end(), lost.begin(), lost.end());
     s.intact = s.problem.empty();
+    if (!s.intact) s.events.clear();
     if (chained && s.intact && continuesChain(r.lastIntactClock, started, f.first)) {
       r.lastIntactClock = std::max(r.lastIntactClock, f.last);
       started = true;
@@ -48,10 +53,12 @@ ReplicaInventory inspectReplica(int replica, const fs::path& dir) {
 uint64_t totalBytes(const std::string& dir) {
   uint64_t total = 0;
   std::error_code ec;
-  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+  // Never throws: what cannot be read is not counted.
+  for (fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
+       !ec && it != end; it.increment(ec)) {
     std::error_code sizeError;
-    if (e.is_regular_file(sizeError)) {
-      const uint64_t size = e.file_size(sizeError);
+    if (it->is_regular_file(sizeError)) {
+      const uint64_t size = it->file_size(sizeError);
       if (!sizeError) total += size;
     }
   }
@@ -60,7 +67,7 @@ uint64_t totalBytes(const std::string& dir) {
 
 }  // namespace
 
-Inventory inspect(const std::string& dir) {
+Inventory inspect(const std::string& dir, const InspectScope& scope) {
   silenceHdf5();
   std::error_code ec;
   ORPHEUS_CHECK_INPUT(fs::is_directory(dir, ec), "checkpoint directory '{}' does not exist", dir);
@@ -70,16 +77,31 @@ Inventory inspect(const std::string& dir) {
   } else {
     spdlog::warn("checkpoint '{}' has no {}: the job is unknown", dir, jobPath(dir).filename().string());
   }
-  for (const NumberedDir& d : listReplicaDirs(dir)) {
-    inv.replicas.push_back(inspectReplica(static_cast<int>(d.number), d.path));
+  // Snapshots first: with fromNewestSnapshot, the newest usable one at or before
+  // upTo is where the segments that matter begin.
+  std::vector<NumberedDir> snapshotDirs = listSnapshotDirs(dir);
+  if (scope.upTo > 0) {
+    std::erase_if(snapshotDirs, [&](const NumberedDir& d) { return d.number > scope.upTo; });
   }
-  for (const NumberedDir& d : listSnapshotDirs(dir)) {
-    const std::string problem = snapshotProblem(dir, d.number);
+  const bool newestOnly = scope.upTo > 0 && scope.fromNewestSnapshot;
+  if (newestOnly) std::reverse(snapshotDirs.begin(), snapshotDirs.end());
+  uint64_t after = 0;
+  for (const NumberedDir& d : snapshotDirs) {
+    std::string problem = snapshotProblem(dir, d.number, scope.shapes);
     if (problem.empty()) {
       inv.snapshots.push_back(d.number);
+      if (newestOnly) {
+        after = d.number;
+        break;
+      }
     } else {
-      spdlog::warn("snapshot of clock {} in '{}' is incomplete: {}", d.number, dir, problem);
+      inv.damagedSnapshots.push_back({d.number, std::move(problem)});
     }
+  }
+  if (newestOnly) std::reverse(inv.damagedSnapshots.begin(), inv.damagedSnapshots.end());
+  for (const NumberedDir& d : listReplicaDirs(dir)) {
+    if (scope.replica >= 0 && d.number != static_cast<uint64_t>(scope.replica)) continue;
+    inv.replicas.push_back(inspectReplica(static_cast<int>(d.number), d.path, after, scope.upTo));
   }
   inv.totalBytes = totalBytes(dir);
   return inv;
@@ -94,21 +116,27 @@ std::vector<LogEntry> readLog(const std::string& dir, int replica, uint64_t afte
   const std::vector<SegmentFile> segments = listSegments(replicaDir(dir, replica));
   ORPHEUS_CHECK_INPUT(!segments.empty(), "checkpoint '{}' holds no log of replica {}", dir, replica);
 
-  // Follow the chain from the first clock; only the segments that hold clocks in
-  // (after, upTo] are read and verified, the earlier ones are known by name.
-  uint64_t reached = 0;
-  bool started = false;
+  // Follow the chain through the clocks after `after`: the segments that end by it
+  // are not needed (they may be damaged or missing); the first one needed must hold
+  // the clock right after it, each next one continue the previous.
+  uint64_t reached = after;
+  bool started = after > 0;
+  bool first = true;
   for (size_t i = 0; i < segments.size() && reached < upTo; ++i) {
     const SegmentFile& s = segments[i];
-    if (!continuesChain(reached, started, s.first)) {
-      const std::string missing =
-          started ? fmt::format("no segment continues clock {}", reached) : std::string("no segment starts at clock 1");
+    if (s.last <= after) continue;
+    const bool chained = first && started ? s.first <= after + 1 : continuesChain(reached, started, s.first);
+    if (!chained) {
+      const std::string missing = started ? fmt::format("no segment holds clocks {}..{} (missing)", reached + 1,
+                                                        s.first - 1)
+                                          : std::string("no segment starts at clock 1 (missing)");
       throw InputError(
           fmt::format("log of replica {} is broken before '{}' (clocks {}..{}): {}; the log is intact "
                       "only up to clock {}",
                       replica, s.path, s.first, s.last, missing, reached));
     }
-    if (s.last > after) {
+    first = false;
+    {
       std::vector<LogEntry> entries;
       const std::string problem = loadSegment(s.path, replica, s.first, s.last, &entries);
       if (!problem.empty()) {

@@ -153,7 +153,7 @@ uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint6
 }
 
 std::string loadSegment(const std::string& path, int replica, uint64_t first, uint64_t last, std::vector<LogEntry>* out,
-                        std::vector<ClockRange>* lost) {
+                        std::vector<ClockRange>* lost, std::vector<LogEntry>* events) {
   H5Handle file = openH5ForReading(path);
   if (!file.valid()) return "not a readable HDF5 file (truncated or overwritten)";
   int64_t version = 0, storedReplica = 0;
@@ -212,8 +212,22 @@ std::string loadSegment(const std::string& path, int replica, uint64_t first, ui
           if (logEnd + 1 < cut) lost->push_back({logEnd + 1, cut - 1});
           if (cut + 1 < r.clock) lost->push_back({cut + 1, r.clock - 1});
         }
-      } else if (kind != EventKind::kGroup && r.records != 0) {
-        return "an event carries records";
+        if (events) {
+          LogEntry e;
+          e.clock = r.clock;
+          e.kind = kind;
+          e.resetTo = resetTo;
+          e.logEnd = logEnd;
+          events->push_back(std::move(e));
+        }
+      } else if (kind != EventKind::kGroup) {
+        if (r.records != 0) return "an event carries records";
+        if (events) {
+          LogEntry e;
+          e.clock = r.clock;
+          e.kind = kind;
+          events->push_back(std::move(e));
+        }
       }
       for (uint32_t i = 0; i < r.records; ++i, ++record) offset += sizes[record];
       previous = r.clock;

@@ -70,9 +70,9 @@ uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint6
                       const std::function<void()>& between);
 
 // Reads and verifies a segment against its name and CRC. Returns why it is damaged,
-// or "" with its entries in `out` and the clocks its resets lost in `lost` (each
-// when given).
+// or "" with its entries in `out`, the clocks its resets lost in `lost`, and its
+// events (every entry but groups, without records) in `events` (each when given).
 std::string loadSegment(const std::string& path, int replica, uint64_t first, uint64_t last, std::vector<LogEntry>* out,
-                        std::vector<ClockRange>* lost = nullptr);
+                        std::vector<ClockRange>* lost = nullptr, std::vector<LogEntry>* events = nullptr);
 
 }  // namespace orpheus::ckpt

@@ -84,7 +84,7 @@ std::string loadPart(const std::string& path, Part* part) {
 std::string assembleSnapshot(const std::string& dir, uint64_t clock, const ParamSet* shapes, ParamSet* out) {
   Part part;
   std::string problem = loadPart(snapshotPartPath(dir, clock, 0).string(), &part);
-  if (!problem.empty()) return fmt::format("part 0: {}", problem);
+  if (!problem.empty()) return fmt::format("part 0 ('{}'): {}", snapshotPartPath(dir, clock, 0).string(), problem);
   const int ranks = static_cast<int>(part.ranks);
   // Part 0 sets what every part must hold: the parameter names, full rows, columns.
   struct Shape {
@@ -120,8 +120,9 @@ std::string assembleSnapshot(const std::string& dir, uint64_t clock, const Param
   for (int r = 0; r < ranks; ++r) {
     if (r > 0) {
       part = Part{};
-      problem = loadPart(snapshotPartPath(dir, clock, r).string(), &part);
-      if (!problem.empty()) return fmt::format("part {}: {}", r, problem);
+      const std::string path = snapshotPartPath(dir, clock, r).string();
+      problem = loadPart(path, &part);
+      if (!problem.empty()) return fmt::format("part {} ('{}'): {}", r, path, problem);
     }
     if (part.clock != clock || part.ranks != ranks || part.rank != r) {
       return fmt::format("part {} claims clock {}, rank {} of {}", r, part.clock, part.rank, part.ranks);
@@ -188,9 +189,9 @@ std::optional<ParamSet> readSnapshot(const std::string& dir, uint64_t clock, con
   return out;
 }
 
-std::string snapshotProblem(const std::string& dir, uint64_t clock) {
+std::string snapshotProblem(const std::string& dir, uint64_t clock, const ParamSet* shapes) {
   silenceHdf5();
-  return assembleSnapshot(dir, clock, nullptr, nullptr);
+  return assembleSnapshot(dir, clock, shapes, nullptr);
 }
 
 }  // namespace orpheus::ckpt

@@ -21,8 +21,9 @@ void writeSnapshotPart(const std::string& dir, uint64_t clock, int rank, int ran
 std::vector<uint64_t> snapshotClocks(const std::string& dir);
 // Reassembles a snapshot; nullopt when a part is missing or damaged.
 std::optional<ParamSet> readSnapshot(const std::string& dir, uint64_t clock, const ParamSet& shapes);
-// Why the snapshot of `clock` is incomplete or damaged, or "" when every part is
-// there, intact, and agrees with the others.
-std::string snapshotProblem(const std::string& dir, uint64_t clock);
+// Why the snapshot of `clock` is incomplete or damaged (naming the part and its
+// file), or "" when every part is there, intact, and agrees with the others (and
+// with `shapes`, the model's parameters, when given).
+std::string snapshotProblem(const std::string& dir, uint64_t clock, const ParamSet* shapes = nullptr);
 
 }  // namespace orpheus::ckpt

@@ -5,6 +5,7 @@
 //   ckpt/sv_log_writer.h   SvLogWriter: a replica's log, written by an IO thread
 //   ckpt/snapshot.h        snapshot parts: write, list, reassemble
 //   ckpt/log_reader.h      inspect() and readLog()
+//   ckpt/restorable.h      which clocks of each replica can be restored, and why not
 // and underneath them ckpt/segment.h (the segment format), ckpt/durable.h (how every
 // file is written) and ckpt/h5.h (HDF5).
 #pragma once
@@ -12,5 +13,6 @@
 #include "ckpt/job_info.h"
 #include "ckpt/log_entry.h"
 #include "ckpt/log_reader.h"
+#include "ckpt/restorable.h"
 #include "ckpt/snapshot.h"
 #include "ckpt/sv_log_writer.h"

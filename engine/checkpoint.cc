@@ -23,26 +23,54 @@ std::unique_ptr<ops::Model> modelOfJob(const ckpt::JobInfo& job) {
 
 namespace {
 
-// Rebuilds one replica's states from the newest usable snapshot and its log.
+ParamSet shapesOf(const ops::Model& model, uint64_t seed) { return model.initParams(seed); }
+
+// What replica `replica` can restore up to `upTo` (0: all; `newest`: only what the
+// replay of upTo from the newest usable snapshot needs), snapshots checked against
+// `shapes`.
+ckpt::ReplicaRestorability restorableOf(const std::string& dir, int replica, uint64_t upTo, const ParamSet& shapes,
+                                        bool newest = false) {
+  ckpt::InspectScope scope;
+  scope.replica = replica;
+  scope.upTo = upTo;
+  scope.fromNewestSnapshot = newest;
+  scope.shapes = &shapes;
+  return ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
+}
+
+[[noreturn]] void throwNotRestorable(const std::string& dir, int replica, uint64_t clock, const ParamSet& shapes) {
+  // The whole log, for the list of what is restorable.
+  const ckpt::ReplicaRestorability r = restorableOf(dir, replica, 0, shapes);
+  if (r.pieces.empty() && ckpt::listSegments(ckpt::replicaDir(dir, replica)).empty()) {
+    throw InputError(fmt::format("cannot restore replica {} to clock {}: checkpoint '{}' holds no log of replica {}",
+                                 replica, clock, dir, replica));
+  }
+  const std::string why = r.covers(clock) ? std::string("its replay failed") : r.whyNot(clock);
+  throw InputError(fmt::format("cannot restore replica {} to clock {}: {}; restorable: clocks {}", replica, clock, why,
+                               r.describe()));
+}
+
+// Rebuilds one replica's states by the replays ckpt/restorable.h describes.
 class Replayer {
  public:
-  Replayer(const std::string& dir, const ops::Model& model, uint64_t seed, int replica)
-      : dir_(dir), model_(model), seed_(seed), replica_(replica), snapshots_(ckpt::snapshotClocks(dir)) {
+  Replayer(const std::string& dir, const ops::Model& model, uint64_t seed, int replica,
+           const ckpt::ReplicaRestorability& restorable)
+      : dir_(dir), model_(model), seed_(seed), replica_(replica), restorable_(restorable) {
     expect_.paramShapes = model.paramShapes();
   }
 
-  // The replica at the end of its local clock `clock`; `from` gets the snapshot the
-  // replay started from (0: W0).
+  // The replica at the end of its local clock `clock`, which is restorable; `from`
+  // gets the snapshot the replay started from (0: W0).
   ParamSet at(uint64_t clock, uint64_t* from) {
+    const uint64_t start = restorable_.startFor(clock);
     ParamSet params = model_.initParams(seed_);
-    uint64_t start = 0;
-    for (auto s = snapshots_.rbegin(); s != snapshots_.rend(); ++s) {
-      if (*s > clock) continue;
-      if (auto snap = ckpt::readSnapshot(dir_, *s, params)) {
-        params = std::move(*snap);
-        start = *s;
-        break;
+    if (start > 0) {
+      auto snap = ckpt::readSnapshot(dir_, start, params);
+      if (!snap) {
+        throw InputError(fmt::format("cannot restore replica {} to clock {}: the snapshot of clock {} became unusable",
+                                     replica_, clock, start));
       }
+      params = std::move(*snap);
     }
     *from = start;
     if (clock == start) return params;
@@ -50,9 +78,10 @@ class Replayer {
     for (const ckpt::LogEntry& e : ckpt::readLog(dir_, replica_, start, clock)) {
       switch (e.kind) {
         case ckpt::EventKind::kAveraged:
+          // Unreachable for a restorable clock; kept as the contract's guard.
           throw InputError(fmt::format(
-              "cannot restore replica {} to clock {}: the replicas were averaged at clock {} and no snapshot of it "
-              "was kept (train with --snapshot-every 1)",
+              "cannot restore replica {} to clock {}: the replicas were averaged at clock {} and no usable snapshot "
+              "of it was kept (train with --snapshot-every 1)",
               replica_, clock, e.clock));
         case ckpt::EventKind::kReset: {
           // The replay stands where the log before the reset ends (or at the
@@ -94,50 +123,77 @@ class Replayer {
   const ops::Model& model_;
   uint64_t seed_;
   int replica_;
-  std::vector<uint64_t> snapshots_;
+  const ckpt::ReplicaRestorability& restorable_;
   SvBatchExpectation expect_;
   size_t groups_ = 0;
 };
 
-}  // namespace
-
-Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock) {
-  ORPHEUS_CHECK_INPUT(clock > 0, "cannot restore replica {} to clock 0: that is W0", replica);
+Restored replay(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock,
+                const ckpt::ReplicaRestorability& restorable) {
   Restored out;
   out.replica = replica;
   out.clock = clock;
-  Replayer replay(dir, model, seed, replica);
-  out.params = replay.at(clock, &out.fromSnapshot);
-  out.groupsReplayed = replay.groups();
+  Replayer replayer(dir, model, seed, replica, restorable);
+  out.params = replayer.at(clock, &out.fromSnapshot);
+  out.groupsReplayed = replayer.groups();
   return out;
 }
 
+void requireCheckpointDir(const std::string& dir) {
+  std::error_code ec;
+  ORPHEUS_CHECK_INPUT(std::filesystem::is_regular_file(ckpt::jobPath(dir), ec),
+                      "'{}' is not a checkpoint directory (no {})", dir, ckpt::jobPath(dir).filename().string());
+}
+
+}  // namespace
+
+CheckpointView inspectCheckpoint(const std::string& dir) {
+  requireCheckpointDir(dir);
+  const ckpt::JobInfo job = ckpt::readJobInfo(dir);
+  const ParamSet shapes = shapesOf(*modelOfJob(job), job.seed);
+  ckpt::InspectScope scope;
+  scope.shapes = &shapes;
+  CheckpointView view;
+  view.inventory = ckpt::inspect(dir, scope);
+  view.restorable = ckpt::findRestorable(view.inventory);
+  return view;
+}
+
+Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock) {
+  ORPHEUS_CHECK_INPUT(clock > 0, "cannot restore replica {} to clock 0: that is W0", replica);
+  const ParamSet shapes = shapesOf(model, seed);
+  // Usually all a restore needs to read is the newest usable snapshot and the log
+  // after it; only a reset back past that snapshot needs what lies before it.
+  ckpt::ReplicaRestorability restorable = restorableOf(dir, replica, clock, shapes, /*newest=*/true);
+  if (!restorable.covers(clock)) restorable = restorableOf(dir, replica, clock, shapes);
+  if (!restorable.covers(clock)) throwNotRestorable(dir, replica, clock, shapes);
+  return replay(dir, model, seed, replica, clock, restorable);
+}
+
 Restored restore(const std::string& dir, int replica, uint64_t clock) {
+  requireCheckpointDir(dir);
   const ckpt::JobInfo job = ckpt::readJobInfo(dir);
   ORPHEUS_CHECK_INPUT(replica >= 0 && replica < std::max(job.ranks, 1), "checkpoint '{}' has no replica {} (it has {})",
                       dir, replica, job.ranks);
-  if (clock == 0) {
-    const ckpt::Inventory inv = ckpt::inspect(dir);
-    const auto it = std::find_if(inv.replicas.begin(), inv.replicas.end(),
-                                 [&](const ckpt::ReplicaInventory& r) { return r.replica == replica; });
-    ORPHEUS_CHECK_INPUT(it != inv.replicas.end() && it->lastIntactClock > 0,
-                        "checkpoint '{}' has no log for replica {} (it has {} replicas)", dir, replica,
-                        inv.replicas.size());
-    clock = it->lastIntactClock;
-  }
   const auto model = modelOfJob(job);
-  return restore(dir, *model, job.seed, replica, clock);
+  if (clock > 0) return restore(dir, *model, job.seed, replica, clock);
+  const ParamSet shapes = shapesOf(*model, job.seed);
+  const ckpt::ReplicaRestorability restorable = restorableOf(dir, replica, 0, shapes);
+  if (restorable.latest() == 0) throwNotRestorable(dir, replica, 1, shapes);
+  return replay(dir, *model, job.seed, replica, restorable.latest(), restorable);
 }
 
 uint64_t resumableClock(const ckpt::Inventory& inv) {
   if (inv.replicas.empty()) return 0;  // killed before its first segment: start over
-  // Clocks at which every replica's intact log chain ends a segment.
+  const ckpt::Restorability restorable = ckpt::findRestorable(inv);
+  // Clocks at which every replica's log ends an intact segment and restores.
   std::set<uint64_t> common;
   bool firstReplica = true;
   for (const auto& r : inv.replicas) {
+    const ckpt::ReplicaRestorability* view = restorable.replica(r.replica);
     std::set<uint64_t> ends = {0};
     for (const auto& s : r.segments) {
-      if (s.intact && s.lastClock <= r.lastIntactClock) ends.insert(s.lastClock);
+      if (s.intact && view->covers(s.lastClock)) ends.insert(s.lastClock);
     }
     if (firstReplica) {
       common = ends;
@@ -163,7 +219,9 @@ void discardAfter(const std::string& dir, uint64_t clock) {
       }
     }
   }
-  for (uint64_t snap : inv.snapshots) {
+  std::vector<uint64_t> snapshots = inv.snapshots;
+  for (const auto& d : inv.damagedSnapshots) snapshots.push_back(d.clock);
+  for (uint64_t snap : snapshots) {
     if (snap <= clock) continue;
     const fs::path path = ckpt::snapshotDir(dir, snap);
     std::error_code ec;

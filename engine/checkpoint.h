@@ -2,6 +2,7 @@
 // incremental SV log (ckpt/sv_log.h) and the last snapshot at or before T.
 #pragma once
 
+#include "ckpt/restorable.h"
 #include "ckpt/sv_log.h"
 #include "engine/config.h"
 #include "ops/model.h"
@@ -22,21 +23,34 @@ struct Restored {
   size_t groupsReplayed = 0;
 };
 
-// Replica `replica` at the end of its local clock `clock` (0 means the latest clock
-// the log reaches). Bitwise what the replica held: the same groups are applied in
+// A checkpoint directory as `orpheus inspect` shows it: what it holds, and what is
+// restorable (ckpt/restorable.h; snapshots checked against the job's model).
+// InputError "'DIR' is not a checkpoint directory (no job.h5)" for anything else.
+struct CheckpointView {
+  ckpt::Inventory inventory;
+  ckpt::Restorability restorable;
+};
+CheckpointView inspectCheckpoint(const std::string& dir);
+
+// Replica `replica` at the end of its local clock `clock` (0 means the newest
+// restorable clock). Bitwise what the replica held: the same groups are applied in
 // the same order with the same rebuild, and a reset event (a failure) puts back the
-// state it names, as the failed holder did. InputError naming the problem (clock
-// past the log, a clock a failure lost, damaged segment, averaging without a snapshot).
+// state it names, as the failed holder did. Exactly the clocks ckpt/restorable.h
+// calls restorable restore; any other is an InputError that says why (the damaged
+// or missing segment, the unusable snapshot part, the failure, the end of the log)
+// and lists the restorable clocks.
 Restored restore(const std::string& dir, int replica, uint64_t clock);
 // The same for a model at hand (recovery inside a job): `seed` gives W0.
 Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock);
 
-// The newest clock a killed job can resume from: the last clock all replicas'
-// logs reach and end a segment at.
+// The newest clock a killed job can resume from: one that every replica's log ends a
+// segment at and that is restorable for every replica (ckpt/restorable.h); 0 when
+// there is none.
 uint64_t resumableClock(const ckpt::Inventory& inventory);
 
-// Prepares `dir` for resuming at `clock`: sets aside segments and snapshots past it
-// (renamed *.discarded) so the resumed job's log continues cleanly.
+// Prepares `dir` for resuming at `clock`: sets aside damaged segments, and segments
+// and snapshots past it (renamed *.discarded) so the resumed job's log continues
+// cleanly.
 void discardAfter(const std::string& dir, uint64_t clock);
 
 // The replica rank `rank` holds after `clock` clocks of a job with rotation every

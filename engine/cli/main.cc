@@ -289,24 +289,22 @@ int restoreMain(const RestoreArgs& a) {
   info.features = job.features;
   info.classes = job.classes;
   orpheus::ckpt::saveParams(a.out, r.params, info);
-  std::printf("restored replica %d at clock %llu (%s, %zu groups replayed) to %s\n", r.replica,
-              static_cast<unsigned long long>(r.clock),
+  std::printf("restored replica %d at clock %llu%s (%s, %zu groups replayed) to %s\n", r.replica,
+              static_cast<unsigned long long>(r.clock), clock == 0 ? ", the newest restorable clock" : "",
               r.fromSnapshot ? fmt::format("from the snapshot of clock {}", r.fromSnapshot).c_str() : "from W0",
               r.groupsReplayed, a.out.c_str());
   return 0;
 }
 
 int inspectMain(const std::string& dir) {
-  const auto inv = orpheus::ckpt::inspect(dir);
+  const auto view = orpheus::engine::inspectCheckpoint(dir);
+  const auto& inv = view.inventory;
   std::printf("checkpoint %s: %s, %d ranks, seed %llu, %.1f MB\n", dir.c_str(), inv.job.modelSpec.c_str(),
               inv.job.ranks, static_cast<unsigned long long>(inv.job.seed), inv.totalBytes / 1e6);
   for (const auto& r : inv.replicas) {
+    const orpheus::ckpt::ReplicaRestorability& restorable = *view.restorable.replica(r.replica);
     uint64_t bytes = 0;
-    int damaged = 0;
-    for (const auto& s : r.segments) {
-      bytes += s.bytes;
-      damaged += s.intact ? 0 : 1;
-    }
+    for (const auto& s : r.segments) bytes += s.bytes;
     std::string lost;
     uint64_t lostClocks = 0;
     for (const auto& l : r.lost) {
@@ -314,8 +312,8 @@ int inspectMain(const std::string& dir) {
                                                                              : fmt::format("{}..{}", l.first, l.last));
       lostClocks += l.last - l.first + 1;
     }
-    std::printf("  replica %d: clocks 1..%llu restorable, %zu segments, %.1f MB\n", r.replica,
-                static_cast<unsigned long long>(r.lastIntactClock), r.segments.size(), bytes / 1e6);
+    std::printf("  replica %d: clocks %s restorable, %zu segments, %.1f MB\n", r.replica,
+                restorable.describe().c_str(), r.segments.size(), bytes / 1e6);
     if (!r.lost.empty()) {
       std::printf("    lost in failures: %llu clocks (%s)\n", static_cast<unsigned long long>(lostClocks),
                   lost.c_str());
@@ -323,10 +321,18 @@ int inspectMain(const std::string& dir) {
     for (const auto& s : r.segments) {
       if (!s.intact) std::printf("    damaged: %s (%s)\n", s.path.c_str(), s.problem.c_str());
     }
+    for (const auto& m : restorable.missing) {
+      std::printf("    missing: clocks %llu..%llu (no segment holds them)\n", static_cast<unsigned long long>(m.first),
+                  static_cast<unsigned long long>(m.last));
+    }
   }
   std::printf("  snapshots:");
   for (auto s : inv.snapshots) std::printf(" %llu", static_cast<unsigned long long>(s));
   std::printf("%s\n", inv.snapshots.empty() ? " none" : "");
+  for (const auto& u : inv.damagedSnapshots) {
+    std::printf("    unusable snapshot of clock %llu: %s\n", static_cast<unsigned long long>(u.clock),
+                u.problem.c_str());
+  }
   return 0;
 }
 
