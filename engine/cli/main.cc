@@ -9,6 +9,7 @@
 #include "engine/checkpoint.h"
 #include "engine/cli/flags.h"
 #include "engine/job.h"
+#include "engine/outputs.h"
 #include "orpheus/config.h"
 
 #include <CLI/CLI.hpp>
@@ -272,13 +273,15 @@ struct RestoreArgs {
 int restoreMain(const RestoreArgs& a) {
   uint64_t clock = 0;
   if (a.clock != "latest") {
-    try {
-      clock = std::stoull(a.clock);
-    } catch (...) {
-      throw orpheus::InputError("--clock expects a clock number or 'latest', got '" + a.clock + "'");
+    int64_t parsed = 0;
+    std::string error;
+    if (!orpheus::engine::cli::parseInteger(a.clock, 0, std::numeric_limits<int64_t>::max(), &parsed, &error)) {
+      throw orpheus::InputError("--clock: " + error + " (or 'latest')");
     }
-    if (clock == 0) throw orpheus::InputError("--clock 0 is the initial state; give a clock >= 1");
+    if (parsed == 0) throw orpheus::InputError("--clock 0 is the initial state; give a clock >= 1");
+    clock = static_cast<uint64_t>(parsed);
   }
+  orpheus::engine::checkOutputs({{"--out", a.out, orpheus::engine::OutputPath::Kind::kFile}}, {});
   const auto r = orpheus::engine::restore(a.dir, a.replica, clock);
   const auto job = orpheus::ckpt::readJobInfo(a.dir);
   orpheus::ckpt::ModelFileInfo info;
@@ -288,7 +291,7 @@ int restoreMain(const RestoreArgs& a) {
   info.replica = r.replica;
   info.features = job.features;
   info.classes = job.classes;
-  orpheus::ckpt::saveParams(a.out, r.params, info);
+  orpheus::ckpt::saveParams(orpheus::engine::resolveOutput(a.out), r.params, info);
   std::printf("restored replica %d at clock %llu%s (%s, %zu groups replayed) to %s\n", r.replica,
               static_cast<unsigned long long>(r.clock), clock == 0 ? ", the newest restorable clock" : "",
               r.fromSnapshot ? fmt::format("from the snapshot of clock {}", r.fromSnapshot).c_str() : "from W0",

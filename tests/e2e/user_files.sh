@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# user_files.sh ORPHEUS MPIEXEC FIXTURES: the engine never destroys a user's files
+# and refuses, before the first clock, what it could not honour: outputs that are
+# devices, directories, inputs or each other; unwritable outputs; a checkpoint
+# directory of another job; a resume with changed flags; unknown config keys;
+# numbers that are not numbers. Each refusal is one line and exit 2.
+set -uo pipefail
+orpheus=$1; mpiexec=$2; fix=$3
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+train="$fix/small.libsvm"
+base=(train --progress off --clocks 6 --batch 2 --train "$train")
+fail=0
+
+# refuse NAME PATTERN CMD...: CMD exits 2 with one "orpheus:" line matching PATTERN.
+refuse() {
+  local name=$1 pattern=$2; shift 2
+  local err="$out/$name.err"
+  timeout 60 "$@" >"$out/$name.out" 2>"$err"
+  local code=$?
+  local lines; lines=$(grep -c '^orpheus:' "$err")
+  if [ $code -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -qE -- "$pattern" "$err"; then
+    echo "FAIL $name: exit $code, $lines orpheus lines, expected /$pattern/:"; cat "$err"; fail=1
+  else
+    echo "ok   $name: $(grep '^orpheus:' "$err")"
+  fi
+}
+np2=("$mpiexec" -n 2 --oversubscribe "$orpheus")
+
+# 1. --save never replaces a device, a link, an input or another output.
+refuse save_device "--save '/dev/full' is not a regular file" "$orpheus" "${base[@]}" --save /dev/full
+[ -c /dev/full ] || { echo "FAIL /dev/full is no longer a device"; fail=1; }
+cp "$train" "$out/train.libsvm"; before=$(sha256sum <"$out/train.libsvm")
+refuse save_is_train "same file as --train" "$orpheus" "${base[@]/$train/$out/train.libsvm}" --save "$out/train.libsvm"
+ln -s "$out/train.libsvm" "$out/link.h5"
+refuse save_link_to_train "same file as --train" "$orpheus" "${base[@]/$train/$out/train.libsvm}" --save "$out/link.h5"
+[ "$(sha256sum <"$out/train.libsvm")" = "$before" ] || { echo "FAIL the training file changed"; fail=1; }
+refuse save_is_metrics "are the same path" "$orpheus" "${base[@]}" --save "$out/m" --metrics "$out/m"
+# A link is followed: the file it names is written, the link stays.
+ln -s "$out/real.h5" "$out/latest.h5"
+if timeout 60 "${np2[@]}" "${base[@]}" --save "$out/latest.h5" >/dev/null 2>&1 && [ -L "$out/latest.h5" ] &&
+   [ -s "$out/real.h5" ]; then echo "ok   save_through_link"; else echo "FAIL save_through_link"; fail=1; fi
+
+# 3. Unwritable outputs are found before training: no metrics line is written.
+refuse save_in_proc "cannot write to directory '/proc'" "$orpheus" "${base[@]}" --save /proc/x.h5 --metrics "$out/m3"
+[ ! -s "$out/m3" ] || { echo "FAIL metrics written before the refusal"; fail=1; }
+mkdir "$out/adir"
+refuse save_is_dir "is a directory" "$orpheus" "${base[@]}" --save "$out/adir"
+refuse replicas_in_proc "--save-replicas '/proc/r'" "$orpheus" "${base[@]}" --save-replicas /proc/r
+
+# 2. A checkpoint directory belongs to one job.
+timeout 60 "${np2[@]}" "${base[@]}" --ckpt sv --ckpt-dir "$out/ck" >/dev/null 2>&1 || { echo "FAIL first job"; fail=1; }
+job=$(sha256sum <"$out/ck/job.h5")
+refuse ckpt_taken "not empty \(a checkpoint\).*--resume.*--overwrite" "${np2[@]}" "${base[@]}" --ckpt sv --ckpt-dir "$out/ck"
+[ "$(sha256sum <"$out/ck/job.h5")" = "$job" ] || { echo "FAIL job.h5 was rewritten"; fail=1; }
+if timeout 60 "${np2[@]}" "${base[@]}" --ckpt sv --ckpt-dir "$out/ck" --overwrite --lr 0.05 >/dev/null 2>&1; then
+  echo "ok   ckpt_overwrite"; else echo "FAIL ckpt_overwrite"; fail=1; fi
+
+# 5. --resume continues the same computation or names what changed.
+timeout 60 "${np2[@]}" "${base[@]}" --ckpt sv --ckpt-dir "$out/r" >/dev/null 2>&1
+refuse resume_lr "--lr differs.*it was 0.1 and is now 0.2" "${np2[@]}" "${base[@]}" --ckpt-dir "$out/r" --resume --lr 0.2
+refuse resume_np "number of ranks \(mpirun -np\) differs" "$orpheus" "${base[@]}" --ckpt-dir "$out/r" --resume
+cp "$train" "$out/other.libsvm"; echo "1 1:0.5" >>"$out/other.libsvm"
+refuse resume_data "--train differs.*contents changed" "${np2[@]}" "${base[@]/$train/$out/other.libsvm}" --ckpt-dir "$out/r" --resume
+refuse resume_overwrite "give one" "${np2[@]}" "${base[@]}" --ckpt-dir "$out/r" --resume --overwrite
+if timeout 60 "${np2[@]}" "${base[@]/#6/9}" --ckpt-dir "$out/r" --resume >/dev/null 2>&1; then
+  echo "ok   resume_more_clocks"; else echo "FAIL resume_more_clocks"; fail=1; fi
+
+# 6. Config files: unknown keys, keys outside [train], garbage.
+printf 'clocks = 5\n' >"$out/top.ini"
+refuse config_top_level "'clocks' is not a flag" "$orpheus" --config "$out/top.ini" "${base[@]}"
+printf '[train]\nclokcs = 5\n' >"$out/typo.ini"
+refuse config_typo "'train.clokcs' is not a flag" "$orpheus" --config "$out/typo.ini" "${base[@]}"
+printf '[train]\nthis is not a setting\n' >"$out/garbage.ini"
+refuse config_garbage "is not a flag" "$orpheus" --config "$out/garbage.ini" "${base[@]}"
+
+# 10. Numbers are numbers, whole, finite and in range.
+refuse timeout_inf "--timeout: expected a number" "$orpheus" "${base[@]}" --timeout inf
+refuse timeout_huge "--timeout: must be a number" "$orpheus" "${base[@]}" --timeout 1e10
+refuse lr_inf "--lr: expected a number" "$orpheus" "${base[@]}" --lr inf
+refuse clocks_float "--clocks: expected an integer" "$orpheus" "${base[@]}" --clocks 1e20
+refuse restore_clock_float "--clock: expected an integer" "$orpheus" restore --ckpt-dir "$out/r" --clock 1e2 --out "$out/x.h5"
+refuse restore_clock_suffix "--clock: expected an integer" "$orpheus" restore --ckpt-dir "$out/r" --clock 75abc --out "$out/x.h5"
+refuse restore_clock_negative "--clock: must be an integer" "$orpheus" restore --ckpt-dir "$out/r" --clock -1 --out "$out/x.h5"
+exit $fail
