@@ -34,13 +34,18 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
-// The operating system refused a file operation. Still an InputError for the
-// readers' callers that treat an unreadable input as bad input; the exit code
-// (3, not 2) is decided by its own type first.
-class IoError : public InputError {
+// The operating system refused a file operation on a path that should work: a
+// full or failing disk, an IO error (exit 3). A path that names nothing readable
+// (missing, a directory, no permission) is the user's input: InputError.
+class IoError : public Error {
  public:
-  using InputError::InputError;
+  using Error::Error;
 };
+
+// Throws for a failed open or read of `path`: InputError when `err` says the path
+// itself is wrong (ENOENT, EACCES, EISDIR, ENOTDIR, ELOOP, ENAMETOOLONG), IoError
+// otherwise. The message is "<path>: <what>: <strerror(err)>".
+[[noreturn]] void throwFileError(const std::string& path, const char* what, int err);
 
 namespace detail {
 [[noreturn]] void throwEnforce(const char* file, int line, const char* cond, const std::string& msg);

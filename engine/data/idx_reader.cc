@@ -40,18 +40,18 @@ class IdxFile {
  public:
   explicit IdxFile(const std::string& path) : path_(path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw IoError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    if (fd < 0) throwFileError(path, "cannot open", errno);
     struct stat st {};
     if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
       const int err = S_ISDIR(st.st_mode) ? EISDIR : errno;
       ::close(fd);
-      throw IoError(fmt::format("{}: cannot read: {}", path, std::strerror(err)));
+      throwFileError(path, "cannot read", err);
     }
     fileBytes_ = st.st_size;
     file_ = gzdopen(fd, "rb");
     if (file_ == nullptr) {
       ::close(fd);
-      throw IoError(fmt::format("{}: cannot open: {}", path, std::strerror(ENOMEM)));
+      throwFileError(path, "cannot open", ENOMEM);
     }
     gzbuffer(file_, kGzBufferBytes);
   }

@@ -30,12 +30,12 @@ class LineReader {
  public:
   explicit LineReader(const std::string& path) : path_(path) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw IoError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    if (fd_ < 0) throwFileError(path, "cannot open", errno);
     struct stat st {};
     if (::fstat(fd_, &st) != 0 || S_ISDIR(st.st_mode)) {
       const int err = S_ISDIR(st.st_mode) ? EISDIR : errno;
       ::close(fd_);
-      throw IoError(fmt::format("{}: cannot read: {}", path, std::strerror(err)));
+      throwFileError(path, "cannot read", err);
     }
     size_ = st.st_size;
     end_ = size_;
@@ -98,7 +98,7 @@ class LineReader {
     for (;;) {
       const ssize_t got = ::pread(fd_, dst, n, offset);
       if (got >= 0) return static_cast<size_t>(got);
-      if (errno != EINTR) throw IoError(fmt::format("{}: cannot read: {}", path_, std::strerror(errno)));
+      if (errno != EINTR) throwFileError(path_, "cannot read", errno);
     }
   }
 
