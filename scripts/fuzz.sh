@@ -47,6 +47,11 @@ if [ ! -f "$dir/CMakeCache.txt" ]; then
 fi
 cmake --build "$dir" -j "$JOBS" --target "${targets[@]/#/fuzz_}"
 
+# The targets' scratch files (tests/fuzz/fuzz_file.h) go here: libFuzzer ends a
+# run without running destructors, so each run's would be left behind.
+export TMPDIR="$dir/tmp"
+rm -rf "$TMPDIR"
+mkdir -p "$TMPDIR"
 # Leaks inside libhdf5 itself are not ours to fix (tests/fuzz/lsan.supp says why).
 export LSAN_OPTIONS="suppressions=$ROOT/tests/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 # Inputs stay small: each reader's behaviour shows in a few KiB. A malloc over
