@@ -6,6 +6,7 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
@@ -125,6 +126,12 @@ bool readVector(hid_t file, const char* name, hid_t memType, std::vector<T>* out
   if (H5Sget_simple_extent_ndims(space.get()) != 1) return false;
   hsize_t count = 0;
   H5Sget_simple_extent_dims(space.get(), &count, nullptr);
+  // A damaged file may declare more elements than it holds: never allocate past
+  // what its storage (or, for a compact or unallocated set, the file) can contain.
+  hsize_t fileBytes = 0;
+  H5Fget_filesize(file, &fileBytes);
+  const hsize_t stored = std::max<hsize_t>(H5Dget_storage_size(set.get()), fileBytes);
+  if (count > stored / sizeof(T) + 1) return false;
   out->resize(static_cast<size_t>(count));
   return count == 0 || H5Dread(set.get(), memType, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) >= 0;
 }

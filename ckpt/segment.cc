@@ -184,7 +184,11 @@ std::string loadSegment(const std::string& path, int replica, uint64_t first, ui
   // The CRC matched, so what follows only fails for a file written by something else.
   uint64_t recordCount = 0, byteCount = 0;
   for (const EntryRow& r : rows) recordCount += r.records;
-  for (uint64_t s : sizes) byteCount += s;
+  for (uint64_t s : sizes) {
+    // Checked before adding, so sizes that wrap around cannot pass as the total.
+    if (s > records.size() - byteCount) return "entries, sizes and records disagree";
+    byteCount += s;
+  }
   if (recordCount != sizes.size() || byteCount != records.size()) return "entries, sizes and records disagree";
   uint64_t previous = first;
   {
