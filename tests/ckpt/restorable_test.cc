@@ -10,6 +10,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/temp_dir.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -22,28 +24,10 @@
 using namespace orpheus;
 using namespace orpheus::ckpt;
 namespace fs = std::filesystem;
+using orpheus::testing::TempDir;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("orpheus_restorable_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1)));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string str() const { return path_.string(); }
-  fs::path path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 constexpr uint64_t kClocks = 100;
 constexpr int kClocksPerSegment = 10;

@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/temp_dir.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -15,29 +17,10 @@
 using namespace orpheus;
 using namespace orpheus::ckpt;
 namespace fs = std::filesystem;
+using orpheus::testing::TempDir;
 
 namespace {
 
-// A fresh directory per test, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("orpheus_sv_log_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1)));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string str() const { return path_.string(); }
-  fs::path path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // Deterministic record bytes, distinct for every (replica, clock, index).
 SharedBytes record(int replica, uint64_t clock, int index, size_t size) {

@@ -4,25 +4,20 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/temp_dir.h"
+
 #include <filesystem>
 #include <fstream>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
+using orpheus::testing::TempDir;
 using namespace orpheus::engine;
 using Catch::Matchers::Contains;
 using orpheus::InputError;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "orpheus-record-XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 }  // namespace
 
@@ -73,17 +68,17 @@ TEST_CASE("the record survives its text form; entries an old record lacks are no
 
 TEST_CASE("a file's digest changes with its contents") {
   TempDir t;
-  const std::string f = (t.path / "data").string();
+  const std::string f = (t.path() / "data").string();
   std::ofstream(f) << "1 1:0.5\n";
   const std::string a = fileDigest(f);
   std::ofstream(f) << "1 1:0.6\n";
   REQUIRE(fileDigest(f) != a);
-  REQUIRE(fileDigest((t.path / "none").string()) == "unreadable");
+  REQUIRE(fileDigest((t.path() / "none").string()) == "unreadable");
 }
 
 TEST_CASE("a checkpoint directory belongs to one job") {
   TempDir t;
-  const std::string dir = (t.path / "ckpt").string();
+  const std::string dir = (t.path() / "ckpt").string();
   REQUIRE_NOTHROW(claimCheckpointDir(dir, false));  // does not exist yet
   fs::create_directories(dir);
   REQUIRE_NOTHROW(claimCheckpointDir(dir, false));  // empty
@@ -100,6 +95,6 @@ TEST_CASE("a checkpoint directory belongs to one job") {
   fs::remove(dir + "/notes.txt");
   REQUIRE_NOTHROW(claimCheckpointDir(dir, true));
   REQUIRE(fs::is_empty(dir));
-  std::ofstream((t.path / "file").string()) << "x";
-  REQUIRE_THROWS_WITH(claimCheckpointDir((t.path / "file").string(), false), Contains("is not a directory"));
+  std::ofstream((t.path() / "file").string()) << "x";
+  REQUIRE_THROWS_WITH(claimCheckpointDir((t.path() / "file").string(), false), Contains("is not a directory"));
 }

@@ -4,11 +4,14 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/temp_dir.h"
+
 #include <filesystem>
 #include <fstream>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
+using orpheus::testing::TempDir;
 using orpheus::InputError;
 using orpheus::engine::checkOutputs;
 using orpheus::engine::InputPath;
@@ -18,15 +21,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "orpheus-outputs-XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 void touch(const std::string& path) { std::ofstream(path) << "x"; }
 
@@ -47,7 +41,7 @@ TEST_CASE("new files and existing regular files are fine outputs") {
 TEST_CASE("a device, a directory or a missing directory is never an output file") {
   TempDir t;
   REQUIRE_THROWS_WITH(checkOutputs({file("--save", "/dev/full")}, {}), Contains("--save '/dev/full' is not a regular file"));
-  REQUIRE_THROWS_WITH(checkOutputs({file("--save", t.path.string())}, {}), Contains("is a directory"));
+  REQUIRE_THROWS_WITH(checkOutputs({file("--save", t.str())}, {}), Contains("is a directory"));
   REQUIRE_THROWS_WITH(checkOutputs({file("--save", t / "no/such/model.h5")}, {}), Contains("does not exist"));
   touch(t / "plain");
   REQUIRE_THROWS_WITH(checkOutputs({dir("--save-replicas", t / "plain")}, {}), Contains("is not a directory"));
