@@ -67,6 +67,14 @@ void validate(const TrainConfig& c, int ranks) {
   if (c.multicast != comm::MulticastKind::kAll) {
     ORPHEUS_CHECK_INPUT(c.fanout >= 1, "--multicast {} needs --fanout Q >= 1", comm::multicastName(c.multicast));
   }
+  // A flag that would do nothing in this mode is a mistake worth a line, not silence.
+  ORPHEUS_CHECK_INPUT(c.fanout == 0 || c.multicast != comm::MulticastKind::kAll,
+                      "--fanout {} applies to --multicast random, fixed or ring; --multicast all sends to every peer",
+                      c.fanout);
+  ORPHEUS_CHECK_INPUT(c.staleness == 0 || c.consistency == Consistency::kSsp,
+                      "--staleness {} applies to --consistency ssp; under bsp no worker runs ahead", c.staleness);
+  ORPHEUS_CHECK_INPUT(c.delayRank < ranks, "--inject-delay {}:{} names rank {}, but the job has ranks 0..{}",
+                      c.delayRank, c.delayMs, c.delayRank, ranks - 1);
   ORPHEUS_CHECK_INPUT(c.fanout >= 0 && (ranks == 1 || c.fanout <= ranks - 1),
                       "--fanout {} needs at most P-1 = {} peers (P = {} ranks)", c.fanout, ranks - 1, ranks);
   ORPHEUS_CHECK_INPUT(c.targetAccuracy >= 0.0 && c.targetAccuracy <= 1.0, "--target-accuracy {} must be in [0, 1]",

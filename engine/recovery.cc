@@ -1,5 +1,6 @@
 #include "engine/recovery.h"
 
+#include "ckpt/layout.h"
 #include "ckpt/model_file.h"
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <malloc.h>
 
 namespace orpheus::engine {
@@ -114,9 +116,9 @@ void Recovery::checkpoint(uint64_t clock, const ParamSet& replica, int replicaId
     info.clock = static_cast<int64_t>(clock);
     info.seed = config_.seed;
     info.replica = replicaId;
-    const std::string dir = fmt::format("{}/matrix-{:012d}", config_.ckptDir, clock);
-    createDirectories(dir, "");
-    ckpt::saveParams(fmt::format("{}/replica-{}.h5", dir, replicaId), replica, info);
+    const std::filesystem::path dir = ckpt::matrixDir(config_.ckptDir, clock);
+    createDirectories(dir.string(), "");
+    ckpt::saveParams((dir / fmt::format("replica-{}.h5", replicaId)).string(), replica, info);
     matrixCheckpoint_ = replica;
     matrixCheckpointClock_ = clock;
   });
