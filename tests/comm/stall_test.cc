@@ -19,7 +19,8 @@ TEST_CASE("the ranks that timed out hear each other; the silent one is named; th
   std::vector<std::thread> threads;
   // Ranks 0, 1 and 3 time out; rank 2 is stalled and says nothing.
   for (int r : {0, 1, 3}) {
-    threads.emplace_back([&, r] { verdicts[static_cast<size_t>(r)] = comm::findStalled(group[static_cast<size_t>(r)]->control(), r, 4, 9); });
+    const auto i = static_cast<size_t>(r);
+    threads.emplace_back([&, r, i] { verdicts[i] = comm::findStalled(group[i]->control(), r, 4, 9); });
   }
   for (auto& t : threads) t.join();
   for (int r : {0, 1, 3}) {

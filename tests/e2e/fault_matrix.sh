@@ -170,7 +170,7 @@ case_stop_rank() {
   check "another rank's line names the stopped rank and the clock" \
     grep -qE "^orpheus: rank [02] waited [0-9.]+ s at clock [0-9]+ .*(from ranks?|stalled or gone: ranks?) 1$" \
     "$out/stop_rank.err"
-  check "one line from orpheus ($(orpheusLines stop_rank)): the others agree who reports, the woken rank blames nobody" \
+  check "one line from orpheus ($(orpheusLines stop_rank)): one rank reports, the woken one blames nobody" \
     [ "$(orpheusLines stop_rank)" -eq 1 ]
   check "no model saved" [ ! -e "$out/stop_rank.model.h5" ]
   check "nothing left running" noneLeft
