@@ -15,6 +15,10 @@
 //  - tryReceive: a message that has arrived from any peer, or nothing; never blocks.
 //  - flush: waits until every send posted so far has completed (TimeoutError
 //    naming the peers after timeout()).
+//  - sendNote/tryReceiveNote: a channel of its own for comm/stall.h (a rank whose
+//    wait timed out tells its peers so): never mixed with send/tryReceive or the
+//    data plane, nonblocking both ways, usable after a data-plane timeout; a send
+//    to a peer that is gone may throw Error.
 //  - abortJob: ends every rank of the job at once with `exitCode`; for an error
 //    one rank hits and the others cannot know about.
 //  - Not thread-safe: the thread that drives the transport drives its control plane.
@@ -23,10 +27,17 @@
 #include "comm/message.h"
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <span>
 
 namespace orpheus::comm {
+
+// A note on the control plane's note channel: who sent it and its one value.
+struct Note {
+  int peer = -1;
+  uint64_t value = 0;
+};
 
 class ControlPlane {
  public:
@@ -39,6 +50,9 @@ class ControlPlane {
   virtual void send(int peer, SharedBytes bytes) = 0;
   virtual std::optional<Message> tryReceive() = 0;
   virtual void flush() = 0;
+
+  virtual void sendNote(int peer, uint64_t value) = 0;
+  virtual std::optional<Note> tryReceiveNote() = 0;
 
   [[noreturn]] virtual void abortJob(int exitCode) = 0;
 

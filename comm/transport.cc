@@ -1,5 +1,6 @@
 #include "comm/transport.h"
 
+#include "comm/stall.h"
 #include "engine/base/error.h"
 
 #include <algorithm>
@@ -63,12 +64,16 @@ TrafficCounters send(uint64_t bytes) { return {bytes, 1}; }
 }  // namespace traffic
 
 template <typename Fn>
-auto Transport::guarded(Fn&& fn) -> decltype(fn()) {
+auto Transport::guarded(std::optional<uint64_t> clock, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const TimeoutError& e) {
     failed_ = e.what();
-    throw;
+    if (!clock || size() == 1) throw;
+    // A collective: find out which peers never came, and who reports.
+    const StallVerdict v = findStalled(control(), rank(), size(), *clock);
+    const std::string who = v.silent.empty() ? "every peer timed out too" : "stalled or gone: " + rankList(v.silent);
+    throw StallError(fmt::format("{}; {}", e.what(), who), v.reports);
   }
 }
 
@@ -88,7 +93,7 @@ void Transport::checkUsable(const char* call) const {
 
 Gathered Transport::allgatherv(std::span<const std::byte> local, uint64_t clock) {
   checkUsable("allgatherv");
-  Gathered out = guarded([&] { return doAllgatherv(local, clock); });
+  Gathered out = guarded(clock, [&] { return doAllgatherv(local, clock); });
   counters_ += traffic::allgatherv(local.size(), size());
   return out;
 }
@@ -97,7 +102,7 @@ void Transport::allreduceSum(std::span<float> data, uint64_t clock) {
   checkUsable("allreduceSum");
   if (size() == 1) return;
   forEachChunk(data, [&](std::span<float> chunk) {
-    guarded([&] { doAllreduceSum(chunk, clock); });
+    guarded(clock, [&] { doAllreduceSum(chunk, clock); });
     counters_ += traffic::allreduceSum(chunk.size(), size());
   });
 }
@@ -106,7 +111,7 @@ void Transport::allreduceSumIdentical(std::span<float> data, uint64_t clock) {
   checkUsable("allreduceSumIdentical");
   if (size() == 1) return;
   forEachChunk(data, [&](std::span<float> chunk) {
-    guarded([&] { doAllreduceSumIdentical(chunk, clock); });
+    guarded(clock, [&] { doAllreduceSumIdentical(chunk, clock); });
     counters_ += traffic::allreduceSumIdentical(chunk.size(), size());
   });
 }
@@ -115,7 +120,7 @@ void Transport::shiftRing(std::span<float> data, uint64_t clock) {
   checkUsable("shiftRing");
   if (size() == 1) return;
   forEachChunk(data, [&](std::span<float> chunk) {
-    guarded([&] { doShiftRing(chunk, clock); });
+    guarded(clock, [&] { doShiftRing(chunk, clock); });
     counters_ += traffic::shiftRing(chunk.size(), size());
   });
 }
@@ -136,7 +141,7 @@ std::optional<Message> Transport::tryReceive() {
 
 void Transport::flushSends() {
   checkUsable("flushSends");
-  guarded([&] { doFlushSends(); });
+  guarded(std::nullopt, [&] { doFlushSends(); });
 }
 
 RegisteredBuffer Transport::registerBuffer(std::span<std::byte> bytes, MemoryKind kind) {

@@ -10,9 +10,17 @@
 //  - Collective (allgatherv, allreduceSum, allreduceSumIdentical, shiftRing): every
 //    rank calls it, in the same order, with the same clock and the same length.
 //  - Blocking: returns when this rank's part is complete, or throws TimeoutError
-//    once timeout() has passed, naming the operation, the clock and the peers
-//    still missing where the backend can tell (loopback always; MPI for the ring
-//    shift and sends — an MPI collective does not say which rank is late).
+//    once timeout() of this process's running time has passed (comm/stall.h:
+//    time it was stopped does not count), naming the operation and the clock.
+//  - Who held a collective up: an MPI collective does not say which rank is late,
+//    so after a collective times out the base runs comm::findStalled on the
+//    control plane (each rank that timed out tells its peers and listens a short
+//    grace, min(timeout/4, 1 s)) and throws comm::StallError: the backend's
+//    message, then "; stalled or gone: rank S" naming the peers it did not hear
+//    from ("; every peer timed out too" when it heard all), with reports() true on
+//    the lowest rank that timed out only, so a job prints one line. No message is
+//    sent while collectives complete. flushSends names its peers itself and is
+//    not diagnosed.
 //  - After a TimeoutError the data plane is unusable: every later data-plane call
 //    throws Error, and a late peer may still write into the buffers of the call
 //    that timed out. The control plane stays usable, so ranks can agree to end.
@@ -136,8 +144,9 @@ class Transport {
 
  private:
   // Runs one backend call; a TimeoutError it throws makes the data plane unusable.
+  // A collective's (`clock` given) becomes a StallError after findStalled.
   template <typename Fn>
-  auto guarded(Fn&& fn) -> decltype(fn());
+  auto guarded(std::optional<uint64_t> clock, Fn&& fn) -> decltype(fn());
   template <typename Fn>
   void forEachChunk(std::span<float> data, Fn&& fn);
   void checkUsable(const char* call) const;

@@ -1,5 +1,6 @@
 #include "engine/consistency.h"
 
+#include "comm/stall.h"
 #include "engine/base/error.h"
 
 #include <fmt/ranges.h>
@@ -75,19 +76,25 @@ double Inbox::waitComplete(uint64_t clock, uint64_t at, MetricsSink& metrics) {
   advanceComplete();
   if (completeThrough_ >= clock) return 0.0;
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000));
+  comm::Deadline deadline(std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
   while (completeThrough_ < clock) {
     receive(metrics);
     if (completeThrough_ >= clock) break;
-    if (Clock::now() > deadline) {
-      const uint64_t stuck = completeThrough_ + 1;
-      throw TimeoutError(fmt::format("rank {} waited {} s at clock {} for the SV batches of clock {} from ranks {}",
-                                     transport_.rank(), config_.timeoutSeconds, at, stuck,
-                                     fmt::join(missingSenders(stuck), ", ")));
-    }
+    if (deadline.passed()) throw timedOut(at);
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+comm::StallError Inbox::timedOut(uint64_t at) const {
+  const uint64_t stuck = completeThrough_ + 1;
+  const std::vector<int> missing = missingSenders(stuck);
+  std::string message = fmt::format("rank {} waited {} s at clock {} for the SV batches of clock {} from ranks {}",
+                                    transport_.rank(), config_.timeoutSeconds, at, stuck, fmt::join(missing, ", "));
+  // The missing senders may be waiting themselves, on a rank that stalled.
+  const comm::StallVerdict v = comm::findStalled(transport_.control(), transport_.rank(), transport_.size(), at);
+  if (!v.silent.empty() && v.silent != missing) message += "; stalled or gone: " + comm::rankList(v.silent);
+  return comm::StallError(message, v.reports);
 }
 
 std::map<int, ReceivedBatch> Inbox::takeClock(uint64_t clock) {

@@ -14,6 +14,7 @@
 
 #include "ckpt/sv_log.h"
 #include "comm/schedule.h"
+#include "comm/stall.h"
 #include "comm/transport.h"
 #include "engine/base/sv_batch.h"
 #include "engine/config.h"
@@ -45,8 +46,10 @@ class Inbox {
   // Takes in every batch that has arrived, then lets `metrics` collect; never blocks.
   void receive(MetricsSink& metrics);
   // Blocks (receiving) until every batch of clocks <= `clock` addressed here has
-  // arrived; returns the seconds it waited. TimeoutError after --timeout names the
-  // missing senders; `at` is the clock this rank is at, for that message.
+  // arrived; returns the seconds it waited. After --timeout (of running time,
+  // comm::Deadline) a comm::StallError names the missing senders and, when they
+  // are not the ones that stalled, the ranks that did (comm/stall.h); `at` is the
+  // clock this rank is at, for that message.
   double waitComplete(uint64_t clock, uint64_t at, MetricsSink& metrics);
 
   // The clocks whose every expected batch has arrived.
@@ -62,6 +65,7 @@ class Inbox {
   void accept(comm::Message message);
   void advanceComplete();
   std::vector<int> missingSenders(uint64_t clock) const;
+  comm::StallError timedOut(uint64_t at) const;
 
   const TrainConfig& config_;
   const comm::MulticastSchedule& schedule_;

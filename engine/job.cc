@@ -2,6 +2,7 @@
 
 #include "ckpt/layout.h"
 #include "ckpt/model_file.h"
+#include "comm/stall.h"
 #include "engine/base/error.h"
 #include "engine/checkpoint.h"
 #include "engine/job_record.h"
@@ -15,12 +16,18 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+
+#include <time.h>
+#include <unistd.h>
 
 namespace orpheus::engine {
 
@@ -54,7 +61,76 @@ int exitCodeFor(const std::exception& e) {
   return dynamic_cast<const InputError*>(&e) != nullptr ? kExitBadInput : kExitInternal;
 }
 
+namespace {
+
+// What the termination handler reads: lock-free atomics, safe in a signal handler.
+std::atomic<int> gReportingRank{-1};
+std::atomic<uint64_t> gClock{0};
+std::atomic<bool> gReported{false};
+std::atomic<int64_t> gLastClockNs{0};
+std::atomic<int64_t> gStalledAfterNs{0};
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free &&
+              std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
+
+int64_t monotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+size_t appendText(char* out, size_t n, size_t cap, const char* text) {
+  while (*text != '\0' && n < cap) out[n++] = *text++;
+  return n;
+}
+
+size_t appendDecimal(char* out, size_t n, size_t cap, uint64_t v) {
+  char digits[20];
+  size_t k = 0;
+  do {
+    digits[k++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v > 0);
+  while (k > 0 && n < cap) out[n++] = digits[--k];
+  return n;
+}
+
+void onTermination(int sig) {
+  const int savedErrno = errno;
+  const uint64_t clock = gClock.load();
+  const bool stalledItself = clock > 0 && monotonicNs() - gLastClockNs.load() > gStalledAfterNs.load();
+  if (gReportingRank.load() == 0 && !stalledItself && !gReported.exchange(true)) {
+    char line[160];
+    constexpr size_t kCap = sizeof line;
+    size_t n = appendText(line, 0, kCap, "orpheus: rank 0 stopped by the launcher at clock ");
+    n = appendDecimal(line, n, kCap, clock);
+    n = appendText(line, n, kCap, " (a peer died or the job was cancelled)\n");
+    static_cast<void>(write(STDERR_FILENO, line, n));
+  }
+  errno = savedErrno;
+  // Die of the signal, as without the handler: the launcher reads the status.
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+}  // namespace
+
+void installTerminationReport(int rank, double timeoutSeconds) {
+  gStalledAfterNs.store(static_cast<int64_t>(timeoutSeconds * 1e9));
+  gLastClockNs.store(monotonicNs());
+  gReportingRank.store(rank);
+  struct sigaction action {};
+  action.sa_handler = onTermination;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+void noteClock(uint64_t clock) {
+  gLastClockNs.store(monotonicNs());
+  gClock.store(clock);
+}
+
 void reportError(const std::string& message) {
+  gReported.store(true);
   std::fflush(stdout);
   std::fprintf(stderr, "orpheus: %s\n", message.c_str());
   std::fflush(stderr);
@@ -338,6 +414,16 @@ void runWorker(Worker& worker, MetricsWriter& metrics, comm::Transport& transpor
     worker.run(metrics);
   } catch (const JobFailed&) {
     throw;  // reported once, every rank stops
+  } catch (const comm::StallError& e) {
+    if (e.reports()) {
+      reportError(e.what());
+    } else {
+      // A lower rank timed out too and reports for the job: give it the time to
+      // print and end the job, then end it anyway.
+      gReported.store(true);
+      std::this_thread::sleep_for(comm::stallGrace(transport.timeout()) + std::chrono::seconds(2));
+    }
+    transport.control().abortJob(exitCodeFor(e));
   } catch (const std::exception& e) {
     // Peers cannot know about this rank's failure: report it and end the job.
     reportError(e.what());

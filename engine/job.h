@@ -37,6 +37,16 @@ int exitCodeFor(const std::exception& e);
 // Prints "orpheus: <message>" as one line on stderr.
 void reportError(const std::string& message);
 
+// When the launcher ends the job (SIGTERM: a peer died, or mpirun was signalled),
+// rank 0 prints "orpheus: rank 0 stopped by the launcher at clock C (a peer died or
+// the job was cancelled)" once, then dies of the signal as before; nothing when it
+// reported an error already, or when it was itself stalled (no clock for longer
+// than the timeout: it was stopped, and a peer has reported). Other ranks stay
+// silent. Install once the rank is known; the handler is async-signal-safe.
+void installTerminationReport(int rank, double timeoutSeconds);
+// The clock this rank is at, for that line (each clock's start).
+void noteClock(uint64_t clock);
+
 // Runs `step` on every rank (collective: every rank calls it at the same point). If
 // it throws anywhere, the lowest failing rank prints its message and every rank
 // throws JobFailed with the worst exit code, so a problem on one rank stops the

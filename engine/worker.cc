@@ -384,6 +384,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
 // and failure injection, then this rank's record. True when the job stops here
 // (--target-accuracy reached).
 bool Worker::runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSink& sink, Tally& tally) {
+  noteClock(clock);  // for the line a termination by the launcher prints
   const auto start = Clock::now();
   const double ckptWaitBefore = log_->waitSeconds();
   const ClockStats stats = runClock(clock, queue.next(), sink);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 namespace orpheus::comm::loopback {
 
@@ -26,6 +27,21 @@ void LoopbackControlPlane::send(int peer, SharedBytes bytes) {
 }
 
 std::optional<Message> LoopbackControlPlane::tryReceive() { return hub_->controlMail().take(rank_); }
+
+void LoopbackControlPlane::sendNote(int peer, uint64_t value) {
+  ORPHEUS_ENFORCE(peer >= 0 && peer < hub_->size() && peer != rank_, "rank {} cannot send to rank {}", rank_, peer);
+  std::vector<std::byte> bytes(sizeof value);
+  std::memcpy(bytes.data(), &value, sizeof value);
+  hub_->noteMail().post(peer, Message{rank_, std::move(bytes)});
+}
+
+std::optional<Note> LoopbackControlPlane::tryReceiveNote() {
+  auto m = hub_->noteMail().take(rank_);
+  if (!m) return std::nullopt;
+  Note note{m->peer, 0};
+  std::memcpy(&note.value, m->bytes.data(), sizeof note.value);
+  return note;
+}
 
 void LoopbackControlPlane::abortJob(int exitCode) { std::_Exit(exitCode); }
 

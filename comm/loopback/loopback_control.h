@@ -18,6 +18,8 @@ class LoopbackControlPlane final : public ControlPlane {
   void send(int peer, SharedBytes bytes) override;
   std::optional<Message> tryReceive() override;
   void flush() override {}  // a post is delivered at once
+  void sendNote(int peer, uint64_t value) override;
+  std::optional<Note> tryReceiveNote() override;
   // Ends the process: every rank of a loopback job lives in it.
   [[noreturn]] void abortJob(int exitCode) override;
 

@@ -65,6 +65,7 @@ LoopbackHub::LoopbackHub(int size)
       dataRounds_(size),
       controlRounds_(size),
       dataMail_(size),
-      controlMail_(size) {}
+      controlMail_(size),
+      noteMail_(size) {}
 
 }  // namespace orpheus::comm::loopback

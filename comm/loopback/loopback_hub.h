@@ -63,6 +63,7 @@ class LoopbackHub {
   Rendezvous& controlRounds() { return controlRounds_; }
   Mailboxes& dataMail() { return dataMail_; }
   Mailboxes& controlMail() { return controlMail_; }
+  Mailboxes& noteMail() { return noteMail_; }
 
  private:
   int size_;
@@ -70,6 +71,7 @@ class LoopbackHub {
   Rendezvous controlRounds_;
   Mailboxes dataMail_;
   Mailboxes controlMail_;
+  Mailboxes noteMail_;
 };
 
 // Exchanges `values` and combines every rank's, in rank order, with `op` into

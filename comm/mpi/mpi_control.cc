@@ -3,10 +3,12 @@
 #include "engine/base/error.h"
 
 #include <cstdlib>
+#include <cstring>
 
 namespace orpheus::comm::mpi {
 namespace {
 constexpr int kControlTag = 2;
+constexpr int kNoteTag = 4;
 }  // namespace
 
 MpiControlPlane::MpiControlPlane(MPI_Comm comm) {
@@ -16,10 +18,12 @@ MpiControlPlane::MpiControlPlane(MPI_Comm comm) {
   // Errors come back as return codes so they become exceptions with context.
   ORPHEUS_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   sends_.emplace(comm_, kControlTag);
+  notes_.emplace(comm_, kNoteTag);
 }
 
 MpiControlPlane::~MpiControlPlane() {
   sends_.reset();
+  notes_.reset();
   MPI_Comm_free(&comm_);
 }
 
@@ -49,6 +53,23 @@ std::optional<Message> MpiControlPlane::tryReceive() {
 }
 
 void MpiControlPlane::flush() { sends_->flush(timeout(), rank_, "control channel"); }
+
+void MpiControlPlane::sendNote(int peer, uint64_t value) {
+  ORPHEUS_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "rank {} cannot send to rank {}", rank_, peer);
+  auto bytes = std::make_shared<std::vector<std::byte>>(sizeof value);
+  std::memcpy(bytes->data(), &value, sizeof value);
+  notes_->post(peer, std::move(bytes));
+}
+
+std::optional<Note> MpiControlPlane::tryReceiveNote() {
+  notes_->reap();
+  auto m = receiveAny(comm_, kNoteTag);
+  if (!m) return std::nullopt;
+  ORPHEUS_ENFORCE(m->bytes.size() == sizeof(uint64_t), "a note from rank {} has {} bytes", m->peer, m->bytes.size());
+  Note note{m->peer, 0};
+  std::memcpy(&note.value, m->bytes.data(), sizeof note.value);
+  return note;
+}
 
 void MpiControlPlane::abortJob(int exitCode) {
   MPI_Abort(comm_, exitCode);

@@ -21,6 +21,8 @@ class MpiControlPlane final : public ControlPlane {
   void send(int peer, SharedBytes bytes) override;
   std::optional<Message> tryReceive() override;
   void flush() override;
+  void sendNote(int peer, uint64_t value) override;
+  std::optional<Note> tryReceiveNote() override;
   [[noreturn]] void abortJob(int exitCode) override;
 
  private:
@@ -30,6 +32,7 @@ class MpiControlPlane final : public ControlPlane {
   int rank_ = 0;
   int size_ = 1;
   std::optional<SendQueue> sends_;
+  std::optional<SendQueue> notes_;
 };
 
 }  // namespace orpheus::comm::mpi

@@ -1,5 +1,6 @@
 #include "comm/mpi/mpi_requests.h"
 
+#include "comm/stall.h"
 #include "engine/base/error.h"
 
 #include <fmt/ranges.h>
@@ -18,7 +19,7 @@ void checkMpi(int rc, const char* call) {
 }
 
 void waitFor(MPI_Request& request, std::chrono::milliseconds timeout, const std::function<std::string()>& describe) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Deadline deadline(timeout);
   int done = 0;
   // Spin briefly for latency, then back off so oversubscribed ranks share the cores.
   for (int spins = 0;; ++spins) {
@@ -28,7 +29,7 @@ void waitFor(MPI_Request& request, std::chrono::milliseconds timeout, const std:
       std::this_thread::yield();
       continue;
     }
-    if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) throw TimeoutError(describe());
+    if ((spins & 63) == 0 && deadline.passed()) throw TimeoutError(describe());
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }
@@ -75,11 +76,11 @@ void SendQueue::reap() {
 }
 
 void SendQueue::flush(std::chrono::milliseconds timeout, int rank, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Deadline deadline(timeout);
   for (;;) {
     reap();
     if (pending_.empty()) return;
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (deadline.passed()) {
       std::set<int> peers;
       for (const auto& s : pending_) peers.insert(s.peer);
       throw TimeoutError(fmt::format("rank {}: {}: {} sends to rank(s) {} did not complete within {} s (the peer is "

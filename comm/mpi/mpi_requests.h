@@ -18,8 +18,9 @@ namespace orpheus::comm::mpi {
 void checkMpi(int rc, const char* call);
 #define ORPHEUS_MPI_CHECK(call) ::orpheus::comm::mpi::checkMpi((call), #call)
 
-// Polls `request` until it completes; once `timeout` has passed, throws the
-// TimeoutError whose message `describe` returns, leaving the request active.
+// Polls `request` until it completes; once `timeout` of running time has passed
+// (comm::Deadline), throws the TimeoutError whose message `describe` returns,
+// leaving the request active.
 void waitFor(MPI_Request& request, std::chrono::milliseconds timeout, const std::function<std::string()>& describe);
 
 // A message on `tag` from any source, if one has arrived (matched and received at once).

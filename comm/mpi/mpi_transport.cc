@@ -33,9 +33,9 @@ MpiTransport::~MpiTransport() {
 void MpiTransport::wait(MPI_Request& request, const char* what, uint64_t clock, int peer) {
   try {
     waitFor(request, timeout(), [&] {
-      const std::string who = peer >= 0 ? fmt::format("rank {} is stalled or gone", peer)
-                                        : "a peer is stalled or gone; an MPI collective does not say which";
-      return fmt::format("rank {}: {} at clock {} did not complete within {} s ({})", rank_, what, clock,
+      // A collective does not say which rank is late: the base finds out (comm/stall.h).
+      const std::string who = peer >= 0 ? fmt::format(" (rank {} is stalled or gone)", peer) : "";
+      return fmt::format("rank {}: {} at clock {} did not complete within {} s{}", rank_, what, clock,
                          timeout().count() / 1000.0, who);
     });
   } catch (const TimeoutError&) {

@@ -8,8 +8,9 @@
 // stays active and a late peer can still complete it. The scratch memory and the
 // communicator such a request may touch are never freed; the caller's span may
 // still be written.
-// A collective's timeout names the operation and the clock but not the late rank
-// (MPI does not say which); the ring shift and sends name the peer.
+// A collective's timeout names the operation and the clock; MPI does not say
+// which rank is late, the base finds that out (comm/stall.h). The ring shift and
+// sends name the peer they wait on.
 #pragma once
 
 #include "comm/mpi/mpi_control.h"

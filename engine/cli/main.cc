@@ -348,6 +348,7 @@ int trainMain(TrainConfig& config) {
     const auto owned = orpheus::comm::makeTransport(config.transport);
     orpheus::comm::Transport& transport = *owned;
     orpheus::setupLogging(transport.rank(), config.logLevel);
+    orpheus::engine::installTerminationReport(transport.rank(), config.timeoutSeconds);
     orpheus::setBlasThreads(config.blasThreads);
     try {
       code = orpheus::engine::runTrain(config, transport);

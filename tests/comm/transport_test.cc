@@ -18,6 +18,8 @@ class NullControl final : public comm::ControlPlane {
   void send(int, comm::SharedBytes) override {}
   std::optional<comm::Message> tryReceive() override { return std::nullopt; }
   void flush() override {}
+  void sendNote(int, uint64_t) override {}
+  std::optional<comm::Note> tryReceiveNote() override { return std::nullopt; }
   [[noreturn]] void abortJob(int code) override { std::_Exit(code); }
 };
 

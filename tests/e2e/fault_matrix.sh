@@ -3,13 +3,19 @@
 # jobs (MLR on synthetic data, BSP, averaging and a snapshot every 20 clocks, the SV
 # checkpoint, segments of 50 clocks), each case with the outcome it must have:
 #   kill_rank       SIGKILL of rank 1 (np 2): the job ends within its timeout, nonzero,
-#                   naming rank 1; no model; every segment written before is intact;
-#                   --resume then ends bitwise equal to an uninterrupted run
+#                   naming rank 1 (the launcher's line) and one orpheus line, rank 0
+#                   stopped by the launcher at a clock; no model; every segment
+#                   written before is intact; --resume then ends bitwise equal to an
+#                   uninterrupted run
 #   stop_rank       SIGSTOP of rank 1 (np 3, ring multicast): the others time out after
-#                   --timeout, naming rank 1 and the clock; nonzero; nothing left running
-#   stop_rank_bcast SIGSTOP of rank 1 (np 2, broadcast): a timeout naming the clock
-#   term_mpirun     SIGTERM of mpiexec: the job stops (nonzero) within seconds, nothing
-#                   left running, no damage; --resume is bitwise equal
+#                   --timeout; exactly one orpheus line, naming rank 1 stalled and the
+#                   clock (the woken rank 1 does not blame the others); nonzero;
+#                   nothing left running
+#   stop_rank_bcast SIGSTOP of rank 1 (np 2, broadcast): exactly one line, naming the
+#                   clock and rank 1 stalled
+#   term_mpirun     SIGTERM of mpiexec: the job stops (nonzero) within seconds, with one
+#                   orpheus line saying so and the clock, nothing left running, no
+#                   damage; --resume is bitwise equal
 #   segment_*       a middle segment truncated, corrupted or deleted;
 #   snapshot_*      a snapshot part damaged or deleted: inspect names it, restore and
 #                   inspect agree on every clock tried, a refused clock is exit 2 naming
@@ -141,6 +147,10 @@ case_kill_rank() {
   check "ends within the timeout ($timeoutSeconds s) and a margin: ${took}s" within $((timeoutSeconds + 5))
   check "exit code nonzero ($rc)" [ "$rc" -ne 0 ]
   check "a line names rank 1" grep -qE "rank 1\b" "$out/kill_rank.err"
+  check "one line from orpheus ($(orpheusLines kill_rank)): rank 0 stopped by the launcher at a clock" \
+    bash -c '[ "$(grep -c "^orpheus:" "$1")" -eq 1 ] &&
+      grep -qE "^orpheus: rank 0 stopped by the launcher at clock [0-9]+ \(a peer died or the job was cancelled\)$" "$1"' \
+    _ "$out/kill_rank.err"
   check "no model saved" [ ! -e "$out/kill_rank.model.h5" ]
   check "nothing left running" noneLeft
   check "segments written before are intact" segmentsIntact kill_rank
@@ -158,8 +168,9 @@ case_stop_rank() {
   check "times out after --timeout $timeoutSeconds s, within a margin: ${took}s" within $((timeoutSeconds + 6))
   check "exit code nonzero ($rc)" [ "$rc" -ne 0 ]
   check "another rank's line names the stopped rank and the clock" \
-    grep -qE "^orpheus: rank [02] waited [0-9.]+ s at clock [0-9]+ .*from ranks? 1$" "$out/stop_rank.err"
-  known "one line from orpheus ($(orpheusLines stop_rank): every rank that waited reports, and Open MPI resumes the stopped rank to end it, which then reports its own wait)" \
+    grep -qE "^orpheus: rank [02] waited [0-9.]+ s at clock [0-9]+ .*(from ranks?|stalled or gone: ranks?) 1$" \
+    "$out/stop_rank.err"
+  check "one line from orpheus ($(orpheusLines stop_rank)): one rank reports, the woken one blames nobody" \
     [ "$(orpheusLines stop_rank)" -eq 1 ]
   check "no model saved" [ ! -e "$out/stop_rank.model.h5" ]
   check "nothing left running" noneLeft
@@ -177,8 +188,9 @@ case_stop_rank_bcast() {
   check "times out after --timeout $timeoutSeconds s, within a margin: ${took}s" within $((timeoutSeconds + 6))
   check "exit code nonzero ($rc)" [ "$rc" -ne 0 ]
   check "the first line names the clock" bash -c '[[ "$1" =~ at\ clock\ [0-9]+ ]]' _ "$first"
-  known "the first line names the stopped rank (a broadcast is one collective: it says 'a peer')" \
-    bash -c '[[ "$1" =~ rank\ 1 ]]' _ "${first#orpheus: rank 0:}"
+  check "the first line names the stopped rank" \
+    bash -c '[[ "$1" =~ ^orpheus:\ rank\ 0[:\ ].*stalled\ or\ gone:\ rank\ 1$ ]]' _ "$first"
+  check "one line from orpheus ($(orpheusLines stop_rank_bcast))" [ "$(orpheusLines stop_rank_bcast)" -eq 1 ]
   check "nothing left running" noneLeft
 }
 
@@ -194,6 +206,10 @@ case_term_mpirun() {
   check "exit code nonzero ($rc)" [ "$rc" -ne 0 ]
   check "no core dump or crash" bash -c '! grep -qiE "core dumped|segmentation fault|terminate called" "$1"' _ \
     "$out/term_mpirun.err"
+  check "one line from orpheus ($(orpheusLines term_mpirun)): stopped by the launcher at a clock" \
+    bash -c '[ "$(grep -c "^orpheus:" "$1")" -eq 1 ] &&
+      grep -qE "^orpheus: rank 0 stopped by the launcher at clock [0-9]+ \(a peer died or the job was cancelled\)$" "$1"' \
+    _ "$out/term_mpirun.err"
   check "nothing left running" noneLeft
   check "no model saved" [ ! -e "$out/term_mpirun.model.h5" ]
   check "segments written before are intact" segmentsIntact term_mpirun
