@@ -416,7 +416,10 @@ void runWorker(Worker& worker, MetricsWriter& metrics, comm::Transport& transpor
     throw;  // reported once, every rank stops
   } catch (const comm::StallError& e) {
     if (e.reports()) {
-      reportError(e.what());
+      // A control-plane agreement does not know the clock; the loop does.
+      const std::string what = e.what();
+      reportError(what.find("clock") != std::string::npos ? what
+                                                           : fmt::format("{} (at clock {})", what, gClock.load()));
     } else {
       // A lower rank timed out too and reports for the job: give it the time to
       // print and end the job, then end it anyway.

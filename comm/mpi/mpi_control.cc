@@ -1,9 +1,12 @@
 #include "comm/mpi/mpi_control.h"
 
+#include "comm/stall.h"
 #include "engine/base/error.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace orpheus::comm::mpi {
 namespace {
@@ -28,14 +31,25 @@ MpiControlPlane::~MpiControlPlane() {
 }
 
 void MpiControlPlane::reduce(std::span<double> values, MPI_Op op, const char* what) {
+  // Reduced in a buffer of its own: if the wait times out, a late peer may still
+  // complete the operation into it, so it is then left allocated, never reused.
+  auto* buffer = new std::vector<double>(values.begin(), values.end());
   MPI_Request req;
   ORPHEUS_MPI_CHECK(
-      MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, op, comm_, &req));
-  waitFor(req, timeout(), [&] {
-    return fmt::format("rank {}: {} did not complete within {} s (a peer is stalled or gone; an MPI collective does "
-                       "not say which)",
-                       rank_, what, timeout().count() / 1000.0);
-  });
+      MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), static_cast<int>(buffer->size()), MPI_DOUBLE, op, comm_, &req));
+  try {
+    waitFor(req, timeout(), [&] {
+      return fmt::format("rank {}: {} did not complete within {} s", rank_, what, timeout().count() / 1000.0);
+    });
+  } catch (const TimeoutError& e) {
+    // As for a data-plane collective: find out which peers never came, and who
+    // reports for the job (comm/stall.h). The clock is not known here.
+    const StallVerdict v = findStalled(*this, rank_, size_, 0);
+    const std::string who = v.silent.empty() ? "every peer timed out too" : "stalled or gone: " + rankList(v.silent);
+    throw StallError(fmt::format("{}; {}", e.what(), who), v.reports);
+  }
+  std::copy(buffer->begin(), buffer->end(), values.begin());
+  delete buffer;
 }
 
 void MpiControlPlane::sum(std::span<double> values) { reduce(values, MPI_SUM, "control sum"); }

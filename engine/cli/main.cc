@@ -22,6 +22,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <thread>
 #include <utility>
 
 namespace {
@@ -54,6 +55,18 @@ int launcherRank() {
     if (const char* v = std::getenv(name)) return std::atoi(v);
   }
   return 0;
+}
+
+// An error every rank finds before MPI is up: rank 0 prints it. The others linger
+// a moment before exiting, so the launcher does not end rank 0 (seeing another
+// rank fail first) before its line is out.
+int usageError(const std::string& message, int code) {
+  if (launcherRank() == 0) {
+    orpheus::engine::reportError(message);
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  }
+  return code;
 }
 
 
@@ -404,11 +417,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ConfigError& e) {
-    if (launcherRank() == 0) orpheus::engine::reportError(configErrorLine(e));
-    return orpheus::engine::kExitBadInput;
+    return usageError(configErrorLine(e), orpheus::engine::kExitBadInput);
   } catch (const CLI::ParseError& e) {
-    if (launcherRank() == 0) orpheus::engine::reportError(std::string(e.what()) + " (see orpheus --help)");
-    return orpheus::engine::kExitBadInput;
+    return usageError(std::string(e.what()) + " (see orpheus --help)", orpheus::engine::kExitBadInput);
   }
 
   try {
@@ -422,7 +433,6 @@ int main(int argc, char** argv) {
     eval.format = orpheus::data::parseFormat(evalFormat);
     return orpheus::engine::runEval(eval);
   } catch (const std::exception& e) {
-    if (launcherRank() == 0) orpheus::engine::reportError(e.what());
-    return orpheus::engine::exitCodeFor(e);
+    return usageError(e.what(), orpheus::engine::exitCodeFor(e));
   }
 }
