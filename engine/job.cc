@@ -4,6 +4,7 @@
 #include "ckpt/model_file.h"
 #include "comm/stall.h"
 #include "engine/base/error.h"
+#include "engine/base/memory.h"
 #include "engine/checkpoint.h"
 #include "engine/job_record.h"
 #include "engine/metrics.h"
@@ -271,6 +272,15 @@ void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shard
   });
   shards.features = features;
   shards.classes = classes;
+  // The minibatches in flight (the one being trained on and the prefetched ones)
+  // must fit, whatever --batch says.
+  collectively(transport, [&] {
+    const double perExample = train.sparse ? 64.0 : 4.0 * static_cast<double>(features) + 16.0;
+    checkFitsInMemory(3.0 * static_cast<double>(config.batch) * perExample,
+                      fmt::format("--batch {}: three minibatches of {} examples of {} features", config.batch,
+                                  config.batch, features),
+                      0.5);
+  });
 }
 
 // The test shard, read to the training data's width.
