@@ -95,4 +95,27 @@ inline void all(const Backend& b, const char* op, std::span<const Tensor* const>
   }
 }
 
+// The checks every backend runs on elementwise() and elementwiseBackward()
+// arguments; returns the chain's shape.
+inline ChainShape forward(const Backend& b, const EwChain& c, std::span<const Tensor* const> inputs,
+                          std::span<Tensor* const> outputs) {
+  ORPHEUS_ENFORCE(outputs.size() == c.steps.size() && !outputs.empty() && outputs.back() != nullptr,
+                  "elementwise: {} steps, {} outputs", c.steps.size(), outputs.size());
+  const ChainShape shape = chain(b, c, inputs, *outputs.back());
+  all(b, "elementwise", std::span<const Tensor* const>(outputs.data(), outputs.size()), shape, false);
+  return shape;
+}
+
+inline ChainShape backward(const Backend& b, const EwChain& c, std::span<const Tensor* const> inputs,
+                           std::span<const Tensor* const> values, const Tensor& upstream,
+                           std::span<Tensor* const> inputGrads) {
+  ORPHEUS_ENFORCE(values.size() == c.steps.size() && inputGrads.size() == inputs.size(),
+                  "elementwiseBackward: {} steps, {} values; {} inputs, {} gradients", c.steps.size(), values.size(),
+                  inputs.size(), inputGrads.size());
+  const ChainShape shape = chain(b, c, inputs, upstream);
+  all(b, "elementwiseBackward", values, shape, false);
+  all(b, "elementwiseBackward", std::span<const Tensor* const>(inputGrads.data(), inputGrads.size()), shape, true);
+  return shape;
+}
+
 }  // namespace orpheus::ops::checks

@@ -138,24 +138,14 @@ void CpuBackend::gemmSparse(float alpha, const Tensor& a, const SparseTensor& s,
 
 void CpuBackend::elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
                              std::span<Tensor* const> outputs) {
-  ORPHEUS_ENFORCE(outputs.size() == chain.steps.size(), "elementwise: {} steps, {} outputs", chain.steps.size(),
-                  outputs.size());
-  ORPHEUS_ENFORCE(outputs.back() != nullptr, "elementwise: missing output");
-  const checks::ChainShape shape = checks::chain(*this, chain, inputs, *outputs.back());
-  checks::all(*this, "elementwise", std::span<const Tensor* const>(outputs.data(), outputs.size()), shape, false);
+  const checks::ChainShape shape = checks::forward(*this, chain, inputs, outputs);
   runChainForward<float>(chain, buffers(inputs, shape, outputs));
 }
 
 void CpuBackend::elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
                                      std::span<const Tensor* const> values, const Tensor& upstream,
                                      std::span<Tensor* const> inputGrads) {
-  ORPHEUS_ENFORCE(values.size() == chain.steps.size() && inputGrads.size() == inputs.size(),
-                  "elementwiseBackward: {} steps, {} values; {} inputs, {} gradients", chain.steps.size(),
-                  values.size(), inputs.size(), inputGrads.size());
-  const checks::ChainShape shape = checks::chain(*this, chain, inputs, upstream);
-  checks::all(*this, "elementwiseBackward", values, shape, false);
-  checks::all(*this, "elementwiseBackward", std::span<const Tensor* const>(inputGrads.data(), inputGrads.size()),
-              shape, true);
+  const checks::ChainShape shape = checks::backward(*this, chain, inputs, values, upstream, inputGrads);
   ChainBuffers<float> b = buffers(inputs, shape, values);
   b.upstream = upstream.data();
   for (const Tensor* grad : inputGrads) b.inputGrads.push_back(grad ? grad->data() : nullptr);

@@ -125,10 +125,7 @@ class CudaBackend final : public Backend {
 
   void elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
                    std::span<Tensor* const> outputs) override {
-    ORPHEUS_ENFORCE(outputs.size() == chain.steps.size() && !outputs.empty() && outputs.back() != nullptr,
-                    "elementwise: {} steps, {} outputs", chain.steps.size(), outputs.size());
-    const checks::ChainShape shape = checks::chain(*this, chain, inputs, *outputs.back());
-    checks::all(*this, "elementwise", std::span<const Tensor* const>(outputs.data(), outputs.size()), shape, false);
+    const checks::ChainShape shape = checks::forward(*this, chain, inputs, outputs);
     ChainArgs args = chainArgs(chain, inputs, shape);
     for (size_t k = 0; k < outputs.size(); ++k) args.value[k] = outputs[k]->data();
     activate();
@@ -138,13 +135,7 @@ class CudaBackend final : public Backend {
   void elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
                            std::span<const Tensor* const> values, const Tensor& upstream,
                            std::span<Tensor* const> inputGrads) override {
-    ORPHEUS_ENFORCE(values.size() == chain.steps.size() && inputGrads.size() == inputs.size(),
-                    "elementwiseBackward: {} steps, {} values; {} inputs, {} gradients", chain.steps.size(),
-                    values.size(), inputs.size(), inputGrads.size());
-    const checks::ChainShape shape = checks::chain(*this, chain, inputs, upstream);
-    checks::all(*this, "elementwiseBackward", values, shape, false);
-    checks::all(*this, "elementwiseBackward", std::span<const Tensor* const>(inputGrads.data(), inputGrads.size()),
-                shape, true);
+    const checks::ChainShape shape = checks::backward(*this, chain, inputs, values, upstream, inputGrads);
     ChainArgs args = chainArgs(chain, inputs, shape);
     for (size_t k = 0; k < values.size(); ++k) args.value[k] = values[k]->data();
     args.upstream = upstream.data();

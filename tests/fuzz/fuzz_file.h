@@ -2,6 +2,9 @@
 // file in a directory private to the process, removed at exit.
 #pragma once
 
+#include "engine/base/error.h"
+#include "engine/data/dataset.h"
+
 #include <unistd.h>
 
 #include <cstdint>
@@ -40,6 +43,24 @@ inline void writeBytes(const std::string& path, const uint8_t* data, size_t size
   if (f == nullptr) std::abort();
   if (size > 0 && std::fwrite(data, 1, size, f) != size) std::abort();
   if (std::fclose(f) != 0) std::abort();
+}
+
+// Reads `path` as `format` whole and as every shard of 3, slicing what loads. Bad
+// input must end in InputError; anything else escapes as a finding.
+inline void readEveryShard(const std::string& path, data::Format format) {
+  for (int world : {1, 3}) {
+    for (int rank = 0; rank < world; ++rank) {
+      data::ReadOptions options;
+      options.format = format;
+      options.rank = rank;
+      options.worldSize = world;
+      try {
+        const data::Dataset d = data::readDataset(path, options);
+        if (d.size() > 0) data::slice(d, 0, d.size());
+      } catch (const InputError&) {
+      }
+    }
+  }
 }
 
 }  // namespace orpheus::fuzz

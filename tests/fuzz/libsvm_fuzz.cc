@@ -10,18 +10,6 @@ using namespace orpheus;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = fuzz::scratch().file("input.libsvm");
   fuzz::writeBytes(path, data, size);
-  for (int world : {1, 3}) {
-    for (int rank = 0; rank < world; ++rank) {
-      data::ReadOptions options;
-      options.format = data::Format::kLibsvm;
-      options.rank = rank;
-      options.worldSize = world;
-      try {
-        const data::Dataset d = data::readDataset(path, options);
-        if (d.size() > 0) data::slice(d, 0, d.size());
-      } catch (const InputError&) {
-      }
-    }
-  }
+  fuzz::readEveryShard(path, data::Format::kLibsvm);
   return 0;
 }
