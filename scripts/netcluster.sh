@@ -15,6 +15,9 @@
 #                                0 leaves netem out. R: NUMBER[bit|kbit|mbit|gbit|tbit|bps|
 #                                kbps|mbps|gbps] (tc units, bps = bytes/s); D: NUMBER[us|ms|s].
 #                                An existing cluster is removed first.
+#   rate R                       change every link's rate on the running cluster (both
+#                                directions, delay kept): a job that is running sees its
+#                                network get slower or faster from the next packets on
 #   down                         remove namespaces, veths, bridge and the agent (idempotent)
 #   status                       hosts, addresses and qdiscs
 #   hosts                        comma-separated host addresses, for mpirun --host
@@ -113,6 +116,24 @@ rate_bits() {
     printf "%.0f\n", n * m[u] }'
 }
 
+# The rate R in tc syntax, lowercased, or exit 2 naming the command that was given it.
+check_rate() {
+  local cmd=$1 rate=${2,,}
+  [[ $rate =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$ ]] ||
+    die "$cmd: bad rate '$2' (expected e.g. 100mbit, 1gbit, 10gbit, 125mbps)" 2
+  [ "$(rate_bits "$rate")" -ge 8000 ] || die "$cmd: rate '$2' is below 8kbit" 2
+  echo "$rate"
+}
+
+# The tbf qdisc's arguments for rate R. The bucket must hold a few packets (and the largest
+# GSO super-packet) at any rate; 256 KiB as measured to give ~0.94 Gbit/s at 1gbit, more
+# above 1gbit (2 ms worth of the rate).
+tbf_args() {
+  local bits; bits=$(rate_bits "$1")
+  local burst=$((bits / 8 / 500)); [ "$burst" -ge 262144 ] || burst=262144
+  echo "tbf rate $1 burst $burst latency 50ms"
+}
+
 BUILDING=0
 up_exit() {
   local rc=$?
@@ -139,11 +160,7 @@ cmd_up() {
   [[ $n =~ ^[0-9]+$ ]] && [ "$((10#$n))" -ge 1 ] && [ "$((10#$n))" -le $MAX_HOSTS ] ||
     die "up: the number of hosts must be an integer from 1 to $MAX_HOSTS, got '$n'" 2
   n=$((10#$n))
-  rate=${rate,,}
-  [[ $rate =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$ ]] ||
-    die "up: bad --rate '$rate' (expected e.g. 100mbit, 1gbit, 10gbit, 125mbps)" 2
-  local bits; bits=$(rate_bits "$rate")
-  [ "$bits" -ge 8000 ] || die "up: --rate '$rate' is below 8kbit" 2
+  rate=$(check_rate up "$rate")
   delay=${delay,,}
   [[ $delay =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]] || die "up: bad --delay '$delay' (expected e.g. 0.1ms, 50us, 0ms)" 2
   local use_netem=1
@@ -164,10 +181,7 @@ cmd_up() {
   BUILDING=1
   trap 'exit 130' INT; trap 'exit 143' TERM; trap up_exit EXIT
 
-  # tbf: the bucket must hold a few packets (and the largest GSO super-packet) at any rate;
-  # 256 KiB as measured to give ~0.94 Gbit/s at 1gbit, more above 1gbit (2 ms worth of the rate).
-  local burst=$((bits / 8 / 500)); [ "$burst" -ge 262144 ] || burst=262144
-  local tbf=(tbf rate "$rate" burst "$burst" latency 50ms)
+  local tbf; read -ra tbf <<< "$(tbf_args "$rate")"
 
   ip link add "$BRIDGE" type bridge
   ip addr add "$BRIDGE_ADDR" dev "$BRIDGE"
@@ -211,6 +225,29 @@ cmd_up() {
   BUILDING=0
   trap - INT TERM EXIT
   echo "netcluster: $n hosts up ($desc): $(cmd_hosts)"
+}
+
+# --- rate: change the links of a running cluster -------------------------------------------
+cmd_rate() {
+  [ $# -eq 1 ] || die "rate: usage: rate R (e.g. rate 1gbit)" 2
+  local rate; rate=$(check_rate rate "$1")
+  require_root
+  require_cluster
+  local tbf; read -ra tbf <<< "$(tbf_args "$rate")"
+  local i ns parent
+  for i in $(existing_hosts); do
+    ns=$(ns_name "$i")
+    # Under netem the tbf is its child 10: at 1:1; without netem it is the root 10:.
+    parent=root
+    ip netns exec "$ns" tc qdisc show dev eth0 | grep -q '^qdisc netem 1:' && parent="parent 1:1"
+    # shellcheck disable=SC2086
+    ip netns exec "$ns" tc qdisc change dev eth0 $parent handle 10: "${tbf[@]}" ||
+      die "rate: tc cannot change the upload qdisc in $ns"
+    tc qdisc change dev "$(veth_name "$i")" root handle 10: "${tbf[@]}" ||
+      die "rate: tc cannot change the download qdisc on $(veth_name "$i")"
+  done
+  [ -f "$STATE/config" ] && sed -i "s/^rate=.*/rate=$rate/" "$STATE/config"
+  echo "netcluster: links now at rate $rate"
 }
 
 # --- queries --------------------------------------------------------------------------------
@@ -294,6 +331,7 @@ cmd_agent() {
 
 case ${1:-} in
   up) shift; cmd_up "$@" ;;
+  rate) shift; cmd_rate "$@" ;;
   down) require_root; command -v ip >/dev/null 2>&1 || exit 0; cmd_down; echo "netcluster: down" ;;
   status) require_root; cmd_status ;;
   hosts) cmd_hosts ;;
