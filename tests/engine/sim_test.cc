@@ -101,9 +101,9 @@ TEST_CASE("BSP: a clock ends when its last batch is in, then the rebuild", "[sim
   ranks[1].messageBytes = static_cast<uint64_t>(kMb);
   ranks[1].receivers = {0};
   const auto t = clock.place(1, ranks);
-  // Rank 0 hears from rank 1 at 0.002 + 8 ms + 50 us, after its own compute.
-  CHECK(t[0].exchanged == Approx(0.010 + 0.0));
-  CHECK(t[0].end == Approx(0.011));
+  // Rank 0 hears from rank 1 at 0.002 + 8 ms + 50 us, just after its own compute ends.
+  CHECK(t[0].exchanged == Approx(0.002 + kWire + kLat));
+  CHECK(t[0].end == Approx(0.002 + kWire + kLat + 0.001));
   // Rank 1 waits for rank 0's batch: 0.010 + 8 ms + 50 us.
   CHECK(t[1].exchanged == Approx(0.010 + kWire + kLat));
   CHECK(t[1].end == Approx(0.010 + kWire + kLat + 0.001));
