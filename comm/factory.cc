@@ -52,7 +52,12 @@ std::unique_ptr<Transport> makeTransport(const std::string& name, const Transpor
 }
 
 std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const TransportOptions& options) {
-  auto hub = std::make_shared<loopback::LoopbackHub>(ranks);
+  return makeLoopbackGroup(ranks, options, nullptr);
+}
+
+std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const TransportOptions& options,
+                                                          std::shared_ptr<loopback::RunGate> gate) {
+  auto hub = std::make_shared<loopback::LoopbackHub>(ranks, std::move(gate));
   std::vector<std::unique_ptr<Transport>> group;
   for (int r = 0; r < ranks; ++r) {
     group.push_back(std::make_unique<loopback::LoopbackTransport>(hub, r));

@@ -11,6 +11,10 @@
 
 namespace orpheus::comm {
 
+namespace loopback {
+class RunGate;
+}  // namespace loopback
+
 struct TransportOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // data and control planes
 };
@@ -31,5 +35,9 @@ std::unique_ptr<Transport> makeTransport(const std::string& name, const Transpor
 // An in-process job for tests and simulation: `ranks` loopback transports on one
 // hub, element r being rank r. Each must be driven by its own thread.
 std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const TransportOptions& options = {});
+// The same, with at most gate->capacity() of the ranks' threads running at once
+// (comm/loopback/run_gate.h: each thread enters the gate before its first call).
+std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const TransportOptions& options,
+                                                          std::shared_ptr<loopback::RunGate> gate);
 
 }  // namespace orpheus::comm

@@ -103,6 +103,7 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
 
 ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSink& metrics) {
   ClockStats stats;
+  notePhase(ClockPhase::kStarted, clock);
   const comm::TrafficCounters before = transport_.counters();
   if (transport_.rank() == config_.delayRank && config_.delayMs > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(config_.delayMs));
@@ -140,9 +141,11 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   // The C SVGs of S worth sending (all of S when selection is off).
   const std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
   const SvBatch& sent = selected ? *selected : *local;
+  notePhase(ClockPhase::kExchange, clock);
   // Send S to this clock's receivers and receive T, the SVG sets addressed here.
   Group group = pointToPoint_ ? exchangeWithPeers(clock, local, sent, selected.has_value(), stats, metrics)
                               : exchangeWithAll(clock, local, sent, stats);
+  notePhase(ClockPhase::kRebuild, clock);
   // W += compute_update(s) for each s in S ∪ T, rebuilt together.
   rebuild(group, stats);
   // The batches applied, to the checkpoint log.
@@ -245,10 +248,12 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
   auto t = Clock::now();
   ParamSet grad = model_.denseGradient(replica_, examples, &stats.loss);
   stats.computeSeconds = secondsSince(t);
+  notePhase(ClockPhase::kExchange, clock);
 
   t = Clock::now();
   for (auto& p : grad.params) transport_.allreduceSum({p.value.data(), static_cast<size_t>(p.value.size())}, clock);
   stats.commSeconds = secondsSince(t);
+  notePhase(ClockPhase::kRebuild, clock);
 
   t = Clock::now();
   for (size_t i = 0; i < grad.size(); ++i) replica_[i].noalias() += stepScale_ * grad[i];
@@ -394,6 +399,7 @@ bool Worker::runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSin
   const Recovery::Failure failure = afterClock(clock);
   const double clockSeconds = secondsSince(start);
   tally.trainSeconds += clockSeconds;
+  notePhase(ClockPhase::kEnded, clock);
 
   const bool leader = transport_.rank() == 0;
   ClockRecord r{};
@@ -425,6 +431,7 @@ bool Worker::runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSin
     tally.reachedTarget = true;
     sink.endAt(clock);
   }
+  if (observer_ != nullptr) observer_->reported(r);
   sink.report(r);
   return reachedTarget;
 }

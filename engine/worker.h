@@ -46,6 +46,21 @@ struct EvalResult {
   int64_t examples = 0;
 };
 
+// Where a clock's phases begin, for an observer of the loop (the simulator,
+// engine/sim): compute (SVs or gradient, selection), the exchange with peers (up to
+// the last batch this clock waits for), then the rebuild, the coordinator and the
+// checkpoint; kEnded comes before the clock's evaluation.
+enum class ClockPhase { kStarted, kExchange, kRebuild, kEnded };
+
+// Told, on the worker's thread, as each clock passes a phase, and the record each
+// clock of run() reports. Must not call back into the worker.
+class ClockObserver {
+ public:
+  virtual ~ClockObserver() = default;
+  virtual void phase(ClockPhase phase, uint64_t clock) = 0;
+  virtual void reported(const ClockRecord& record) = 0;
+};
+
 class Worker {
  public:
   // All references must outlive the worker. `test` may be null (no evaluation).
@@ -101,6 +116,9 @@ class Worker {
   uint64_t lastClock() const { return lastClock_; }
   // True when batches travel point to point (multicast, SSP, link failures).
   bool pointToPoint() const { return pointToPoint_; }
+  // Tells `observer` (null: nobody) the phases of every clock from now on; it must
+  // outlive the worker's clocks.
+  void observeClocks(ClockObserver* observer) { observer_ = observer; }
 
  private:
   // The batches a clock applies together, in rank order, with their records for the log.
@@ -149,6 +167,9 @@ class Worker {
   void applyReady(uint64_t clock);
 
   SvBatchHeader header(uint64_t clock) const;
+  void notePhase(ClockPhase phase, uint64_t clock) {
+    if (observer_ != nullptr) observer_->phase(phase, clock);
+  }
 
   const TrainConfig& config_;
   const ops::Model& model_;
@@ -170,6 +191,7 @@ class Worker {
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
   uint64_t lastClock_ = 0;
+  ClockObserver* observer_ = nullptr;
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

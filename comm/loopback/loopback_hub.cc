@@ -4,8 +4,8 @@
 
 namespace orpheus::comm::loopback {
 
-Rendezvous::Rendezvous(int size)
-    : size_(size), present_(static_cast<size_t>(size), false), slots_(static_cast<size_t>(size)) {}
+Rendezvous::Rendezvous(int size, RunGate* gate)
+    : size_(size), gate_(gate), present_(static_cast<size_t>(size), false), slots_(static_cast<size_t>(size)) {}
 
 Deposits Rendezvous::exchange(int rank, std::vector<std::byte> bytes, std::chrono::milliseconds timeout,
                               const char* what, std::optional<uint64_t> clock) {
@@ -25,7 +25,19 @@ Deposits Rendezvous::exchange(int rank, std::vector<std::byte> bytes, std::chron
     cv_.notify_all();
     return published_;
   }
-  if (!cv_.wait_for(lock, timeout, [&] { return round_ != myRound; })) {
+  bool done = false;
+  {
+    // Leaves the gate before blocking and re-enters it without holding mu_, so a
+    // rank holding a place never waits on this lock for one without.
+    if (gate_ != nullptr) gate_->leave();
+    done = cv_.wait_for(lock, timeout, [&] { return round_ != myRound; });
+    if (gate_ != nullptr) {
+      lock.unlock();
+      gate_->enter();
+      lock.lock();
+    }
+  }
+  if (!done) {
     std::vector<int> missing;
     for (int r = 0; r < size_; ++r)
       if (!present_[static_cast<size_t>(r)]) missing.push_back(r);
@@ -35,18 +47,27 @@ Deposits Rendezvous::exchange(int rank, std::vector<std::byte> bytes, std::chron
                                    rank, what, at, timeout.count() / 1000.0, fmt::join(missing, ", "), arrived_,
                                    size_));
   }
-  // Rounds are strictly sequential per rank, so the published round is ours.
+  // Rounds are strictly sequential per rank, so the published round is ours (no
+  // rank can open round myRound + 2 before this one has deposited in myRound + 1).
   return published_;
 }
 
 void Mailboxes::post(int to, Message m) {
   std::lock_guard lock(mu_);
   boxes_[static_cast<size_t>(to)].push_back(std::move(m));
+  if (gate_ != nullptr) posted_[static_cast<size_t>(to)].notify_one();
 }
 
 std::optional<Message> Mailboxes::take(int rank) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto& box = boxes_[static_cast<size_t>(rank)];
+  if (box.empty() && gate_ != nullptr) {
+    gate_->leave();
+    posted_[static_cast<size_t>(rank)].wait_for(lock, kIdleWait, [&] { return !box.empty(); });
+    lock.unlock();
+    gate_->enter();
+    lock.lock();
+  }
   if (box.empty()) return std::nullopt;
   Message m = std::move(box.front());
   box.pop_front();
@@ -60,12 +81,13 @@ int checkedSize(int size) {
 }
 }  // namespace
 
-LoopbackHub::LoopbackHub(int size)
+LoopbackHub::LoopbackHub(int size, std::shared_ptr<RunGate> gate)
     : size_(checkedSize(size)),
-      dataRounds_(size),
-      controlRounds_(size),
-      dataMail_(size),
-      controlMail_(size),
-      noteMail_(size) {}
+      gate_(std::move(gate)),
+      dataRounds_(size, gate_.get()),
+      controlRounds_(size, gate_.get()),
+      dataMail_(size, gate_.get()),
+      controlMail_(size, gate_.get()),
+      noteMail_(size, gate_.get()) {}
 
 }  // namespace orpheus::comm::loopback

@@ -1,8 +1,15 @@
 // What the `size` loopback ranks of one in-process job share: a rendezvous per
 // plane (every collective is one round of it) and mailboxes per plane. The data
 // and control planes never share a round or a mailbox, as on MPI. Thread-safe.
+//
+// With a RunGate (simulation, comm/loopback/run_gate.h) every wait gives up the
+// waiting rank's place: a rendezvous while the others arrive, and an empty
+// mailbox, which then waits up to kIdleWait for a post before it answers nothing
+// (tryReceive is polled in a loop by a rank waiting on peers; the pause lets the
+// ranks with work run instead of the pollers).
 #pragma once
 
+#include "comm/loopback/run_gate.h"
 #include "comm/message.h"
 #include "engine/base/error.h"
 
@@ -22,7 +29,8 @@ using Deposits = std::shared_ptr<const std::vector<std::vector<std::byte>>>;
 
 class Rendezvous {
  public:
-  explicit Rendezvous(int size);
+  // `gate` may be null (no bound on running threads); it must outlive the rendezvous.
+  explicit Rendezvous(int size, RunGate* gate = nullptr);
 
   // Deposits `bytes` for `rank` in the current round and waits (up to `timeout`)
   // until every rank has deposited; returns all deposits in rank order. On timeout
@@ -33,6 +41,7 @@ class Rendezvous {
 
  private:
   int size_;
+  RunGate* gate_;
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t round_ = 0;
@@ -42,22 +51,31 @@ class Rendezvous {
   Deposits published_;
 };
 
-// One FIFO per receiver: messages from one sender keep their order.
+// How long an empty mailbox of a gated hub waits for a post before answering nothing.
+inline constexpr std::chrono::microseconds kIdleWait{1000};
+
+// One FIFO per receiver: messages from one sender keep their order. A box holds
+// nothing until a message comes (P receivers, never P^2 sender-receiver pairs).
 class Mailboxes {
  public:
-  explicit Mailboxes(int size) : boxes_(static_cast<size_t>(size)) {}
+  explicit Mailboxes(int size, RunGate* gate = nullptr)
+      : gate_(gate), boxes_(static_cast<size_t>(size)), posted_(gate != nullptr ? static_cast<size_t>(size) : 0) {}
   void post(int to, Message m);
   std::optional<Message> take(int rank);
 
  private:
+  RunGate* gate_;
   std::mutex mu_;
   std::vector<std::deque<Message>> boxes_;
+  std::vector<std::condition_variable> posted_;  // per receiver, with a gate only
 };
 
 class LoopbackHub {
  public:
-  explicit LoopbackHub(int size);
+  // `gate`: bounds the rank threads running at once (null: no bound).
+  explicit LoopbackHub(int size, std::shared_ptr<RunGate> gate = nullptr);
   int size() const { return size_; }
+  RunGate* gate() const { return gate_.get(); }
 
   Rendezvous& dataRounds() { return dataRounds_; }
   Rendezvous& controlRounds() { return controlRounds_; }
@@ -67,6 +85,7 @@ class LoopbackHub {
 
  private:
   int size_;
+  std::shared_ptr<RunGate> gate_;
   Rendezvous dataRounds_;
   Rendezvous controlRounds_;
   Mailboxes dataMail_;

@@ -10,6 +10,7 @@
 #include "engine/cli/flags.h"
 #include "engine/job.h"
 #include "engine/outputs.h"
+#include "engine/sim/simulation.h"
 #include "orpheus/config.h"
 
 #include <CLI/CLI.hpp>
@@ -276,6 +277,49 @@ void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
       ->check(integerIn(1));
 }
 
+// The simulated machine: workers, the network model, the computation.
+void addSimulateFlags(CLI::App& cmd, orpheus::engine::sim::SimConfig& s, double& latencyUs) {
+  cmd.add_option("--ranks", s.ranks, "P: workers to simulate, each a thread of this process")
+      ->required()
+      ->check(integerIn(1, 100000));
+  cmd.add_option("--sim-link-gbps", s.network.linkGbps, "Network model: bandwidth of each link, Gbit/s each way")
+      ->capture_default_str()
+      ->check(numberIn(0, 1e6, true));
+  cmd.add_option("--sim-latency-us", latencyUs, "Network model: latency of each message, microseconds")
+      ->capture_default_str()
+      ->check(numberIn(0, 1e9));
+  cmd.add_option("--sim-nic-gbps", s.network.nicGbps,
+                 "Network model: each NIC's limit, Gbit/s each way; messages serialize on it (0: the link's)")
+      ->capture_default_str()
+      ->check(numberIn(0, 1e6));
+  cmd.add_option("--sim-core-gbps", s.network.coreGbps,
+                 "Network model: the fabric's aggregate bandwidth, shared by the senders of an exchange (0: full "
+                 "bisection)")
+      ->capture_default_str()
+      ->check(numberIn(0, 1e9));
+  cmd.add_flag("--sim-multicast", s.network.multicast,
+               "Network model: IP/IB multicast, one send reaches all of a message's receivers");
+  cmd.add_option("--sim-compute-ms", s.computeMs,
+                 "Computation per clock in milliseconds (0: measured, the thread CPU time of each worker's clock)")
+      ->capture_default_str()
+      ->check(numberIn(0, 1e9));
+  cmd.add_option("--sim-threads", s.threads, "Workers doing a clock's work at once (0: the machine's cores)")
+      ->capture_default_str()
+      ->check(integerIn(0, 4096));
+}
+
+int simulateMain(TrainConfig& config, orpheus::engine::sim::SimConfig& sim, double latencyUs) {
+  orpheus::setupLogging(0, config.logLevel);
+  orpheus::setBlasThreads(config.blasThreads);
+  sim.network.latencySeconds = latencyUs * 1e-6;
+  try {
+    return orpheus::engine::sim::runSimulation(config, sim);
+  } catch (const std::exception& e) {
+    orpheus::engine::reportError(e.what());
+    return orpheus::engine::exitCodeFor(e);
+  }
+}
+
 struct RestoreArgs {
   std::string dir;
   std::string clock = "latest";
@@ -393,6 +437,15 @@ int main(int argc, char** argv) {
   CLI::App* trainCmd = app.add_subcommand("train", "Train a model; launch with mpirun, one rank per worker");
   addTrainFlags(*trainCmd, train, trainFormat);
 
+  TrainConfig simTrain;
+  std::string simFormat = "auto";
+  orpheus::engine::sim::SimConfig sim;
+  double simLatencyUs = sim.network.latencySeconds * 1e6;
+  CLI::App* simulateCmd = app.add_subcommand(
+      "simulate", "Simulate P workers in this process: the real clock loop on a virtual clock and a network model");
+  addTrainFlags(*simulateCmd, simTrain, simFormat);
+  addSimulateFlags(*simulateCmd, sim, simLatencyUs);
+
   EvalConfig eval;
   std::string evalFormat = "auto";
   CLI::App* evalCmd = app.add_subcommand("eval", "Evaluate saved parameters on test data; prints one JSON line");
@@ -426,6 +479,10 @@ int main(int argc, char** argv) {
     if (trainCmd->parsed()) {
       train.format = orpheus::data::parseFormat(trainFormat);
       return trainMain(train);
+    }
+    if (simulateCmd->parsed()) {
+      simTrain.format = orpheus::data::parseFormat(simFormat);
+      return simulateMain(simTrain, sim, simLatencyUs);
     }
     orpheus::setupLogging(0, "warn");
     if (restoreCmd->parsed()) return restoreMain(restoreArgs);

@@ -11,6 +11,9 @@
 #   table4   checkpoint and recovery cost (the Orpheus paper's Table 4), np 4, MLP.
 #   table3   techniques added one at a time (the paper's Table 3), np 8, MLP
 #            (scripts/bench/table3.sh; its own options are environment variables).
+#   simulate orpheus simulate: calibration against the emulated 1 Gbit/s cluster at
+#            P = 4, 8 and the scaling table P = 8..1000 on a 10 Gbit/s model
+#            (scripts/bench/simulate.sh; options as environment variables).
 #   codesign, sv-vs-dense, generated, selection: the older suites in their own scripts
 #            (comm_codesign.sh, sv_vs_dense.sh, generated_vs_handwritten.sh,
 #            selection_error.sh), options as environment variables; see each header.
@@ -24,9 +27,9 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"
 suite="${1-}"
 case "$suite" in
-  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection) shift ;;
+  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate) shift ;;
   -h | --help | "") sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection)" >&2
+  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection, simulate)" >&2
      exit 2 ;;
 esac
 
@@ -44,9 +47,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 declare -A SCRIPT=([table3]=table3.sh [codesign]=comm_codesign.sh [sv-vs-dense]=sv_vs_dense.sh
-  [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh)
+  [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh [simulate]=simulate.sh)
 if [ -n "${SCRIPT[$suite]-}" ]; then
   case "$suite" in table3 | codesign) build "$ROOT/build-dev" Release ;; esac
+  [ "$suite" = simulate ] && build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
   exec "$ROOT/scripts/bench/${SCRIPT[$suite]}" "$@"
 fi
 build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF

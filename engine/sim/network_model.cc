@@ -1,0 +1,92 @@
+#include "engine/sim/network_model.h"
+
+#include "engine/base/error.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace orpheus::engine::sim {
+namespace {
+
+double bytesPerSecond(double gbps) { return gbps * 1e9 / 8.0; }
+
+}  // namespace
+
+double NetworkModel::sendBytesPerSecond() const {
+  return bytesPerSecond(nicGbps > 0.0 ? std::min(linkGbps, nicGbps) : linkGbps);
+}
+
+double NetworkModel::receiveBytesPerSecond() const { return sendBytesPerSecond(); }
+
+void NetworkModel::validate() const {
+  ORPHEUS_CHECK_INPUT(linkGbps > 0.0, "--sim-link-gbps {} must be positive", linkGbps);
+  ORPHEUS_CHECK_INPUT(nicGbps >= 0.0, "--sim-nic-gbps {} must be positive (0: the link's)", nicGbps);
+  ORPHEUS_CHECK_INPUT(coreGbps >= 0.0, "--sim-core-gbps {} must be positive (0: full bisection)", coreGbps);
+  ORPHEUS_CHECK_INPUT(latencySeconds >= 0.0, "--sim-latency-us {} must not be negative", latencySeconds * 1e6);
+}
+
+Network::Network(const NetworkModel& model, int ranks)
+    : model_(model), sendFree_(static_cast<size_t>(ranks), 0.0), receiveFree_(static_cast<size_t>(ranks), 0.0) {}
+
+std::vector<std::vector<double>> Network::deliver(std::span<const Transfer> transfers) {
+  struct Copy {
+    size_t transfer;
+    size_t slot;
+    double reaches;
+  };
+  double sendRate = model_.sendBytesPerSecond();
+  if (model_.coreGbps > 0.0) {
+    std::vector<int> senders;
+    for (const Transfer& t : transfers)
+      if (!t.receivers.empty()) senders.push_back(t.sender);
+    std::sort(senders.begin(), senders.end());
+    const auto distinct = std::unique(senders.begin(), senders.end()) - senders.begin();
+    if (distinct > 0) sendRate = std::min(sendRate, bytesPerSecond(model_.coreGbps) / static_cast<double>(distinct));
+  }
+  const double receiveRate = model_.receiveBytesPerSecond();
+
+  // The senders' side: copies leave back to back.
+  std::vector<std::vector<double>> in(transfers.size());
+  std::vector<std::vector<Copy>> byReceiver(receiveFree_.size());
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const Transfer& t = transfers[i];
+    in[i].assign(t.receivers.size(), 0.0);
+    double& free = sendFree_[static_cast<size_t>(t.sender)];
+    const double copyTime = static_cast<double>(t.bytes) / sendRate;
+    double leaves = std::max(free, t.ready);
+    for (size_t k = 0; k < t.receivers.size(); ++k) {
+      if (k == 0 || !model_.multicast) leaves += copyTime;
+      byReceiver[static_cast<size_t>(t.receivers[k])].push_back({i, k, leaves + model_.latencySeconds});
+    }
+    if (!t.receivers.empty()) free = leaves;
+  }
+  // The receivers' side: copies come in one at a time, in the order they reach it.
+  for (size_t r = 0; r < byReceiver.size(); ++r) {
+    auto& copies = byReceiver[r];
+    std::stable_sort(copies.begin(), copies.end(), [](const Copy& a, const Copy& b) { return a.reaches < b.reaches; });
+    double& free = receiveFree_[r];
+    for (const Copy& c : copies) {
+      const double takes = static_cast<double>(transfers[c.transfer].bytes) / receiveRate;
+      free = std::max(c.reaches, free + takes);
+      in[c.transfer][c.slot] = free;
+    }
+  }
+  return in;
+}
+
+double ringAllreduceSeconds(const NetworkModel& model, int ranks, double bytes) {
+  if (ranks <= 1) return 0.0;
+  const double p = ranks;
+  double rate = model.sendBytesPerSecond();
+  if (model.coreGbps > 0.0) rate = std::min(rate, model.coreGbps * 1e9 / 8.0 / p);
+  return 2.0 * (p - 1.0) * (model.latencySeconds + bytes / p / rate);
+}
+
+double ringShiftSeconds(const NetworkModel& model, int ranks, double bytes) {
+  if (ranks <= 1) return 0.0;
+  double rate = model.sendBytesPerSecond();
+  if (model.coreGbps > 0.0) rate = std::min(rate, model.coreGbps * 1e9 / 8.0 / ranks);
+  return model.latencySeconds + bytes / rate;
+}
+
+}  // namespace orpheus::engine::sim

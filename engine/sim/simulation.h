@@ -1,0 +1,39 @@
+// `orpheus simulate`: P workers of a training job in one process, running the real
+// clock loop (engine::Worker: selection, multicast schedules, BSP/SSP, the
+// coordinator, the rebuild) as threads over the loopback transport, placed on a
+// virtual clock whose communication times come from a network model
+// (engine/sim/network_model.h) and whose computation times are measured per
+// clock as thread CPU time (or given). Writes the same metrics lines as `train`,
+// with simulated seconds, and a summary with the simulation's own measures.
+//
+// Memory: one copy of the data in all (each rank's shard is its part of it, read
+// once for IDX files), a replica, a model and two small-stack threads per worker
+// (the worker's and its prefetcher's), and at most --sim-threads workers doing a
+// clock's work at any time (comm/loopback/run_gate.h), so the buffers of a clock
+// (an allgather's P batches, their decoded copies) exist for those few only.
+//
+// What is not simulated: under SSP the replicas apply batches in the order the
+// threads deliver them, not in virtual time, so their accuracy follows the real
+// interleaving; checkpoints and failure injection are refused.
+#pragma once
+
+#include "engine/config.h"
+#include "engine/sim/network_model.h"
+
+namespace orpheus::engine::sim {
+
+struct SimConfig {
+  int ranks = 4;
+  NetworkModel network;
+  double computeMs = 0.0;  // > 0: every clock computes this long; 0: as measured
+  int threads = 0;         // workers running at once; 0: the machine's cores
+};
+
+// Stack of each thread the simulation starts (the workers and their prefetchers).
+inline constexpr size_t kSimThreadStack = size_t{1} << 20;
+
+// Runs the job; returns the exit code. Bad input throws InputError before any
+// worker starts; a failure inside a worker is reported once and ends the process.
+int runSimulation(const TrainConfig& config, const SimConfig& sim);
+
+}  // namespace orpheus::engine::sim

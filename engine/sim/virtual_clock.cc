@@ -1,0 +1,110 @@
+#include "engine/sim/virtual_clock.h"
+
+#include <algorithm>
+
+namespace orpheus::engine::sim {
+
+VirtualClock::VirtualClock(const NetworkModel& model, int ranks, Mode mode, int staleness)
+    : network_(model, ranks), ranks_(ranks), mode_(mode), staleness_(staleness),
+      start_(static_cast<size_t>(ranks), 0.0) {}
+
+double VirtualClock::inThrough(int r, uint64_t c) const {
+  double t = 0.0;
+  for (uint64_t k = firstKept_; k <= c && k - firstKept_ < lastIn_.size(); ++k) {
+    t = std::max(t, lastIn_[k - firstKept_][static_cast<size_t>(r)]);
+  }
+  return t;
+}
+
+std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<RankClock>& ranks) {
+  const auto p = static_cast<size_t>(ranks_);
+  std::vector<RankTiming> out(p);
+  std::vector<Transfer> transfers;
+  for (size_t r = 0; r < p; ++r) {
+    out[r].start = start_[r];
+    out[r].sends = start_[r] + ranks[r].compute;
+    Transfer t;
+    t.sender = static_cast<int>(r);
+    t.ready = out[r].sends;
+    t.bytes = ranks[r].messageBytes;
+    if (ranks[r].toAllPeers) {
+      for (int q = 0; q < ranks_; ++q)
+        if (q != static_cast<int>(r)) t.receivers.push_back(q);
+    } else {
+      t.receivers = ranks[r].receivers;
+    }
+    if (!t.receivers.empty()) transfers.push_back(std::move(t));
+  }
+  const std::vector<std::vector<double>> in = network_.deliver(transfers);
+  std::vector<double> lastIn(p, 0.0);
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    for (size_t k = 0; k < transfers[i].receivers.size(); ++k) {
+      const auto to = static_cast<size_t>(transfers[i].receivers[k]);
+      lastIn[to] = std::max(lastIn[to], in[i][k]);
+      ++out[to].inDegree;
+    }
+  }
+
+  double denseDone = 0.0;
+  if (mode_ == Mode::kDense) {
+    double reduced = 0.0;
+    for (size_t r = 0; r < p; ++r) {
+      denseDone = std::max(denseDone, out[r].sends);
+      reduced = std::max(reduced, static_cast<double>(ranks[r].reducedBytes));
+    }
+    denseDone += ringAllreduceSeconds(network_.model(), ranks_, reduced);
+  }
+  for (size_t r = 0; r < p; ++r) {
+    RankTiming& t = out[r];
+    switch (mode_) {
+      case Mode::kBsp: t.exchanged = std::max(t.sends, lastIn[r]); break;
+      case Mode::kSsp: t.exchanged = t.sends; break;
+      case Mode::kDense: t.exchanged = denseDone; break;
+    }
+    t.end = t.exchanged + ranks[r].receive + ranks[r].update;
+  }
+
+  lastIn_.push_back(std::move(lastIn));
+  // Staleness at this clock's start, from the clocks placed before it.
+  for (size_t r = 0; r < p; ++r) {
+    uint64_t complete = clock - 1;
+    while (complete >= firstKept_ && complete - firstKept_ < lastIn_.size() &&
+           lastIn_[complete - firstKept_][r] > out[r].start) {
+      --complete;
+    }
+    // Clocks older than the window were complete long ago.
+    out[r].staleness = static_cast<int64_t>(clock - 1) - static_cast<int64_t>(complete);
+  }
+
+  // The next start: the consistency model, then the coordinator's barrier.
+  double averaged = 0.0;
+  double shifted = 0.0;
+  for (size_t r = 0; r < p; ++r) {
+    averaged = std::max(averaged, static_cast<double>(ranks[r].averagedBytes));
+    shifted = std::max(shifted, static_cast<double>(ranks[r].shiftedBytes));
+  }
+  const uint64_t s = static_cast<uint64_t>(std::max(0, staleness_));
+  for (size_t r = 0; r < p; ++r) {
+    double next = out[r].end;
+    if (mode_ == Mode::kSsp && clock + 1 > s + 1) next = std::max(next, inThrough(static_cast<int>(r), clock - s));
+    out[r].nextStart = next;
+  }
+  if (averaged > 0.0 || shifted > 0.0) {
+    double barrier = 0.0;
+    for (size_t r = 0; r < p; ++r) barrier = std::max({barrier, out[r].end, inThrough(static_cast<int>(r), clock)});
+    barrier += ringAllreduceSeconds(network_.model(), ranks_, averaged) +
+               (shifted > 0.0 ? ringShiftSeconds(network_.model(), ranks_, shifted) : 0.0);
+    for (size_t r = 0; r < p; ++r) out[r].nextStart = barrier;
+  }
+  for (size_t r = 0; r < p; ++r) start_[r] = out[r].nextStart;
+
+  // Keep the clocks SSP may still wait on (s + 1 back) and the staleness window.
+  const size_t keep = static_cast<size_t>(std::min<uint64_t>(s + 2, 64));
+  while (lastIn_.size() > keep) {
+    lastIn_.pop_front();
+    ++firstKept_;
+  }
+  return out;
+}
+
+}  // namespace orpheus::engine::sim

@@ -1,0 +1,73 @@
+// The simulated time line of a job: each rank's clocks placed on a virtual clock
+// from what the real clock loop did (its phases' CPU time, the messages it sent)
+// and the network model (engine/sim/network_model.h).
+//
+// Per rank r and clock t, with S the clock's start:
+//   sends at      S + compute                     (SVs computed and selected)
+//   exchanged at  BSP: max(sends, last batch of clock t addressed to r is in)
+//                 SSP: sends (nothing waited for inside the clock)
+//                 dense: every rank's sends, then the ring all-reduce of the gradient
+//   ends at       exchanged + receive + update    (decoding, rebuild, log)
+//   next start    BSP: the end; SSP: max(end, every batch addressed to r from the
+//                 clocks <= t+1-s-1 is in); after a coordinator barrier (averaging,
+//                 rotation): the last rank's end (and every batch in), plus the ring
+//                 all-reduce of the replica and/or the ring shift.
+// Clocks are placed in order: the network sees clock t's messages before clock
+// t+1's, also where SSP lets a fast rank's later clock go out first.
+#pragma once
+
+#include "engine/sim/network_model.h"
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+namespace orpheus::engine::sim {
+
+// What one rank did in one clock.
+struct RankClock {
+  double compute = 0.0;  // CPU seconds before the exchange
+  double receive = 0.0;  // CPU seconds of the exchange itself (decoding what came)
+  double update = 0.0;   // CPU seconds after it (rebuild, log, coordinator)
+  uint64_t messageBytes = 0;  // bytes of each message sent
+  std::vector<int> receivers;  // point to point: each send's peer
+  bool toAllPeers = false;     // an allgather: every other rank
+  uint64_t reducedBytes = 0;   // dense: gradient bytes all-reduced in the exchange
+  uint64_t averagedBytes = 0;  // coordinator: replica bytes averaged after the clock
+  uint64_t shiftedBytes = 0;   // coordinator: replica bytes rotated after the clock
+};
+
+// Where one rank's clock fell on the virtual clock.
+struct RankTiming {
+  double start = 0.0;
+  double sends = 0.0;
+  double exchanged = 0.0;
+  double end = 0.0;
+  double nextStart = 0.0;
+  int inDegree = 0;     // messages addressed to the rank in this clock
+  int64_t staleness = 0;  // clock - 1 - the newest clock whose batches had all arrived at the start
+};
+
+class VirtualClock {
+ public:
+  enum class Mode { kBsp, kSsp, kDense };
+  VirtualClock(const NetworkModel& model, int ranks, Mode mode, int staleness);
+
+  // Places clock `clock` (the next one) given every rank's record of it.
+  std::vector<RankTiming> place(uint64_t clock, const std::vector<RankClock>& ranks);
+
+ private:
+  // The time all batches addressed to r of clocks <= c were in (0 for c < first).
+  double inThrough(int r, uint64_t c) const;
+
+  Network network_;
+  int ranks_;
+  Mode mode_;
+  int staleness_;
+  std::vector<double> start_;
+  // Per rank, the arrival of the last batch of each recent clock, oldest first.
+  uint64_t firstKept_ = 1;
+  std::deque<std::vector<double>> lastIn_;  // [clock - firstKept_][rank]
+};
+
+}  // namespace orpheus::engine::sim

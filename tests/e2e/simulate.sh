@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# simulate.sh ORPHEUS COMPARE CHECK MPIEXEC CHECKS...: orpheus simulate against the
+# real engine. Each check:
+#   bitwise        P = 4, BSP, no selection: broadcast and random multicast (Q = 2)
+#                  give bitwise the parameters of real np-4 runs (same flags, same seed).
+#   messages:P     P workers, 3 clocks of MLR (batch 10): every clock sends exactly P*Q
+#                  messages under random multicast (Q = 4) and P(P-1) under broadcast.
+#   memory:P:MB    P workers of MLR under random multicast (Q = 4): peak RSS <= MB.
+set -euo pipefail
+orpheus=$1; compare=$2; check=$3; mpiexec=$4; shift 4
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+train="$data/train-images-idx3-ubyte.gz"
+common=(--train "$train" --progress off --log-level warn --seed 11)
+
+for c in "$@"; do
+  IFS=: read -r what p bound <<<"$c"
+  case "$what" in
+    bitwise)
+      for m in "all" "random --fanout 2"; do
+        # shellcheck disable=SC2086
+        "$mpiexec" -n 4 --oversubscribe "$orpheus" train "${common[@]}" --clocks 30 --batch 50 --multicast $m \
+          --save "$out/real.h5" >/dev/null
+        # shellcheck disable=SC2086
+        "$orpheus" simulate --ranks 4 "${common[@]}" --clocks 30 --batch 50 --multicast $m --save "$out/sim.h5" >/dev/null
+        echo "multicast $m:"
+        "$compare" "$out/sim.h5" "$out/real.h5" 0
+      done ;;
+    messages)
+      q=4
+      "$orpheus" simulate --ranks "$p" "${common[@]}" --clocks 3 --batch 10 --multicast random --fanout $q \
+        --metrics "$out/random.jsonl" >/dev/null
+      "$check" "$out/random.jsonl" "messages_per_clock_min>=$((p * q))" "messages_per_clock_max<=$((p * q))" \
+        "in_degree_mean>=$q" "in_degree_mean<=$q"
+      "$orpheus" simulate --ranks "$p" "${common[@]}" --clocks 3 --batch 10 --multicast all \
+        --metrics "$out/all.jsonl" >/dev/null
+      "$check" "$out/all.jsonl" "messages_per_clock_min>=$((p * (p - 1)))" "messages_per_clock_max<=$((p * (p - 1)))" \
+        "seconds>=1e-9"
+      echo "P = $p: $((p * q)) messages per clock (random, Q = $q), $((p * (p - 1))) (broadcast)" ;;
+    memory)
+      "$orpheus" simulate --ranks "$p" "${common[@]}" --clocks 3 --batch 10 --multicast random --fanout 4 \
+        --test "$data/t10k-images-idx3-ubyte.gz" --metrics "$out/memory.jsonl"
+      "$check" "$out/memory.jsonl" "peak_rss_mb<=$bound" "test_accuracy>=0.1" ;;
+    *) echo "simulate.sh: unknown check '$c'" >&2; exit 2 ;;
+  esac
+done
