@@ -237,16 +237,14 @@ void readCsr(hid_t group, const std::string& prefix, const Rows& rows, const Rea
     fail(path, "'{}shape' says {} rows, but '{}' has {} entries ({} rows)", prefix, shape->first, indptr.label(),
          indptr.dim(0), indptr.dim(0) - 1);
   }
-  int64_t width = -1;  // the bound on column indices, when one is known
-  if (shape) {
-    if (options.features >= 0 && shape->second > options.features) {
-      fail(path, "'{}shape' says {} columns (features), but {} were expected", prefix, shape->second,
-           options.features);
-    }
-    width = shape->second;
+  if (shape && options.features >= 0 && shape->second > options.features) {
+    fail(path, "'{}shape' says {} columns (features), but {} were expected", prefix, shape->second, options.features);
   }
-  if (options.features >= 0) width = options.features;
-  if (width > INT32_MAX) fail(path, "{} features is too many", width);
+  // The bound on column indices, when one is known (-1 otherwise).
+  const int64_t width = shape ? shape->second : options.features;
+  if (std::max(width, options.features) > INT32_MAX) {
+    fail(path, "{} features is too many", std::max(width, options.features));
+  }
 
   // This shard's row offsets, and the last one, which must close `data`.
   const auto offsets = indptr.readRange<int64_t>(rows.begin, rows.count + 1, H5T_NATIVE_INT64);
@@ -288,7 +286,8 @@ void readCsr(hid_t group, const std::string& prefix, const Rows& rows, const Rea
     starts[j] = static_cast<int32_t>(begin);
     order.resize(static_cast<size_t>(end - begin));
     std::iota(order.begin(), order.end(), begin);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return columns[a] < columns[b]; });
+    const auto byColumn = [&](int64_t a, int64_t b) { return columns[a] < columns[b]; };
+    if (!std::is_sorted(order.begin(), order.end(), byColumn)) std::stable_sort(order.begin(), order.end(), byColumn);
     for (int64_t k = begin; k < end; ++k) {
       const int64_t from = order[static_cast<size_t>(k - begin)];
       const int64_t column = columns[from];
@@ -314,7 +313,7 @@ void readCsr(hid_t group, const std::string& prefix, const Rows& rows, const Rea
   starts[rows.count] = static_cast<int32_t>(count);
 
   data.sparse = true;
-  data.features = width >= 0 ? width : maxColumn + 1;
+  data.features = options.features >= 0 ? options.features : width >= 0 ? width : maxColumn + 1;
   SparseMatrix& x = data.sparseX;
   x.resize(data.features, rows.count);
   x.resizeNonZeros(count);
