@@ -60,7 +60,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", default="-", help="verse dump (default: stdin)")
     p.add_argument("--outdir", required=True)
-    p.add_argument("--block", type=int, default=5, help="verses per example, at most (default 5)")
+    p.add_argument("--block", type=int, default=3, help="verses per example, at most (default 3)")
     p.add_argument("--labels", choices=("sections", "books"), default="sections")
     p.add_argument("--ngrams", type=int, choices=(1, 2), default=2, help="words (1) or words and pairs (2, default)")
     p.add_argument("--min-df", type=int, default=2, help="min training examples per feature (default 2)")
