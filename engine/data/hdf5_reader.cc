@@ -167,6 +167,9 @@ Rows shardRows(int64_t total, const ReadOptions& options, const std::string& pat
   if (rows.count <= 0) {
     fail(path, "shard {} of {} is empty: the file has {} examples", options.rank, options.worldSize, total);
   }
+  // Its labels and row offsets, read as int64 or double.
+  checkFitsInMemory(static_cast<double>(rows.count) * 2 * sizeof(int64_t),
+                    fmt::format("{}: this shard's {} labels and row offsets", path, rows.count));
   return rows;
 }
 
@@ -210,7 +213,9 @@ std::optional<std::pair<int64_t, int64_t>> readShape(hid_t group, const std::str
   } else {
     return std::nullopt;
   }
-  if (shape[0] < 0 || shape[1] < 1) fail(path, "'{}shape' is ({}, {}): expected rows >= 0, columns >= 1", prefix, shape[0], shape[1]);
+  if (shape[0] < 0 || shape[1] < 1) {
+    fail(path, "'{}shape' is ({}, {}): expected rows >= 0, columns >= 1", prefix, shape[0], shape[1]);
+  }
   return std::make_pair(shape[0], shape[1]);
 }
 
@@ -292,7 +297,9 @@ void readCsr(hid_t group, const std::string& prefix, const Rows& rows, const Rea
       const int64_t from = order[static_cast<size_t>(k - begin)];
       const int64_t column = columns[from];
       const int64_t at = lo + from;
-      if (column < 0) fail(path, "'{}[{}]' is {} (row {}): column indices must be >= 0", indices.label(), at, column, row);
+      if (column < 0) {
+        fail(path, "'{}[{}]' is {} (row {}): column indices must be >= 0", indices.label(), at, column, row);
+      }
       if (width >= 0 && column >= width) {
         fail(path, "'{}[{}]' is {} (row {}), beyond the {} columns {}", indices.label(), at, column, row, width,
              shape ? "of its shape" : "expected");
