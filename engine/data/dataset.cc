@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -19,6 +20,7 @@ namespace detail {
 Dataset readIdx(const std::string& path, const ReadOptions& options);
 Dataset readLibsvm(const std::string& path, const ReadOptions& options, int indexBase);
 Dataset readCsv(const std::string& path, const ReadOptions& options);
+Dataset readHdf5(const std::string& path, const ReadOptions& options);
 }  // namespace detail
 
 namespace {
@@ -55,6 +57,18 @@ bool hasIdxMagic(const std::string& path) {
   return magic[0] == 0 && magic[1] == 0 && knownType && magic[3] >= 1 && magic[3] <= 4;
 }
 
+// Whether the file starts with the HDF5 signature. (HDF5 also allows it after a
+// user block of 512, 1024, ... bytes; such a file needs its name or --format.)
+bool hasHdf5Signature(const std::string& path) {
+  static constexpr unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  unsigned char head[sizeof kSignature] = {};
+  const size_t got = std::fread(head, 1, sizeof head, f);
+  std::fclose(f);
+  return got == sizeof head && std::memcmp(head, kSignature, sizeof head) == 0;
+}
+
 // Examples in column `j` of a sparse matrix, compressed or not.
 int64_t columnNonZeros(const SparseMatrix& m, int64_t j) {
   if (m.isCompressed()) return m.outerIndexPtr()[j + 1] - m.outerIndexPtr()[j];
@@ -81,8 +95,9 @@ Format parseFormat(const std::string& name) {
   if (name == "idx") return Format::kIdx;
   if (name == "libsvm") return Format::kLibsvm;
   if (name == "csv") return Format::kCsv;
+  if (name == "hdf5") return Format::kHdf5;
   throw InputError(
-      fmt::format("unknown data format '{}': expected one of auto, idx, libsvm, csv", name));
+      fmt::format("unknown data format '{}': expected one of auto, idx, libsvm, csv, hdf5", name));
 }
 
 Format resolveFormat(const std::string& path, Format format) {
@@ -92,7 +107,9 @@ Format resolveFormat(const std::string& path, Format format) {
   const std::string name = std::filesystem::path(path).filename().string();
   if (hasIdxName(name)) return Format::kIdx;
   if (endsWithNoCase(name, ".csv")) return Format::kCsv;
+  if (endsWithNoCase(name, ".h5") || endsWithNoCase(name, ".hdf5")) return Format::kHdf5;
   if (hasIdxMagic(path)) return Format::kIdx;
+  if (hasHdf5Signature(path)) return Format::kHdf5;
   return Format::kLibsvm;
 }
 
@@ -106,6 +123,8 @@ Dataset readDataset(const std::string& path, const ReadOptions& options) {
       return detail::readIdx(path, options);
     case Format::kCsv:
       return detail::readCsv(path, options);
+    case Format::kHdf5:
+      return detail::readHdf5(path, options);
     case Format::kLibsvm:
     case Format::kAuto:
       break;

@@ -12,9 +12,9 @@
 
 namespace orpheus::data {
 
-enum class Format { kAuto, kIdx, kLibsvm, kCsv };
+enum class Format { kAuto, kIdx, kLibsvm, kCsv, kHdf5 };
 
-// Parses "auto", "idx", "libsvm", "csv"; throws InputError otherwise.
+// Parses "auto", "idx", "libsvm", "csv", "hdf5"; throws InputError otherwise.
 Format parseFormat(const std::string& name);
 
 struct Dataset {
@@ -25,7 +25,7 @@ struct Dataset {
   SparseMatrix sparseX;         // D x N when sparse
   std::vector<int32_t> labels;  // N class ids, >= 0
   // Index of this shard's first example in the whole file, and the examples in the
-  // whole file (all shards). Known for IDX; for text formats with more than one
+  // whole file (all shards). Known for IDX and HDF5; for text formats with more than one
   // shard both are -1 (finding them needs the whole file): the caller agrees them
   // across ranks (exclusive prefix sum and sum of size()).
   int64_t globalOffset = 0;
@@ -39,8 +39,9 @@ struct ReadOptions {
   Format format = Format::kAuto;
   int rank = 0;               // this rank reads shard `rank` of `worldSize`
   int worldSize = 1;
-  // Fixes the width (LIBSVM/CSV; IDX checks it); -1: infer it from the data. CSV
-  // takes the file's first line, so every rank agrees; LIBSVM takes this shard's
+  // Fixes the width (LIBSVM/CSV/HDF5 CSR; IDX and HDF5 dense X check it); -1: infer
+  // it from the data. CSV takes the file's first line and HDF5 its shapes, so every
+  // rank agrees; LIBSVM (and a CSR matrix without a shape) takes this shard's
   // largest index, so the caller agrees the maximum and calls widen().
   int64_t features = -1;
   // LIBSVM only: how the feature indices are based. -1 detects it from the data of
@@ -55,6 +56,10 @@ struct ReadOptions {
 //    Shards are contiguous example ranges; a raw file is read by seeking.
 //  - LIBSVM/svmlight: "label idx:val idx:val ..." per line, sparse; labels are class ids.
 //  - CSV: label first, then the features; dense. A header line is an error.
+//  - HDF5: a dataset `X` (N x D, a row per example; dense) or a CSR matrix
+//    (`data`, `indices`, `indptr` and optionally `shape`, in a group `X` or at the
+//    root; sparse), and `y` (N class ids). Shards are contiguous row ranges, read
+//    by hyperslab (engine/data/hdf5_reader.cc has the details and the checks).
 //  Text formats split the file by byte range at line boundaries, so each rank
 //  reads only its part. Every error is an InputError naming file:line where one
 //  exists (malformed lines, NaN/Inf values, negative or non-integer labels,
@@ -67,8 +72,9 @@ int detectIndexBase(const std::string& path, Format format);
 
 // The detected format of a path, or `format` itself when not kAuto. By the file
 // name's ending: "-idx3-ubyte" or "-idx1-ubyte" (or ".idx3-ubyte"...; each
-// optionally ".gz") -> IDX, ".csv" -> CSV; otherwise by content: an IDX magic
-// number (raw or gzipped) -> IDX; otherwise LIBSVM.
+// optionally ".gz") -> IDX, ".csv" -> CSV, ".h5" or ".hdf5" -> HDF5; otherwise by
+// content: an IDX magic number (raw or gzipped) -> IDX, the HDF5 signature at the
+// start of the file -> HDF5; otherwise LIBSVM.
 Format resolveFormat(const std::string& path, Format format);
 
 // Raises the width of `data` to `features`, padding with zero features. A text
