@@ -337,6 +337,15 @@ int inspectMain(const std::string& dir) {
     }
     std::printf("  replica %d: clocks %s restorable, %zu segments, %.1f MB\n", r.replica,
                 restorable.describe().c_str(), r.segments.size(), bytes / 1e6);
+    size_t own = 0, references = 0;
+    for (const auto& s : r.segments) {
+      own += s.ownBatches.size();
+      references += s.uses.size();
+    }
+    // Format 3 logs each batch once: the replica's own, and references to the others'.
+    if (references > 0) {
+      std::printf("    %zu batches of its own, %zu applied from other replicas' logs\n", own, references);
+    }
     if (!r.lost.empty()) {
       std::printf("    lost in failures: %llu clocks (%s)\n", static_cast<unsigned long long>(lostClocks),
                   lost.c_str());
