@@ -696,10 +696,10 @@ def ab_section(args, runner, work):
             # Each rank under GNU time (when installed) for its own peak RSS.
             timed = ["/usr/bin/time", "-f", "%M", "-o", os.path.join(rss, "rank-%p")] if os.path.exists(
                 "/usr/bin/time") else []
+            train = [runner.binary, "train", *runner.common(w, args.batch, clocks), *flags]
+            train[train.index("--target-accuracy") + 1] = "0"
             cmd = ["mpirun", "-np", str(args.np), "--oversubscribe", "sh", "-c",
-                   shlex.join([*timed, runner.binary, "train", *runner.common(w, args.batch, clocks), *flags])
-                   .replace("%p", "$$")]
-            cmd[cmd.index("--target-accuracy") + 1] = "0"
+                   shlex.join([*timed, *train]).replace("%p", "$$")]
             say(f"{datetime.datetime.now():%H:%M:%S} A/B {key} rep {rep}")
             before = os.times()
             rc, _, wall = runner.run([cmd], os.path.join(args.raw, f"ab__{key}__{rep}.log"), args.time_limit)
@@ -847,7 +847,8 @@ def main():
     with open(os.path.join(args.raw, "results.json"), "w") as f:
         json.dump({f"{k[0]}|{k[1]}": v for k, v in results.items()}, f, indent=1, default=str)
     print(text)
-    plot(os.path.join(args.out, f"{name}.png"), groups, results)
+    if groups:
+        plot(os.path.join(args.out, f"{name}.png"), groups, results)
     archive_raw(args.raw, os.path.join(args.out, f"{name}_raw.tar.xz"))
 
 
