@@ -106,19 +106,9 @@ class Replayer {
           }
           break;
         }
-        case ckpt::EventKind::kGroup: {
-          std::vector<SvBatch> batches;
-          batches.reserve(e.records.size());
-          for (const auto& r : e.records) {
-            const auto ref = ckpt::parseBatchRef(r);
-            batches.push_back(ref ? received(*ref) : decode(r, expect_));
-          }
-          std::vector<const SvBatch*> ptrs;
-          for (const auto& b : batches) ptrs.push_back(&b);
-          model_.computeUpdate(ptrs, params);
-          ++groups_;
+        case ckpt::EventKind::kGroup:
+          applyGroup(e, params);
           break;
-        }
         default:
           break;
       }
@@ -129,6 +119,22 @@ class Replayer {
   size_t groups() const { return groups_; }
 
  private:
+  // One clock's group, applied as the worker applied it: its batches (the
+  // replica's own decoded, the others' recomputed from their senders' logs) rebuilt
+  // together, in logged order.
+  void applyGroup(const ckpt::LogEntry& group, ParamSet& params) {
+    std::vector<SvBatch> batches;
+    batches.reserve(group.records.size());
+    for (const auto& r : group.records) {
+      const auto ref = ckpt::parseBatchRef(r);
+      batches.push_back(ref ? received(*ref) : decode(r, expect_));
+    }
+    std::vector<const SvBatch*> ptrs;
+    for (const auto& b : batches) ptrs.push_back(&b);
+    model_.computeUpdate(ptrs, params);
+    ++groups_;
+  }
+
   // What the replica applied for a reference: what the worker computed live, by the
   // same steps: the sender's whole batch as its log holds it (decoded, as the
   // sender's own replica had it), its selection (engine/select.h: selectForPeers),
