@@ -21,8 +21,11 @@
 // after a rotation the new holder of replica <id> continues its directory.
 //
 // A segment holds, in apply order, "groups": the batches applied together in one
-// compute_update at a local clock (their encoded SV batch records, unchanged), and
-// events (averaged, rotated in/out, reset). Every file is written under a temporary
+// compute_update at a local clock, and events (averaged, rotated in/out, reset). A
+// group holds the replica's own batch as its encoded SV batch record and each batch
+// received from another replica as a reference into that replica's log (format 3,
+// ckpt/segment.h), so each batch is on disk once; restoring one replica reads the
+// batches it references from the other replicas' logs in the same directory. Every file is written under a temporary
 // name, flushed (fsync) and renamed (ckpt/durable.h), and a segment carries a CRC32C
 // of its contents, so a crash leaves only whole segments; a segment that fails its
 // CRC is damage. A damaged segment and a missing one are the same gap in the log; a

@@ -35,10 +35,14 @@ ReplicaInventory inspectReplica(int replica, const fs::path& dir, uint64_t after
     s.bytes = fs::file_size(f.path, ec);
     if (ec) s.bytes = 0;
     std::vector<ClockRange> lost;
-    s.problem = loadSegment(f.path, r.replica, f.first, f.last, nullptr, &lost, &s.events);
+    s.problem = loadSegment(f.path, r.replica, f.first, f.last, nullptr, &lost, &s.events, &s.uses, &s.ownBatches);
     if (s.problem.empty()) r.lost.insert(r.lost.end(), lost.begin(), lost.end());
     s.intact = s.problem.empty();
-    if (!s.intact) s.events.clear();
+    if (!s.intact) {
+      s.events.clear();
+      s.uses.clear();
+      s.ownBatches.clear();
+    }
     if (chained && s.intact && continuesChain(r.lastIntactClock, started, f.first)) {
       r.lastIntactClock = std::max(r.lastIntactClock, f.last);
       started = true;
@@ -104,7 +108,70 @@ Inventory inspect(const std::string& dir, const InspectScope& scope) {
     inv.replicas.push_back(inspectReplica(static_cast<int>(d.number), d.path, after, scope.upTo));
   }
   inv.totalBytes = totalBytes(dir);
+  inv.complete = scope.replica < 0 && scope.upTo == 0;
   return inv;
+}
+
+std::string Inventory::batchTrouble(uint32_t replica, uint64_t clock) const {
+  const auto it = std::find_if(replicas.begin(), replicas.end(),
+                               [&](const ReplicaInventory& r) { return r.replica == static_cast<int>(replica); });
+  if (it == replicas.end()) return fmt::format("the log of replica {} is missing", replica);
+  bool held = false;
+  for (const SegmentInfo& s : it->segments) {
+    if (clock < s.firstClock || clock > s.lastClock) continue;
+    if (!s.intact) {
+      return fmt::format("the batch replica {} computed at clock {} is in log segment '{}', which is damaged ({})",
+                         replica, clock, s.path, s.problem);
+    }
+    held = held || std::binary_search(s.ownBatches.begin(), s.ownBatches.end(), clock);
+  }
+  return held ? std::string()
+              : fmt::format("no log segment of replica {} holds the batch it computed at clock {} (missing)", replica,
+                            clock);
+}
+
+std::span<const std::byte> BatchStore::batch(uint32_t replica, uint64_t clock) {
+  Loaded& l = loaded_[replica];
+  if (!l.listed) {
+    l.files = listSegments(replicaDir(dir_, static_cast<int>(replica)));
+    l.listed = true;
+  }
+  if (clock < l.first || clock > l.last) {
+    // Every segment holding the clock (two at a rotation's hand-over clock).
+    l.batches.clear();
+    l.first = 1;
+    l.last = 0;
+    bool any = false;
+    for (const SegmentFile& f : l.files) {
+      if (clock < f.first || clock > f.last) continue;
+      std::vector<LogEntry> entries;
+      const std::string problem = loadSegment(f.path, static_cast<int>(replica), f.first, f.last, &entries);
+      if (!problem.empty()) {
+        l.batches.clear();
+        throw BatchUnavailable(
+            fmt::format("the batch replica {} computed at clock {} is in log segment '{}', which is damaged ({})",
+                        replica, clock, f.path, problem));
+      }
+      l.first = any ? std::min(l.first, f.first) : f.first;
+      l.last = any ? std::max(l.last, f.last) : f.last;
+      any = true;
+      for (LogEntry& e : entries) {
+        if (e.kind != EventKind::kGroup) continue;
+        for (auto& r : e.records) {
+          const auto origin = peekBatchOrigin(r);
+          if (origin && origin->replica == replica) {
+            l.batches[origin->clock] = std::move(r);
+          }
+        }
+      }
+    }
+  }
+  const auto it = l.batches.find(clock);
+  if (it == l.batches.end()) {
+    throw BatchUnavailable(fmt::format(
+        "no log segment of replica {} holds the batch it computed at clock {} (missing)", replica, clock));
+  }
+  return it->second;
 }
 
 std::vector<LogEntry> readLog(const std::string& dir, int replica, uint64_t after, uint64_t upTo) {

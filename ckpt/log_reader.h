@@ -3,10 +3,14 @@
 #pragma once
 
 #include "ckpt/job_info.h"
+#include "ckpt/layout.h"
 #include "ckpt/log_entry.h"
+#include "engine/base/error.h"
 #include "engine/base/params.h"
 
 #include <cstdint>
+#include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,6 +25,8 @@ struct SegmentInfo {
   bool intact = true;   // CRC and structure verified
   std::string problem;  // why not
   std::vector<LogEntry> events;  // intact: its entries but groups (averaged, rotated, reset), without records
+  std::vector<BatchUse> uses;    // intact: the batch references of its groups, in order
+  std::vector<uint64_t> ownBatches;  // intact: the clocks of the replica's own batches it holds
 };
 struct ReplicaInventory {
   int replica = 0;
@@ -38,6 +44,14 @@ struct Inventory {
   std::vector<uint64_t> snapshots;  // complete snapshots, by clock
   std::vector<UnusableSnapshot> damagedSnapshots;  // incomplete or damaged ones, by clock
   uint64_t totalBytes = 0;
+  // Every replica's whole log was looked at: whether a referenced batch is there
+  // can be told (ckpt/restorable.h); a scoped inventory leaves that to the replay.
+  bool complete = false;
+
+  // Why the batch replica `replica` computed at clock `clock` cannot be read from its
+  // log ("" when it can): a segment holding that clock is damaged, or no intact one
+  // holds the batch. Meaningful only when `complete`.
+  std::string batchTrouble(uint32_t replica, uint64_t clock) const;
 };
 
 // What inspect looks at; by default everything. A scoped inventory leaves out what
@@ -60,5 +74,36 @@ Inventory inspect(const std::string& dir, const InspectScope& scope = {});
 // (naming the latest clock). A damaged or incomplete segment that is the very last
 // one is ignored with a warning.
 std::vector<LogEntry> readLog(const std::string& dir, int replica, uint64_t after, uint64_t upTo);
+
+// A batch a replica's replay needs from another replica's log cannot be read.
+class BatchUnavailable : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+// The whole local batches replicas logged, read from their logs on demand (what the
+// batch references of ckpt/log_entry.h point to). Keeps the segments it read last of
+// each replica, so a replay that moves forward in clocks reads each segment once.
+// Not thread-safe.
+class BatchStore {
+ public:
+  explicit BatchStore(std::string dir) : dir_(std::move(dir)) {}
+  // The record of the batch replica `replica` computed at clock `clock`, valid until
+  // the next call. Throws BatchUnavailable naming the segment file and the clock when
+  // a segment holding that clock is damaged, or when no segment holds the batch (the
+  // same rule as Inventory::batchTrouble).
+  std::span<const std::byte> batch(uint32_t replica, uint64_t clock);
+
+ private:
+  struct Loaded {
+    bool listed = false;
+    std::vector<SegmentFile> files;
+    uint64_t first = 1;
+    uint64_t last = 0;  // the clocks the loaded segments hold (none: last < first)
+    std::map<uint64_t, std::vector<std::byte>> batches;
+  };
+  std::string dir_;
+  std::map<uint32_t, Loaded> loaded_;
+};
 
 }  // namespace orpheus::ckpt

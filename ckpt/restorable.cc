@@ -50,8 +50,8 @@ void addPiece(std::vector<RestorableRange>* pieces, uint64_t first, uint64_t las
 class ReplicaAnalysis {
  public:
   ReplicaAnalysis(const ReplicaInventory& inv, const std::vector<uint64_t>& snapshots,
-                  const std::vector<UnusableSnapshot>& unusable)
-      : inv_(inv), unusable_(unusable) {
+                  const std::vector<UnusableSnapshot>& unusable, const Inventory* whole)
+      : inv_(inv), unusable_(unusable), whole_(whole) {
     out_.replica = inv.replica;
     out_.starts.push_back(0);
     out_.starts.insert(out_.starts.end(), snapshots.begin(), snapshots.end());
@@ -128,6 +128,19 @@ class ReplicaAnalysis {
           break;
         }
       }
+      if (whole_ != nullptr) {
+        // The first batch applied by reference that cannot be read, if it comes first.
+        for (const BatchUse& u : s.uses) {
+          if (u.at <= from) continue;
+          if (u.at > limit || (stopAt > 0 && u.at >= stopAt)) break;
+          std::string trouble = whole_->batchTrouble(u.replica, u.clock);
+          if (!trouble.empty()) {
+            stopAt = u.at;
+            why = fmt::format("clock {} applied a batch from another replica: {}", u.at, trouble);
+            break;
+          }
+        }
+      }
       if (stopAt == 0) reached = std::max(reached, s.lastClock);
     }
     uint64_t end = stopAt > 0 ? stopAt - 1 : reached;
@@ -139,6 +152,7 @@ class ReplicaAnalysis {
 
   const ReplicaInventory& inv_;
   const std::vector<UnusableSnapshot>& unusable_;
+  const Inventory* whole_;  // null: references are not checked
   ReplicaRestorability out_;
 };
 
@@ -225,7 +239,9 @@ Restorability findRestorable(const Inventory& inventory) {
   Restorability out;
   out.snapshots = inventory.snapshots;
   for (const ReplicaInventory& r : inventory.replicas) {
-    out.replicas.push_back(ReplicaAnalysis(r, inventory.snapshots, inventory.damagedSnapshots).run());
+    out.replicas.push_back(
+        ReplicaAnalysis(r, inventory.snapshots, inventory.damagedSnapshots, inventory.complete ? &inventory : nullptr)
+            .run());
   }
   return out;
 }
@@ -236,7 +252,8 @@ ReplicaRestorability findRestorable(const Inventory& inventory, int replica) {
   ReplicaInventory none;
   none.replica = replica;
   const ReplicaInventory& r = it == inventory.replicas.end() ? none : *it;
-  return ReplicaAnalysis(r, inventory.snapshots, inventory.damagedSnapshots).run();
+  return ReplicaAnalysis(r, inventory.snapshots, inventory.damagedSnapshots, inventory.complete ? &inventory : nullptr)
+      .run();
 }
 
 }  // namespace orpheus::ckpt

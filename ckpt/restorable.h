@@ -12,7 +12,12 @@
 //     averaging's snapshot, which would have been the start, so it is unusable);
 //   - it crosses no reset to a snapshot that is unusable, or to an earlier clock
 //     that is not restorable itself;
-//   - T is not a clock a failure lost (between a reset's log end and the reset).
+//   - T is not a clock a failure lost (between a reset's log end and the reset);
+//   - every batch the replay applies by reference (ckpt/log_entry.h, BatchRef) can
+//     be read from the log of the replica that computed it (the segment holding
+//     that clock is intact and holds it). A damaged sender log stops the replay at
+//     the first clock that needs it. Told only from a complete inventory; a scoped
+//     one leaves it to the replay.
 // A snapshot's own clock is restorable from the snapshot alone.
 #pragma once
 

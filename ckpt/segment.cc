@@ -62,6 +62,51 @@ Record Record::part(std::shared_ptr<const void> owner, std::span<const std::byte
   return r;
 }
 
+Record Record::reference(const BatchRef& ref) {
+  Record r;
+  r.ref = ref;
+  return r;
+}
+
+void encodeBatchRef(const BatchRef& ref, std::byte* out) {
+  std::memset(out, 0, kBatchRefBytes);
+  const uint16_t version = 1;
+  std::memcpy(out + 0, &kBatchRefMagic, 4);
+  std::memcpy(out + 4, &version, 2);
+  std::memcpy(out + 8, &ref.replica, 4);
+  std::memcpy(out + 12, &ref.sender, 4);
+  std::memcpy(out + 16, &ref.clock, 8);
+  std::memcpy(out + 24, &ref.select, 4);
+  std::memcpy(out + 28, &ref.method, 4);
+}
+
+std::optional<BatchRef> parseBatchRef(std::span<const std::byte> record) {
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  if (record.size() != kBatchRefBytes) return std::nullopt;
+  std::memcpy(&magic, record.data(), 4);
+  std::memcpy(&version, record.data() + 4, 2);
+  if (magic != kBatchRefMagic || version != 1) return std::nullopt;
+  BatchRef ref;
+  std::memcpy(&ref.replica, record.data() + 8, 4);
+  std::memcpy(&ref.sender, record.data() + 12, 4);
+  std::memcpy(&ref.clock, record.data() + 16, 8);
+  std::memcpy(&ref.select, record.data() + 24, 4);
+  std::memcpy(&ref.method, record.data() + 28, 4);
+  return ref;
+}
+
+std::optional<BatchOrigin> peekBatchOrigin(std::span<const std::byte> record) {
+  uint32_t magic = 0;
+  if (record.size() < kSvBatchHeaderBytes) return std::nullopt;
+  std::memcpy(&magic, record.data(), 4);
+  if (magic != kSvBatchMagic) return std::nullopt;
+  BatchOrigin o;
+  std::memcpy(&o.replica, record.data() + 20, 4);
+  std::memcpy(&o.clock, record.data() + 24, 8);
+  return o;
+}
+
 Record Record::of(std::shared_ptr<const SvBatch> batch) {
   ORPHEUS_ENFORCE(batch != nullptr, "checkpoint log: a null batch");
   Record r;
@@ -85,7 +130,10 @@ void BuiltSegment::append(uint64_t clock, EventKind kind, const std::vector<Reco
     data.reserve(used + size, used, expectedBytes);
     std::byte* out = data.data() + used;
     uint32_t crc = 0;
-    if (r.batch) {
+    if (r.ref) {
+      encodeBatchRef(*r.ref, out);
+      crc = crc32c(0, out, size);
+    } else if (r.batch) {
       crc = wholeRecordCrc(encodeInto(*r.batch, out), size);
     } else if (r.checkedCrc) {
       streamCopy(out, r.bytes.data(), size);
@@ -107,7 +155,7 @@ SharedBytes resetRecord(uint64_t resetTo, uint64_t logEnd) {
 }
 
 uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint64_t last, const BuiltSegment& seg,
-                      const std::function<void()>& between) {
+                      const std::function<void()>& between, int64_t version) {
   const fs::path path = segmentPath(dir, replica, first, last);
   const std::string name = path.string();
   const uint64_t total = seg.used;
@@ -140,7 +188,7 @@ uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint6
       H5Handle set = createVector(file, "record_sizes", H5T_STD_U64LE, seg.sizes.size(), name);
       if (!seg.sizes.empty()) writeAll(set.get(), H5T_NATIVE_UINT64, seg.sizes.data(), "record_sizes", name);
     }
-    writeI64Attr(file, "version", kSegmentVersion, name);
+    writeI64Attr(file, "version", version, name);
     writeU64Attr(file, "first_clock", first, name);
     writeU64Attr(file, "last_clock", last, name);
     writeI64Attr(file, "replica", replica, name);
@@ -153,7 +201,8 @@ uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint6
 }
 
 std::string loadSegment(const std::string& path, int replica, uint64_t first, uint64_t last, std::vector<LogEntry>* out,
-                        std::vector<ClockRange>* lost, std::vector<LogEntry>* events) {
+                        std::vector<ClockRange>* lost, std::vector<LogEntry>* events, std::vector<BatchUse>* uses,
+                        std::vector<uint64_t>* ownBatches) {
   H5Handle file = openH5ForReading(path);
   if (!file.valid()) return "not a readable HDF5 file (truncated or overwritten)";
   int64_t version = 0, storedReplica = 0;
@@ -224,7 +273,20 @@ std::string loadSegment(const std::string& path, int replica, uint64_t first, ui
           e.logEnd = logEnd;
           events->push_back(std::move(e));
         }
-      } else if (kind != EventKind::kGroup) {
+      } else if (kind == EventKind::kGroup) {
+        size_t at = offset;
+        for (uint32_t i = 0; i < r.records; ++i) {
+          const auto bytes = std::span<const std::byte>(reinterpret_cast<const std::byte*>(records.data()) + at,
+                                                        sizes[record + i]);
+          at += sizes[record + i];
+          if (const auto ref = parseBatchRef(bytes)) {
+            if (version < 3) return fmt::format("a batch reference at clock {} in a version {} segment", r.clock, version);
+            if (uses) uses->push_back({r.clock, ref->replica, ref->clock});
+          } else if (const auto origin = peekBatchOrigin(bytes)) {
+            if (ownBatches && origin->replica == static_cast<uint32_t>(replica)) ownBatches->push_back(origin->clock);
+          }
+        }
+      } else {
         if (r.records != 0) return "an event carries records";
         if (events) {
           LogEntry e;

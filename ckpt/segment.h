@@ -6,7 +6,12 @@
 // and the attributes version, first_clock, last_clock, replica, and crc32c: the
 // CRC32C over the records' bytes, then the entries' rows, then the sizes, in their
 // little-endian form. A reset entry has one 16-byte record: the clock reset to and
-// the end of the log before it (u64 each).
+// the end of the log before it (u64 each). A group's records are SV batch records
+// (engine/base/sv_batch.h) or, from version 3 on, batch references (ckpt/log_entry.h,
+// BatchRef): a replica's own batch of a clock is stored whole in its own log, once,
+// and the batches it received are references into the logs of the replicas that
+// computed them. Versions 1 and 2 hold every applied batch whole; they are read as
+// they are.
 //
 // Chaining. A segment of replica R covers its local clocks first..last; the
 // segments of R chain when each starts right after the previous one ends, or at the
@@ -27,8 +32,10 @@
 
 namespace orpheus::ckpt {
 
-// Version 2 added the reset event.
-inline constexpr int64_t kSegmentVersion = 2;
+// Version 2 added the reset event, version 3 batch references.
+inline constexpr int64_t kSegmentVersion = 3;
+// The oldest version a writer may still be asked for (every received batch copied).
+inline constexpr int64_t kSegmentVersionCopies = 2;
 
 // Whether a segment starting at `first` continues a chain that has reached `reached`
 // (`started` false: nothing yet, so the chain must start at the first clock).
@@ -66,13 +73,19 @@ SharedBytes resetRecord(uint64_t resetTo, uint64_t logEnd);
 
 // Writes replica `replica`'s segment of clocks first..last durably; `between` runs
 // while the records are being written (between pieces). Returns the file's size.
+// `version`: kSegmentVersion, or kSegmentVersionCopies when the segment holds no
+// references (the format older readers know).
 uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint64_t last, const BuiltSegment& seg,
-                      const std::function<void()>& between);
+                      const std::function<void()>& between, int64_t version = kSegmentVersion);
 
 // Reads and verifies a segment against its name and CRC. Returns why it is damaged,
-// or "" with its entries in `out`, the clocks its resets lost in `lost`, and its
-// events (every entry but groups, without records) in `events` (each when given).
+// or "" with its entries in `out`, the clocks its resets lost in `lost`, its events
+// (every entry but groups, without records) in `events`, the batch references of
+// its groups in `uses`, and the clocks of the replica's own batches it holds (SV
+// batch records of groups whose header names the replica) in `ownBatches`, in
+// order (each when given).
 std::string loadSegment(const std::string& path, int replica, uint64_t first, uint64_t last, std::vector<LogEntry>* out,
-                        std::vector<ClockRange>* lost = nullptr, std::vector<LogEntry>* events = nullptr);
+                        std::vector<ClockRange>* lost = nullptr, std::vector<LogEntry>* events = nullptr,
+                        std::vector<BatchUse>* uses = nullptr, std::vector<uint64_t>* ownBatches = nullptr);
 
 }  // namespace orpheus::ckpt

@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
+#include <pthread.h>
+#include <sched.h>
 
 namespace orpheus::ckpt {
 namespace {
@@ -23,20 +26,31 @@ IoError stalled(size_t staged, int replica, const std::string& dir) {
                              replica, dir, std::chrono::seconds(kStallTimeout).count()));
 }
 
+double threadCpuSeconds() {
+  timespec t{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return 0.0;
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 }  // namespace
 
 struct SvLogWriter::Segment : BuiltSegment {};
 
-SvLogWriter::SvLogWriter(std::string dir, int replica, size_t stagingBytes, int clocksPerSegment)
+SvLogWriter::SvLogWriter(std::string dir, int replica, size_t stagingBytes, int clocksPerSegment,
+                         WriterOptions options)
     : dir_(std::move(dir)),
       clocksPerSegment_(clocksPerSegment),
       stagingLimit_(stagingBytes),
       segmentBytes_(std::min(stagingBytes / 2, kSegmentBytes)),
       replica_(replica),
+      options_(options),
       building_(std::make_unique<Segment>()),
       writing_(std::make_unique<Segment>()) {
   ORPHEUS_CHECK_INPUT(clocksPerSegment >= 1, "a log segment must span at least one clock, not {}", clocksPerSegment);
   ORPHEUS_CHECK_INPUT(replica >= 0, "replica id {} is negative", replica);
+  ORPHEUS_CHECK_INPUT(options.version == kSegmentVersion || options.version == kSegmentVersionCopies,
+                      "checkpoint log format {} is not one this build writes ({} or {})", options.version,
+                      kSegmentVersionCopies, kSegmentVersion);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -61,6 +75,11 @@ int SvLogWriter::replica() const { return replica_; }
 uint64_t SvLogWriter::bytesWritten() const {
   std::lock_guard<std::mutex> lock(mu_);
   return bytesWritten_;
+}
+
+double SvLogWriter::cpuSeconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cpuSeconds_;
 }
 
 void SvLogWriter::push(Command command) {
@@ -133,7 +152,11 @@ void SvLogWriter::appendGroup(uint64_t clock, std::vector<SharedBytes> records) 
 
 void SvLogWriter::appendGroup(uint64_t clock, std::vector<Record> records) {
   size_t bytes = 0;
-  for (const auto& r : records) bytes += r.size();
+  for (const auto& r : records) {
+    ORPHEUS_ENFORCE(!r.ref || options_.version >= kSegmentVersion,
+                    "checkpoint log: a batch reference at clock {} in format {}", clock, options_.version);
+    bytes += r.size();
+  }
   closeIfDue(clock);
   waitForRoom(bytes);
   stage(Entry{clock, EventKind::kGroup, std::move(records)}, bytes);
@@ -299,6 +322,11 @@ void SvLogWriter::flush() {
 
 void SvLogWriter::run() {
   silenceHdf5();
+  if (options_.idle) {
+    sched_param param{};
+    const int rc = pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
+    if (rc != 0) spdlog::warn("checkpoint writer of replica {}: cannot run under SCHED_IDLE (error {})", replica_, rc);
+  }
   // This thread keeps up with the compute thread rather than yielding to it: a
   // group copied at once is released while it is in cache and its memory serves the
   // next clock's batches; a lagging writer would make the process fault in fresh
@@ -314,7 +342,9 @@ void SvLogWriter::run() {
     lock.unlock();
     consume(command, skip);
     command = Command{};  // releases the records outside the lock
+    const double cpu = threadCpuSeconds();
     lock.lock();
+    cpuSeconds_ = cpu;
     idle_ = true;
     cv_.notify_all();
   }
@@ -371,7 +401,7 @@ void SvLogWriter::consume(Command& command, bool skip) {
       if (!skip) {
         try {
           written = writeSegment(dir_, command.replica, command.firstClock, command.lastClock, out,
-                                 [this] { takeEntries(); });
+                                 [this] { takeEntries(); }, options_.version);
         } catch (...) {
           error = std::current_exception();
         }

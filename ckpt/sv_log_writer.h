@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ckpt/log_entry.h"
+#include "ckpt/segment.h"
 
 #include <condition_variable>
 #include <cstddef>
@@ -18,6 +19,18 @@
 
 namespace orpheus::ckpt {
 
+// How the IO thread runs.
+struct WriterOptions {
+  // The segment format version written: kSegmentVersion, or kSegmentVersionCopies
+  // (then no group may hold a batch reference).
+  int64_t version = kSegmentVersion;
+  // Run the IO thread under SCHED_IDLE: it then only takes CPU time no other thread
+  // of the machine wants, for machines whose cores the ranks fill. It may lag behind
+  // then, holding more staged memory (up to the staging limit, then the compute
+  // thread waits, measured as ever).
+  bool idle = false;
+};
+
 // Writes one replica's log through an IO thread. The compute thread only hands
 // over the records (shared, never copied or encoded there) and never waits for the
 // disk unless the staging area is full; that wait is measured. The IO thread copies
@@ -30,7 +43,8 @@ class SvLogWriter {
   // `stagingBytes`: how much may wait for the disk; `clocksPerSegment`: a segment is
   // closed (written and renamed) every that many clocks, once it holds 64 MiB or half
   // the staging area, and by flush().
-  SvLogWriter(std::string dir, int replica, size_t stagingBytes = size_t{256} << 20, int clocksPerSegment = 50);
+  SvLogWriter(std::string dir, int replica, size_t stagingBytes = size_t{256} << 20, int clocksPerSegment = 50,
+              WriterOptions options = {});
   // Writes what is staged and joins the IO thread; never throws.
   ~SvLogWriter();
   SvLogWriter(const SvLogWriter&) = delete;
@@ -70,6 +84,9 @@ class SvLogWriter {
   int replica() const;
   double waitSeconds() const { return waitSeconds_; }
   uint64_t bytesWritten() const;
+  // CPU time the IO thread has used, in all (its thread CPU clock; read after each
+  // command it finishes, so it trails a command in progress).
+  double cpuSeconds() const;
 
  private:
   // One staged entry; the records are the caller's buffers, shared, not copied.
@@ -115,11 +132,13 @@ class SvLogWriter {
   std::deque<Command> pending_;  // not yet taken by the IO thread
   size_t staged_ = 0;       // record bytes staged and not yet written (or dropped)
   int replica_;
+  WriterOptions options_;
   bool stop_ = false;
   bool abandoned_ = false;
   bool idle_ = true;
   std::exception_ptr error_;
   uint64_t bytesWritten_ = 0;
+  double cpuSeconds_ = 0.0;
   double waitSeconds_ = 0.0;
   uint64_t durable_ = 0;    // newest clock of replica_'s log known to be on disk (0: none)
   // IO-thread state: the segment being built, and the one being written.

@@ -4,6 +4,7 @@
 #include "engine/base/error.h"
 #include "engine/base/sv_batch.h"
 #include "engine/job.h"
+#include "engine/select.h"
 #include "ops/graph_model.h"
 #include "ops/mlr.h"
 
@@ -38,14 +39,20 @@ ckpt::ReplicaRestorability restorableOf(const std::string& dir, int replica, uin
   return ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
 }
 
-[[noreturn]] void throwNotRestorable(const std::string& dir, int replica, uint64_t clock, const ParamSet& shapes) {
-  // The whole log, for the list of what is restorable.
-  const ckpt::ReplicaRestorability r = restorableOf(dir, replica, 0, shapes);
+[[noreturn]] void throwNotRestorable(const std::string& dir, int replica, uint64_t clock, const ParamSet& shapes,
+                                     const std::string& replayError = "") {
+  // Every replica's whole log, for the list of what is restorable: a replay may
+  // need the batches other replicas logged.
+  ckpt::InspectScope scope;
+  scope.shapes = &shapes;
+  const ckpt::ReplicaRestorability r = ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
   if (r.pieces.empty() && ckpt::listSegments(ckpt::replicaDir(dir, replica)).empty()) {
     throw InputError(fmt::format("cannot restore replica {} to clock {}: checkpoint '{}' holds no log of replica {}",
                                  replica, clock, dir, replica));
   }
-  const std::string why = r.covers(clock) ? std::string("its replay failed") : r.whyNot(clock);
+  const std::string why = !r.covers(clock)         ? r.whyNot(clock)
+                          : replayError.empty() ? std::string("its replay failed")
+                                                : replayError;
   throw InputError(fmt::format("cannot restore replica {} to clock {}: {}; restorable: clocks {}", replica, clock, why,
                                r.describe()));
 }
@@ -99,16 +106,9 @@ class Replayer {
           }
           break;
         }
-        case ckpt::EventKind::kGroup: {
-          std::vector<SvBatch> batches;
-          batches.reserve(e.records.size());
-          for (const auto& r : e.records) batches.push_back(decode(r, expect_));
-          std::vector<const SvBatch*> ptrs;
-          for (const auto& b : batches) ptrs.push_back(&b);
-          model_.computeUpdate(ptrs, params);
-          ++groups_;
+        case ckpt::EventKind::kGroup:
+          applyGroup(e, params);
           break;
-        }
         default:
           break;
       }
@@ -119,11 +119,44 @@ class Replayer {
   size_t groups() const { return groups_; }
 
  private:
+  // One clock's group, applied as the worker applied it: its batches (the
+  // replica's own decoded, the others' recomputed from their senders' logs) rebuilt
+  // together, in logged order.
+  void applyGroup(const ckpt::LogEntry& group, ParamSet& params) {
+    std::vector<SvBatch> batches;
+    batches.reserve(group.records.size());
+    for (const auto& r : group.records) {
+      const auto ref = ckpt::parseBatchRef(r);
+      batches.push_back(ref ? received(*ref) : decode(r, expect_));
+    }
+    std::vector<const SvBatch*> ptrs;
+    for (const auto& b : batches) ptrs.push_back(&b);
+    model_.computeUpdate(ptrs, params);
+    ++groups_;
+  }
+
+  // What the replica applied for a reference: what the worker computed live, by the
+  // same steps: the sender's whole batch as its log holds it (decoded, as the
+  // sender's own replica had it), its selection (engine/select.h: selectForPeers),
+  // encoded by the sender and decoded by the receiver. Bitwise the batch the
+  // receiver applied.
+  SvBatch received(const ckpt::BatchRef& ref) {
+    SvBatchExpectation expect = expect_;
+    expect.clock = static_cast<int64_t>(ref.clock);
+    expect.sender = static_cast<int64_t>(ref.sender);
+    SvBatch local = decode(batches_.batch(ref.replica, ref.clock), expect);
+    std::optional<SvBatch> selected = selectForPeers(local, ref.select, static_cast<SelectionMethod>(ref.method),
+                                                     seed_, ref.clock, static_cast<int>(ref.sender));
+    if (!selected) return local;
+    return decode(encode(*selected), expect);
+  }
+
   const std::string& dir_;
   const ops::Model& model_;
   uint64_t seed_;
   int replica_;
   const ckpt::ReplicaRestorability& restorable_;
+  ckpt::BatchStore batches_{dir_};
   SvBatchExpectation expect_;
   size_t groups_ = 0;
 };
@@ -137,6 +170,18 @@ Restored replay(const std::string& dir, const ops::Model& model, uint64_t seed, 
   out.params = replayer.at(clock, &out.fromSnapshot);
   out.groupsReplayed = replayer.groups();
   return out;
+}
+
+// A replay that finds a batch it references unreadable (a damaged sender log,
+// which a scoped inventory does not look at) is refused like any clock that is
+// not restorable.
+Restored replayOrExplain(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock,
+                         const ckpt::ReplicaRestorability& restorable, const ParamSet& shapes) {
+  try {
+    return replay(dir, model, seed, replica, clock, restorable);
+  } catch (const ckpt::BatchUnavailable& e) {
+    throwNotRestorable(dir, replica, clock, shapes, e.what());
+  }
 }
 
 void requireCheckpointDir(const std::string& dir) {
@@ -167,7 +212,7 @@ Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed,
   ckpt::ReplicaRestorability restorable = restorableOf(dir, replica, clock, shapes, /*newest=*/true);
   if (!restorable.covers(clock)) restorable = restorableOf(dir, replica, clock, shapes);
   if (!restorable.covers(clock)) throwNotRestorable(dir, replica, clock, shapes);
-  return replay(dir, model, seed, replica, clock, restorable);
+  return replayOrExplain(dir, model, seed, replica, clock, restorable, shapes);
 }
 
 Restored restore(const std::string& dir, int replica, uint64_t clock) {
@@ -178,9 +223,13 @@ Restored restore(const std::string& dir, int replica, uint64_t clock) {
   const auto model = modelOfJob(job);
   if (clock > 0) return restore(dir, *model, job.seed, replica, clock);
   const ParamSet shapes = shapesOf(*model, job.seed);
-  const ckpt::ReplicaRestorability restorable = restorableOf(dir, replica, 0, shapes);
+  // Every replica's whole log: the newest clock depends on the batches the replica
+  // references too (a damaged sender log ends it sooner).
+  ckpt::InspectScope scope;
+  scope.shapes = &shapes;
+  const ckpt::ReplicaRestorability restorable = ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
   if (restorable.latest() == 0) throwNotRestorable(dir, replica, 1, shapes);
-  return replay(dir, *model, job.seed, replica, restorable.latest(), restorable);
+  return replayOrExplain(dir, *model, job.seed, replica, restorable.latest(), restorable, shapes);
 }
 
 uint64_t resumableClock(const ckpt::Inventory& inv) {

@@ -88,6 +88,8 @@ void validate(const TrainConfig& c, int ranks) {
                       "--fail-prob needs a checkpoint to recover from (--ckpt sv or --ckpt matrix with --ckpt-dir)");
   ORPHEUS_CHECK_INPUT(!(c.ckptSv && c.ckptMatrix), "--ckpt takes one of sv, matrix");
   ORPHEUS_CHECK_INPUT(!c.ckptMatrix || !c.ckptDir.empty(), "--ckpt matrix needs --ckpt-dir DIR");
+  ORPHEUS_CHECK_INPUT(c.ckptSv || (c.ckptFormat == 3 && !c.ckptWriterIdle),
+                      "--ckpt-format and --ckpt-writer-idle shape the SV log: they need --ckpt sv");
   if (c.sync == SyncMode::kDense) {
     ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll && c.consistency == Consistency::kBsp &&
                             c.dropLinks == 0.0,

@@ -45,6 +45,8 @@ struct TrainConfig {
   std::string ckptDir;
   bool ckptSv = false;            // --ckpt sv: log every applied SV batch
   int64_t snapshotEvery = 1;      // snapshot at every K-th averaging barrier
+  int64_t ckptFormat = 3;         // --ckpt-format: 3 each batch logged once (references), 2 copies
+  bool ckptWriterIdle = false;    // --ckpt-writer-idle: the log's IO thread under SCHED_IDLE
   bool resume = false;
   bool ckptMatrix = false;        // --ckpt matrix: the baseline, whole replicas every ckptEvery clocks
   int64_t ckptEvery = 100;

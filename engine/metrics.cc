@@ -135,6 +135,7 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
       .add("clock_gap", static_cast<int64_t>(e.maxGap))
       .add("replica", static_cast<int64_t>(e.sum[kReplica]))
       .add("ckpt_wait_seconds", e.sum[kCkptWait] / p)
+      .add("ckpt_writer_cpu_seconds", e.sum[kCkptCpu] / p)
       .add("failures", static_cast<int64_t>(e.sum[kFailed]))
       .add("lost_clocks", static_cast<int64_t>(e.sum[kLostClocks]));
   if (e.sum[kAveraged] > 0) {

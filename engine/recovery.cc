@@ -24,6 +24,7 @@ class NullClockLog final : public ClockLog {
  public:
   bool keepsRecords() const override { return false; }
   void appendGroup(uint64_t, std::vector<ckpt::Record>) override {}
+  ckpt::Record received(const SvBatchHeader&, ckpt::Record copy) const override { return copy; }
   void endClock(uint64_t) override {}
   void averaged(uint64_t, const ParamSet&) override {}
   void handOff(uint64_t) override {}
@@ -34,16 +35,30 @@ class NullClockLog final : public ClockLog {
   uint64_t loseStaged() override { return 0; }
   void recordReset(uint64_t, uint64_t) override {}
   double waitSeconds() const override { return 0.0; }
+  double writerCpuSeconds() const override { return 0.0; }
 };
 
 class SvClockLog final : public ClockLog {
  public:
   SvClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId)
-      : config_(config), transport_(transport), writer_(config.ckptDir, replicaId) {}
+      : config_(config),
+        transport_(transport),
+        references_(config.ckptFormat >= ckpt::kSegmentVersion && config.failProb == 0.0),
+        writer_(config.ckptDir, replicaId, size_t{256} << 20, 50, writerOptions(config, references_)) {}
 
-  bool keepsRecords() const override { return true; }
+  bool keepsRecords() const override { return !references_; }
   void appendGroup(uint64_t clock, std::vector<ckpt::Record> records) override {
     writer_.appendGroup(clock, std::move(records));
+  }
+  ckpt::Record received(const SvBatchHeader& header, ckpt::Record copy) const override {
+    if (!references_) return copy;
+    ckpt::BatchRef ref;
+    ref.replica = header.replica;
+    ref.sender = header.sender;
+    ref.clock = header.clock;
+    ref.select = static_cast<int32_t>(config_.select);
+    ref.method = static_cast<uint32_t>(config_.selectMethod);
+    return ckpt::Record::reference(ref);
   }
   void endClock(uint64_t clock) override {
     writer_.endClock(clock);
@@ -84,10 +99,20 @@ class SvClockLog final : public ClockLog {
     if (logEnd_ < clock) writer_.appendReset(clock, to);
   }
   double waitSeconds() const override { return writer_.waitSeconds() + handOffSeconds_; }
+  double writerCpuSeconds() const override { return writer_.cpuSeconds(); }
 
  private:
+  static ckpt::WriterOptions writerOptions(const TrainConfig& config, bool references) {
+    ckpt::WriterOptions o;
+    o.version = references ? ckpt::kSegmentVersion : std::min<int64_t>(config.ckptFormat, ckpt::kSegmentVersion);
+    o.idle = config.ckptWriterIdle;
+    return o;
+  }
+
   const TrainConfig& config_;
   comm::Transport& transport_;
+  // Received batches are logged as references to their senders' logs (else as copies).
+  bool references_;
   ckpt::SvLogWriter writer_;
   int64_t averagings_ = 0;
   uint64_t lastSnapshot_ = 0;  // the newest snapshot known complete on disk

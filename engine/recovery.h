@@ -32,6 +32,12 @@ class ClockLog {
   virtual bool keepsRecords() const = 0;
   // The batches applied to the replica together at local clock `clock`.
   virtual void appendGroup(uint64_t clock, std::vector<ckpt::Record> records) = 0;
+  // The record of a batch another replica computed (`header`) and this one applied:
+  // a reference into the sender's log, which holds the batch once (--ckpt-format
+  // 3), or `copy` where a replay could not recompute it from there (--ckpt-format 2,
+  // and --fail-prob: a failed sender loses the batches it had only staged, which
+  // the receivers applied).
+  virtual ckpt::Record received(const SvBatchHeader& header, ckpt::Record copy) const = 0;
   // The end of `clock`; every few clocks the ranks agree that every writer is
   // healthy, so a checkpoint that cannot be written (a full disk) stops the job
   // with one report (collective).
@@ -58,6 +64,8 @@ class ClockLog {
   virtual void recordReset(uint64_t clock, uint64_t to) = 0;
   // Seconds the compute thread has waited for the log, in all.
   virtual double waitSeconds() const = 0;
+  // CPU seconds the log's IO thread has used, in all.
+  virtual double writerCpuSeconds() const = 0;
 };
 
 // --ckpt sv: the log over ckpt::SvLogWriter; otherwise a log that does nothing.

@@ -422,4 +422,11 @@ SvBatch projectOntoColumns(const SvBatch& full, std::span<const int64_t> columns
   return assembleWithCores(full, res, columns);
 }
 
+std::optional<SvBatch> selectForPeers(const SvBatch& local, int64_t select, SelectionMethod method, uint64_t seed,
+                                      uint64_t clock, int rank) {
+  if (select <= 0 || select >= local.numColumns()) return std::nullopt;
+  CounterRng rng(seed, RngPurpose::kSelect, clock, static_cast<uint64_t>(rank));
+  return selectSvgs(local, select, method, rng);
+}
+
 }  // namespace orpheus::engine

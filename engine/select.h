@@ -42,6 +42,7 @@
 #include "engine/base/sv_batch.h"
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -80,6 +81,13 @@ struct SelectionStats {
 // the same shapes every clock; its cost is one pass over every U and V per drawn SVG.
 SvBatch selectSvgs(const SvBatch& full, int64_t c, SelectionMethod method, CounterRng& rng,
                    SelectionStats* stats = nullptr);
+
+// What rank `rank` sends of its local batch at `clock`: selectSvgs seeded by (job
+// seed, kSelect, clock, rank), or none when selection is off (select <= 0 or >= the
+// batch's columns: the whole batch goes). A pure function of its arguments, so a
+// replay can recompute what a replica received from the sender's logged batch.
+std::optional<SvBatch> selectForPeers(const SvBatch& local, int64_t select, SelectionMethod method, uint64_t seed,
+                                      uint64_t clock, int rank);
 
 // The columns `columns` (distinct, in range) of `full` with the least-squares cores
 // described above, whatever the columns: what kJmcss returns for the columns it

@@ -165,10 +165,10 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
 
 // The sender's own replica always gets the whole batch; none when selection is off.
 std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) const {
-  if (config_.select <= 0 || config_.select >= local.numColumns()) return std::nullopt;
   const auto t = Clock::now();
-  CounterRng rng(config_.seed, RngPurpose::kSelect, clock, static_cast<uint64_t>(transport_.rank()));
-  SvBatch sent = selectSvgs(local, config_.select, config_.selectMethod, rng);
+  std::optional<SvBatch> sent =
+      selectForPeers(local, config_.select, config_.selectMethod, config_.seed, clock, transport_.rank());
+  if (!sent) return std::nullopt;
   stats.selectSeconds = secondsSince(t);
   stats.computeSeconds += stats.selectSeconds;
   return sent;
@@ -198,8 +198,8 @@ Worker::Group Worker::exchangeWithAll(uint64_t clock, const std::shared_ptr<SvBa
     if (r == transport_.rank()) {
       group.add(local.get(), ckpt::Record::of(local));
     } else {
-      group.add(&group.remote[static_cast<size_t>(next++)],
-                ckpt::Record::part(all, all->part(static_cast<size_t>(r)), true));
+      const SvBatch& batch = group.remote[static_cast<size_t>(next++)];
+      group.add(&batch, log_->received(batch.header, ckpt::Record::part(all, all->part(static_cast<size_t>(r)), true)));
     }
   }
   return group;
@@ -232,7 +232,7 @@ Worker::Group Worker::exchangeWithPeers(uint64_t clock, const std::shared_ptr<Sv
       group.add(local.get(), own);
       ownAdded = true;
     }
-    group.add(&r.batch, r.record());
+    group.add(&r.batch, log_->received(r.batch.header, r.record()));
   }
   if (!ownAdded) group.add(local.get(), std::move(own));
   return group;
@@ -278,7 +278,7 @@ void Worker::applyReady(uint64_t clock) {
   for (ReceivedBatch& r : inbox_.takeReady()) {
     const SvBatch* one[] = {&r.batch};
     model_.computeUpdate(one, replica_);
-    log_->appendGroup(clock, {r.record()});
+    log_->appendGroup(clock, {log_->received(r.batch.header, r.record())});
   }
 }
 
@@ -392,6 +392,7 @@ bool Worker::runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSin
   noteClock(clock);  // for the line a termination by the launcher prints
   const auto start = Clock::now();
   const double ckptWaitBefore = log_->waitSeconds();
+  const double ckptCpuBefore = log_->writerCpuSeconds();
   const ClockStats stats = runClock(clock, queue.next(), sink);
   const uint64_t bytesBefore = transport_.counters().bytesSent;
   const Coordination coordination = coordinate(clock, sink);
@@ -416,6 +417,7 @@ bool Worker::runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSin
   r[kClockSeconds] = clockSeconds;
   r[kGap] = static_cast<double>(stats.clockGap);
   r[kCkptWait] = log_->waitSeconds() - ckptWaitBefore;
+  r[kCkptCpu] = log_->writerCpuSeconds() - ckptCpuBefore;
   r[kFailed] = failure.failed ? 1.0 : 0.0;
   r[kLostClocks] = static_cast<double>(failure.lostClocks);
   if (leader) {

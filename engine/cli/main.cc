@@ -210,6 +210,13 @@ void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
                  "With --ckpt sv and --average-every: write a snapshot at every K-th averaging barrier")
       ->capture_default_str()
       ->check(integerIn(1));
+  cmd.add_option("--ckpt-format", c.ckptFormat,
+                 "With --ckpt sv: 3 writes each SV batch once (the replica that computed it; receivers log "
+                 "references), 2 the previous format (every replica logs a copy of every batch it applied)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({2, 3}));
+  cmd.add_flag("--ckpt-writer-idle", c.ckptWriterIdle,
+               "With --ckpt sv: run the log's IO thread under SCHED_IDLE, for machines whose cores the ranks fill");
   cmd.add_option("--ckpt-every", c.ckptEvery, "With --ckpt matrix: clocks between whole-matrix checkpoints")
       ->capture_default_str()
       ->check(integerIn(1));
@@ -374,6 +381,15 @@ int inspectMain(const std::string& dir) {
     }
     std::printf("  replica %d: clocks %s restorable, %zu segments, %.1f MB\n", r.replica,
                 restorable.describe().c_str(), r.segments.size(), bytes / 1e6);
+    size_t own = 0, references = 0;
+    for (const auto& s : r.segments) {
+      own += s.ownBatches.size();
+      references += s.uses.size();
+    }
+    // Format 3 logs each batch once: the replica's own, and references to the others'.
+    if (references > 0) {
+      std::printf("    %zu batches of its own, %zu applied from other replicas' logs\n", own, references);
+    }
     if (!r.lost.empty()) {
       std::printf("    lost in failures: %llu clocks (%s)\n", static_cast<unsigned long long>(lostClocks),
                   lost.c_str());

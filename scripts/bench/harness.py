@@ -99,6 +99,22 @@ def sv_batch_bytes(workload, n, core):
     return size
 
 
+REF_BYTES = 32  # a batch reference in the SV log (ckpt/log_entry.h)
+
+
+def analytic_log_bytes_per_clock(workload, np_, batch, select, fanout, fmt):
+    """SV log bytes all ranks together write per clock, headers included, segment
+    metadata and snapshots not: format 3 writes every rank's whole local batch once,
+    B(J+K) floats per matrix, and a 32-byte reference per batch received; format 2
+    also copies every received (selected) batch into the receiver's log."""
+    own = sv_batch_bytes(workload, batch, False)
+    n = select if 0 < select < batch else batch
+    received = np_ * fanout
+    if fmt == 2:
+        return np_ * own + received * sv_batch_bytes(workload, n, n < batch)
+    return np_ * own + received * REF_BYTES
+
+
 def analytic_bytes_per_clock(config, workload, np_, batch):
     """Bytes all ranks together send per clock, as the runs count them: ring all-reduce
     (2(P-1)/P of the payload per rank) for dense and DDP, the SV batches of the
@@ -328,6 +344,7 @@ def analyse(path, target):
         "update_ms": ms(mean("update_seconds")),
         "wait_ms": ms(mean("wait_seconds")),
         "ckpt_wait_ms": ms(mean("ckpt_wait_seconds")),
+        "ckpt_cpu_ms": ms(mean("ckpt_writer_cpu_seconds")),
         "failures": sum(c.get("failures", 0) for c in clocks),
         "lost_clocks": sum(c.get("lost_clocks", 0) for c in clocks),
         "complete": summary is not None,
@@ -554,6 +571,10 @@ def table4_groups(args):
         Config("matrix", f"matrix checkpoint every {every}", "orpheus",
                base + ["--ckpt", "matrix", "--ckpt-every", every, "--ckpt-dir", "{ckpt}"]),
         Config("sv", "SV checkpoint (ISVC)", "orpheus", base + ["--ckpt", "sv", "--ckpt-dir", "{ckpt}"]),
+        Config("sv-copies", "SV checkpoint, previous format (copies)", "orpheus",
+               base + ["--ckpt", "sv", "--ckpt-format", "2", "--ckpt-dir", "{ckpt}"]),
+        Config("sv-idle", "SV checkpoint, SCHED_IDLE writer", "orpheus",
+               base + ["--ckpt", "sv", "--ckpt-writer-idle", "--ckpt-dir", "{ckpt}"]),
         Config("matrix-rec", f"matrix recovery, p = {args.fail_prob}", "orpheus",
                base + ["--ckpt", "matrix", "--ckpt-every", every, "--ckpt-dir", "{ckpt}",
                        "--fail-prob", str(args.fail_prob)]),
@@ -563,6 +584,24 @@ def table4_groups(args):
 
     def written(runs):
         return fbytes(med([r.get("ckpt_bytes_per_clock") for r in runs]))
+
+    def log_written(runs):
+        return fbytes(med([r.get("log_bytes_per_clock") for r in runs]))
+
+    def log_analytic(runs):
+        flags = runs[0].get("flags", [])
+        if "sv" != flag(flags, "--ckpt"):
+            return "—"
+        fmt = int(flag(flags, "--ckpt-format", "3"))
+        if flag(flags, "--fail-prob"):
+            fmt = 2  # with failures, receivers keep copies (a failed sender loses what it staged)
+        a = analytic_log_bytes_per_clock(w, args.np, args.batch, 25, args.np - 1, fmt)
+        m = med([r.get("log_bytes_per_clock") for r in runs])
+        return f"{fbytes(a)} ({m / a:.3f})" if m else fbytes(a)
+
+    def writer_cpu(runs):
+        v = med([r.get("ckpt_cpu_ms") for r in runs])
+        return "—" if v is None else f"{v:.2f}"
 
     def failures(runs):
         f = med([r["failures"] for r in runs])
@@ -574,7 +613,9 @@ def table4_groups(args):
 
     return [Group("loopback/mlp", f"{w.name}, loopback, np {args.np}: checkpoint and recovery",
                   NETWORKS["loopback"], w, configs,
-                  [("checkpoint bytes written/clock", written), ("failures (clocks lost)", failures),
+                  [("checkpoint bytes written/clock", written), ("SV log bytes/clock", log_written),
+                   ("analytic (measured/analytic)", log_analytic), ("writer CPU ms/clock", writer_cpu),
+                   ("failures (clocks lost)", failures),
                    ("ms/clock vs none (same rep)", vs_none)])]
 
 
@@ -627,6 +668,86 @@ def dir_bytes(path):
     return total
 
 
+def log_bytes(ckpt):
+    """Bytes of the SV log alone: the replica-* directories (no snapshots, no job file)."""
+    return sum(dir_bytes(os.path.join(ckpt, d)) for d in os.listdir(ckpt) if d.startswith("replica-"))
+
+
+def ab_section(args, runner, work):
+    """Whole-process A/B of --ckpt sv against --ckpt none (and the previous format):
+    the issue's workload, a fixed number of clocks, repetitions interleaved; wall time,
+    CPU time (user + sys of the whole job, children of mpirun included) and peak RSS
+    (the largest rank, from GNU time's %M per process) per run."""
+    w = WORKLOADS["mlp"]
+    clocks = args.ab_clocks
+    base = ["--sync", "sv", "--select", "25", "--average-every", "50"]
+    configs = [("none", []), ("sv", ["--ckpt", "sv"]), ("sv-copies", ["--ckpt", "sv", "--ckpt-format", "2"])]
+    if args.ab_idle:
+        configs.append(("sv-idle", ["--ckpt", "sv", "--ckpt-writer-idle"]))
+    runs = {k: [] for k, _ in configs}
+    for rep in range(1, args.reps + 1):
+        for key, extra in configs:
+            ckpt = os.path.join(work, "ab-ckpt")
+            shutil.rmtree(ckpt, ignore_errors=True)
+            flags = base + extra + (["--ckpt-dir", ckpt] if extra else [])
+            rss = os.path.join(work, "ab-rss")
+            shutil.rmtree(rss, ignore_errors=True)
+            os.makedirs(rss)
+            # Each rank under GNU time (when installed) for its own peak RSS.
+            timed = ["/usr/bin/time", "-f", "%M", "-o", os.path.join(rss, "rank-%p")] if os.path.exists(
+                "/usr/bin/time") else []
+            train = [runner.binary, "train", *runner.common(w, args.batch, clocks), *flags]
+            train[train.index("--target-accuracy") + 1] = "0"
+            cmd = ["mpirun", "-np", str(args.np), "--oversubscribe", "sh", "-c",
+                   shlex.join([*timed, *train]).replace("%p", "$$")]
+            say(f"{datetime.datetime.now():%H:%M:%S} A/B {key} rep {rep}")
+            before = os.times()
+            rc, _, wall = runner.run([cmd], os.path.join(args.raw, f"ab__{key}__{rep}.log"), args.time_limit)
+            after = os.times()
+            cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+            peak = 0
+            for name in os.listdir(rss):
+                with contextlib.suppress(OSError, ValueError):
+                    peak = max(peak, int(open(os.path.join(rss, name)).read().split()[-1]))
+            r = {"rc": rc, "wall": wall, "cpu": cpu, "rss_mib": peak / 1024 if peak else None}
+            if os.path.isdir(ckpt):
+                r["log_bytes_per_clock"] = log_bytes(ckpt) / clocks
+            runs[key].append(r if rc == 0 else None)
+            shutil.rmtree(ckpt, ignore_errors=True)
+    ok = {k: [r for r in v if r] for k, v in runs.items()}
+    none_wall = med([r["wall"] for r in ok["none"]])
+    none_cpu = med([r["cpu"] for r in ok["none"]])
+    out = [f"### Whole-process A/B: `--ckpt sv` against `--ckpt none` ({w.name}, np {args.np}, {clocks} clocks)", "",
+           f"`{' '.join(base)}`, batch {args.batch}, no target (every run does {clocks} clocks), "
+           f"{args.reps} repetitions interleaved. Wall time of the whole `mpirun`, CPU time of all its processes "
+           "(user + system), peak RSS of the largest rank (GNU time), SV log bytes per clock (the replica "
+           "directories) against the analytic count (every rank's whole batch once, B(J+K) floats per matrix, "
+           "plus headers and 32-byte references; the previous format adds a copy of every received batch).", "",
+           "| configuration | runs ok | wall s | wall vs none | CPU s | CPU vs none | peak RSS MiB | "
+           "log bytes/clock | analytic | measured/analytic |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, extra in configs:
+        rs = ok[key]
+        if not rs:
+            out.append(f"| {key} | 0/{len(runs[key])} | | | | | | | | |")
+            continue
+        wall, cpu = med([r["wall"] for r in rs]), med([r["cpu"] for r in rs])
+        rss = med([r["rss_mib"] for r in rs])
+        measured = med([r.get("log_bytes_per_clock") for r in rs])
+        analytic = None
+        if extra:
+            fmt = 2 if "--ckpt-format" in extra else 3
+            analytic = analytic_log_bytes_per_clock(w, args.np, args.batch, 25, args.np - 1, fmt)
+        out.append(
+            f"| {key} | {len(rs)}/{len(runs[key])} | {spread([r['wall'] for r in rs], f1)} | "
+            f"{wall / none_wall:.3f}× | {spread([r['cpu'] for r in rs], f1)} | "
+            f"{cpu / none_cpu:.3f}× | {'—' if rss is None else f'{rss:.0f}'} | "
+            f"{fbytes(measured) if measured else '—'} | {fbytes(analytic) if analytic else '—'} | "
+            f"{f'{measured / analytic:.3f}' if measured and analytic else '—'} |"
+            if none_wall and none_cpu else f"| {key} | {len(rs)}/{len(runs[key])} | {wall:.1f} | — | {cpu:.1f} | — | | | | |")
+    out.append("")
+    return out
+
+
 # --- main -------------------------------------------------------------------------------
 
 def main():
@@ -650,6 +771,10 @@ def main():
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--fail-prob", type=float, default=0.01)
     p.add_argument("--restore-clocks", type=int, default=400)
+    p.add_argument("--ab-clocks", type=int, default=200, help="table4: clocks of each whole-process A/B run (0: none)")
+    p.add_argument("--ab-idle", action="store_true", help="table4: also A/B the SCHED_IDLE writer")
+    p.add_argument("--no-target-runs", action="store_true",
+                   help="table4: only the whole-process A/B and restore timings, not the time-to-target runs")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default="", help="report name (default: the suite's)")
     p.add_argument("--note", default="")
@@ -671,6 +796,8 @@ def main():
     os.makedirs(args.raw, exist_ok=True)
 
     groups = vs_ddp_groups(args) if args.suite == "vs-ddp" else table4_groups(args)
+    if args.suite == "table4" and args.no_target_runs:
+        groups = []
     only = [k for k in args.only.split(",") if k]
     skip = {k for k in args.skip.split(",") if k}
     for g in groups:
@@ -705,7 +832,10 @@ def main():
             finally:
                 network.down()
         if args.suite == "table4":
-            extra = restore_section(args, runner, work)
+            if args.ab_clocks > 0:
+                extra += ab_section(args, runner, work)
+            if args.restore_clocks > 0:
+                extra += restore_section(args, runner, work)
     except KeyboardInterrupt as e:
         say(f"interrupted ({e}); reporting what finished")
     finally:
@@ -717,7 +847,8 @@ def main():
     with open(os.path.join(args.raw, "results.json"), "w") as f:
         json.dump({f"{k[0]}|{k[1]}": v for k, v in results.items()}, f, indent=1, default=str)
     print(text)
-    plot(os.path.join(args.out, f"{name}.png"), groups, results)
+    if groups:
+        plot(os.path.join(args.out, f"{name}.png"), groups, results)
     archive_raw(args.raw, os.path.join(args.out, f"{name}_raw.tar.xz"))
 
 
@@ -760,8 +891,10 @@ def run_group_rep(args, runner, work, g, rep, results):
         r["rc"], r["timed_out"], r["wall"] = rc, timed_out, wall
         if tx0 is not None and tx1 is not None:
             r["wire_bytes_per_clock"] = (tx1 - tx0) / max(1, r["clocks_run"])
+        r["flags"] = config.flags
         if os.path.isdir(ckpt):
             r["ckpt_bytes_per_clock"] = dir_bytes(ckpt) / max(1, r["clocks_run"])
+            r["log_bytes_per_clock"] = log_bytes(ckpt) / max(1, r["clocks_run"])
         if c.key == "none":
             none_ms = r["clock_ms"]
         if none_ms:

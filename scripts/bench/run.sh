@@ -8,7 +8,8 @@
 #   vs-ddp   PyTorch DDP against Orpheus (dense, SV broadcast, best settings), np 4, on
 #            loopback and on emulated 1 and 10 Gbit/s clusters (scripts/netcluster.sh;
 #            needs root, else loopback only), MLR and the 784-2048-2048-10 MLP.
-#   table4   checkpoint and recovery cost (the Orpheus paper's Table 4), np 4, MLP.
+#   table4   checkpoint and recovery cost (the Orpheus paper's Table 4), np 4, MLP, then a
+#            whole-process A/B of --ckpt sv against none (--ab-clocks 200) and restore(T) times.
 #   table3   techniques added one at a time (the paper's Table 3), np 8, MLP
 #            (scripts/bench/table3.sh; its own options are environment variables).
 #   simulate orpheus simulate: calibration against the emulated 1 Gbit/s cluster at
