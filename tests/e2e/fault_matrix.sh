@@ -195,7 +195,7 @@ case_stop_rank_bcast() {
   check "exit code nonzero ($rc)" [ "$rc" -ne 0 ]
   check "the first line names the clock" bash -c '[[ "$1" =~ at\ clock\ [0-9]+ ]]' _ "$first"
   check "the first line names the stopped rank" \
-    bash -c '[[ "$1" =~ ^orpheus:\ rank\ 0[:\ ].*stalled\ or\ gone:\ rank\ 1$ ]]' _ "$first"
+    bash -c '[[ "$1" =~ ^orpheus:\ rank\ 0[:\ ].*stalled\ or\ gone:\ rank\ 1(\ \(at\ clock\ [0-9]+\))?$ ]]' _ "$first"
   check "one line from orpheus ($(orpheusLines stop_rank_bcast))" [ "$(orpheusLines stop_rank_bcast)" -eq 1 ]
   check "nothing left running" noneLeft
 }
