@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/elementwise_chain.h"
+#include "ops/sequence_layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -55,6 +56,57 @@ GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse, Backend* backend)
   }
   values_.resize(n);
   grads_.resize(n);
+  tokenSparse_.resize(n);
+  tokenDense_.assign(n, false);
+  for (const Node& node : graph.nodes()) {
+    if (node.kind != NodeKind::kToken) continue;
+    for (int u : graph.consumers(node.id)) {
+      const Node& user = graph.node(u);
+      if (!(user.op == OpKind::kMatVec && user.inputs[1] == node.id)) tokenDense_[static_cast<size_t>(node.id)] = true;
+    }
+  }
+}
+
+// The one-hots of every step's tokens and the carried states, for the batch's segments.
+template <typename S>
+void GraphExecutor<S>::prepareSequence(const GraphInputs<S>& in) {
+  if (graph_.steps() == 0) return;
+  ORPHEUS_ENFORCE(in.dense != nullptr, "a sequence model needs dense segments");
+  const int64_t b = in.dense->cols();
+  ORPHEUS_CHECK_INPUT(in.dense->rows() == segmentRows(graph_.steps()),
+                      "the model unrolls {} steps, so a segment needs {} rows, but the data has {}", graph_.steps(),
+                      segmentRows(graph_.steps()), in.dense->rows());
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (n.kind != NodeKind::kToken) continue;
+    SparseMat<S>& m = tokenSparse_[i];
+    m.resize(n.rows, b);
+    m.reserve(Eigen::VectorXi::Constant(b, 1));
+    for (int64_t j = 0; j < b; ++j) {
+      const S value = (*in.dense)(kSegmentTokenRow + n.step + n.tokenOffset, j);
+      const auto id = static_cast<int64_t>(value);
+      ORPHEUS_CHECK_INPUT(static_cast<S>(id) == value && id >= 0 && id < n.rows,
+                          "token {} out of range: the vocabulary has {} words", value, n.rows);
+      m.insert(id, j) = S(1);
+    }
+    m.makeCompressed();
+    if (tokenDense_[i]) values_[i] = Mat<S>(m);
+  }
+  const auto& states = graph_.states();
+  ORPHEUS_ENFORCE(in.states == nullptr || in.states->size() == states.size(), "the graph has {} states, got {}",
+                  states.size(), in.states ? in.states->size() : 0);
+  for (size_t k = 0; k < states.size(); ++k) {
+    const Node& n = graph_.node(states[k]);
+    Mat<S>& v = values_[static_cast<size_t>(n.id)];
+    if (in.states) {
+      const Mat<S>& given = (*in.states)[k];
+      ORPHEUS_ENFORCE(given.rows() == n.rows && given.cols() == b, "state '{}' is {}x{}, expected {}x{}", n.name,
+                      given.rows(), given.cols(), n.rows, b);
+      v = given;
+    } else {
+      v = Mat<S>::Zero(n.rows, b);
+    }
+  }
 }
 
 template <typename S>
@@ -92,6 +144,8 @@ const Mat<S>* GraphExecutor<S>::operandValue(int id, const std::vector<const Mat
       return &(*in.locals)[k];
     }
     case NodeKind::kOp:
+    case NodeKind::kToken:
+    case NodeKind::kState:
       return &values_[static_cast<size_t>(id)];
   }
   return nullptr;
@@ -102,10 +156,16 @@ Operands<S> GraphExecutor<S>::operands(const Node& n, const std::vector<const Ma
                                        const GraphInputs<S>& in) {
   Operands<S> result;
   result.attr = static_cast<S>(n.attr);
+  if (n.op == OpKind::kSlice) {
+    result.first = static_cast<Eigen::Index>(n.attr);
+    result.rows = n.rows;
+  }
   result.a = operandValue(n.inputs[0], params, in);
   if (n.inputs.size() > 1) {
     const Node& b = graph_.node(n.inputs[1]);
-    if (n.op == OpKind::kMatVec && b.kind == NodeKind::kInput && in.sparse) {
+    if (n.op == OpKind::kMatVec && b.kind == NodeKind::kToken) {
+      result.bSparse = &tokenSparse_[static_cast<size_t>(b.id)];
+    } else if (n.op == OpKind::kMatVec && b.kind == NodeKind::kInput && in.sparse) {
       result.bSparse = in.sparse;
     } else {
       result.b = operandValue(n.inputs[1], params, in);
@@ -243,6 +303,7 @@ template <typename S>
 S GraphExecutor<S>::forward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
   ORPHEUS_ENFORCE(params.size() == graph_.params().size(), "graph has {} parameters, got {}", graph_.params().size(),
                   params.size());
+  prepareSequence(in);
   for (const Node& n : graph_.nodes()) {
     if (n.kind != NodeKind::kOp) continue;
     // A fused step runs where its last node stands: by then every operand from
@@ -360,7 +421,9 @@ std::vector<Mat<S>> GraphExecutor<S>::paramGradients(const std::vector<const Mat
     const Mat<S>& u = grads_[static_cast<size_t>(site.matvecNode)];
     if (u.size() == 0) continue;
     const Node& v = graph_.node(site.vectorNode);
-    if (v.kind == NodeKind::kInput && in.sparse) {
+    if (v.kind == NodeKind::kToken) {
+      grads[static_cast<size_t>(site.param)] += u * tokenSparse_[static_cast<size_t>(v.id)].transpose();
+    } else if (v.kind == NodeKind::kInput && in.sparse) {
       grads[static_cast<size_t>(site.param)] += u * in.sparse->transpose();
     } else if (v.kind == NodeKind::kInput) {
       grads[static_cast<size_t>(site.param)] += u * in.dense->transpose();

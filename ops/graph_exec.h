@@ -25,6 +25,10 @@ struct GraphInputs {
   // One r x B matrix per data-dependent variable, in graph.locals() order;
   // optimizeLocals() updates them in place.
   std::vector<Mat<S>>* locals = nullptr;
+  // Unrolled sequence models: `dense` holds segments (ops/sequence_layout.h), and
+  // `states` the carried states at the first step, one r x B matrix per
+  // graph.states() entry; null: zeros.
+  const std::vector<Mat<S>>* states = nullptr;
 
   int64_t batch() const;
 };
@@ -51,6 +55,8 @@ class GraphExecutor {
   const Mat<S>& grad(int node) const { return grads_[static_cast<size_t>(node)]; }
   const std::vector<SvSite>& sites() const { return sites_; }
   const std::vector<FusedStep>& plan() const { return plan_; }
+  // A token node's one-hot (classes x B, sparse) from the last forward().
+  const SparseMat<S>& tokens(int node) const { return tokenSparse_[static_cast<size_t>(node)]; }
 
   // Dense gradient of each parameter built from the SV sites (U V^T; bias: U 1):
   // the reference the SVs are checked against. Requires backward().
@@ -60,6 +66,7 @@ class GraphExecutor {
   const Mat<S>* operandValue(int id, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   Operands<S> operands(const Node& n, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void accumulate(int id, const Mat<S>& g);
+  void prepareSequence(const GraphInputs<S>& in);
   void forwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void backwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
 
@@ -84,6 +91,8 @@ class GraphExecutor {
   std::vector<bool> needsGrad_;
   std::vector<Mat<S>> values_;
   std::vector<Mat<S>> grads_;
+  std::vector<SparseMat<S>> tokenSparse_;  // per token node
+  std::vector<bool> tokenDense_;           // per token node: also needed dense (values_)
   Mat<S> oneHot_;
   Mat<S> denseInput_;
   const SparseMat<S>* denseInputOf_ = nullptr;
