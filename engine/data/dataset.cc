@@ -19,7 +19,10 @@ namespace detail {
 Dataset readIdx(const std::string& path, const ReadOptions& options);
 Dataset readLibsvm(const std::string& path, const ReadOptions& options, int indexBase);
 Dataset readCsv(const std::string& path, const ReadOptions& options);
+Dataset readTokens(const std::string& path, const ReadOptions& options);
 }  // namespace detail
+
+bool hasTokenHeader(const std::string& path);  // token_reader.cc
 
 namespace {
 
@@ -72,6 +75,7 @@ void checkConsistent(const Dataset& data) {
 }  // namespace
 
 int32_t Dataset::maxLabel() const {
+  if (vocabulary > 0) return static_cast<int32_t>(vocabulary - 1);
   if (labels.empty()) return -1;
   return *std::max_element(labels.begin(), labels.end());
 }
@@ -81,8 +85,9 @@ Format parseFormat(const std::string& name) {
   if (name == "idx") return Format::kIdx;
   if (name == "libsvm") return Format::kLibsvm;
   if (name == "csv") return Format::kCsv;
+  if (name == "tokens") return Format::kTokens;
   throw InputError(
-      fmt::format("unknown data format '{}': expected one of auto, idx, libsvm, csv", name));
+      fmt::format("unknown data format '{}': expected one of auto, idx, libsvm, csv, tokens", name));
 }
 
 Format resolveFormat(const std::string& path, Format format) {
@@ -93,6 +98,7 @@ Format resolveFormat(const std::string& path, Format format) {
   if (hasIdxName(name)) return Format::kIdx;
   if (endsWithNoCase(name, ".csv")) return Format::kCsv;
   if (hasIdxMagic(path)) return Format::kIdx;
+  if (hasTokenHeader(path)) return Format::kTokens;
   return Format::kLibsvm;
 }
 
@@ -106,6 +112,8 @@ Dataset readDataset(const std::string& path, const ReadOptions& options) {
       return detail::readIdx(path, options);
     case Format::kCsv:
       return detail::readCsv(path, options);
+    case Format::kTokens:
+      return detail::readTokens(path, options);
     case Format::kLibsvm:
     case Format::kAuto:
       break;
