@@ -7,6 +7,7 @@ by the B*P examples of the clock), the same evaluation.
 
   lstm_torch.py --train T.tokens --valid V.tokens --ranks P --batch B --clocks N --lr LR
                 [--embed D] [--hidden H] [--eval-every K] [--target-perplexity X] [--ddp] [--threads N]
+                [--rank R --master ADDR]   (one DDP process, started by the caller on its host)
 
 Without --ddp one process computes what P ranks of DDP would (the mean of their
 gradients is the full gradient), which is what tests/e2e/lstm_kjv.sh takes its
@@ -177,8 +178,13 @@ def main():
     p.add_argument("--ddp", action="store_true", help="P processes of DDP over gloo")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--rank", type=int, default=-1, help="run only this DDP rank (with --master)")
+    p.add_argument("--master", default="", help="address of DDP rank 0")
     args = p.parse_args()
-    if args.ddp:
+    if args.rank >= 0:
+        os.environ["MASTER_ADDR"] = args.master or "127.0.0.1"
+        ddp_worker(args.rank, args)
+    elif args.ddp:
         torch.multiprocessing.spawn(ddp_worker, args=(args,), nprocs=args.ranks, join=True)
     else:
         torch.set_num_threads(args.threads)

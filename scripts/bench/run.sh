@@ -11,6 +11,8 @@
 #   table4   checkpoint and recovery cost (the Orpheus paper's Table 4), np 4, MLP.
 #   table3   techniques added one at a time (the paper's Table 3), np 8, MLP
 #            (scripts/bench/table3.sh; its own options are environment variables).
+#   lstm     the KJV LSTM language model against PyTorch nn.LSTM + DDP over gloo
+#            (scripts/bench/lstm_vs_torch.sh; options as environment variables).
 #   codesign, sv-vs-dense, generated, selection: the older suites in their own scripts
 #            (comm_codesign.sh, sv_vs_dense.sh, generated_vs_handwritten.sh,
 #            selection_error.sh), options as environment variables; see each header.
@@ -24,15 +26,16 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"
 suite="${1-}"
 case "$suite" in
-  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection) shift ;;
+  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection | lstm) shift ;;
   -h | --help | "") sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection)" >&2
+  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection, lstm)" >&2
      exit 2 ;;
 esac
 
 "$ROOT/scripts/setup.sh"
 extra=()
 [ "$suite" = vs-ddp ] && extra=(python3-torch python3-numpy libopenblas0-pthread iproute2)
+[ "$suite" = lstm ] && extra=(python3-torch iproute2)
 missing=()
 for p in python3-matplotlib "${extra[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -44,9 +47,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 declare -A SCRIPT=([table3]=table3.sh [codesign]=comm_codesign.sh [sv-vs-dense]=sv_vs_dense.sh
-  [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh)
+  [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh [lstm]=lstm_vs_torch.sh)
 if [ -n "${SCRIPT[$suite]-}" ]; then
   case "$suite" in table3 | codesign) build "$ROOT/build-dev" Release ;; esac
+  if [ "$suite" = lstm ]; then
+    build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
+    export BUILD_DIR="${BUILD_DIR:-$ROOT/build-release}"
+  fi
   exec "$ROOT/scripts/bench/${SCRIPT[$suite]}" "$@"
 fi
 build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
