@@ -58,12 +58,67 @@ GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse, Backend* backend)
   grads_.resize(n);
   tokenSparse_.resize(n);
   tokenDense_.assign(n, false);
+  hoistedAt_.assign(n, -1);
+  early_.assign(n, false);
+  if (fuse && graph.steps() > 0) planHoisting();
   for (const Node& node : graph.nodes()) {
     if (node.kind != NodeKind::kToken) continue;
     for (int u : graph.consumers(node.id)) {
       const Node& user = graph.node(u);
       if (!(user.op == OpKind::kMatVec && user.inputs[1] == node.id)) tokenDense_[static_cast<size_t>(node.id)] = true;
     }
+  }
+}
+
+template <typename S>
+void GraphExecutor<S>::planHoisting() {
+  const auto& nodes = graph_.nodes();
+  const size_t n = nodes.size();
+  std::vector<bool> stateFree(n, true);
+  for (const Node& node : nodes) {
+    const size_t i = static_cast<size_t>(node.id);
+    if (node.kind == NodeKind::kState) stateFree[i] = false;
+    for (int in : node.inputs) stateFree[i] = stateFree[i] && stateFree[static_cast<size_t>(in)];
+  }
+  // A node in a fused step is computed with its step: early only when the whole step is.
+  std::vector<int> stepOf(n, -1);
+  for (size_t s = 0; s < plan_.size(); ++s) {
+    for (int id : plan_[s].nodes) stepOf[static_cast<size_t>(id)] = static_cast<int>(s);
+  }
+  for (const Node& node : nodes) {
+    const size_t i = static_cast<size_t>(node.id);
+    if (node.kind != NodeKind::kOp || !stateFree[i]) continue;
+    bool early = true;
+    if (stepOf[i] >= 0) {
+      for (int id : plan_[static_cast<size_t>(stepOf[i])].nodes) early = early && stateFree[static_cast<size_t>(id)];
+    }
+    early_[i] = early;
+  }
+  std::vector<int> groupOf(graph_.params().size(), -1);
+  for (const Node& node : nodes) {
+    if (node.kind != NodeKind::kOp || node.op != OpKind::kMatVec) continue;
+    const Node& v = graph_.node(node.inputs[1]);
+    if (v.kind != NodeKind::kOp || v.op != OpKind::kConcat) continue;
+    const int a = v.inputs[0];
+    if (!early_[static_cast<size_t>(a)] || stateFree[static_cast<size_t>(v.id)]) continue;
+    const int param = graph_.paramIndex(node.inputs[0]);
+    int& g = groupOf[static_cast<size_t>(param)];
+    if (g < 0) {
+      g = static_cast<int>(hoisted_.size());
+      hoisted_.push_back({});
+      hoisted_.back().param = param;
+    }
+    hoisted_[static_cast<size_t>(g)].products.push_back(node.id);
+    hoisted_[static_cast<size_t>(g)].inputs.push_back(a);
+  }
+  // One product alone gains nothing from hoisting.
+  std::vector<HoistedProduct> kept;
+  for (HoistedProduct& h : hoisted_) {
+    if (h.products.size() >= 2) kept.push_back(std::move(h));
+  }
+  hoisted_ = std::move(kept);
+  for (size_t g = 0; g < hoisted_.size(); ++g) {
+    for (int id : hoisted_[g].products) hoistedAt_[static_cast<size_t>(id)] = static_cast<int>(g);
   }
 }
 
@@ -304,20 +359,62 @@ S GraphExecutor<S>::forward(const std::vector<const Mat<S>*>& params, const Grap
   ORPHEUS_ENFORCE(params.size() == graph_.params().size(), "graph has {} parameters, got {}", graph_.params().size(),
                   params.size());
   prepareSequence(in);
+  if (!hoisted_.empty()) forwardHoisted(params, in);
   for (const Node& n : graph_.nodes()) {
-    if (n.kind != NodeKind::kOp) continue;
-    // A fused step runs where its last node stands: by then every operand from
-    // outside the step has been computed.
-    const int s = stepEnding_[static_cast<size_t>(n.id)];
-    if (s >= 0) {
-      forwardFused(plan_[static_cast<size_t>(s)], params, in);
+    if (n.kind != NodeKind::kOp || (!hoisted_.empty() && early_[static_cast<size_t>(n.id)])) continue;
+    const int g = hoistedAt_[static_cast<size_t>(n.id)];
+    if (g < 0) {
+      runNode(n, params, in);
       continue;
     }
-    if (inStep_[static_cast<size_t>(n.id)]) continue;
-    values_[static_cast<size_t>(n.id)] = ops::forward<S>(n.op, operands(n, params, in));
+    // The step's input part was computed for all steps at once; add the recurrent part.
+    const HoistedProduct& h = hoisted_[static_cast<size_t>(g)];
+    const auto t = static_cast<Eigen::Index>(std::find(h.products.begin(), h.products.end(), n.id) - h.products.begin());
+    const Node& concat = graph_.node(n.inputs[1]);
+    const Mat<S>& w = *params[static_cast<size_t>(h.param)];
+    const Mat<S>& recurrent = *operandValue(concat.inputs[1], params, in);
+    const Eigen::Index b = recurrent.cols();
+    const Eigen::Index inputRows = graph_.node(concat.inputs[0]).rows;
+    Mat<S>& out = values_[static_cast<size_t>(n.id)];
+    out = h.inputPart.middleCols(t * b, b);
+    out.noalias() += w.rightCols(w.cols() - inputRows) * recurrent;
   }
   ORPHEUS_ENFORCE(graph_.loss() >= 0, "the graph has no loss");
   return values_[static_cast<size_t>(graph_.loss())].sum();
+}
+
+template <typename S>
+void GraphExecutor<S>::runNode(const Node& n, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
+  // A fused step runs where its last node stands: by then every operand from
+  // outside the step has been computed.
+  const int s = stepEnding_[static_cast<size_t>(n.id)];
+  if (s >= 0) {
+    forwardFused(plan_[static_cast<size_t>(s)], params, in);
+    return;
+  }
+  if (inStep_[static_cast<size_t>(n.id)]) return;
+  values_[static_cast<size_t>(n.id)] = ops::forward<S>(n.op, operands(n, params, in));
+}
+
+// Every node independent of the carried states, then each hoisted product's input
+// part for all steps as one GEMM.
+template <typename S>
+void GraphExecutor<S>::forwardHoisted(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
+  for (const Node& n : graph_.nodes()) {
+    if (n.kind == NodeKind::kOp && early_[static_cast<size_t>(n.id)]) runNode(n, params, in);
+  }
+  for (HoistedProduct& h : hoisted_) {
+    const Mat<S>& first = values_[static_cast<size_t>(h.inputs[0])];
+    const Eigen::Index rows = first.rows();
+    const Eigen::Index b = first.cols();
+    Mat<S> all(rows, b * static_cast<Eigen::Index>(h.inputs.size()));
+    for (size_t t = 0; t < h.inputs.size(); ++t) {
+      all.middleCols(static_cast<Eigen::Index>(t) * b, b) = values_[static_cast<size_t>(h.inputs[t])];
+    }
+    const Mat<S>& w = *params[static_cast<size_t>(h.param)];
+    h.inputPart.resize(w.rows(), all.cols());
+    h.inputPart.noalias() = w.leftCols(rows) * all;
+  }
 }
 
 template <typename S>

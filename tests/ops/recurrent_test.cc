@@ -342,3 +342,27 @@ TEST_CASE("one step of the LSTM equals PyTorch's nn.LSTM from the same weights",
     CHECK(maxAbsDiff(grads[p], ref.at(names[p])) <= 1e-5);
   }
 }
+
+TEST_CASE("the input part of all steps as one GEMM gives the per-step products", "[ops][recurrent]") {
+  std::mt19937 gen(13);
+  const int64_t vocabulary = 6, b = 3, steps = 4;
+  const Graph g = parseLoss(kSmallLstm, "small.loss", {0, vocabulary, steps});
+  const Mat<double> x = segments(randomText(static_cast<int>(vocabulary), gen), steps, b, 0, 0);
+  std::vector<Mat<double>> params = randomParams(g, gen, 0.5);
+  std::vector<const Mat<double>*> ptrs;
+  for (auto& m : params) ptrs.push_back(&m);
+  std::vector<Mat<double>> states;
+  for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
+  GraphInputs<double> in;
+  in.dense = &x;
+  in.states = &states;
+  GraphExecutor<double> hoisted(g, true), plain(g, false);
+  CHECK(hoisted.hoistedMatrices() == 1);  // W; E's products have no recurrent part
+  CHECK(plain.hoistedMatrices() == 0);
+  CHECK(std::abs(hoisted.forward(ptrs, in) - plain.forward(ptrs, in)) <= 1e-12);
+  hoisted.backward(ptrs, in);
+  plain.backward(ptrs, in);
+  const auto gh = hoisted.paramGradients(ptrs, in), gp = plain.paramGradients(ptrs, in);
+  for (size_t p = 0; p < gh.size(); ++p) CHECK((gh[p] - gp[p]).cwiseAbs().maxCoeff() <= 1e-12);
+  for (int id : g.finalStates()) CHECK((hoisted.value(id) - plain.value(id)).cwiseAbs().maxCoeff() <= 1e-12);
+}
