@@ -28,7 +28,9 @@ class GraphModel final : public Model {
   // then returns one SV pair per matrix site and example. A sequence model's sites
   // are per step: a matrix used at every step has T entries of B columns, and its
   // carried states continue each stream's previous segment (kept per stream); the
-  // mean loss is per token.
+  // mean loss is per token. The batch's n columns are its B examples, shared by all
+  // entries, so selection (engine/select) keeps or drops whole examples with all
+  // their steps, not single (example, step) pairs.
   SvBatch computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
   // Data-dependent variables of test examples are inferred afresh, never kept.
   // Sequence models: the batch is taken in runs of consecutive segments of distinct
