@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cmath>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -196,6 +197,7 @@ data::Dataset readShard(const std::string& path, const TrainConfig& config, cons
   options.worldSize = transport.size();
   options.features = features;
   options.indexBase = indexBase;
+  options.streams = config.batch;  // token streams: minibatch column b continues stream b
   return data::readDataset(path, options);
 }
 
@@ -536,6 +538,7 @@ int runEval(const EvalConfig& config) {
       .add("clock", info.clock)
       .add("examples", static_cast<int64_t>(sums.count))
       .add("test_loss", sums.lossSum / sums.count);
+  if (model->reportsPerplexity()) line.add("test_perplexity", std::exp(sums.lossSum / sums.count));
   if (model->hasAccuracy()) line.add("test_accuracy", sums.correct / sums.count);
   std::printf("%s\n", line.str().c_str());
   return 0;

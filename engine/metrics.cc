@@ -147,6 +147,11 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
   double accuracy = -1.0;
   if (e.sum[kHasEval] > 0 && e.sum[kEvalCount] > 0) {
     line.add("test_loss", e.sum[kEvalLoss] / e.sum[kEvalCount]);
+    if (perplexity_) {
+      const double perplexity = std::exp(e.sum[kEvalLoss] / e.sum[kEvalCount]);
+      line.add("test_perplexity", perplexity);
+      progress_.setPerplexity(perplexity);
+    }
     if (hasAccuracy_) {
       accuracy = e.sum[kEvalCorrect] / e.sum[kEvalCount];
       line.add("test_accuracy", accuracy);

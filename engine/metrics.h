@@ -82,6 +82,9 @@ class MetricsAggregator {
                     uint64_t clocks);
 
   void add(const ClockRecord& record);
+  // Language models: every line with a test loss also gives test_perplexity =
+  // exp(test loss per token), and the progress line shows it.
+  void reportPerplexity() { perplexity_ = true; }
   // Every clock's line is written.
   bool done() const { return next_ > clocks_; }
   // The job stops early at `clock`: no records come after it.
@@ -111,6 +114,7 @@ class MetricsAggregator {
   MetricsWriter& out_;
   ProgressLine& progress_;
   bool hasAccuracy_;
+  bool perplexity_ = false;
   uint64_t clocks_;
   uint64_t next_;
   std::map<uint64_t, Entry> entries_;

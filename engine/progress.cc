@@ -23,11 +23,15 @@ void ProgressLine::update(uint64_t clock, double loss, double accuracy, double s
     if (!evaluated && clock != total_ && now - lastDraw_ < std::chrono::milliseconds(100)) return;
     lastDraw_ = now;
     const std::string acc = accuracy >= 0 ? fmt::format("{:.4f}", accuracy) : "-";
-    std::fprintf(stderr, "\rclock %llu/%llu  loss %.4f  acc %s  %.1f clocks/s  ETA %.0fs   ",
+    const std::string ppl = perplexity_ > 0 ? fmt::format("  ppl {:.1f}", perplexity_) : "";
+    std::fprintf(stderr, "\rclock %llu/%llu  loss %.4f  acc %s%s  %.1f clocks/s  ETA %.0fs   ",
                  static_cast<unsigned long long>(clock), static_cast<unsigned long long>(total_), loss, acc.c_str(),
-                 rate, eta);
+                 ppl.c_str(), rate, eta);
     std::fflush(stderr);
     open_ = true;
+  } else if (plain_ && evaluated && perplexity_ > 0) {
+    spdlog::info("clock {}/{}  train_loss {:.4f}  test_perplexity {:.2f}  test_accuracy {:.4f}  {:.1f} clocks/s", clock,
+                 total_, loss, perplexity_, accuracy, rate);
   } else if (plain_ && evaluated) {
     spdlog::info("clock {}/{}  train_loss {:.4f}  test_accuracy {:.4f}  {:.1f} clocks/s", clock, total_, loss,
                  accuracy, rate);

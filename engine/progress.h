@@ -17,6 +17,8 @@ class ProgressLine {
 
   // accuracy < 0: none measured yet. `evaluated`: an evaluation happened this clock.
   void update(uint64_t clock, double loss, double accuracy, double seconds, bool evaluated);
+  // Language models: the latest test perplexity, shown from the next update on.
+  void setPerplexity(double perplexity) { perplexity_ = perplexity; }
   void finish();
 
  private:
@@ -24,6 +26,7 @@ class ProgressLine {
   bool plain_;
   uint64_t total_;
   bool open_ = false;
+  double perplexity_ = -1.0;
   std::chrono::steady_clock::time_point lastDraw_{};
 };
 

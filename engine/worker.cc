@@ -340,6 +340,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   // A resumed job continues at clock_ + 1.
   MetricsAggregator aggregator(transport_.size(), metrics, progress, model_.hasAccuracy(), clock_ + 1,
                                static_cast<uint64_t>(config_.clocks));
+  if (model_.reportsPerplexity()) aggregator.reportPerplexity();
   MetricsCollector collector(transport_, aggregator);
   MetricsReporter reporter(transport_);
   MetricsSink& sink = leader ? static_cast<MetricsSink&>(collector) : reporter;
@@ -362,7 +363,10 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
 
 const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, const MetricsAggregator& aggregator) {
   const uint64_t first = clock_ + 1;
-  data::MinibatchSampler sampler(train_.size(), config_.batch, config_.seed, transport_.rank());
+  // A token stream's minibatches are every stream's next segment, in order.
+  data::MinibatchSampler sampler(train_.size(), config_.batch, config_.seed, transport_.rank(),
+                                 train_.streams > 0 ? data::MinibatchSampler::Order::kInOrder
+                                                    : data::MinibatchSampler::Order::kShuffled);
   for (uint64_t c = 1; c < first; ++c) sampler.next();  // the sampler where the resumed job left it
   data::PrefetchQueue queue(train_, std::move(sampler), 2, timeoutOf(config_));
   // The starting point, so a run's progress can be read as a ratio.
@@ -494,6 +498,7 @@ void Worker::writeSummary(MetricsWriter& metrics, const MetricsAggregator& aggre
   if (test_ != nullptr) {
     summary.add("initial_test_loss", initialEval.loss);
     summary.add("test_loss", lastEval_.loss);
+    if (model_.reportsPerplexity()) summary.add("test_perplexity", std::exp(lastEval_.loss));
     if (model_.hasAccuracy()) {
       summary.add("test_accuracy", lastEval_.accuracy);
       summary.add("best_test_accuracy", std::max(aggregator.bestAccuracy(), lastEval_.accuracy));

@@ -39,6 +39,8 @@ int Graph::param(const std::string& name, int64_t rows, int64_t cols, Init init,
 }
 
 int Graph::input(const std::string& name, int64_t rows, SourceLoc loc) {
+  ORPHEUS_CHECK_INPUT(sequence_ < 0, "{}only one input may be declared ('{}' after the sequence '{}')", where(-1), name,
+                      sequence_ >= 0 ? node(sequence_).name : "");
   ORPHEUS_CHECK_INPUT(input_ < 0, "{}only one input may be declared ('{}' after '{}')", where(-1), name,
                       input_ >= 0 ? node(input_).name : "");
   Node n;
@@ -79,7 +81,136 @@ int Graph::local(const std::string& name, int64_t rows, Init init, int innerStep
   return id;
 }
 
+int Graph::sequence(const std::string& name, int64_t rows, SourceLoc loc) {
+  const std::string at = loc.line > 0 ? fmt::format("{}:{}:{}: ", source_, loc.line, loc.column) : "";
+  ORPHEUS_CHECK_INPUT(sequence_ < 0 && input_ < 0, "{}only one input may be declared ('{}' after '{}')", at, name,
+                      sequence_ >= 0 ? node(sequence_).name : (input_ >= 0 ? node(input_).name : ""));
+  return sequence_ = token(name, rows, 0, 0, loc);
+}
+
+int Graph::token(const std::string& name, int64_t rows, int step, int offset, SourceLoc loc) {
+  Node n;
+  n.kind = NodeKind::kToken;
+  n.name = name;
+  n.rows = rows;
+  n.perExample = true;
+  n.step = step;
+  n.tokenOffset = offset;
+  n.loc = loc;
+  return add(std::move(n));
+}
+
+int Graph::state(const std::string& name, int64_t rows, SourceLoc loc) {
+  Node n;
+  n.kind = NodeKind::kState;
+  n.name = name;
+  n.rows = rows;
+  n.perExample = true;
+  n.loc = loc;
+  const int id = add(std::move(n));
+  states_.push_back(id);
+  next_.push_back(-1);
+  return id;
+}
+
+void Graph::setNext(int state, int value, SourceLoc loc) {
+  const std::string at = loc.line > 0 ? fmt::format("{}:{}:{}: ", source_, loc.line, loc.column) : "";
+  const auto it = std::find(states_.begin(), states_.end(), state);
+  ORPHEUS_CHECK_INPUT(it != states_.end(), "{}'next' names '{}', which is not a state (declare it with 'state')", at,
+                      node(state).name);
+  int& next = next_[static_cast<size_t>(it - states_.begin())];
+  ORPHEUS_CHECK_INPUT(next < 0, "{}second 'next' for state '{}'", at, node(state).name);
+  const Node& v = node(value);
+  ORPHEUS_CHECK_INPUT(v.perExample, "{}the next value of state '{}' must be per example, not parameter '{}'", at,
+                      node(state).name, v.name);
+  ORPHEUS_CHECK_INPUT(v.rows == node(state).rows, "{}shape mismatch: state '{}' has {} rows but its next value '{}' has {}",
+                      at, node(state).name, node(state).rows, v.name, v.rows);
+  next = value;
+}
+
+int Graph::slice(int input, int64_t first, int64_t rows, const std::string& text, SourceLoc loc) {
+  const std::string at = loc.line > 0 ? fmt::format("{}:{}:{}: ", source_, loc.line, loc.column) : "";
+  const Node& a = node(input);
+  ORPHEUS_CHECK_INPUT(a.perExample, "{}'{}' slices parameter '{}'; only per-example vectors can be sliced", at, text,
+                      a.name);
+  ORPHEUS_CHECK_INPUT(first >= 0 && rows > 0 && first + rows <= a.rows,
+                      "{}shape mismatch in '{}': rows [{}, {}) of {}", at, text, first, first + rows, describe(a));
+  Node n;
+  n.kind = NodeKind::kOp;
+  n.op = OpKind::kSlice;
+  n.name = text;
+  n.inputs = {input};
+  n.attr = static_cast<double>(first);
+  n.rows = rows;
+  n.perExample = true;
+  n.loc = loc;
+  return add(std::move(n));
+}
+
+Graph Graph::unroll(int steps) const {
+  ORPHEUS_CHECK_INPUT(isCell(), "{}the model has no sequence input to unroll", where(-1));
+  ORPHEUS_CHECK_INPUT(steps >= 1, "{}a sequence model needs at least one step per segment, got {}", where(-1), steps);
+  ORPHEUS_CHECK_INPUT(loss_ >= 0, "{}the model declares no loss", where(-1));
+  for (size_t s = 0; s < states_.size(); ++s) {
+    ORPHEUS_CHECK_INPUT(next_[s] >= 0, "{}state '{}' has no next value (add a line 'next {} = EXPR')",
+                        where(states_[s]), node(states_[s]).name, node(states_[s]).name);
+  }
+  Graph out;
+  out.source_ = source_;
+  out.steps_ = steps;
+  std::vector<int> shared(nodes_.size(), -1);
+  for (int p : params_) {
+    const Node& n = node(p);
+    shared[static_cast<size_t>(p)] = out.param(n.name, n.rows, n.cols, n.init, n.loc);
+  }
+  for (int s : states_) {
+    const Node& n = node(s);
+    shared[static_cast<size_t>(s)] = out.state(n.name, n.rows, n.loc);
+  }
+  out.next_.clear();
+  std::vector<int> prev;
+  int total = -1;
+  for (int t = 0; t < steps; ++t) {
+    std::vector<int> cur(nodes_.size(), -1);
+    for (const Node& n : nodes_) {
+      const size_t i = static_cast<size_t>(n.id);
+      switch (n.kind) {
+        case NodeKind::kParam:
+          cur[i] = shared[i];
+          break;
+        case NodeKind::kToken:
+        case NodeKind::kLabel:
+          cur[i] = out.token(fmt::format("{}@{}", n.name, t), n.rows, t, n.kind == NodeKind::kLabel ? 1 : 0, n.loc);
+          break;
+        case NodeKind::kState: {
+          const size_t k = static_cast<size_t>(std::find(states_.begin(), states_.end(), n.id) - states_.begin());
+          cur[i] = t == 0 ? shared[i] : prev[static_cast<size_t>(next_[k])];
+          break;
+        }
+        case NodeKind::kOp: {
+          std::vector<int> inputs;
+          for (int in : n.inputs) inputs.push_back(cur[static_cast<size_t>(in)]);
+          cur[i] = n.op == OpKind::kSlice ? out.slice(inputs[0], static_cast<int64_t>(n.attr), n.rows, n.name, n.loc)
+                                          : out.apply(n.op, std::move(inputs), n.name, n.attr, n.loc);
+          break;
+        }
+        case NodeKind::kInput:
+        case NodeKind::kLocal:
+          throw InputError(fmt::format("{}'{}' cannot be part of a sequence model", where(n.id), n.name));
+      }
+    }
+    const int loss = cur[static_cast<size_t>(loss_)];
+    total = t == 0 ? loss : out.apply(OpKind::kAdd, {total, loss}, "sum of the steps' losses", 1.0, node(loss_).loc);
+    if (prediction_ >= 0) out.stepPredictions_.push_back(cur[static_cast<size_t>(prediction_)]);
+    prev = std::move(cur);
+  }
+  for (size_t s = 0; s < states_.size(); ++s) out.finalStates_.push_back(prev[static_cast<size_t>(next_[s])]);
+  out.setLoss(total);
+  return out;
+}
+
 int Graph::apply(OpKind op, std::vector<int> inputs, const std::string& text, double attr, SourceLoc loc) {
+  ORPHEUS_ENFORCE(op != OpKind::kSlice, "slices are built with Graph::slice");
   ORPHEUS_ENFORCE(static_cast<int>(inputs.size()) == arity(op), "{} takes {} operands, got {}", opName(op), arity(op),
                   inputs.size());
   for (int in : inputs) ORPHEUS_ENFORCE(in >= 0 && in < static_cast<int>(nodes_.size()), "bad operand {}", in);
@@ -134,6 +265,13 @@ int Graph::apply(OpKind op, std::vector<int> inputs, const std::string& text, do
       }
       if (a.rows != b.rows) throw mismatch(fmt::format("{} needs operands of equal length", opName(op)));
       n.rows = a.rows;
+      break;
+    }
+    case 6: {  // kConcat
+      const Node& b = node(inputs[1]);
+      requirePerExample(a);
+      requirePerExample(b);
+      n.rows = a.rows + b.rows;
       break;
     }
     case 5: {

@@ -8,6 +8,17 @@
 //   - a bias vector b added to such an output (a = W v + b) is updated from the same
 //     SVs: b += U c.
 // A parameter used any other way has no SV form and is refused with the reason.
+//
+// Recurrence. A sequence model is written as its cell, once: a graph over a
+// token input (`sequence`: the one-hot of the token at the current step), the
+// next token's one-hot (the label), parameters and carried states (`state`: the
+// value the cell gave its `next` at the previous step). `unroll(T)` copies the
+// cell T times, sharing the parameters, feeding step t's next states to step t+1
+// and summing the per-step losses: an ordinary graph, so its SV sites are per
+// (matrix use, step): a matrix used at every step gets T sites of B columns, i.e.
+// B*T SV pairs per clock. The first step's states are terminals holding the
+// values carried from the stream's previous segment; no gradient flows into them
+// (truncated backpropagation through time).
 #pragma once
 
 #include "ops/operators.h"
@@ -18,7 +29,10 @@
 
 namespace orpheus::ops {
 
-enum class NodeKind { kParam, kInput, kLabel, kLocal, kOp };
+// kToken: the one-hot of token row `step + tokenOffset` of a segment (see
+// GraphInputs); kState: a carried state (a cell's state, or an unrolled graph's
+// state before the first step).
+enum class NodeKind { kParam, kInput, kLabel, kLocal, kOp, kToken, kState };
 
 // How a parameter or data-dependent variable starts.
 struct Init {
@@ -41,7 +55,9 @@ struct Node {
   int64_t rows = 0;          // per-example vector length, or a parameter's rows
   int64_t cols = 1;          // a parameter's columns; 1 for everything else
   bool perExample = false;   // one column per example (all but parameters)
-  double attr = 1.0;         // kScale's factor
+  double attr = 1.0;         // kScale's factor; kSlice's first row
+  int step = 0;              // kToken: the time step it feeds
+  int tokenOffset = 0;       // kToken: 0 the step's token, 1 the next one (the label)
   Init init;                 // parameters and data-dependent variables
   int innerSteps = 0;        // data-dependent variables: gradient steps per clock
   double innerLr = 0.0;
@@ -74,6 +90,16 @@ class Graph {
   int input(const std::string& name, int64_t rows, SourceLoc loc = {});
   int label(const std::string& name, int64_t rows, SourceLoc loc = {});
   int local(const std::string& name, int64_t rows, Init init, int innerSteps, double innerLr, SourceLoc loc = {});
+  // Recurrent cells (see the top of this file). `sequence`: the token input over a
+  // vocabulary of `rows`; at most one, and not with input(). `state`: a carried
+  // state; `setNext`: the expression giving its value at the next step (same rows).
+  int sequence(const std::string& name, int64_t rows, SourceLoc loc = {});
+  int state(const std::string& name, int64_t rows, SourceLoc loc = {});
+  void setNext(int state, int node, SourceLoc loc = {});
+  // A token one-hot of an unrolled graph.
+  int token(const std::string& name, int64_t rows, int step, int offset, SourceLoc loc = {});
+  // Rows [first, first + rows) of a per-example node.
+  int slice(int input, int64_t first, int64_t rows, const std::string& text, SourceLoc loc = {});
 
   // An operator node. Throws InputError naming both shapes and `text` (the
   // expression, for messages) when the operand shapes do not fit `op`.
@@ -104,6 +130,19 @@ class Graph {
   std::vector<SvSite> identifySvs() const;
   std::vector<FusedStep> fusionPlan() const;
 
+  // A cell: has a sequence input. unroll(T) returns the graph of T steps; throws
+  // InputError for a state without `next` (naming its declaration), T < 1, or a
+  // cell without a loss.
+  bool isCell() const { return sequence_ >= 0; }
+  Graph unroll(int steps) const;
+  // Unrolled graphs: T (0 for graphs without recurrence), the carried states at
+  // the first step (terminals, in declaration order) and their values after the
+  // last step, and each step's prediction (empty without `predict`).
+  int steps() const { return steps_; }
+  const std::vector<int>& states() const { return states_; }
+  const std::vector<int>& finalStates() const { return finalStates_; }
+  const std::vector<int>& stepPredictions() const { return stepPredictions_; }
+
   // "file:line:col: " for messages about node `id`, or "" for C++-built nodes.
   std::string where(int id) const;
   void setSourceName(const std::string& name) { source_ = name; }
@@ -120,6 +159,12 @@ class Graph {
   int loss_ = -1;
   int prediction_ = -1;
   std::string source_;
+  int sequence_ = -1;             // a cell's token input
+  std::vector<int> states_;
+  std::vector<int> next_;         // a cell's: per state, the node of its next value (-1: not yet given)
+  std::vector<int> finalStates_;
+  std::vector<int> stepPredictions_;
+  int steps_ = 0;
 };
 
 }  // namespace orpheus::ops

@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/elementwise_chain.h"
+#include "ops/sequence_layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -55,6 +56,112 @@ GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse, Backend* backend)
   }
   values_.resize(n);
   grads_.resize(n);
+  tokenSparse_.resize(n);
+  tokenDense_.assign(n, false);
+  hoistedAt_.assign(n, -1);
+  early_.assign(n, false);
+  if (fuse && graph.steps() > 0) planHoisting();
+  for (const Node& node : graph.nodes()) {
+    if (node.kind != NodeKind::kToken) continue;
+    for (int u : graph.consumers(node.id)) {
+      const Node& user = graph.node(u);
+      if (!(user.op == OpKind::kMatVec && user.inputs[1] == node.id)) tokenDense_[static_cast<size_t>(node.id)] = true;
+    }
+  }
+}
+
+template <typename S>
+void GraphExecutor<S>::planHoisting() {
+  const auto& nodes = graph_.nodes();
+  const size_t n = nodes.size();
+  std::vector<bool> stateFree(n, true);
+  for (const Node& node : nodes) {
+    const size_t i = static_cast<size_t>(node.id);
+    if (node.kind == NodeKind::kState) stateFree[i] = false;
+    for (int in : node.inputs) stateFree[i] = stateFree[i] && stateFree[static_cast<size_t>(in)];
+  }
+  // A node in a fused step is computed with its step: early only when the whole step is.
+  std::vector<int> stepOf(n, -1);
+  for (size_t s = 0; s < plan_.size(); ++s) {
+    for (int id : plan_[s].nodes) stepOf[static_cast<size_t>(id)] = static_cast<int>(s);
+  }
+  for (const Node& node : nodes) {
+    const size_t i = static_cast<size_t>(node.id);
+    if (node.kind != NodeKind::kOp || !stateFree[i]) continue;
+    bool early = true;
+    if (stepOf[i] >= 0) {
+      for (int id : plan_[static_cast<size_t>(stepOf[i])].nodes) early = early && stateFree[static_cast<size_t>(id)];
+    }
+    early_[i] = early;
+  }
+  std::vector<int> groupOf(graph_.params().size(), -1);
+  for (const Node& node : nodes) {
+    if (node.kind != NodeKind::kOp || node.op != OpKind::kMatVec) continue;
+    const Node& v = graph_.node(node.inputs[1]);
+    if (v.kind != NodeKind::kOp || v.op != OpKind::kConcat) continue;
+    const int a = v.inputs[0];
+    if (!early_[static_cast<size_t>(a)] || stateFree[static_cast<size_t>(v.id)]) continue;
+    const int param = graph_.paramIndex(node.inputs[0]);
+    int& g = groupOf[static_cast<size_t>(param)];
+    if (g < 0) {
+      g = static_cast<int>(hoisted_.size());
+      hoisted_.push_back({});
+      hoisted_.back().param = param;
+    }
+    hoisted_[static_cast<size_t>(g)].products.push_back(node.id);
+    hoisted_[static_cast<size_t>(g)].inputs.push_back(a);
+  }
+  // One product alone gains nothing from hoisting.
+  std::vector<HoistedProduct> kept;
+  for (HoistedProduct& h : hoisted_) {
+    if (h.products.size() >= 2) kept.push_back(std::move(h));
+  }
+  hoisted_ = std::move(kept);
+  for (size_t g = 0; g < hoisted_.size(); ++g) {
+    for (int id : hoisted_[g].products) hoistedAt_[static_cast<size_t>(id)] = static_cast<int>(g);
+  }
+}
+
+// The one-hots of every step's tokens and the carried states, for the batch's segments.
+template <typename S>
+void GraphExecutor<S>::prepareSequence(const GraphInputs<S>& in) {
+  if (graph_.steps() == 0) return;
+  ORPHEUS_ENFORCE(in.dense != nullptr, "a sequence model needs dense segments");
+  const int64_t b = in.dense->cols();
+  ORPHEUS_CHECK_INPUT(in.dense->rows() == segmentRows(graph_.steps()),
+                      "the model unrolls {} steps, so a segment needs {} rows, but the data has {}", graph_.steps(),
+                      segmentRows(graph_.steps()), in.dense->rows());
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (n.kind != NodeKind::kToken) continue;
+    SparseMat<S>& m = tokenSparse_[i];
+    m.resize(n.rows, b);
+    m.reserve(Eigen::VectorXi::Constant(b, 1));
+    for (int64_t j = 0; j < b; ++j) {
+      const S value = (*in.dense)(kSegmentTokenRow + n.step + n.tokenOffset, j);
+      const auto id = static_cast<int64_t>(value);
+      ORPHEUS_CHECK_INPUT(static_cast<S>(id) == value && id >= 0 && id < n.rows,
+                          "token {} out of range: the vocabulary has {} words", value, n.rows);
+      m.insert(id, j) = S(1);
+    }
+    m.makeCompressed();
+    if (tokenDense_[i]) values_[i] = Mat<S>(m);
+  }
+  const auto& states = graph_.states();
+  ORPHEUS_ENFORCE(in.states == nullptr || in.states->size() == states.size(), "the graph has {} states, got {}",
+                  states.size(), in.states ? in.states->size() : 0);
+  for (size_t k = 0; k < states.size(); ++k) {
+    const Node& n = graph_.node(states[k]);
+    Mat<S>& v = values_[static_cast<size_t>(n.id)];
+    if (in.states) {
+      const Mat<S>& given = (*in.states)[k];
+      ORPHEUS_ENFORCE(given.rows() == n.rows && given.cols() == b, "state '{}' is {}x{}, expected {}x{}", n.name,
+                      given.rows(), given.cols(), n.rows, b);
+      v = given;
+    } else {
+      v = Mat<S>::Zero(n.rows, b);
+    }
+  }
 }
 
 template <typename S>
@@ -92,6 +199,8 @@ const Mat<S>* GraphExecutor<S>::operandValue(int id, const std::vector<const Mat
       return &(*in.locals)[k];
     }
     case NodeKind::kOp:
+    case NodeKind::kToken:
+    case NodeKind::kState:
       return &values_[static_cast<size_t>(id)];
   }
   return nullptr;
@@ -102,10 +211,16 @@ Operands<S> GraphExecutor<S>::operands(const Node& n, const std::vector<const Ma
                                        const GraphInputs<S>& in) {
   Operands<S> result;
   result.attr = static_cast<S>(n.attr);
+  if (n.op == OpKind::kSlice) {
+    result.first = static_cast<Eigen::Index>(n.attr);
+    result.rows = n.rows;
+  }
   result.a = operandValue(n.inputs[0], params, in);
   if (n.inputs.size() > 1) {
     const Node& b = graph_.node(n.inputs[1]);
-    if (n.op == OpKind::kMatVec && b.kind == NodeKind::kInput && in.sparse) {
+    if (n.op == OpKind::kMatVec && b.kind == NodeKind::kToken) {
+      result.bSparse = &tokenSparse_[static_cast<size_t>(b.id)];
+    } else if (n.op == OpKind::kMatVec && b.kind == NodeKind::kInput && in.sparse) {
       result.bSparse = in.sparse;
     } else {
       result.b = operandValue(n.inputs[1], params, in);
@@ -243,20 +358,63 @@ template <typename S>
 S GraphExecutor<S>::forward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
   ORPHEUS_ENFORCE(params.size() == graph_.params().size(), "graph has {} parameters, got {}", graph_.params().size(),
                   params.size());
+  prepareSequence(in);
+  if (!hoisted_.empty()) forwardHoisted(params, in);
   for (const Node& n : graph_.nodes()) {
-    if (n.kind != NodeKind::kOp) continue;
-    // A fused step runs where its last node stands: by then every operand from
-    // outside the step has been computed.
-    const int s = stepEnding_[static_cast<size_t>(n.id)];
-    if (s >= 0) {
-      forwardFused(plan_[static_cast<size_t>(s)], params, in);
+    if (n.kind != NodeKind::kOp || (!hoisted_.empty() && early_[static_cast<size_t>(n.id)])) continue;
+    const int g = hoistedAt_[static_cast<size_t>(n.id)];
+    if (g < 0) {
+      runNode(n, params, in);
       continue;
     }
-    if (inStep_[static_cast<size_t>(n.id)]) continue;
-    values_[static_cast<size_t>(n.id)] = ops::forward<S>(n.op, operands(n, params, in));
+    // The step's input part was computed for all steps at once; add the recurrent part.
+    const HoistedProduct& h = hoisted_[static_cast<size_t>(g)];
+    const auto t = static_cast<Eigen::Index>(std::find(h.products.begin(), h.products.end(), n.id) - h.products.begin());
+    const Node& concat = graph_.node(n.inputs[1]);
+    const Mat<S>& w = *params[static_cast<size_t>(h.param)];
+    const Mat<S>& recurrent = *operandValue(concat.inputs[1], params, in);
+    const Eigen::Index b = recurrent.cols();
+    const Eigen::Index inputRows = graph_.node(concat.inputs[0]).rows;
+    Mat<S>& out = values_[static_cast<size_t>(n.id)];
+    out = h.inputPart.middleCols(t * b, b);
+    out.noalias() += w.rightCols(w.cols() - inputRows) * recurrent;
   }
   ORPHEUS_ENFORCE(graph_.loss() >= 0, "the graph has no loss");
   return values_[static_cast<size_t>(graph_.loss())].sum();
+}
+
+template <typename S>
+void GraphExecutor<S>::runNode(const Node& n, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
+  // A fused step runs where its last node stands: by then every operand from
+  // outside the step has been computed.
+  const int s = stepEnding_[static_cast<size_t>(n.id)];
+  if (s >= 0) {
+    forwardFused(plan_[static_cast<size_t>(s)], params, in);
+    return;
+  }
+  if (inStep_[static_cast<size_t>(n.id)]) return;
+  values_[static_cast<size_t>(n.id)] = ops::forward<S>(n.op, operands(n, params, in));
+}
+
+// Every node independent of the carried states, then each hoisted product's input
+// part for all steps as one GEMM.
+template <typename S>
+void GraphExecutor<S>::forwardHoisted(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
+  for (const Node& n : graph_.nodes()) {
+    if (n.kind == NodeKind::kOp && early_[static_cast<size_t>(n.id)]) runNode(n, params, in);
+  }
+  for (HoistedProduct& h : hoisted_) {
+    const Mat<S>& first = values_[static_cast<size_t>(h.inputs[0])];
+    const Eigen::Index rows = first.rows();
+    const Eigen::Index b = first.cols();
+    Mat<S> all(rows, b * static_cast<Eigen::Index>(h.inputs.size()));
+    for (size_t t = 0; t < h.inputs.size(); ++t) {
+      all.middleCols(static_cast<Eigen::Index>(t) * b, b) = values_[static_cast<size_t>(h.inputs[t])];
+    }
+    const Mat<S>& w = *params[static_cast<size_t>(h.param)];
+    h.inputPart.resize(w.rows(), all.cols());
+    h.inputPart.noalias() = w.leftCols(rows) * all;
+  }
 }
 
 template <typename S>
@@ -360,7 +518,9 @@ std::vector<Mat<S>> GraphExecutor<S>::paramGradients(const std::vector<const Mat
     const Mat<S>& u = grads_[static_cast<size_t>(site.matvecNode)];
     if (u.size() == 0) continue;
     const Node& v = graph_.node(site.vectorNode);
-    if (v.kind == NodeKind::kInput && in.sparse) {
+    if (v.kind == NodeKind::kToken) {
+      grads[static_cast<size_t>(site.param)] += u * tokenSparse_[static_cast<size_t>(v.id)].transpose();
+    } else if (v.kind == NodeKind::kInput && in.sparse) {
       grads[static_cast<size_t>(site.param)] += u * in.sparse->transpose();
     } else if (v.kind == NodeKind::kInput) {
       grads[static_cast<size_t>(site.param)] += u * in.dense->transpose();

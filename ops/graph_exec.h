@@ -6,6 +6,10 @@
 // Elementwise chains run through the compute seam (ops/backend.h): a float
 // executor hands them to its backend, a double one (gradient checks; backends
 // are float-only) runs the same host interpreter directly.
+// Unrolled sequence models (fuse = true): a matrix applied at every step to
+// concat(input part, recurrent part), W * concat(a_t, b_t) with a_t independent of
+// the carried states, runs as one GEMM W[:, :rows(a)] * [a_0 ... a_{T-1}] for all
+// steps, computed before the recurrence, plus one GEMM W[:, rows(a):] * b_t per step.
 // Not thread-safe; one executor per thread. Holds references to the graph.
 #pragma once
 
@@ -25,6 +29,10 @@ struct GraphInputs {
   // One r x B matrix per data-dependent variable, in graph.locals() order;
   // optimizeLocals() updates them in place.
   std::vector<Mat<S>>* locals = nullptr;
+  // Unrolled sequence models: `dense` holds segments (ops/sequence_layout.h), and
+  // `states` the carried states at the first step, one r x B matrix per
+  // graph.states() entry; null: zeros.
+  const std::vector<Mat<S>>* states = nullptr;
 
   int64_t batch() const;
 };
@@ -51,6 +59,10 @@ class GraphExecutor {
   const Mat<S>& grad(int node) const { return grads_[static_cast<size_t>(node)]; }
   const std::vector<SvSite>& sites() const { return sites_; }
   const std::vector<FusedStep>& plan() const { return plan_; }
+  // Matrices whose input part runs as one GEMM over all steps.
+  size_t hoistedMatrices() const { return hoisted_.size(); }
+  // A token node's one-hot (classes x B, sparse) from the last forward().
+  const SparseMat<S>& tokens(int node) const { return tokenSparse_[static_cast<size_t>(node)]; }
 
   // Dense gradient of each parameter built from the SV sites (U V^T; bias: U 1):
   // the reference the SVs are checked against. Requires backward().
@@ -60,6 +72,10 @@ class GraphExecutor {
   const Mat<S>* operandValue(int id, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   Operands<S> operands(const Node& n, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void accumulate(int id, const Mat<S>& g);
+  void prepareSequence(const GraphInputs<S>& in);
+  void planHoisting();
+  void runNode(const Node& n, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
+  void forwardHoisted(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void forwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void backwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
 
@@ -84,6 +100,19 @@ class GraphExecutor {
   std::vector<bool> needsGrad_;
   std::vector<Mat<S>> values_;
   std::vector<Mat<S>> grads_;
+  // W * concat(a_t, b_t) at every step: the products, their a_t, and the input
+  // part of all steps, W[:, :rows(a)] * [a_0 ... a_{T-1}].
+  struct HoistedProduct {
+    int param = 0;  // index among parameters
+    std::vector<int> products;
+    std::vector<int> inputs;
+    Mat<S> inputPart;
+  };
+  std::vector<HoistedProduct> hoisted_;
+  std::vector<int> hoistedAt_;  // per node: its group in hoisted_, or -1
+  std::vector<bool> early_;     // per node: computed before the recurrence (independent of the states)
+  std::vector<SparseMat<S>> tokenSparse_;  // per token node
+  std::vector<bool> tokenDense_;           // per token node: also needed dense (values_)
   Mat<S> oneHot_;
   Mat<S> denseInput_;
   const SparseMat<S>* denseInputOf_ = nullptr;

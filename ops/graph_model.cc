@@ -2,6 +2,7 @@
 
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
+#include "ops/sequence_layout.h"
 
 #include <cmath>
 
@@ -71,7 +72,30 @@ ParamSet GraphModel::initParams(uint64_t seed) const {
   return p;
 }
 
-bool GraphModel::hasAccuracy() const { return graph_.prediction() >= 0 && graph_.labelNode() >= 0; }
+bool GraphModel::hasAccuracy() const {
+  if (graph_.steps() > 0) return !graph_.stepPredictions().empty();
+  return graph_.prediction() >= 0 && graph_.labelNode() >= 0;
+}
+
+std::vector<Matrix> GraphModel::carriedStates(const Matrix& segments, const CarriedStates& kept) const {
+  std::vector<Matrix> states;
+  for (int id : graph_.states()) states.push_back(Matrix::Zero(graph_.node(id).rows, segments.cols()));
+  for (int64_t j = 0; j < segments.cols(); ++j) {
+    const auto it = kept.find(static_cast<int64_t>(segments(kSegmentStreamRow, j)));
+    if (it == kept.end() || it->second.segment + 1 != static_cast<int64_t>(segments(kSegmentIndexRow, j))) continue;
+    for (size_t k = 0; k < states.size(); ++k) states[k].col(j) = it->second.states[k];
+  }
+  return states;
+}
+
+void GraphModel::keepStates(const Matrix& segments, CarriedStates& kept) const {
+  for (int64_t j = 0; j < segments.cols(); ++j) {
+    Carried& c = kept[static_cast<int64_t>(segments(kSegmentStreamRow, j))];
+    c.segment = static_cast<int64_t>(segments(kSegmentIndexRow, j));
+    c.states.resize(graph_.finalStates().size());
+    for (size_t k = 0; k < c.states.size(); ++k) c.states[k] = exec_->value(graph_.finalStates()[k]).col(j);
+  }
+}
 
 std::vector<const Matrix*> GraphModel::paramPointers(const ParamSet& w) const {
   ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
@@ -137,9 +161,19 @@ SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double*
     exec_->optimizeLocals(params, in);
     keepLocals(x, locals);
   }
-  const double loss = exec_->forward(params, in);
-  exec_->backward(params, in);
-  if (meanLoss) *meanLoss = x.size() > 0 ? loss / static_cast<double>(x.size()) : 0.0;
+  const bool sequence = graph_.steps() > 0;
+  std::vector<Matrix> states;
+  GraphInputs<float> sequenceIn = in;
+  if (sequence) {
+    ORPHEUS_CHECK_INPUT(x.dense != nullptr, "a sequence model needs token-stream data");
+    states = carriedStates(*x.dense, trainStates_);
+    sequenceIn.states = &states;
+  }
+  const double loss = exec_->forward(params, sequenceIn);
+  exec_->backward(params, sequenceIn);
+  if (sequence) keepStates(*x.dense, trainStates_);
+  const double counted = static_cast<double>(x.size()) * (sequence ? graph_.steps() : 1);
+  if (meanLoss) *meanLoss = x.size() > 0 ? loss / counted : 0.0;
 
   SvBatch batch;
   batch.coeffs = Vector::Ones(x.size());
@@ -150,7 +184,10 @@ SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double*
     const Matrix& u = exec_->grad(site.matvecNode);
     m.u = u.size() > 0 ? u : Matrix::Zero(graph_.node(site.matvecNode).rows, x.size());
     const Node& v = graph_.node(site.vectorNode);
-    if (v.kind == NodeKind::kInput && x.sparse) {
+    if (v.kind == NodeKind::kToken) {
+      m.sparseV = true;
+      m.vSparse = exec_->tokens(v.id);
+    } else if (v.kind == NodeKind::kInput && x.sparse) {
       m.sparseV = true;
       m.vSparse = *x.sparse;
     } else if (v.kind == NodeKind::kInput) {
@@ -166,8 +203,53 @@ SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double*
   return batch;
 }
 
+EvalSums GraphModel::evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const {
+  std::vector<Matrix> states = carriedStates(segments, evalStates_);
+  GraphInputs<float> in;
+  in.dense = &segments;
+  in.states = &states;
+  EvalSums sums;
+  sums.lossSum = exec_->forward(params, in);
+  keepStates(segments, evalStates_);
+  sums.count = static_cast<double>(segments.cols() * graph_.steps());
+  for (size_t t = 0; t < graph_.stepPredictions().size(); ++t) {
+    const Matrix& scores = exec_->value(graph_.stepPredictions()[t]);
+    for (int64_t j = 0; j < segments.cols(); ++j) {
+      Eigen::Index best = 0;
+      scores.col(j).maxCoeff(&best);
+      sums.correct += best == static_cast<Eigen::Index>(segments(kSegmentTokenRow + 1 + static_cast<int64_t>(t), j))
+                          ? 1.0
+                          : 0.0;
+    }
+  }
+  return sums;
+}
+
 EvalSums GraphModel::evaluate(const ParamSet& w, const ExampleBatch& x) const {
   const std::vector<const Matrix*> params = paramPointers(w);
+  if (graph_.steps() > 0) {
+    ORPHEUS_CHECK_INPUT(x.dense != nullptr, "a sequence model needs token-stream data");
+    const Matrix& all = *x.dense;
+    EvalSums sums;
+    // Runs of segments of distinct streams: a stream's next segment starts a new run,
+    // so it starts from the states this one ends with.
+    int64_t begin = 0;
+    std::unordered_map<int64_t, int> inRun;
+    for (int64_t j = 0; j <= all.cols(); ++j) {
+      const bool end = j == all.cols() || inRun.count(static_cast<int64_t>(all(kSegmentStreamRow, j))) > 0;
+      if (end && j > begin) {
+        const Matrix run = all.middleCols(begin, j - begin);
+        const EvalSums part = evaluateSegments(params, run);
+        sums.lossSum += part.lossSum;
+        sums.correct += part.correct;
+        sums.count += part.count;
+        inRun.clear();
+        begin = j;
+      }
+      if (j < all.cols()) inRun[static_cast<int64_t>(all(kSegmentStreamRow, j))] = 1;
+    }
+    return sums;
+  }
   std::vector<Matrix> locals = initialLocals(x, false);
   const GraphInputs<float> in = inputsOf(x, &locals);
   if (!locals.empty()) exec_->optimizeLocals(params, in);

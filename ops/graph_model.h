@@ -25,11 +25,20 @@ class GraphModel final : public Model {
   std::vector<ParamSpec> paramSpecs() const override;
   ParamSet initParams(uint64_t seed) const override;
   // Optimises the batch's data-dependent variables (kept per example across clocks),
-  // then returns one SV pair per matrix site and example.
+  // then returns one SV pair per matrix site and example. A sequence model's sites
+  // are per step: a matrix used at every step has T entries of B columns, and its
+  // carried states continue each stream's previous segment (kept per stream); the
+  // mean loss is per token. The batch's n columns are its B examples, shared by all
+  // entries, so selection (engine/select) keeps or drops whole examples with all
+  // their steps, not single (example, step) pairs.
   SvBatch computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
   // Data-dependent variables of test examples are inferred afresh, never kept.
+  // Sequence models: the batch is taken in runs of consecutive segments of distinct
+  // streams, each run's states carried from the previous segment of its stream
+  // (kept apart from training's); the sums count tokens.
   EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const override;
   bool hasAccuracy() const override;
+  bool reportsPerplexity() const override { return graph_.steps() > 0; }
 
   const Graph& graph() const { return graph_; }
 
@@ -38,12 +47,24 @@ class GraphModel final : public Model {
   void keepLocals(const ExampleBatch& x, const std::vector<Matrix>& locals) const;
   std::vector<const Matrix*> paramPointers(const ParamSet& w) const;
 
+  // The states a stream's last segment ended with.
+  struct Carried {
+    int64_t segment = -1;
+    std::vector<Vector> states;
+  };
+  using CarriedStates = std::unordered_map<int64_t, Carried>;
+  std::vector<Matrix> carriedStates(const Matrix& segments, const CarriedStates& kept) const;
+  void keepStates(const Matrix& segments, CarriedStates& kept) const;
+  EvalSums evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const;
+
   Graph graph_;
   std::string spec_;
   uint64_t seed_;
   // The compute thread owns these; a model is used by one worker.
   mutable std::unique_ptr<GraphExecutor<float>> exec_;
   mutable std::vector<std::unordered_map<int64_t, Vector>> kept_;  // per local, by example index
+  mutable CarriedStates trainStates_;  // by stream
+  mutable CarriedStates evalStates_;
 };
 
 // A value of `init` for a parameter of the given shape, from the stream `rng`.

@@ -2,6 +2,7 @@
 
 #include "engine/base/error.h"
 #include "engine/base/memory.h"
+#include "ops/sequence_layout.h"
 
 #include <cctype>
 #include <charconv>
@@ -67,11 +68,38 @@ class LineParser {
     if (peek().kind == Token::Kind::kEnd) return;
     const Token first = next();
     if (first.kind != Token::Kind::kIdent) fail(first, "a declaration or an assignment");
+    // The keywords added with recurrence stay usable as names: 'next = ...' assigns.
+    const bool assignment = peek().kind == Token::Kind::kPunct && peek().text == "=";
     if (first.text == "dim") {
       const Token name = expectIdent("a dimension name");
       expectPunct("=");
-      const Token value = expect(Token::Kind::kNumber, "an integer");
-      dims_[name.text] = integer(value);
+      dims_[name.text] = dimension();
+    } else if (!assignment && (first.text == "sequence" || first.text == "state")) {
+      const Token name = expectIdent("a name");
+      expectPunct("[");
+      const int64_t rows = dimension();
+      expectPunct("]");
+      if (first.text == "sequence") {
+        try {
+          declare(name, graph_.sequence(name.text, rows, loc(name)));
+        } catch (const InputError& e) {
+          if (std::string(e.what()).rfind(source_, 0) == 0) throw;
+          throw InputError(at(name) + e.what());
+        }
+      } else {
+        declare(name, graph_.state(name.text, rows, loc(name)));
+      }
+    } else if (!assignment && first.text == "next") {
+      const Token name = expectIdent("the name of a state");
+      const auto it = names_.find(name.text);
+      if (it == names_.end() || graph_.node(it->second).kind != NodeKind::kState) {
+        throw InputError(fmt::format("{}'next' names '{}', which is not a state (declare it with 'state {}[SIZE]')",
+                                     at(name), name.text, name.text));
+      }
+      expectPunct("=");
+      const Value v = expression();
+      requireNode(v, name, "the next value of '" + name.text + "'");
+      graph_.setNext(it->second, v.node, loc(name));
     } else if (first.text == "param") {
       const Token name = expectIdent("a parameter name");
       expectPunct("[");
@@ -88,6 +116,10 @@ class LineParser {
       expectPunct("[");
       const int64_t rows = dimension();
       expectPunct("]");
+      if (first.text == "input" && graph_.isCell()) {
+        throw InputError(fmt::format("{}a sequence model takes its data from the sequence; 'input' cannot be added",
+                                     at(first)));
+      }
       declare(name, first.text == "input" ? graph_.input(name.text, rows, loc(name))
                                           : graph_.label(name.text, rows, loc(name)));
     } else if (first.text == "local") {
@@ -266,7 +298,27 @@ class LineParser {
     if (ec != std::errc() || end != t.text.data() + t.text.size()) fail(t, "a number");
     return v;
   }
+  // A size: a sum of products of integers and dimension names.
   int64_t dimension() {
+    int64_t total = dimensionTerm();
+    while (acceptPunct("+")) total = checkedSize(total + dimensionTerm());
+    return total;
+  }
+  int64_t dimensionTerm() {
+    int64_t product = dimensionFactor();
+    while (acceptPunct("*")) {
+      const Token at = peek();
+      const int64_t f = dimensionFactor();
+      if (product > (int64_t{1} << 40) / f) throw InputError(fmt::format("{}size too large", this->at(at)));
+      product *= f;
+    }
+    return product;
+  }
+  int64_t checkedSize(int64_t v) const {
+    if (v > (int64_t{1} << 40)) throw InputError(fmt::format("{}size too large", at(peek())));
+    return v;
+  }
+  int64_t dimensionFactor() {
     const Token t = next();
     if (t.kind == Token::Kind::kNumber) return integer(t);
     if (t.kind != Token::Kind::kIdent) fail(t, "a size (an integer or a dimension name)");
@@ -402,9 +454,13 @@ class LineParser {
       return v;
     }
     if (t.kind != Token::Kind::kIdent) fail(t, "an expression");
+    if (peek().kind == Token::Kind::kPunct && peek().text == "(" && t.text == "chunk") return chunk(t);
     if (peek().kind == Token::Kind::kPunct && peek().text == "(") {
       next();
       const auto op = opFromName(t.text);
+      if (op == OpKind::kSlice) {
+        throw InputError(fmt::format("{}rows are taken with chunk(x, k, n): the k-th of n equal row blocks", at(t)));
+      }
       if (!op) throw InputError(fmt::format("{}unknown operator '{}'", at(t), t.text));
       std::vector<Value> args;
       if (!(peek().kind == Token::Kind::kPunct && peek().text == ")")) {
@@ -439,6 +495,31 @@ class LineParser {
     }
     Value v;
     v.node = it->second;
+    return v;
+  }
+
+  // chunk(x, k, n): rows [k r/n, (k+1) r/n) of x (r rows, a multiple of n).
+  Value chunk(const Token& t) {
+    next();  // '('
+    const Value x = expression();
+    expectPunct(",");
+    const Token kTok = expect(Token::Kind::kNumber, "the block's index k (0 <= k < n)");
+    expectPunct(",");
+    const Token nTok = expect(Token::Kind::kNumber, "the number of blocks n");
+    expectPunct(")");
+    requireNode(x, t, "chunk's operand");
+    int64_t k = 0;
+    const auto [end, ec] = std::from_chars(kTok.text.data(), kTok.text.data() + kTok.text.size(), k);
+    if (ec != std::errc() || end != kTok.text.data() + kTok.text.size()) fail(kTok, "an integer k");
+    const int64_t n = integer(nTok);
+    const int64_t rows = graph_.node(x.node).rows;
+    if (k >= n) throw InputError(fmt::format("{}chunk {} of {}: k must be below n", at(kTok), k, n));
+    if (rows % n != 0) {
+      throw InputError(fmt::format("{}shape mismatch in '{}': '{}' has {} rows, not a multiple of {}", at(t),
+                                   textFrom(t.begin), graph_.node(x.node).name, rows, n));
+    }
+    Value v;
+    v.node = graph_.slice(x.node, k * (rows / n), rows / n, textFrom(t.begin), loc(t));
     return v;
   }
 
@@ -478,7 +559,14 @@ Graph parseLoss(const std::string& text, const std::string& source, const LossDi
                         source, lineNo, kMaxNodes);
   }
   ORPHEUS_CHECK_INPUT(graph.loss() >= 0, "{}: no loss declared (add a line 'loss EXPR')", source);
-  return graph;
+  if (!graph.isCell()) return graph;
+  const int64_t steps = dims.steps > 0 ? dims.steps : dims.features - segmentRows(0);
+  ORPHEUS_CHECK_INPUT(steps > 0,
+                      "{}: a sequence model needs token-stream data, whose segment length gives its time steps", source);
+  ORPHEUS_CHECK_INPUT(static_cast<size_t>(steps) * graph.nodes().size() <= kMaxNodes,
+                      "{}: unrolled over {} steps the model would have more than {} expression nodes", source, steps,
+                      kMaxNodes);
+  return graph.unroll(static_cast<int>(steps));
 }
 
 Graph parseLossFile(const std::string& path, const LossDims& dims) {

@@ -66,6 +66,9 @@ class Model {
   virtual EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const = 0;
   // False for models without a predicted class (e.g. topic models): no accuracy.
   virtual bool hasAccuracy() const { return true; }
+  // True for language models: evaluate() counts tokens, not examples, so
+  // exp(lossSum / count) is the perplexity, reported with the loss.
+  virtual bool reportsPerplexity() const { return false; }
 
   // Shapes indexed by param id, for validating received SV batches.
   std::vector<std::pair<int64_t, int64_t>> paramShapes() const;

@@ -71,7 +71,7 @@ struct OpInfo {
 };
 
 // Indexed by the enum's value, so lookups by kind are a single array access.
-constexpr std::array<OpInfo, 19> kOps{{
+constexpr std::array<OpInfo, 21> kOps{{
     {OpKind::kSquaredL2, "sq_l2", 1, false},
     {OpKind::kL2Norm, "l2_norm", 1, false},
     {OpKind::kL1, "l1", 1, false},
@@ -91,13 +91,15 @@ constexpr std::array<OpInfo, 19> kOps{{
     {OpKind::kSubtract, "sub", 4, true},
     {OpKind::kMultiply, "mul", 4, true},
     {OpKind::kMatVec, "matvec", 5, false},
+    {OpKind::kSlice, "slice", 6, false},
+    {OpKind::kConcat, "concat", 6, false},
 }};
 
 constexpr bool tableMatchesEnum() {
   for (std::size_t i = 0; i < kOps.size(); ++i) {
     if (static_cast<std::size_t>(kOps[i].op) != i) return false;
   }
-  return static_cast<std::size_t>(OpKind::kMatVec) + 1 == kOps.size();
+  return static_cast<std::size_t>(OpKind::kConcat) + 1 == kOps.size();
 }
 static_assert(tableMatchesEnum(), "kOps must list every OpKind in declaration order");
 
@@ -155,6 +157,19 @@ Checked<S> check(OpKind op, const Operands<S>& in) {
     return c;
   }
   ORPHEUS_ENFORCE(in.bSparse == nullptr, "{}: takes no sparse operand", oi.name);
+  if (op == OpKind::kSlice) {
+    ORPHEUS_ENFORCE(in.first >= 0 && in.rows > 0 && in.first + in.rows <= a.rows(),
+                    "slice: rows [{}, {}) of an operand of shape {}", in.first, in.first + in.rows, shapeStr(a));
+    c.out = {in.rows, a.cols()};
+    return c;
+  }
+  if (op == OpKind::kConcat) {
+    ORPHEUS_ENFORCE(in.b != nullptr && in.b->cols() == a.cols(), "concat: operands of shape {} and {} do not match",
+                    shapeStr(a), in.b ? shapeStr(*in.b) : std::string("none"));
+    c.b = in.b;
+    c.out = {a.rows() + in.b->rows(), a.cols()};
+    return c;
+  }
   const Eigen::Index scalarRows = (oi.type == 1 || oi.type == 3) ? 1 : a.rows();
   if (oi.type <= 2) {
     c.out = {scalarRows, a.cols()};
@@ -292,7 +307,10 @@ Mat<S> typeFourBackward(OpKind op, int which, const Mat<S>& a, const Mat<S>& b, 
 
 int operatorType(OpKind op) { return info(op).type; }
 
-int arity(OpKind op) { return info(op).type <= 2 ? 1 : 2; }
+int arity(OpKind op) {
+  if (op == OpKind::kSlice) return 1;
+  return info(op).type <= 2 ? 1 : 2;
+}
 
 const char* opName(OpKind op) { return info(op).name; }
 
@@ -355,6 +373,14 @@ Mat<S> forward(OpKind op, const Operands<S>& in) {
       } else {
         out.noalias() = x * *c.bSparse;
       }
+      return out;
+    }
+    case OpKind::kSlice:
+      return x.middleRows(in.first, in.rows);
+    case OpKind::kConcat: {
+      Mat<S> out(c.out.rows, c.out.cols);
+      out.topRows(x.rows()) = x;
+      out.bottomRows(c.b->rows()) = *c.b;
       return out;
     }
   }
@@ -440,6 +466,14 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
       dx.noalias() = x.transpose() * grad;
       return dx;
     }
+    case OpKind::kSlice: {
+      Mat<S> dx = Mat<S>::Zero(x.rows(), x.cols());
+      dx.middleRows(in.first, in.rows) = grad;
+      return dx;
+    }
+    case OpKind::kConcat:
+      if (which == 0) return grad.topRows(x.rows());
+      return grad.bottomRows(c.b->rows());
   }
   throw Error(fmt::format("unknown operator kind {}", static_cast<int>(op)));
 }

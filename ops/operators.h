@@ -42,15 +42,20 @@ enum class OpKind {
   kMultiply,
   // Type 5: (matrix, vector) -> vector.
   kMatVec,  // W x
+  // Type 6 (structural; not in Table 1): rows moved, not computed. Neither is a
+  // type-5 site, so they change no SV: a matrix times concat(e, h) keeps one pair.
+  kSlice,   // rows [first, first + rows) of x
+  kConcat,  // [a; b]: a's rows, then b's
 };
 
-// 1..5 as in Table 1.
+// 1..5 as in Table 1; 6 for the structural kSlice and kConcat.
 int operatorType(OpKind op);
 // Number of inputs (1 or 2).
 int arity(OpKind op);
 // Name in the .loss language: "sq_l2", "l2_norm", "l1", "sum", "softmax", "log_softmax",
 // "sigmoid", "tanh", "relu", "exp", "log", "scale", "cross_entropy", "dot", "sq_dist",
-// "add", "sub", "mul", "matvec".
+// "add", "sub", "mul", "matvec", "slice", "concat". The language spells slices as
+// chunk(x, k, n): the k-th of n equal row blocks (the gates of an LSTM's pre-activation).
 const char* opName(OpKind op);
 std::optional<OpKind> opFromName(const std::string& name);
 // True for operators applied independently per element (sigmoid, tanh, relu, exp,
@@ -72,6 +77,8 @@ struct Operands {
   const Mat<S>* b = nullptr;
   const SparseMat<S>* bSparse = nullptr;
   S attr = S(1);  // kScale's factor
+  Eigen::Index first = 0;  // kSlice: the first row taken
+  Eigen::Index rows = 0;   // kSlice: how many rows
 };
 
 // Output of `op` on the operands (shape: 1 x B for types 1 and 3, r x B otherwise,
@@ -84,7 +91,8 @@ Mat<S> forward(OpKind op, const Operands<S>& in);
 // and the forward output `out`, returns d(sum of grad . output)/d(operand `which`),
 // 0 for a/the first operand, 1 for b. The result has that operand's shape: an r x 1
 // broadcast operand gets the column sum; for kMatVec, which = 0 gives grad * x^T
-// (J x K) and which = 1 gives W^T grad (K x B; dense operands only).
+// (J x K) and which = 1 gives W^T grad (K x B; dense operands only). kSlice gives
+// zeros but for `grad` in the sliced rows; kConcat gives its operand's rows of `grad`.
 template <typename S>
 Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, const Mat<S>& grad);
 

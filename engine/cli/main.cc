@@ -135,7 +135,7 @@ void addModelFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
                  "(label first), an HDF5 file (X dense or CSR, y), or synthetic:examples=N,features=D,classes=K")
       ->required();
   cmd.add_option("--test", c.test, "Test data, same formats; evaluated on every rank's shard");
-  cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv, hdf5")->capture_default_str();
+  cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv, hdf5, tokens")->capture_default_str();
   cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: from the data")
       ->check(integerIn(1));
   cmd.add_option("--classes", c.classes, "Number of classes; default: largest training label + 1")
@@ -279,7 +279,7 @@ void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
   cmd.add_option("--params", c.params, "HDF5 parameter file written by 'orpheus train --save'")->required();
   cmd.add_option("--model", c.model, "Model the parameters belong to: a .loss file or 'mlr'")->capture_default_str();
   cmd.add_option("--test", c.test, "Test data (IDX, LIBSVM, CSV or HDF5)")->required();
-  cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv, hdf5")->capture_default_str();
+  cmd.add_option("--format", format, "Data format: auto, idx, libsvm, csv, hdf5, tokens")->capture_default_str();
   cmd.add_option("--features", c.features, "Fix the feature width (LIBSVM/CSV); default: the model's")
       ->check(integerIn(1));
 }

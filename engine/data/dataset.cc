@@ -21,7 +21,10 @@ Dataset readIdx(const std::string& path, const ReadOptions& options);
 Dataset readLibsvm(const std::string& path, const ReadOptions& options, int indexBase);
 Dataset readCsv(const std::string& path, const ReadOptions& options);
 Dataset readHdf5(const std::string& path, const ReadOptions& options);
+Dataset readTokens(const std::string& path, const ReadOptions& options);
 }  // namespace detail
+
+bool hasTokenHeader(const std::string& path);  // token_reader.cc
 
 namespace {
 
@@ -86,6 +89,7 @@ void checkConsistent(const Dataset& data) {
 }  // namespace
 
 int32_t Dataset::maxLabel() const {
+  if (vocabulary > 0) return static_cast<int32_t>(vocabulary - 1);
   if (labels.empty()) return -1;
   return *std::max_element(labels.begin(), labels.end());
 }
@@ -96,8 +100,9 @@ Format parseFormat(const std::string& name) {
   if (name == "libsvm") return Format::kLibsvm;
   if (name == "csv") return Format::kCsv;
   if (name == "hdf5") return Format::kHdf5;
+  if (name == "tokens") return Format::kTokens;
   throw InputError(
-      fmt::format("unknown data format '{}': expected one of auto, idx, libsvm, csv, hdf5", name));
+      fmt::format("unknown data format '{}': expected one of auto, idx, libsvm, csv, hdf5, tokens", name));
 }
 
 Format resolveFormat(const std::string& path, Format format) {
@@ -110,6 +115,7 @@ Format resolveFormat(const std::string& path, Format format) {
   if (endsWithNoCase(name, ".h5") || endsWithNoCase(name, ".hdf5")) return Format::kHdf5;
   if (hasIdxMagic(path)) return Format::kIdx;
   if (hasHdf5Signature(path)) return Format::kHdf5;
+  if (hasTokenHeader(path)) return Format::kTokens;
   return Format::kLibsvm;
 }
 
@@ -125,6 +131,8 @@ Dataset readDataset(const std::string& path, const ReadOptions& options) {
       return detail::readCsv(path, options);
     case Format::kHdf5:
       return detail::readHdf5(path, options);
+    case Format::kTokens:
+      return detail::readTokens(path, options);
     case Format::kLibsvm:
     case Format::kAuto:
       break;

@@ -12,9 +12,9 @@
 
 namespace orpheus::data {
 
-enum class Format { kAuto, kIdx, kLibsvm, kCsv, kHdf5 };
+enum class Format { kAuto, kIdx, kLibsvm, kCsv, kHdf5, kTokens };
 
-// Parses "auto", "idx", "libsvm", "csv", "hdf5"; throws InputError otherwise.
+// Parses "auto", "idx", "libsvm", "csv", "hdf5", "tokens"; throws InputError otherwise.
 Format parseFormat(const std::string& name);
 
 struct Dataset {
@@ -30,9 +30,14 @@ struct Dataset {
   // across ranks (exclusive prefix sum and sum of size()).
   int64_t globalOffset = 0;
   int64_t globalSize = 0;
+  // Token streams (engine/data/token_reader.cc): segments of `steps` steps over a
+  // vocabulary of `vocabulary` words in `streams` parallel streams; 0 otherwise.
+  int64_t vocabulary = 0;
+  int64_t steps = 0;
+  int64_t streams = 0;
 
   int64_t size() const { return static_cast<int64_t>(labels.size()); }
-  int32_t maxLabel() const;     // -1 when empty
+  int32_t maxLabel() const;     // -1 when empty; a token stream's: its vocabulary's last id
 };
 
 struct ReadOptions {
@@ -48,6 +53,10 @@ struct ReadOptions {
   // the whole file's first chunk (0-based if any index 0 is seen, else 1-based);
   // training and test must agree, so the CLI passes the training file's choice on.
   int indexBase = -1;
+  // Token streams only: parallel streams per rank (0: a default) and time steps
+  // per segment (0: the file's own).
+  int64_t streams = 0;
+  int64_t steps = 0;
 };
 
 // Reads this rank's shard of the file at `path`.
@@ -60,6 +69,8 @@ struct ReadOptions {
 //    (`data`, `indices`, `indptr` and optionally `shape`, in a group `X` or at the
 //    root; sparse), and `y` (N class ids). Shards are contiguous row ranges, read
 //    by hyperslab (engine/data/hdf5_reader.cc has the details and the checks).
+//  - Token streams ("#orpheus-tokens" header): segments of a text for recurrent
+//    models, read as described in engine/data/token_reader.cc.
 //  Text formats split the file by byte range at line boundaries, so each rank
 //  reads only its part. Every error is an InputError naming file:line where one
 //  exists (malformed lines, NaN/Inf values, negative or non-integer labels,
@@ -74,7 +85,8 @@ int detectIndexBase(const std::string& path, Format format);
 // name's ending: "-idx3-ubyte" or "-idx1-ubyte" (or ".idx3-ubyte"...; each
 // optionally ".gz") -> IDX, ".csv" -> CSV, ".h5" or ".hdf5" -> HDF5; otherwise by
 // content: an IDX magic number (raw or gzipped) -> IDX, the HDF5 signature at the
-// start of the file -> HDF5; otherwise LIBSVM.
+// start of the file -> HDF5, a "#orpheus-tokens" header -> token stream; otherwise
+// LIBSVM.
 Format resolveFormat(const std::string& path, Format format);
 
 // Raises the width of `data` to `features`, padding with zero features. A text

@@ -8,8 +8,8 @@
 
 namespace orpheus::data {
 
-MinibatchSampler::MinibatchSampler(int64_t shardSize, int64_t batch, uint64_t seed, int rank)
-    : shardSize_(shardSize), batch_(batch), seed_(seed), rank_(rank) {
+MinibatchSampler::MinibatchSampler(int64_t shardSize, int64_t batch, uint64_t seed, int rank, Order order)
+    : shardSize_(shardSize), batch_(batch), seed_(seed), rank_(rank), inOrder_(order == Order::kInOrder) {
   ORPHEUS_CHECK_INPUT(shardSize > 0, "cannot sample minibatches from an empty shard");
   ORPHEUS_CHECK_INPUT(batch > 0, "the minibatch size must be positive, got {}", batch);
 }
@@ -20,6 +20,8 @@ void MinibatchSampler::reshuffle() {
                  static_cast<uint64_t>(rank_));
   order_.resize(static_cast<size_t>(shardSize_));
   std::iota(order_.begin(), order_.end(), int64_t{0});
+  pos_ = 0;
+  if (inOrder_) return;
   for (size_t i = order_.size() - 1; i > 0; --i) {
     std::swap(order_[i], order_[rng.uniformInt(i + 1)]);
   }

@@ -19,9 +19,13 @@ namespace orpheus::data {
 // epoch, rank). A batch never spans two epochs' duplicates: when fewer than
 // `batch` indices remain, the rest come from the next epoch's permutation.
 // Deterministic: the k-th call returns the same indices on every run.
+//
+// Order::kInOrder skips the permutation: batch k is examples [kB, (k+1)B) (mod
+// the shard), as token streams need: their example s*B + b is segment s of stream b.
 class MinibatchSampler {
  public:
-  MinibatchSampler(int64_t shardSize, int64_t batch, uint64_t seed, int rank);
+  enum class Order { kShuffled, kInOrder };
+  MinibatchSampler(int64_t shardSize, int64_t batch, uint64_t seed, int rank, Order order = Order::kShuffled);
 
   std::vector<int64_t> next();
   int64_t epoch() const { return epoch_; }
@@ -33,6 +37,7 @@ class MinibatchSampler {
   int64_t batch_;
   uint64_t seed_;
   int rank_;
+  bool inOrder_;
   int64_t epoch_ = -1;
   std::vector<int64_t> order_;
   size_t pos_ = 0;

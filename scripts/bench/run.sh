@@ -15,6 +15,8 @@
 #   simulate orpheus simulate: calibration against the emulated 1 Gbit/s cluster at
 #            P = 4, 8 and the scaling table P = 8..1000 on a 10 Gbit/s model
 #            (scripts/bench/simulate.sh; options as environment variables).
+#   lstm     the KJV LSTM language model against PyTorch nn.LSTM + DDP over gloo
+#            (scripts/bench/lstm_vs_torch.sh; options as environment variables).
 #   codesign, sv-vs-dense, generated, selection: the older suites in their own scripts
 #            (comm_codesign.sh, sv_vs_dense.sh, generated_vs_handwritten.sh,
 #            selection_error.sh), options as environment variables; see each header.
@@ -28,15 +30,16 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"
 suite="${1-}"
 case "$suite" in
-  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate) shift ;;
+  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate | lstm) shift ;;
   -h | --help | "") sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection, simulate)" >&2
+  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection, simulate, lstm)" >&2
      exit 2 ;;
 esac
 
 "$ROOT/scripts/setup.sh"
 extra=()
 [ "$suite" = vs-ddp ] && extra=(python3-torch python3-numpy libopenblas0-pthread iproute2)
+[ "$suite" = lstm ] && extra=(python3-torch iproute2)
 missing=()
 for p in python3-matplotlib "${extra[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -48,10 +51,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 declare -A SCRIPT=([table3]=table3.sh [codesign]=comm_codesign.sh [sv-vs-dense]=sv_vs_dense.sh
-  [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh [simulate]=simulate.sh)
+  [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh [simulate]=simulate.sh
+  [lstm]=lstm_vs_torch.sh)
 if [ -n "${SCRIPT[$suite]-}" ]; then
   case "$suite" in table3 | codesign) build "$ROOT/build-dev" Release ;; esac
   [ "$suite" = simulate ] && build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
+  if [ "$suite" = lstm ]; then
+    build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
+    export BUILD_DIR="${BUILD_DIR:-$ROOT/build-release}"
+  fi
   exec "$ROOT/scripts/bench/${SCRIPT[$suite]}" "$@"
 fi
 build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
