@@ -38,6 +38,7 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--classes", classes);
   add("--batch", c.batch);
   const OptimizerSettings o = optimizerSettings(c);
+  add("--optimizer", toString(o.kind));  // before --lr, whose default it sets
   add("--lr", o.lr);
   add("--seed", c.seed);
   add("--sync", toString(c.sync));
@@ -51,8 +52,7 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--average-every", c.averageEvery);
   add("--rotate-every", c.rotateEvery);
   add("--fail-prob", c.failProb);
-  // The optimizer and its schedule, resolved: what a replay steps with.
-  add("--optimizer", toString(o.kind));
+  // The optimizer's settings and its schedule, resolved: what a replay steps with.
   add("--momentum", o.momentum);
   add("--beta1", o.beta1);
   add("--beta2", o.beta2);

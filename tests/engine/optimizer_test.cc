@@ -4,6 +4,7 @@
 #include "comm/loopback/loopback_transport.h"
 #include "engine/config.h"
 #include "engine/data/sampler.h"
+#include "engine/job_record.h"
 #include "engine/optimizer.h"
 #include "engine/synthetic_data.h"
 #include "engine/worker.h"
@@ -395,4 +396,40 @@ TEST_CASE("adagrad on touched columns only is bitwise a whole step where the gra
   CHECK(m.touchesEveryEntry());
   s.weightDecay = 0.1;  // decay reaches every entry
   CHECK(s.touchesEveryEntry());
+}
+
+TEST_CASE("the job record keeps the optimizer: replay reads it back, --resume refuses a change", "[optimizer]") {
+  engine::TrainConfig c;
+  c.optimizer = OptimizerKind::kAdam;
+  c.beta2 = 0.99;
+  c.weightDecay = 1e-4;
+  c.lrSchedule = LrScheduleKind::kCosine;
+  c.warmup = 10;
+  c.clocks = 500;
+  const engine::ComputationRecord record = engine::computationRecord(c, 2, 784, 10, "", "1:2");
+  const OptimizerSettings back = engine::recordedOptimizer(engine::decodeRecord(engine::encodeRecord(record), "job.h5"));
+  const OptimizerSettings want = engine::optimizerSettings(c);
+  CHECK(back.kind == want.kind);
+  CHECK(back.lr == want.lr);
+  CHECK(back.beta1 == want.beta1);
+  CHECK(back.beta2 == want.beta2);
+  CHECK(back.eps == want.eps);
+  CHECK(back.weightDecay == want.weightDecay);
+  CHECK(back.schedule == want.schedule);
+  CHECK(back.warmup == want.warmup);
+  CHECK(back.clocks == 500);
+  // A record written before optimizers were recorded: sgd.
+  CHECK(engine::recordedOptimizer({{"--lr", "0.25"}}).kind == OptimizerKind::kSgd);
+  CHECK(engine::recordedOptimizer({{"--lr", "0.25"}}).lr == 0.25);
+  const auto refused = [&](const std::function<void(engine::TrainConfig&)>& change, const std::string& flag) {
+    engine::TrainConfig d = c;
+    change(d);
+    CHECK_THROWS_WITH(engine::checkResume(record, engine::computationRecord(d, 2, 784, 10, "", "1:2"), "ck"),
+                      Catch::Contains(flag + " differs"));
+  };
+  refused([](engine::TrainConfig& d) { d.optimizer = OptimizerKind::kAdagrad; }, "--optimizer");
+  refused([](engine::TrainConfig& d) { d.beta2 = 0.9; }, "--beta2");
+  refused([](engine::TrainConfig& d) { d.warmup = 5; }, "--warmup");
+  refused([](engine::TrainConfig& d) { d.clocks = 600; }, "--clocks");  // the cosine's horizon
+  refused([](engine::TrainConfig& d) { d.lr = 0.01; }, "--lr");
 }
