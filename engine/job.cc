@@ -329,7 +329,7 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                optimizer.weightDecay > 0 ? fmt::format(", weight decay {}", optimizer.weightDecay) : "");
   if (shards.train.sparse && optimizer.touchesEveryEntry()) {
     spdlog::info("note: --optimizer {}{} updates every parameter entry each clock, so a clock costs the whole model, "
-                 "not only the features the sparse input touches (sgd without weight decay keeps that cost)",
+                 "not only the features the sparse input touches (sgd and adagrad without weight decay keep that cost)",
                  toString(optimizer.kind), optimizer.weightDecay > 0 ? " with --weight-decay" : "");
   }
   if (transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {

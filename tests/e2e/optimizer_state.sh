@@ -41,13 +41,13 @@ PY
 # held T: the replica rank 0 holds after T clocks (rotation every 15 at np 3).
 held() { echo $(( ( (0 - $1 / 15) % np + np) % np )); }
 
-# restore_matches NAME FLAGS...: the restore of every T equals a run of T clocks.
+# restore_matches NAME "T..." FLAGS...: the restore of each T equals a run of T clocks.
 restore_matches() {
-  local name=$1; shift
+  local name=$1 clocks=$2; shift 2
   "$mpiexec" -n $np --oversubscribe "$orpheus" train "${common[@]}" "$@" --clocks 60 --ckpt sv \
     --ckpt-dir "$out/$name" >/dev/null
   local T r
-  for T in 20 33 60; do
+  for T in $clocks; do
     "$mpiexec" -n $np --oversubscribe "$orpheus" train "${common[@]}" "$@" --clocks "$T" --save "$out/$name-run$T.h5" \
       >/dev/null
     r=$(held "$T")
@@ -57,8 +57,8 @@ restore_matches() {
   done
 }
 
-restore_matches adam --optimizer adam --warmup 5 --lr-schedule step --lr-step-every 25 --lr-gamma 0.5
-restore_matches momentum --optimizer momentum --momentum 0.8 --weight-decay 1e-3 --lr 0.05
+restore_matches adam "20 33 60" --optimizer adam --warmup 5 --lr-schedule step --lr-step-every 25 --lr-gamma 0.5
+restore_matches momentum "33 60" --optimizer momentum --momentum 0.8 --weight-decay 1e-3 --lr 0.05
 
 # kill -9 and --resume (adam).
 flags=("${common[@]}" --optimizer adam --clocks 300 --ckpt sv --inject-delay 0:10)
