@@ -12,7 +12,9 @@ void saveParams(const std::string& path, const ParamSet& params, const ModelFile
   const auto fill = [&](hid_t file) {
     for (const auto& p : params.params) {
       const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> rowMajor = p.value;
-      writeFloatMatrix(file, p.name, rowMajor.data(), rowMajor.rows(), rowMajor.cols(), /*groups=*/false, path);
+      // A name with a '/' lives in its groups (the optimizer state: optimizer/<param>/<buffer>).
+      writeFloatMatrix(file, p.name, rowMajor.data(), rowMajor.rows(), rowMajor.cols(),
+                       /*groups=*/p.name.find('/') != std::string::npos, path);
     }
     writeStringAttr(file, "model_spec", info.modelSpec, path, StringAttr::kAscii);
     writeI64Attr(file, "clock", info.clock, path);

@@ -1,5 +1,5 @@
 // Parameters in HDF5: one float dataset per parameter at the file's root, named as
-// in the model, with attributes model_spec (string), clock, seed, replica, features and classes on the
+// in the model (a name with '/' goes into its groups: loadParams reads the root only), with attributes model_spec (string), clock, seed, replica, features and classes on the
 // root group. Files are written durably (ckpt/durable.h), so a reader never sees a
 // partial file and an existing file survives a failed write.
 #pragma once

@@ -4,6 +4,7 @@
 #include "engine/base/error.h"
 #include "engine/base/sv_batch.h"
 #include "engine/job.h"
+#include "engine/job_record.h"
 #include "engine/select.h"
 #include "ops/graph_model.h"
 #include "ops/mlr.h"
@@ -24,7 +25,15 @@ std::unique_ptr<ops::Model> modelOfJob(const ckpt::JobInfo& job) {
 
 namespace {
 
-ParamSet shapesOf(const ops::Model& model, uint64_t seed) { return model.initParams(seed); }
+// What a snapshot of the job holds: the parameters, then the optimizer state.
+ParamSet shapesOf(const ops::Model& model, uint64_t seed, const OptimizerSettings& settings) {
+  return withState(model.initParams(seed), Optimizer(settings, model.zeroParams()).stateShapes());
+}
+
+OptimizerSettings settingsOfJob(const ckpt::JobInfo& job) {
+  if (job.computation.empty()) return {};  // written before optimizers: sgd
+  return recordedOptimizer(decodeRecord(job.computation, "job.h5"));
+}
 
 // What replica `replica` can restore up to `upTo` (0: all; `newest`: only what the
 // replay of upTo from the newest usable snapshot needs), snapshots checked against
@@ -57,30 +66,41 @@ ckpt::ReplicaRestorability restorableOf(const std::string& dir, int replica, uin
                                r.describe()));
 }
 
+// A replica as replayed: its parameters and optimizer state (Optimizer::exportState()).
+struct Replica {
+  ParamSet params;
+  ParamSet optimizerState;
+};
+
 // Rebuilds one replica's states by the replays ckpt/restorable.h describes.
 class Replayer {
  public:
-  Replayer(const std::string& dir, const ops::Model& model, uint64_t seed, int replica,
-           const ckpt::ReplicaRestorability& restorable)
-      : dir_(dir), model_(model), seed_(seed), replica_(replica), restorable_(restorable) {
+  Replayer(const std::string& dir, const ops::Model& model, uint64_t seed, const OptimizerSettings& settings,
+           int replica, const ckpt::ReplicaRestorability& restorable)
+      : dir_(dir), model_(model), seed_(seed), settings_(settings), replica_(replica), restorable_(restorable) {
     expect_.paramShapes = model.paramShapes();
   }
 
   // The replica at the end of its local clock `clock`, which is restorable; `from`
-  // gets the snapshot the replay started from (0: W0).
-  ParamSet at(uint64_t clock, uint64_t* from) {
+  // gets the snapshot the replay started from (0: W0). Groups go through the same
+  // optimizer steps as in training (ReplicaUpdater): a local clock's step is taken
+  // at the next clock's first group, at any other event, and at the end.
+  Replica at(uint64_t clock, uint64_t* from) {
     const uint64_t start = restorable_.startFor(clock);
     ParamSet params = model_.initParams(seed_);
+    ReplicaUpdater updater(settings_, model_);
     if (start > 0) {
-      auto snap = ckpt::readSnapshot(dir_, start, params);
+      auto snap = ckpt::readSnapshot(dir_, start, shapesOf(model_, seed_, settings_));
       if (!snap) {
         throw InputError(fmt::format("cannot restore replica {} to clock {}: the snapshot of clock {} became unusable",
                                      replica_, clock, start));
       }
-      params = std::move(*snap);
+      auto [snapParams, snapState] = splitState(std::move(*snap), params.size());
+      params = std::move(snapParams);
+      updater.optimizer().importState(snapState);
     }
     *from = start;
-    if (clock == start) return params;
+    if (clock == start) return {std::move(params), updater.optimizer().exportState()};
 
     for (const ckpt::LogEntry& e : ckpt::readLog(dir_, replica_, start, clock)) {
       switch (e.kind) {
@@ -91,6 +111,7 @@ class Replayer {
               "of it was kept (train with --snapshot-every 1)",
               replica_, clock, e.clock));
         case ckpt::EventKind::kReset: {
+          updater.finishClock(params);
           // The replay stands where the log before the reset ends (or at the
           // snapshot it started from, if that is later).
           const uint64_t here = std::max(start, e.logEnd);
@@ -102,18 +123,22 @@ class Replayer {
           }
           if (e.resetTo < here) {
             uint64_t ignored = 0;
-            params = at(e.resetTo, &ignored);
+            Replica back = at(e.resetTo, &ignored);
+            params = std::move(back.params);
+            updater.optimizer().importState(back.optimizerState);
           }
           break;
         }
         case ckpt::EventKind::kGroup:
-          applyGroup(e, params);
+          applyGroup(e, params, updater);
           break;
         default:
+          updater.finishClock(params);  // rotation: the clock's step was taken before the state moved
           break;
       }
     }
-    return params;
+    updater.finishClock(params);
+    return {std::move(params), updater.optimizer().exportState()};
   }
 
   size_t groups() const { return groups_; }
@@ -121,8 +146,8 @@ class Replayer {
  private:
   // One clock's group, applied as the worker applied it: its batches (the
   // replica's own decoded, the others' recomputed from their senders' logs) rebuilt
-  // together, in logged order.
-  void applyGroup(const ckpt::LogEntry& group, ParamSet& params) {
+  // together, in logged order, through the optimizer's step.
+  void applyGroup(const ckpt::LogEntry& group, ParamSet& params, ReplicaUpdater& updater) {
     std::vector<SvBatch> batches;
     batches.reserve(group.records.size());
     for (const auto& r : group.records) {
@@ -131,7 +156,7 @@ class Replayer {
     }
     std::vector<const SvBatch*> ptrs;
     for (const auto& b : batches) ptrs.push_back(&b);
-    model_.computeUpdate(ptrs, params);
+    updater.applyGroup(group.clock, ptrs, params);
     ++groups_;
   }
 
@@ -154,6 +179,7 @@ class Replayer {
   const std::string& dir_;
   const ops::Model& model_;
   uint64_t seed_;
+  OptimizerSettings settings_;
   int replica_;
   const ckpt::ReplicaRestorability& restorable_;
   ckpt::BatchStore batches_{dir_};
@@ -161,13 +187,15 @@ class Replayer {
   size_t groups_ = 0;
 };
 
-Restored replay(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock,
-                const ckpt::ReplicaRestorability& restorable) {
+Restored replay(const std::string& dir, const ops::Model& model, uint64_t seed, const OptimizerSettings& settings,
+                int replica, uint64_t clock, const ckpt::ReplicaRestorability& restorable) {
   Restored out;
   out.replica = replica;
   out.clock = clock;
-  Replayer replayer(dir, model, seed, replica, restorable);
-  out.params = replayer.at(clock, &out.fromSnapshot);
+  Replayer replayer(dir, model, seed, settings, replica, restorable);
+  Replica r = replayer.at(clock, &out.fromSnapshot);
+  out.params = std::move(r.params);
+  out.optimizerState = std::move(r.optimizerState);
   out.groupsReplayed = replayer.groups();
   return out;
 }
@@ -175,10 +203,11 @@ Restored replay(const std::string& dir, const ops::Model& model, uint64_t seed, 
 // A replay that finds a batch it references unreadable (a damaged sender log,
 // which a scoped inventory does not look at) is refused like any clock that is
 // not restorable.
-Restored replayOrExplain(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock,
+Restored replayOrExplain(const std::string& dir, const ops::Model& model, uint64_t seed,
+                         const OptimizerSettings& settings, int replica, uint64_t clock,
                          const ckpt::ReplicaRestorability& restorable, const ParamSet& shapes) {
   try {
-    return replay(dir, model, seed, replica, clock, restorable);
+    return replay(dir, model, seed, settings, replica, clock, restorable);
   } catch (const ckpt::BatchUnavailable& e) {
     throwNotRestorable(dir, replica, clock, shapes, e.what());
   }
@@ -195,7 +224,7 @@ void requireCheckpointDir(const std::string& dir) {
 CheckpointView inspectCheckpoint(const std::string& dir) {
   requireCheckpointDir(dir);
   const ckpt::JobInfo job = ckpt::readJobInfo(dir);
-  const ParamSet shapes = shapesOf(*modelOfJob(job), job.seed);
+  const ParamSet shapes = shapesOf(*modelOfJob(job), job.seed, settingsOfJob(job));
   ckpt::InspectScope scope;
   scope.shapes = &shapes;
   CheckpointView view;
@@ -204,15 +233,16 @@ CheckpointView inspectCheckpoint(const std::string& dir) {
   return view;
 }
 
-Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock) {
+Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, const OptimizerSettings& settings,
+                 int replica, uint64_t clock) {
   ORPHEUS_CHECK_INPUT(clock > 0, "cannot restore replica {} to clock 0: that is W0", replica);
-  const ParamSet shapes = shapesOf(model, seed);
+  const ParamSet shapes = shapesOf(model, seed, settings);
   // Usually all a restore needs to read is the newest usable snapshot and the log
   // after it; only a reset back past that snapshot needs what lies before it.
   ckpt::ReplicaRestorability restorable = restorableOf(dir, replica, clock, shapes, /*newest=*/true);
   if (!restorable.covers(clock)) restorable = restorableOf(dir, replica, clock, shapes);
   if (!restorable.covers(clock)) throwNotRestorable(dir, replica, clock, shapes);
-  return replayOrExplain(dir, model, seed, replica, clock, restorable, shapes);
+  return replayOrExplain(dir, model, seed, settings, replica, clock, restorable, shapes);
 }
 
 Restored restore(const std::string& dir, int replica, uint64_t clock) {
@@ -221,15 +251,16 @@ Restored restore(const std::string& dir, int replica, uint64_t clock) {
   ORPHEUS_CHECK_INPUT(replica >= 0 && replica < std::max(job.ranks, 1), "checkpoint '{}' has no replica {} (it has {})",
                       dir, replica, job.ranks);
   const auto model = modelOfJob(job);
-  if (clock > 0) return restore(dir, *model, job.seed, replica, clock);
-  const ParamSet shapes = shapesOf(*model, job.seed);
+  const OptimizerSettings settings = settingsOfJob(job);
+  if (clock > 0) return restore(dir, *model, job.seed, settings, replica, clock);
+  const ParamSet shapes = shapesOf(*model, job.seed, settings);
   // Every replica's whole log: the newest clock depends on the batches the replica
   // references too (a damaged sender log ends it sooner).
   ckpt::InspectScope scope;
   scope.shapes = &shapes;
   const ckpt::ReplicaRestorability restorable = ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
   if (restorable.latest() == 0) throwNotRestorable(dir, replica, 1, shapes);
-  return replayOrExplain(dir, *model, job.seed, replica, restorable.latest(), restorable, shapes);
+  return replayOrExplain(dir, *model, job.seed, settings, replica, restorable.latest(), restorable, shapes);
 }
 
 uint64_t resumableClock(const ckpt::Inventory& inv) {

@@ -5,6 +5,7 @@
 #include "ckpt/restorable.h"
 #include "ckpt/sv_log.h"
 #include "engine/config.h"
+#include "engine/optimizer.h"
 #include "ops/model.h"
 
 #include <memory>
@@ -17,6 +18,7 @@ std::unique_ptr<ops::Model> modelOfJob(const ckpt::JobInfo& job);
 
 struct Restored {
   ParamSet params;
+  ParamSet optimizerState;  // Optimizer::exportState(): empty for sgd
   uint64_t clock = 0;
   int replica = 0;
   uint64_t fromSnapshot = 0;  // 0: replayed from W0
@@ -34,14 +36,16 @@ CheckpointView inspectCheckpoint(const std::string& dir);
 
 // Replica `replica` at the end of its local clock `clock` (0 means the newest
 // restorable clock). Bitwise what the replica held: the same groups are applied in
-// the same order with the same rebuild, and a reset event (a failure) puts back the
-// state it names, as the failed holder did. Exactly the clocks ckpt/restorable.h
+// the same order with the same rebuild and the same optimizer steps (the job's
+// optimizer, recorded in job.h5), and a reset event (a failure) puts back the
+// state it names, as the failed holder did. Snapshots hold the optimizer state. Exactly the clocks ckpt/restorable.h
 // calls restorable restore; any other is an InputError that says why (the damaged
 // or missing segment, the unusable snapshot part, the failure, the end of the log)
 // and lists the restorable clocks.
 Restored restore(const std::string& dir, int replica, uint64_t clock);
-// The same for a model at hand (recovery inside a job): `seed` gives W0.
-Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, int replica, uint64_t clock);
+// The same for a model at hand (recovery inside a job): `seed` gives W0, `settings` the optimizer.
+Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, const OptimizerSettings& settings,
+                 int replica, uint64_t clock);
 
 // The newest clock a killed job can resume from: one that every replica's log ends a
 // segment at and that is restorable for every replica (ckpt/restorable.h); 0 when

@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace orpheus::engine {
 namespace {
@@ -47,7 +48,41 @@ const NamedValues<SelectionMethod>& selectionMethodNames() {
   return table;
 }
 
+const NamedValues<OptimizerKind>& optimizerNames() {
+  static const NamedValues<OptimizerKind> table{{"sgd", OptimizerKind::kSgd},
+                                                {"momentum", OptimizerKind::kMomentum},
+                                                {"nesterov", OptimizerKind::kNesterov},
+                                                {"adagrad", OptimizerKind::kAdagrad},
+                                                {"adam", OptimizerKind::kAdam}};
+  return table;
+}
+
+const NamedValues<LrScheduleKind>& lrScheduleNames() {
+  static const NamedValues<LrScheduleKind> table{
+      {"constant", LrScheduleKind::kConstant}, {"step", LrScheduleKind::kStep}, {"cosine", LrScheduleKind::kCosine}};
+  return table;
+}
+
 std::string toString(SyncMode mode) { return nameIn(syncModeNames(), mode); }
+std::string toString(OptimizerKind kind) { return nameIn(optimizerNames(), kind); }
+std::string toString(LrScheduleKind kind) { return nameIn(lrScheduleNames(), kind); }
+
+OptimizerSettings optimizerSettings(const TrainConfig& c) {
+  OptimizerSettings s;
+  s.kind = c.optimizer;
+  s.lr = c.lr > 0.0 ? c.lr : defaultLearningRate(c.optimizer);
+  s.momentum = c.momentum >= 0.0 ? c.momentum : 0.9;
+  s.beta1 = c.beta1 >= 0.0 ? c.beta1 : 0.9;
+  s.beta2 = c.beta2 >= 0.0 ? c.beta2 : 0.999;
+  s.eps = c.eps > 0.0 ? c.eps : (c.optimizer == OptimizerKind::kAdagrad ? 1e-10 : 1e-8);
+  s.weightDecay = c.weightDecay;
+  s.schedule = c.lrSchedule;
+  s.warmup = c.warmup;
+  s.stepEvery = c.lrStepEvery;
+  s.gamma = c.lrGamma > 0.0 ? c.lrGamma : 0.1;
+  s.clocks = c.clocks;
+  return s;
+}
 std::string toString(Consistency c) { return nameIn(consistencyNames(), c); }
 
 comm::ScheduleConfig scheduleConfig(const TrainConfig& c, int ranks) {
@@ -60,7 +95,43 @@ comm::ScheduleConfig scheduleConfig(const TrainConfig& c, int ranks) {
   return sc;
 }
 
+namespace {
+
+// Optimizer and schedule flags: ranges, and flags that would do nothing.
+void validateOptimizer(const TrainConfig& c) {
+  const OptimizerKind k = c.optimizer;
+  const std::string name = toString(k);
+  const bool usesMomentum = k == OptimizerKind::kMomentum || k == OptimizerKind::kNesterov;
+  ORPHEUS_CHECK_INPUT(c.lr >= 0.0 && std::isfinite(c.lr), "--lr {} must be a number > 0", c.lr);
+  ORPHEUS_CHECK_INPUT(c.momentum < 0.0 || usesMomentum,
+                      "--momentum applies to --optimizer momentum or nesterov, not {}", name);
+  ORPHEUS_CHECK_INPUT(c.momentum < 1.0, "--momentum {} must be in [0, 1)", c.momentum);
+  ORPHEUS_CHECK_INPUT(k != OptimizerKind::kNesterov || c.momentum != 0.0,
+                      "--optimizer nesterov needs --momentum > 0 (0 is plain sgd)");
+  ORPHEUS_CHECK_INPUT((c.beta1 < 0.0 && c.beta2 < 0.0) || k == OptimizerKind::kAdam,
+                      "--beta1 and --beta2 apply to --optimizer adam, not {}", name);
+  ORPHEUS_CHECK_INPUT(c.beta1 < 1.0, "--beta1 {} must be in [0, 1)", c.beta1);
+  ORPHEUS_CHECK_INPUT(c.beta2 < 1.0, "--beta2 {} must be in [0, 1)", c.beta2);
+  ORPHEUS_CHECK_INPUT(c.eps < 0.0 || k == OptimizerKind::kAdam || k == OptimizerKind::kAdagrad,
+                      "--eps applies to --optimizer adam or adagrad, not {}", name);
+  ORPHEUS_CHECK_INPUT(c.eps < 0.0 || (c.eps > 0.0 && std::isfinite(c.eps)), "--eps {} must be a number > 0", c.eps);
+  ORPHEUS_CHECK_INPUT(c.weightDecay >= 0.0 && std::isfinite(c.weightDecay), "--weight-decay {} must be >= 0",
+                      c.weightDecay);
+  const bool step = c.lrSchedule == LrScheduleKind::kStep;
+  ORPHEUS_CHECK_INPUT(!step || c.lrStepEvery >= 1, "--lr-schedule step needs --lr-step-every N >= 1");
+  ORPHEUS_CHECK_INPUT(step || (c.lrStepEvery == 0 && c.lrGamma < 0.0),
+                      "--lr-step-every and --lr-gamma apply to --lr-schedule step, not {}", toString(c.lrSchedule));
+  ORPHEUS_CHECK_INPUT(c.lrGamma < 0.0 || (c.lrGamma > 0.0 && c.lrGamma <= 1.0), "--lr-gamma {} must be in (0, 1]",
+                      c.lrGamma);
+  ORPHEUS_CHECK_INPUT(c.warmup >= 0, "--warmup {} must be >= 0", c.warmup);
+  ORPHEUS_CHECK_INPUT(c.lrSchedule != LrScheduleKind::kCosine || c.warmup < c.clocks,
+                      "--warmup {} must be shorter than --clocks {} for --lr-schedule cosine", c.warmup, c.clocks);
+}
+
+}  // namespace
+
 void validate(const TrainConfig& c, int ranks) {
+  validateOptimizer(c);
   ORPHEUS_CHECK_INPUT(c.select >= 0 && c.select <= c.batch,
                       "--select {} must be between 1 and the batch size --batch {} (0 sends every SVG)", c.select,
                       c.batch);

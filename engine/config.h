@@ -4,6 +4,7 @@
 
 #include "comm/schedule.h"
 #include "engine/data/dataset.h"
+#include "engine/optimizer.h"
 #include "engine/select.h"
 
 #include <cstdint>
@@ -26,7 +27,20 @@ struct TrainConfig {
   int64_t classes = -1;   // -1: largest training label + 1
   int64_t clocks = 1000;
   int64_t batch = 100;    // examples per rank per clock
-  double lr = 0.1;
+  double lr = 0.0;         // 0: the optimizer's default (defaultLearningRate)
+  // The optimizer on rebuilt updates and its schedule (engine/optimizer.h). A
+  // negative value means the optimizer's default; validate() refuses a value
+  // given to an optimizer or schedule that does not use it.
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  double momentum = -1.0;     // momentum, nesterov: 0.9
+  double beta1 = -1.0;        // adam: 0.9
+  double beta2 = -1.0;        // adam: 0.999
+  double eps = -1.0;          // adam: 1e-8; adagrad: 1e-10
+  double weightDecay = 0.0;
+  LrScheduleKind lrSchedule = LrScheduleKind::kConstant;
+  int64_t warmup = 0;         // clocks of linear warmup
+  int64_t lrStepEvery = 0;    // step: clocks between decays (required)
+  double lrGamma = -1.0;      // step: 0.1
   uint64_t seed = 1;
   SyncMode sync = SyncMode::kSv;
   // Communication co-designs (section 3.2) and consistency.
@@ -75,9 +89,16 @@ const NamedValues<Consistency>& consistencyNames();
 // value has one spelling in the whole program.
 const NamedValues<comm::MulticastKind>& multicastNames();
 const NamedValues<SelectionMethod>& selectionMethodNames();
+const NamedValues<OptimizerKind>& optimizerNames();
+const NamedValues<LrScheduleKind>& lrScheduleNames();
 
 std::string toString(SyncMode mode);
 std::string toString(Consistency c);
+std::string toString(OptimizerKind kind);
+std::string toString(LrScheduleKind kind);
+
+// The optimizer and schedule `config` asks for, every default resolved.
+OptimizerSettings optimizerSettings(const TrainConfig& config);
 
 // The multicast schedule of a job on `ranks` workers (Q = P - 1 for broadcast).
 comm::ScheduleConfig scheduleConfig(const TrainConfig& config, int ranks);

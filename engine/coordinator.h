@@ -7,6 +7,7 @@
 #include "comm/transport.h"
 #include "engine/base/params.h"
 #include "engine/config.h"
+#include "engine/optimizer.h"
 
 #include <cstdint>
 
@@ -31,10 +32,14 @@ class Coordinator {
   bool rotatesAfter(uint64_t clock) const { return due(config_.rotateEvery, clock); }
   bool barrierAfter(uint64_t clock) const { return averagesAfter(clock) || rotatesAfter(clock); }
 
-  // Every replica becomes the average, bitwise the same on every rank.
-  Coordination average(ParamSet& replica, uint64_t clock);
-  // This rank's replica goes to rank+1 and rank-1's comes here, its id with it.
-  void rotate(ParamSet& replica, int& replicaId, uint64_t clock);
+  // Every replica becomes the average, bitwise the same on every rank. The
+  // optimizer state is averaged with it, elementwise (Adam's m and v, AdaGrad's
+  // sums, momentum buffers); the step count becomes the largest of the replicas'
+  // (they are equal unless a failure set one back).
+  Coordination average(ParamSet& replica, Optimizer& optimizer, uint64_t clock);
+  // This rank's replica goes to rank+1 and rank-1's comes here, its id and its
+  // optimizer state with it.
+  void rotate(ParamSet& replica, Optimizer& optimizer, int& replicaId, uint64_t clock);
 
  private:
   bool due(int64_t every, uint64_t clock) const {

@@ -324,6 +324,16 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                  config.select > 0 ? fmt::format("{} of {} SVGs sent per clock", config.select, config.batch)
                                    : "every SVG sent");
   }
+  const OptimizerSettings optimizer = optimizerSettings(config);
+  spdlog::info("optimizer {}, lr {} ({} schedule{}){}", toString(optimizer.kind), optimizer.lr,
+               toString(optimizer.schedule),
+               optimizer.warmup > 0 ? fmt::format(", {} clocks of warmup", optimizer.warmup) : "",
+               optimizer.weightDecay > 0 ? fmt::format(", weight decay {}", optimizer.weightDecay) : "");
+  if (shards.train.sparse && optimizer.touchesEveryEntry()) {
+    spdlog::info("note: --optimizer {}{} updates every parameter entry each clock, so a clock costs the whole model, "
+                 "not only the features the sparse input touches (sgd and adagrad without weight decay keep that cost)",
+                 toString(optimizer.kind), optimizer.weightDecay > 0 ? " with --weight-decay" : "");
+  }
   if (transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {
     spdlog::warn("one rank: --average-every and --rotate-every have nothing to do");
   }
@@ -371,7 +381,7 @@ void writeJobInfo(const TrainConfig& config, const comm::Transport& transport, c
   info.seed = config.seed;
   info.ranks = transport.size();
   info.batch = config.batch;
-  info.lr = config.lr;
+  info.lr = optimizerSettings(config).lr;
   info.computation = encodeRecord(computationRecordOf(config, transport, shards, info.modelText));
   ckpt::writeJobInfo(config.ckptDir, info);
 }
@@ -416,7 +426,7 @@ void resume(Worker& worker, const TrainConfig& config, comm::Transport& transpor
   collectively(transport, [&] {
     const int id = replicaHeldAt(transport.rank(), transport.size(), resumeClock, config.rotateEvery);
     Restored r = restore(config.ckptDir, id, resumeClock);
-    worker.resumeFrom(resumeClock, std::move(r.params), id);
+    worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
   });
   if (transport.rank() == 0) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
 }
@@ -456,12 +466,18 @@ void saveAndReport(const TrainConfig& config, const comm::Transport& transport, 
   info.features = shards.features;
   info.classes = shards.classes;
   info.replica = worker.replicaId();
-  if (!config.saveReplicas.empty()) {
-    ckpt::saveParams(fmt::format("{}/replica-{}.h5", config.saveReplicas, worker.replicaId()), worker.replica(), info);
-  }
+  // The parameters at the file's root, the optimizer state in its own group (/optimizer).
+  const auto save = [&](const std::string& path) {
+    if (worker.optimizer().hasState()) {
+      ckpt::saveParams(path, withState(worker.replica(), worker.optimizer().exportState()), info);
+    } else {
+      ckpt::saveParams(path, worker.replica(), info);
+    }
+  };
+  if (!config.saveReplicas.empty()) save(fmt::format("{}/replica-{}.h5", config.saveReplicas, worker.replicaId()));
   if (transport.rank() != 0) return;
   // Through a symlink to the file it names: the link stays (engine/outputs.h).
-  if (!config.save.empty()) ckpt::saveParams(resolveOutput(config.save), worker.replica(), info);
+  if (!config.save.empty()) save(resolveOutput(config.save));
   const EvalResult& eval = worker.lastEval();
   std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model.spec().c_str(), transport.size(),
               static_cast<long long>(worker.lastClock()), worker.trainSeconds());

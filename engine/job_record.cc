@@ -37,7 +37,9 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--features", features);
   add("--classes", classes);
   add("--batch", c.batch);
-  add("--lr", c.lr);
+  const OptimizerSettings o = optimizerSettings(c);
+  add("--optimizer", toString(o.kind));  // before --lr, whose default it sets
+  add("--lr", o.lr);
   add("--seed", c.seed);
   add("--sync", toString(c.sync));
   add("--select", c.select);
@@ -50,6 +52,18 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--average-every", c.averageEvery);
   add("--rotate-every", c.rotateEvery);
   add("--fail-prob", c.failProb);
+  // The optimizer's settings and its schedule, resolved: what a replay steps with.
+  add("--momentum", o.momentum);
+  add("--beta1", o.beta1);
+  add("--beta2", o.beta2);
+  add("--eps", o.eps);
+  add("--weight-decay", o.weightDecay);
+  add("--lr-schedule", toString(o.schedule));
+  add("--warmup", o.warmup);
+  add("--lr-step-every", o.stepEvery);
+  add("--lr-gamma", o.gamma);
+  // A cosine schedule runs over --clocks: then the length is part of the computation.
+  if (o.schedule == LrScheduleKind::kCosine) add("--clocks", o.clocks);
   return r;
 }
 
@@ -71,6 +85,42 @@ ComputationRecord decodeRecord(const std::string& text, const std::string& sourc
     r.emplace_back(line.substr(0, eq), line.substr(eq + 1));
   }
   return r;
+}
+
+OptimizerSettings recordedOptimizer(const ComputationRecord& record) {
+  OptimizerSettings s;
+  const auto number = [](const std::string& flag, const std::string& v) {
+    size_t used = 0;
+    double out = 0.0;
+    try {
+      out = std::stod(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    ORPHEUS_CHECK_INPUT(used == v.size() && !v.empty(), "the job's {} is not a number: '{}'", flag, v);
+    return out;
+  };
+  const auto byName = [](const auto& table, const std::string& flag, const std::string& v) {
+    for (const auto& [name, value] : table) {
+      if (name == v) return value;
+    }
+    throw InputError(fmt::format("the job's {} '{}' is unknown to this version", flag, v));
+  };
+  for (const auto& [flag, v] : record) {
+    if (flag == "--lr") s.lr = number(flag, v);
+    if (flag == "--optimizer") s.kind = byName(optimizerNames(), flag, v);
+    if (flag == "--momentum") s.momentum = number(flag, v);
+    if (flag == "--beta1") s.beta1 = number(flag, v);
+    if (flag == "--beta2") s.beta2 = number(flag, v);
+    if (flag == "--eps") s.eps = number(flag, v);
+    if (flag == "--weight-decay") s.weightDecay = number(flag, v);
+    if (flag == "--lr-schedule") s.schedule = byName(lrScheduleNames(), flag, v);
+    if (flag == "--warmup") s.warmup = static_cast<int64_t>(number(flag, v));
+    if (flag == "--lr-step-every") s.stepEvery = static_cast<int64_t>(number(flag, v));
+    if (flag == "--lr-gamma") s.gamma = number(flag, v);
+    if (flag == "--clocks") s.clocks = static_cast<int64_t>(number(flag, v));
+  }
+  return s;
 }
 
 void checkResume(const ComputationRecord& recorded, const ComputationRecord& now, const std::string& dir) {

@@ -27,6 +27,10 @@ ComputationRecord computationRecord(const TrainConfig& config, int ranks, int64_
 std::string encodeRecord(const ComputationRecord& record);
 ComputationRecord decodeRecord(const std::string& text, const std::string& source);
 
+// The optimizer and schedule a record names (engine/optimizer.h); sgd with a
+// constant lr for a record written before optimizers were recorded.
+OptimizerSettings recordedOptimizer(const ComputationRecord& record);
+
 // Refuses a resume whose settings differ from the recorded ones: InputError naming
 // the first flag that differs, with both values. Entries the record lacks (a
 // checkpoint written before they were recorded) are not checked.

@@ -132,8 +132,9 @@ std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transpor
   return std::make_unique<SvClockLog>(config, transport, replicaId);
 }
 
-void Recovery::checkpoint(uint64_t clock, const ParamSet& replica, int replicaId) {
+void Recovery::checkpoint(uint64_t clock, ParamSet& replica, ReplicaUpdater& updater, int replicaId) {
   if (!config_.ckptMatrix || clock % static_cast<uint64_t>(config_.ckptEvery) != 0) return;
+  updater.finishClock(replica);
   collectively(transport_, [&] {
     // The baseline of the paper: computation halts while the whole replica is written.
     ckpt::ModelFileInfo info;
@@ -143,29 +144,42 @@ void Recovery::checkpoint(uint64_t clock, const ParamSet& replica, int replicaId
     info.replica = replicaId;
     const std::filesystem::path dir = ckpt::matrixDir(config_.ckptDir, clock);
     createDirectories(dir.string(), "");
-    ckpt::saveParams((dir / fmt::format("replica-{}.h5", replicaId)).string(), replica, info);
+    matrixCheckpointState_ = updater.optimizer().exportState();
+    ckpt::saveParams((dir / fmt::format("replica-{}.h5", replicaId)).string(),
+                     withState(replica, matrixCheckpointState_), info);
     matrixCheckpoint_ = replica;
     matrixCheckpointClock_ = clock;
   });
 }
 
-Recovery::Failure Recovery::maybeFail(uint64_t clock, ParamSet& replica, int replicaId, ClockLog& log) {
+Recovery::Failure Recovery::maybeFail(uint64_t clock, ParamSet& replica, ReplicaUpdater& updater, int replicaId,
+                                      ClockLog& log) {
   if (config_.failProb <= 0.0) return {};
   CounterRng rng(config_.seed, RngPurpose::kFailure, clock, static_cast<uint64_t>(transport_.rank()));
   if (rng.uniform() >= config_.failProb) return {};
   ++failures_;
   uint64_t recovered = 0;
+  updater.discardPending();
+  // A replica back at W0 has a fresh optimizer.
+  const ParamSet freshState = Optimizer(updater.optimizer().settings(), model_.zeroParams()).exportState();
   if (config_.ckptSv) {
     // The process is gone: its replica and what it had only staged of the log. What
     // is durable is the log on disk and the snapshots; the replica comes back at the
     // newest clock they reach, and the log records the reset.
     recovered = log.loseStaged();
-    replica = recovered == 0 ? model_.initParams(config_.seed)
-                             : restore(config_.ckptDir, model_, config_.seed, replicaId, recovered).params;
+    if (recovered == 0) {
+      replica = model_.initParams(config_.seed);
+      updater.optimizer().importState(freshState);
+    } else {
+      Restored r = restore(config_.ckptDir, model_, config_.seed, updater.optimizer().settings(), replicaId, recovered);
+      replica = std::move(r.params);
+      updater.optimizer().importState(r.optimizerState);
+    }
     log.recordReset(clock, recovered);
   } else if (config_.ckptMatrix) {
     // Back to the last whole-matrix checkpoint: the clocks since are lost.
     replica = matrixCheckpointClock_ > 0 ? matrixCheckpoint_ : model_.initParams(config_.seed);
+    updater.optimizer().importState(matrixCheckpointClock_ > 0 ? matrixCheckpointState_ : freshState);
     recovered = matrixCheckpointClock_;
   }
   Failure failure{true, clock - recovered};

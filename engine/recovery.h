@@ -15,6 +15,7 @@
 #include "comm/transport.h"
 #include "engine/base/params.h"
 #include "engine/config.h"
+#include "engine/optimizer.h"
 #include "ops/model.h"
 
 #include <cstdint>
@@ -77,9 +78,10 @@ class Recovery {
   Recovery(const TrainConfig& config, const ops::Model& model, comm::Transport& transport)
       : config_(config), model_(model), transport_(transport) {}
 
-  // --ckpt matrix: every --ckpt-every clocks, `replica` is written whole and kept
-  // as what recovery restores (collective).
-  void checkpoint(uint64_t clock, const ParamSet& replica, int replicaId);
+  // --ckpt matrix: every --ckpt-every clocks, `replica` (its pending optimizer step
+  // taken first) is written whole with its optimizer state and kept as what
+  // recovery restores (collective).
+  void checkpoint(uint64_t clock, ParamSet& replica, ReplicaUpdater& updater, int replicaId);
 
   struct Failure {
     bool failed = false;
@@ -87,8 +89,9 @@ class Recovery {
   };
   // --fail-prob: whether this rank fails at the end of `clock` (seeded by clock and
   // rank). A failed rank's replica comes back from the checkpoint: the SV log on
-  // disk and the snapshots (--ckpt sv), or the last matrix (--ckpt matrix).
-  Failure maybeFail(uint64_t clock, ParamSet& replica, int replicaId, ClockLog& log);
+  // disk and the snapshots (--ckpt sv), or the last matrix (--ckpt matrix), with
+  // its optimizer state; a pending optimizer step is lost with the process.
+  Failure maybeFail(uint64_t clock, ParamSet& replica, ReplicaUpdater& updater, int replicaId, ClockLog& log);
 
   int64_t failures() const { return failures_; }
   uint64_t lostClocks() const { return lostClocks_; }
@@ -98,6 +101,7 @@ class Recovery {
   const ops::Model& model_;
   comm::Transport& transport_;
   ParamSet matrixCheckpoint_;  // --ckpt matrix: the last one written
+  ParamSet matrixCheckpointState_;  // its optimizer state (Optimizer::exportState())
   uint64_t matrixCheckpointClock_ = 0;
   int64_t failures_ = 0;
   uint64_t lostClocks_ = 0;

@@ -69,18 +69,19 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       log_(makeClockLog(config, transport, replicaId_)),
       inbox_(config, schedule_, transport, model.paramShapes(), log_->keepsRecords()),
       coordinator_(config, transport),
-      recovery_(config, model, transport) {
-  // Every update is a mean over the examples a replica hears about in a clock: its
-  // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
-  // and dense sync), so --lr means the same step whatever the fanout.
-  const double heard = static_cast<double>(config.batch) * (schedule_.fanout() + 1);
-  stepScale_ = static_cast<float>(-config.lr / heard);
-}
+      recovery_(config, model, transport),
+      // Every update is a mean over the examples a replica hears about in a clock: its
+      // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
+      // and dense sync), so --lr means the same step whatever the fanout.
+      heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
+      updater_(optimizerSettings(config), model) {}
 
 Worker::~Worker() = default;
 
-void Worker::resumeFrom(uint64_t clock, ParamSet replica, int id) {
+void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id) {
   replica_ = std::move(replica);
+  updater_.discardPending();
+  updater_.optimizer().importState(optimizerState);
   replicaId_ = id;
   clock_ = clock;
   inbox_.resumeAt(clock);
@@ -147,7 +148,7 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
                               : exchangeWithAll(clock, local, sent, stats);
   notePhase(ClockPhase::kRebuild, clock);
   // W += compute_update(s) for each s in S ∪ T, rebuilt together.
-  rebuild(group, stats);
+  rebuild(clock, group, stats);
   // The batches applied, to the checkpoint log.
   log_->appendGroup(clock, std::move(group.records));
 }
@@ -157,7 +158,7 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
   // Shared, so the checkpoint log can keep the batch as it is once applied.
   auto local = std::make_shared<SvBatch>(model_.computeSvg(replica_, examples, &stats.loss));
   if (!std::isfinite(stats.loss)) return nullptr;
-  ops::scaleCoefficients(*local, stepScale_);
+  ops::scaleCoefficients(*local, updater_.coefficientScale(clock, heard_));
   local->header = header(clock);
   stats.computeSeconds = secondsSince(t);
   return local;
@@ -238,9 +239,13 @@ Worker::Group Worker::exchangeWithPeers(uint64_t clock, const std::shared_ptr<Sv
   return group;
 }
 
-void Worker::rebuild(const Group& group, ClockStats& stats) {
+void Worker::rebuild(uint64_t clock, const Group& group, ClockStats& stats) {
   const auto t = Clock::now();
-  model_.computeUpdate(group.batches, replica_);
+  updater_.applyGroup(clock, group.batches, replica_);
+  // Under BSP this group is all the clock applies: its step is taken now. Under
+  // SSP batches of this local clock may still come (the coordinator's barrier,
+  // the final drain); the step waits for them (ReplicaUpdater).
+  if (config_.consistency != Consistency::kSsp) updater_.finishClock(replica_);
   stats.updateSeconds = secondsSince(t);
 }
 
@@ -256,7 +261,7 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
   notePhase(ClockPhase::kRebuild, clock);
 
   t = Clock::now();
-  for (size_t i = 0; i < grad.size(); ++i) replica_[i].noalias() += stepScale_ * grad[i];
+  updater_.applyDense(clock, grad, updater_.coefficientScale(clock, heard_), replica_);
   stats.updateSeconds = secondsSince(t);
 }
 
@@ -277,7 +282,7 @@ double Worker::waitComplete(uint64_t through, uint64_t clock, MetricsSink& metri
 void Worker::applyReady(uint64_t clock) {
   for (ReceivedBatch& r : inbox_.takeReady()) {
     const SvBatch* one[] = {&r.batch};
-    model_.computeUpdate(one, replica_);
+    updater_.applyGroup(clock, one, replica_);
     log_->appendGroup(clock, {log_->received(r.batch.header, r.record())});
   }
 }
@@ -288,9 +293,12 @@ void Worker::drain(uint64_t lastClock) {
 }
 
 void Worker::drain(uint64_t lastClock, MetricsSink& metrics) {
-  if (!pointToPoint_) return;
-  waitComplete(lastClock, lastClock, metrics);
-  transport_.flushSends();
+  if (pointToPoint_) {
+    waitComplete(lastClock, lastClock, metrics);
+    transport_.flushSends();
+  }
+  // Nothing more of `lastClock` can come: its optimizer step.
+  updater_.finishClock(replica_);
 }
 
 Worker::Coordination Worker::coordinate(uint64_t clock) {
@@ -304,14 +312,22 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
   // A consistent cut: every batch of every clock <= `clock` is applied everywhere.
   // Nobody has sent anything newer, since every rank stops here after `clock`.
   if (pointToPoint_) waitComplete(clock, clock, metrics);
+  // Every group of this clock is in: its optimizer step, before the state moves.
+  updater_.finishClock(replica_);
+  Optimizer& optimizer = updater_.optimizer();
   if (coordinator_.averagesAfter(clock)) {
-    done = coordinator_.average(replica_, clock);
-    log_->averaged(clock, replica_);  // every replica is the average: a snapshot point
+    done = coordinator_.average(replica_, optimizer, clock);
+    // Every replica is the average: a snapshot point, with the optimizer state.
+    if (optimizer.hasState()) {
+      log_->averaged(clock, withState(replica_, optimizer.exportState()));
+    } else {
+      log_->averaged(clock, replica_);
+    }
   }
   if (coordinator_.rotatesAfter(clock)) {
     // The log moves with the replica: the next holder continues it.
     log_->handOff(clock);
-    coordinator_.rotate(replica_, replicaId_, clock);
+    coordinator_.rotate(replica_, optimizer, replicaId_, clock);
     log_->takeOver(clock, replicaId_);
     done.rotated = true;
   }
@@ -320,6 +336,9 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
 
 ops::EvalSums Worker::evaluateLocal() const {
   if (test_ == nullptr) return {};
+  // Under SSP a clock's step may wait for batches still to come: score the
+  // replica as that step would leave it, without taking it.
+  if (updater_.pending()) return evaluateOn(model_, updater_.peek(replica_), *test_);
   return evaluateOn(model_, replica_, *test_);
 }
 
@@ -445,8 +464,8 @@ bool Worker::runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSin
 // After the barrier: the log's end of clock, a matrix checkpoint, a failure.
 Recovery::Failure Worker::afterClock(uint64_t clock) {
   log_->endClock(clock);
-  recovery_.checkpoint(clock, replica_, replicaId_);
-  return recovery_.maybeFail(clock, replica_, replicaId_, *log_);
+  recovery_.checkpoint(clock, replica_, updater_, replicaId_);
+  return recovery_.maybeFail(clock, replica_, updater_, replicaId_, *log_);
 }
 
 // On evaluation clocks each rank scores its own replica on its own test shard into

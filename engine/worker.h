@@ -13,6 +13,7 @@
 #include "engine/coordinator.h"
 #include "engine/data/dataset.h"
 #include "engine/metrics.h"
+#include "engine/optimizer.h"
 #include "engine/recovery.h"
 #include "ops/model.h"
 
@@ -78,7 +79,8 @@ class Worker {
   ClockStats runClock(uint64_t clock, const data::Batch& batch, MetricsSink& metrics);
   ClockStats runClock(uint64_t clock, const data::Batch& batch);
   // Waits for and applies every batch still addressed to this rank up to `lastClock`,
-  // and completes this rank's sends (point-to-point modes; a no-op otherwise).
+  // and completes this rank's sends (point-to-point modes), then takes the last
+  // clock's optimizer step if it is still pending (SSP).
   void drain(uint64_t lastClock, MetricsSink& metrics);
   void drain(uint64_t lastClock);
 
@@ -89,14 +91,23 @@ class Worker {
   Coordination coordinate(uint64_t clock, MetricsSink& metrics);
   Coordination coordinate(uint64_t clock);
   // Periodic centralized synchronization: every replica becomes the average (collective).
-  Coordination averageReplicas(uint64_t clock) { return coordinator_.average(replica_, clock); }
+  Coordination averageReplicas(uint64_t clock) {
+    updater_.finishClock(replica_);
+    return coordinator_.average(replica_, updater_.optimizer(), clock);
+  }
   // Replica rotation: this rank's replica goes to rank+1, rank-1's comes here (collective).
-  void rotateReplica(uint64_t clock) { coordinator_.rotate(replica_, replicaId_, clock); }
+  void rotateReplica(uint64_t clock) {
+    updater_.finishClock(replica_);
+    coordinator_.rotate(replica_, updater_.optimizer(), replicaId_, clock);
+  }
   // The id of the replica this rank holds (its rank at the start; rotation moves it).
   int replicaId() const { return replicaId_; }
   ParamSet& mutableReplica() { return replica_; }
-  // Resume: continue from `clock` with `replica` (id `id`) restored from a checkpoint.
-  void resumeFrom(uint64_t clock, ParamSet replica, int id);
+  // Resume: continue from `clock` with `replica` (id `id`) and its optimizer state
+  // (Optimizer::exportState()) restored from a checkpoint.
+  void resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id);
+  // The optimizer of the replica this rank holds (its state travels with it).
+  const Optimizer& optimizer() const { return updater_.optimizer(); }
   // Seconds the compute thread waited for the checkpoint writer, in all.
   double checkpointWaitSeconds() const { return log_->waitSeconds(); }
   int64_t failures() const { return recovery_.failures(); }
@@ -155,7 +166,7 @@ class Worker {
                         ClockStats& stats);
   Group exchangeWithPeers(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
                           bool selected, ClockStats& stats, MetricsSink& metrics);
-  void rebuild(const Group& group, ClockStats& stats);
+  void rebuild(uint64_t clock, const Group& group, ClockStats& stats);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline).
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
 
@@ -179,8 +190,6 @@ class Worker {
   ParamSet replica_;
   int replicaId_ = 0;
   uint64_t clock_ = 0;
-  // W -= lr / (B (Q + 1)) * sum of per-example gradients (see the constructor).
-  float stepScale_ = 0.0f;
   std::vector<std::byte> encoded_;  // reused send buffer (broadcast path)
   bool pointToPoint_;
   comm::MulticastSchedule schedule_;
@@ -188,6 +197,10 @@ class Worker {
   Inbox inbox_;
   Coordinator coordinator_;
   Recovery recovery_;
+  // Examples a replica hears of per clock, B (Q + 1): updates are means over them.
+  double heard_ = 0.0;
+  // The optimizer and its state, and the pending clock's gradient (engine/optimizer.h).
+  ReplicaUpdater updater_;
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
   uint64_t lastClock_ = 0;

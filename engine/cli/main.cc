@@ -144,12 +144,52 @@ void addModelFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   cmd.add_option("--batch", c.batch, "Minibatch size per rank per clock")
       ->capture_default_str()
       ->check(integerIn(1));
-  cmd.add_option("--lr", c.lr, "Learning rate of SGD on the mean loss of the examples a replica hears of per clock")
-      ->capture_default_str()
+  cmd.add_option("--lr", c.lr,
+                 "Learning rate on the mean loss of the examples a replica hears of per clock; default per "
+                 "--optimizer: sgd, momentum, nesterov and adagrad 0.1, adam 0.001")
+      ->default_str("per optimizer")
       ->check(numberIn(0, 1e6, true));
   cmd.add_option("--seed", c.seed, "Job seed: initialisation, sampling and every other random choice")
       ->capture_default_str()
       ->check(integerIn(0));
+}
+
+// The optimizer each replica runs on its rebuilt update, and the learning-rate schedule.
+void addOptimizerFlags(CLI::App& cmd, TrainConfig& c) {
+  const char* group = "Optimizer (PyTorch's formulas, per replica; state travels with the replica)";
+  addEnumOption(cmd, "--optimizer", c.optimizer, orpheus::engine::optimizerNames(),
+                "Optimizer on each replica's rebuilt update: sgd (lr folded into the SV coefficients), momentum, "
+                "nesterov, adagrad, adam")
+      ->group(group);
+  cmd.add_option("--momentum", c.momentum, "momentum, nesterov: the momentum factor, in [0, 1); default 0.9")
+      ->check(numberIn(0, 1))
+      ->group(group);
+  cmd.add_option("--beta1", c.beta1, "adam: decay of the first moment, in [0, 1); default 0.9")
+      ->check(numberIn(0, 1))
+      ->group(group);
+  cmd.add_option("--beta2", c.beta2, "adam: decay of the second moment, in [0, 1); default 0.999")
+      ->check(numberIn(0, 1))
+      ->group(group);
+  cmd.add_option("--eps", c.eps, "adam, adagrad: added to the denominator; default adam 1e-8, adagrad 1e-10")
+      ->check(numberIn(0, 1, true))
+      ->group(group);
+  cmd.add_option("--weight-decay", c.weightDecay, "L2 penalty added to the gradient (wd * w); default 0")
+      ->check(numberIn(0, 1e6))
+      ->group(group);
+  addEnumOption(cmd, "--lr-schedule", c.lrSchedule, orpheus::engine::lrScheduleNames(),
+                "Learning rate per clock: constant; step (times --lr-gamma every --lr-step-every clocks); cosine "
+                "(to 0 over --clocks, after the warmup)")
+      ->group(group);
+  cmd.add_option("--warmup", c.warmup, "Clocks of linear warmup (lr * clock / N), with any schedule")
+      ->capture_default_str()
+      ->check(integerIn(0))
+      ->group(group);
+  cmd.add_option("--lr-step-every", c.lrStepEvery, "step: clocks between decays")
+      ->check(integerIn(1))
+      ->group(group);
+  cmd.add_option("--lr-gamma", c.lrGamma, "step: the decay factor, in (0, 1]; default 0.1")
+      ->check(numberIn(0, 1, true))
+      ->group(group);
 }
 
 // Synchronization: SV or dense, the communication co-designs, consistency, the coordinator.
@@ -270,6 +310,7 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
 
 void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   addModelFlags(cmd, c, format);
+  addOptimizerFlags(cmd, c);
   addSyncFlags(cmd, c);
   addCheckpointFlags(cmd, c);
   addRunFlags(cmd, c);
@@ -355,7 +396,9 @@ int restoreMain(const RestoreArgs& a) {
   info.replica = r.replica;
   info.features = job.features;
   info.classes = job.classes;
-  orpheus::ckpt::saveParams(orpheus::engine::resolveOutput(a.out), r.params, info);
+  // The optimizer state (none for sgd) in its own group, /optimizer.
+  orpheus::ckpt::saveParams(orpheus::engine::resolveOutput(a.out),
+                            orpheus::engine::withState(r.params, r.optimizerState), info);
   std::printf("restored replica %d at clock %llu%s (%s, %zu groups replayed) to %s\n", r.replica,
               static_cast<unsigned long long>(r.clock), clock == 0 ? ", the newest restorable clock" : "",
               r.fromSnapshot ? fmt::format("from the snapshot of clock {}", r.fromSnapshot).c_str() : "from W0",

@@ -1,0 +1,183 @@
+// Optimizers on rebuilt updates, and learning-rate schedules.
+//
+// Sufficient vectors constrain what travels, not what a replica does with the
+// update it rebuilds: each replica runs its own optimizer on the gradient rebuilt
+// from its own and the received SV batches (or on the allreduced dense gradient),
+// and keeps the optimizer's state with it.
+//
+// The formulas are PyTorch's (torch.optim), per parameter matrix, with g the mean
+// gradient of a clock (the examples a replica hears of), w the parameters, lr the
+// clock's learning rate and t the step count (1 at the first step):
+//   sgd       d = g + wd w;                                     w -= lr d
+//   momentum  d = g + wd w; b = mu b + d;                       w -= lr b
+//   nesterov  d = g + wd w; b = mu b + d;                       w -= lr (d + mu b)
+//   adagrad   d = g + wd w; s += d*d;                           w -= lr d / (sqrt(s) + eps)
+//   adam      d = g + wd w; m = b1 m + (1-b1) d; v = b2 v + (1-b2) d*d;
+//             w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+// (dampening 0, buffers start at zero so PyTorch's first-step copy b = d is the
+// same; weight decay is L2 added to the gradient, not AdamW's decoupled decay).
+// State buffers are float32, like the parameters; the scalar factors are computed
+// in double and rounded once.
+//
+// Plain sgd without weight decay keeps the original path: -lr/(B(Q+1)) folded into
+// the SV coefficients and rebuilt straight into the replica, so its cost per
+// clock stays proportional to what changed (sparse inputs) and its iterates,
+// logs and equivalence are what they were. Every other optimizer rebuilds the
+// batches a clock applies (coefficient 1/(B(Q+1)), no lr) into a gradient buffer,
+// then takes one step per local clock. Under SSP that is every group the log
+// records at that local clock, so replaying the log takes the same steps.
+//
+// The learning rate of a clock is a pure function of the clock number (1-based),
+// so a replay reproduces it:
+//   constant  lr
+//   step      lr * gamma^floor((c - 1) / every)
+//   cosine    lr * (1 + cos(pi * (c - 1 - warmup) / (clocks - warmup))) / 2, after warmup
+// times a linear warmup c / warmup for c <= warmup (any schedule).
+#pragma once
+
+#include "engine/base/params.h"
+#include "engine/base/sv_batch.h"
+#include "ops/model.h"
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace orpheus::engine {
+
+enum class OptimizerKind { kSgd, kMomentum, kNesterov, kAdagrad, kAdam };
+enum class LrScheduleKind { kConstant, kStep, kCosine };
+
+// The --lr a user who gives none gets: what works out of the box for each
+// optimizer on the mean loss (PyTorch's defaults where it has one).
+double defaultLearningRate(OptimizerKind kind);
+
+// Everything an optimizer and its schedule are, with every default resolved
+// (engine/config.h: optimizerSettings). Recorded with a checkpoint so a replay
+// takes the same steps.
+struct OptimizerSettings {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  double lr = 0.1;
+  double momentum = 0.9;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weightDecay = 0.0;
+  LrScheduleKind schedule = LrScheduleKind::kConstant;
+  int64_t warmup = 0;
+  int64_t stepEvery = 0;  // step: clocks between decays
+  double gamma = 0.1;     // step: the decay factor
+  int64_t clocks = 0;     // cosine: the horizon
+
+  // sgd without weight decay: lr folded into the SV coefficients, no state, no buffer.
+  bool foldsLearningRate() const { return kind == OptimizerKind::kSgd && weightDecay == 0.0; }
+  // adagrad without weight decay: where the gradient is zero its step changes
+  // nothing, so a step visits only the columns a clock's SVs touched.
+  bool stepsTouchedColumns() const { return kind == OptimizerKind::kAdagrad && weightDecay == 0.0; }
+  // Whether an update touches every entry of the parameters, whatever the input's
+  // sparsity (momentum and Adam move every entry their state has seen; weight
+  // decay shrinks every entry).
+  bool touchesEveryEntry() const { return !foldsLearningRate() && !stepsTouchedColumns(); }
+};
+
+// The learning rate of clock `clock` (1-based): a pure function of the clock.
+double learningRate(const OptimizerSettings& s, uint64_t clock);
+
+// One replica's optimizer and its state: ParamSet-shaped buffers (none for sgd)
+// and the step count. Copyable; not thread-safe.
+class Optimizer {
+ public:
+  Optimizer(const OptimizerSettings& settings, const ParamSet& shapes);
+
+  // The columns of one parameter a step visits: all, or the listed ones.
+  struct Columns {
+    bool all = true;
+    std::vector<int64_t> list;
+  };
+  // One step at local clock `clock`: `gradient` is the clock's mean gradient.
+  // With `columns` (one entry per parameter; only when stepsTouchedColumns()),
+  // the step visits only those columns: bitwise the same as a whole step when the
+  // gradient is zero elsewhere.
+  void step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
+            const std::vector<Columns>* columns = nullptr);
+
+  const OptimizerSettings& settings() const { return settings_; }
+  int64_t steps() const { return steps_; }
+  void setSteps(int64_t steps) { steps_ = steps; }
+  // Every state buffer, in a fixed order (what averaging averages, rotation moves).
+  std::vector<Matrix*> buffers();
+  bool hasState() const { return settings_.kind != OptimizerKind::kSgd; }
+
+  // The state as a ParamSet in its own group: "optimizer/<param>/<buffer>" for each
+  // buffer (momentum: momentum_buffer; adagrad: sum; adam: m, v) and the step count
+  // as the 1x1 "optimizer/steps" (exact up to 2^24 steps). Empty for sgd.
+  ParamSet exportState() const;
+  // The reverse; InputError naming the entry that is missing or misshapen.
+  void importState(const ParamSet& state);
+  // exportState()'s names and shapes (values zero).
+  ParamSet stateShapes() const { return exportState(); }
+
+ private:
+  struct Buffer {
+    std::string name;     // momentum_buffer, sum, m, v
+    ParamSet values;      // shaped like the parameters
+  };
+
+  OptimizerSettings settings_;
+  std::vector<Buffer> buffers_;
+  int64_t steps_ = 0;
+};
+
+// Applies the groups of SV batches of each local clock to a replica through its
+// optimizer: the one place where live training and the log's replay turn applied
+// groups into parameters, so both take the same steps.
+//  - folding (sgd): each group is rebuilt straight into the replica;
+//  - otherwise each group is rebuilt into the gradient buffer, and the step of a
+//    local clock is taken once no more groups of it can come: at the first group
+//    of a later clock, or when finishClock() is called (before averaging,
+//    rotation, a reset, a snapshot, at the end).
+class ReplicaUpdater {
+ public:
+  ReplicaUpdater(const OptimizerSettings& settings, const ops::Model& model);
+
+  // The factor the SV coefficients of a batch computed at `clock` carry, for
+  // updates averaged over `heard` examples: -lr(clock)/heard when folding, else 1/heard.
+  float coefficientScale(uint64_t clock, double heard) const;
+
+  // A group of batches applied together at local clock `clock`.
+  void applyGroup(uint64_t clock, std::span<const SvBatch* const> batches, ParamSet& params);
+  // --sync dense: the clock's summed gradient, times `scale` (coefficientScale()), one step.
+  void applyDense(uint64_t clock, ParamSet& gradient, float scale, ParamSet& params);
+  // Takes the pending clock's step, if any.
+  void finishClock(ParamSet& params);
+  // Drops a pending step (the replica was replaced).
+  void discardPending();
+  bool pending() const { return pendingClock_ != 0; }
+  // `params` as finishClock() would leave them, without changing anything.
+  ParamSet peek(const ParamSet& params) const;
+
+  Optimizer& optimizer() { return optimizer_; }
+  const Optimizer& optimizer() const { return optimizer_; }
+
+ private:
+  void noteTouched(std::span<const SvBatch* const> batches);
+  void clearGradient();
+
+  const ops::Model& model_;
+  Optimizer optimizer_;
+  ParamSet gradient_;  // empty when folding
+  uint64_t pendingClock_ = 0;
+  // stepsTouchedColumns(): the columns the pending clock's groups touched.
+  std::vector<Optimizer::Columns> touched_;
+  std::vector<std::vector<char>> touchedMask_;
+};
+
+// The parameters and the optimizer state as one ParamSet (snapshots, files):
+// `params` followed by `state` (exportState()).
+ParamSet withState(const ParamSet& params, const ParamSet& state);
+// The reverse: the first `paramCount` entries are the parameters.
+std::pair<ParamSet, ParamSet> splitState(ParamSet combined, size_t paramCount);
+
+}  // namespace orpheus::engine

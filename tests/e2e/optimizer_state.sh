@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# optimizer_state.sh ORPHEUS COMPARE MPIEXEC: the optimizer state travels with its
+# replica, so restore and resume stay bitwise (np 3, BSP, MLR on synthetic data,
+# random multicast with fanout 1 so the replicas differ, replicas rotated every 15
+# clocks and averaged every 20 with a snapshot):
+#  - restore --clock T equals, bitwise, the parameters and the /optimizer state a
+#    run of T clocks saved, for adam (warmup + step schedule) and momentum (weight
+#    decay), at a snapshot, between barriers and at the end;
+#  - kill -9 of every process mid-run, then --resume: parameters and state equal an
+#    uninterrupted run's, bitwise (adam);
+#  - failures inside the job (--fail-prob, adam): restore of the last clock equals,
+#    bitwise with its state, the replica each rank ended with;
+#  - the files are readable by h5py, the state in its own group.
+set -euo pipefail
+orpheus=$1; compare=$2; mpiexec=$3
+out=$(mktemp -d); trap 'pkill -9 -f "ckpt-dir $out" 2>/dev/null || true; rm -rf "$out"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+np=3
+common=(--train synthetic:examples=3000,features=30,classes=4 --batch 20 --progress off --log-level warn
+        --multicast random --fanout 1 --rotate-every 15 --average-every 20)
+
+# same_state A B: both files hold an /optimizer group with the same entries, bitwise.
+same_state() {
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import sys, h5py, numpy as np
+a, b = (h5py.File(p, "r") for p in sys.argv[1:3])
+def entries(f):
+    out = {}
+    f["optimizer"].visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    return out
+ea, eb = entries(a), entries(b)
+if not ea or sorted(ea) != sorted(eb):
+    sys.exit(f"optimizer entries differ: {sorted(ea)} vs {sorted(eb)}")
+for n in ea:
+    if not np.array_equal(ea[n], eb[n]):
+        sys.exit(f"optimizer/{n} differs")
+print(f"optimizer state equal: {len(ea)} entries ({', '.join(sorted(ea)[:4])}, ...)")
+PY
+}
+
+# held T: the replica rank 0 holds after T clocks (rotation every 15 at np 3).
+held() { echo $(( ( (0 - $1 / 15) % np + np) % np )); }
+
+# restore_matches NAME "T..." FLAGS...: the restore of each T equals a run of T clocks.
+restore_matches() {
+  local name=$1 clocks=$2; shift 2
+  "$mpiexec" -n $np --oversubscribe "$orpheus" train "${common[@]}" "$@" --clocks 60 --ckpt sv \
+    --ckpt-dir "$out/$name" >/dev/null
+  local T r
+  for T in $clocks; do
+    "$mpiexec" -n $np --oversubscribe "$orpheus" train "${common[@]}" "$@" --clocks "$T" --save "$out/$name-run$T.h5" \
+      >/dev/null
+    r=$(held "$T")
+    "$orpheus" restore --ckpt-dir "$out/$name" --replica "$r" --clock "$T" --out "$out/$name-restored$T.h5"
+    "$compare" "$out/$name-restored$T.h5" "$out/$name-run$T.h5" 0 || fail "$name: parameters at clock $T"
+    same_state "$out/$name-restored$T.h5" "$out/$name-run$T.h5" || fail "$name: optimizer state at clock $T"
+  done
+}
+
+restore_matches adam "20 33 60" --optimizer adam --warmup 5 --lr-schedule step --lr-step-every 25 --lr-gamma 0.5
+restore_matches momentum "33 60" --optimizer momentum --momentum 0.8 --weight-decay 1e-3 --lr 0.05
+
+# kill -9 and --resume (adam).
+flags=("${common[@]}" --optimizer adam --clocks 300 --ckpt sv --inject-delay 0:10)
+"$mpiexec" -n $np --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/whole" --save "$out/whole.h5" >/dev/null
+"$mpiexec" -n $np --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
+  >/dev/null 2>&1 &
+job=$!
+for _ in $(seq 600); do
+  [ "$(ls "$out"/killed/replica-0/seg-*.h5 2>/dev/null | wc -l)" -ge 2 ] && break
+  sleep 0.1
+done
+pkill -9 -f "ckpt-dir $out/killed" || true
+wait "$job" 2>/dev/null || true
+[ ! -e "$out/resumed.h5" ] || fail "the job finished before it was killed"
+"$mpiexec" -n $np --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
+  --resume >/dev/null
+[ -e "$out/resumed.h5" ] || fail "the resumed job saved nothing"
+"$compare" "$out/resumed.h5" "$out/whole.h5" 0 || fail "resume: parameters"
+same_state "$out/resumed.h5" "$out/whole.h5" || fail "resume: optimizer state"
+
+# Failures inside the job (adam): each replica comes back with its state.
+mkdir -p "$out/fail-replicas"
+"$mpiexec" -n $np --oversubscribe "$orpheus" train "${common[@]}" --optimizer adam --clocks 80 --ckpt sv \
+  --ckpt-dir "$out/fail" --fail-prob 0.05 --metrics "$out/fail.jsonl" --save-replicas "$out/fail-replicas" >/dev/null
+failures=$(grep -v '"summary"' "$out/fail.jsonl" | grep -o '"failures": [0-9]*' | awk '{s += $2} END {print s + 0}')
+echo "failures: $failures"
+[ "$failures" -ge 1 ] || fail "no failure happened"
+for r in 0 1 2; do
+  "$orpheus" restore --ckpt-dir "$out/fail" --replica "$r" --clock 80 --out "$out/fail-r$r.h5" >/dev/null
+  "$compare" "$out/fail-r$r.h5" "$out/fail-replicas/replica-$r.h5" 0 || fail "failures: parameters of replica $r"
+  same_state "$out/fail-r$r.h5" "$out/fail-replicas/replica-$r.h5" || fail "failures: state of replica $r"
+done
+echo "optimizer state checks passed"
