@@ -17,6 +17,8 @@ PACKAGES=(
   zlib1g-dev
   dataset-fashion-mnist
   iproute2                                # scripts/netcluster.sh (namespaces, veths, tc)
+  python3-h5py python3-numpy              # tests that read saved models as a user would
+  bible-kjv-text bible-kjv                # the KJV corpora of scripts/data (text sets, LSTM)
 )
 # The DDP baseline of the benchmarks (python3-torch, python3-numpy, libopenblas0-pthread)
 # and the plots (python3-matplotlib) are installed by scripts/bench/run.sh when needed.
