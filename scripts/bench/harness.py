@@ -281,7 +281,9 @@ class Runner:
                         hung = True
                         log.write(f"no metrics after {startup_limit} s: the launch hung; killed\n")
                         break
-                    time.sleep(0.5)
+                    # Wakes when a process ends, so wall times are not rounded to the poll.
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        next(p for p in procs if p.poll() is None).wait(timeout=0.5)
             finally:
                 kill_all(procs)
         if hung:
