@@ -421,8 +421,16 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
   return static_cast<uint64_t>(shared[0]);
 }
 
-void resume(Worker& worker, const TrainConfig& config, comm::Transport& transport, uint64_t resumeClock) {
+void resume(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+            uint64_t resumeClock) {
   if (!config.resume || resumeClock == 0) return;
+  if (transport.rank() == 0 && model.carriesState()) {
+    // The log restores parameters and optimizer state, not the states a sequence
+    // model carries from one segment of a stream to the next.
+    spdlog::warn("--resume: the model's recurrent states are not in the checkpoint and restart from zero at clock "
+                 "{}; the continued run is not bitwise the uninterrupted one",
+                 resumeClock);
+  }
   collectively(transport, [&] {
     const int id = replicaHeldAt(transport.rank(), transport.size(), resumeClock, config.rotateEvery);
     Restored r = restore(config.ckptDir, id, resumeClock);
@@ -501,7 +509,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport) {
   announce(config, transport, *out.model, shards);
   const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, shards);
   Worker worker(config, *out.model, transport, shards.train, shards.haveTest ? &shards.test : nullptr);
-  resume(worker, config, transport, resumeClock);
+  resume(worker, config, transport, *out.model, resumeClock);
   runWorker(worker, *out.metrics, transport);
   saveAndReport(config, transport, worker, *out.model, shards);
   return 0;

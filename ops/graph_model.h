@@ -39,6 +39,7 @@ class GraphModel final : public Model {
   EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const override;
   bool hasAccuracy() const override;
   bool reportsPerplexity() const override { return graph_.steps() > 0; }
+  bool carriesState() const override { return graph_.steps() > 0; }
 
   const Graph& graph() const { return graph_; }
 

@@ -69,6 +69,9 @@ class Model {
   // True for language models: evaluate() counts tokens, not examples, so
   // exp(lossSum / count) is the perplexity, reported with the loss.
   virtual bool reportsPerplexity() const { return false; }
+  // True when computeSvg carries state from one minibatch to the next that the
+  // parameters do not hold (a sequence model's recurrent states per stream).
+  virtual bool carriesState() const { return false; }
 
   // Shapes indexed by param id, for validating received SV batches.
   std::vector<std::pair<int64_t, int64_t>> paramShapes() const;
