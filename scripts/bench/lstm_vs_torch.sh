@@ -4,7 +4,7 @@
 # SGD step (scripts/bench/lstm_torch.py), in one run:
 #   (a) validation perplexity against examples processed, every EVAL_EVERY clocks,
 #       for torch-ddp, orpheus-dense, orpheus-broadcast (every SVG to every rank, BSP)
-#       and orpheus-best (SELECT of B*T columns, random multicast to FANOUT, SSP
+#       and orpheus-best (SELECT of the B examples per rank, each with its T steps, random multicast to FANOUT, SSP
 #       STALENESS, averaging every AVERAGE): the final perplexities and their ratios;
 #   (b) time to TARGET_PPL (training seconds, evaluations excluded) on each network of
 #       NETWORKS: loopback (shared memory) and 1gbit (scripts/netcluster.sh, needs root);
@@ -15,7 +15,7 @@
 # Usage: scripts/bench/lstm_vs_torch.sh       (or scripts/bench/run.sh lstm)
 # Environment (defaults in brackets): NP [4], BATCH [20] streams per rank, STEPS [35],
 #   VOCAB [2000], CLOCKS [2000], LR [0.1], EVAL_EVERY [100], TARGET_PPL [200],
-#   SELECT [25], FANOUT [2], STALENESS [4], AVERAGE [50], NETWORKS [loopback,1gbit],
+#   SELECT [5], FANOUT [2], STALENESS [4], AVERAGE [50], NETWORKS [loopback,1gbit],
 #   BUILD_DIR [build], RESULTS [scripts/bench/results/lstm_vs_torch.md],
 #   KEEP_RAW [0]: 1 keeps the metrics files and prints where they are.
 # The model's sizes are examples/lstm.loss's (embed = hidden = 128).
@@ -24,7 +24,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 NP="${NP:-4}"; BATCH="${BATCH:-20}"; STEPS="${STEPS:-35}"; VOCAB="${VOCAB:-2000}"
 CLOCKS="${CLOCKS:-2000}"; LR="${LR:-0.1}"; EVAL_EVERY="${EVAL_EVERY:-100}"; TARGET_PPL="${TARGET_PPL:-200}"
-SELECT="${SELECT:-25}"; FANOUT="${FANOUT:-2}"; STALENESS="${STALENESS:-4}"; AVERAGE="${AVERAGE:-50}"
+SELECT="${SELECT:-5}"; FANOUT="${FANOUT:-2}"; STALENESS="${STALENESS:-4}"; AVERAGE="${AVERAGE:-50}"
 NETWORKS="${NETWORKS:-loopback,1gbit}"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 RESULTS="${RESULTS:-$ROOT/scripts/bench/results/lstm_vs_torch.md}"
