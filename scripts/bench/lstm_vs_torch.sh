@@ -73,7 +73,7 @@ run_net() {  # NETWORK: every configuration once, metrics under $WORK/NETWORK/
   if [ "$net" = 1gbit ]; then
     local pids=() i
     for ((i = 0; i < NP; i++)); do
-      "$ROOT/scripts/netcluster.sh" exec "$i" "${torch_cmd[@]}" --rank "$i" --master 198.18.0.1 \
+      "$ROOT/scripts/netcluster.sh" exec "$i" env GLOO_SOCKET_IFNAME=eth0 "${torch_cmd[@]}" --rank "$i" --master 198.18.0.1 \
         >"$dir/torch-ddp.$i.jsonl" &
       pids+=($!)
     done
