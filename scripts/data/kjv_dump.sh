@@ -1,5 +1,5 @@
 # Sourced by the scripts that build data sets from the King James Bible
-# (make_corpus.sh, make_verses.sh): installs what is missing and dumps the text.
+# (make_corpus.sh, make_verses.sh, make_tokens.sh): installs what is missing and dumps the text.
 #
 #   ensure_packages PKG...   installs the Debian packages that are missing
 #   dump_kjv FILE            writes the 31,102 verses to FILE, one per line as

@@ -44,58 +44,12 @@ while [ $# -gt 0 ]; do
 done
 OUTDIR=${OUTDIR:-$ROOT/build/data/kjv-tokens}
 
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
-
-# Installs the packages that are missing; refreshes the package lists only when
-# apt could not find or fetch a package with the lists it has.
-ensure_packages() {
-  local missing=() p
-  for p in "$@"; do installed "$p" || missing+=("$p"); done
-  [ ${#missing[@]} -gt 0 ] || return 0
-  local sudo=()
-  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-  local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
-  echo "installing ${missing[*]}" >&2
-  local log
-  log="$(mktemp)"
-  if ! "${apt[@]}" install -y -q "${missing[@]}" >"$log" 2>&1; then
-    if grep -Eq 'Unable to locate package|has no installation candidate|Unable to fetch|Failed to fetch' "$log"; then
-      echo "the package lists are missing or stale: running apt-get update" >&2
-      "${apt[@]}" update -q >&2
-      "${apt[@]}" install -y -q "${missing[@]}" >&2
-    else
-      cat "$log" >&2; rm -f "$log"; exit 1
-    fi
-  fi
-  rm -f "$log"
-}
-
-ensure_packages bible-kjv-text bible-kjv
-
-# Where the package put the text, and the reader for it.
-DATA="$(dpkg -L bible-kjv-text | grep -E '/bible\.data$' | head -n 1 || true)"
-if [ -z "$DATA" ] || [ ! -f "$DATA" ]; then
-  echo "bible-kjv-text has no bible.data file" >&2; exit 1
-fi
-READER="$(dpkg -L bible-kjv | grep -E '/bin/bible$' | head -n 1 || true)"
-if [ -z "$READER" ] || [ ! -x "$READER" ]; then
-  echo "bible-kjv has no bible program" >&2; exit 1
-fi
-version() { dpkg-query -W -f='${Version}' "$1"; }
-SOURCE="Debian package bible-kjv-text $(version bible-kjv-text) ($DATA), read with $READER from bible-kjv $(version bible-kjv)"
+# shellcheck source=kjv_dump.sh
+source "$HERE/kjv_dump.sh"
 
 DUMP="$(mktemp)"
 trap 'rm -f "$DUMP"' EXIT
-# -f: one verse per line with its reference; -p/-d name the data file so that a
-# bible.data in the current directory is never picked up.
-LC_ALL=C "$READER" -f -p "$(dirname "$DATA")" -d "$(basename "$DATA")" Gen1:1-Rev22:21 \
-  </dev/null >"$DUMP"
-# A complete dump starts at Genesis 1:1 and ends at Revelation 22:21.
-FIRST="$(head -n 1 "$DUMP")"
-LAST="$(tail -n 1 "$DUMP")"
-if [[ "$FIRST" != "Ge1:1 "* || "$LAST" != "Rev22:21 "* ]]; then
-  echo "unexpected output from $READER (first or last verse missing)" >&2; exit 1
-fi
+dump_kjv "$DUMP"
 
 LC_ALL=C "$PYTHON" "$HERE/make_tokens.py" --input "$DUMP" --outdir "$OUTDIR" \
-  --source "$SOURCE" "${TOKEN_ARGS[@]+"${TOKEN_ARGS[@]}"}"
+  --source "$KJV_SOURCE" "${TOKEN_ARGS[@]+"${TOKEN_ARGS[@]}"}"
