@@ -29,6 +29,19 @@ std::chrono::milliseconds timeoutOf(const TrainConfig& config) {
 
 }  // namespace
 
+void addJobSettings(JsonLine& line, const TrainConfig& config, const ops::Model& model, int ranks, int fanout) {
+  line.add("ranks", ranks)
+      .add("sync", toString(config.sync))
+      .add("model", model.spec())
+      .add("batch_per_rank", config.batch)
+      .add("select", config.select)
+      .add("multicast", comm::multicastName(config.multicast))
+      .add("fanout", fanout)
+      .add("consistency", toString(config.consistency))
+      .add("staleness", config.staleness)
+      .add("drop_links", config.dropLinks);
+}
+
 ops::ExampleBatch view(const data::Batch& batch) {
   ops::ExampleBatch x;
   if (batch.sparse) {
@@ -493,18 +506,9 @@ void Worker::writeSummary(MetricsWriter& metrics, const MetricsAggregator& aggre
   summary.add("summary", true)
       .add("clocks", tally.last)
       .add("clocks_planned", config_.clocks)
-      .add("reached_target", tally.reachedTarget)
-      .add("ranks", transport_.size())
-      .add("sync", toString(config_.sync))
-      .add("model", model_.spec())
-      .add("batch_per_rank", config_.batch)
-      .add("select", config_.select)
-      .add("multicast", comm::multicastName(config_.multicast))
-      .add("fanout", schedule_.fanout())
-      .add("consistency", toString(config_.consistency))
-      .add("staleness", config_.staleness)
-      .add("drop_links", config_.dropLinks)
-      .add("seconds", tally.trainSeconds)
+      .add("reached_target", tally.reachedTarget);
+  addJobSettings(summary, config_, model_, transport_.size(), schedule_.fanout());
+  summary.add("seconds", tally.trainSeconds)
       .add("bytes_sent", aggregator.totalBytes())
       .add("messages", aggregator.totalMessages())
       .add("bytes_per_clock", static_cast<double>(aggregator.totalBytes()) / clocksRun)

@@ -209,6 +209,10 @@ class Worker {
 
 ops::ExampleBatch view(const data::Batch& batch);
 
+// The job's settings in a summary line (train's and simulate's): ranks, sync, model,
+// batch, selection, multicast, fanout, consistency, staleness, broken links.
+void addJobSettings(JsonLine& line, const TrainConfig& config, const ops::Model& model, int ranks, int fanout);
+
 // Loss and accuracy sums of `params` over all of `test`, evaluated in chunks.
 ops::EvalSums evaluateOn(const ops::Model& model, const ParamSet& params, const data::Dataset& test);
 
