@@ -33,27 +33,6 @@
 
 namespace orpheus::engine {
 
-void collectively(comm::Transport& transport, const std::function<void()>& step) {
-  std::string message;
-  int code = 0;
-  try {
-    step();
-  } catch (const std::exception& e) {
-    message = e.what();
-    code = exitCodeFor(e);
-  }
-  const int size = transport.size();
-  double agree[2] = {code != 0 ? static_cast<double>(transport.rank()) : static_cast<double>(size),
-                     static_cast<double>(code)};
-  transport.control().min({agree, 1});
-  double worst[1] = {static_cast<double>(code)};
-  transport.control().max(worst);
-  if (agree[0] < size) {
-    if (static_cast<int>(agree[0]) == transport.rank()) reportError(message);
-    throw JobFailed(static_cast<int>(worst[0]));
-  }
-}
-
 // The CLI's exit codes: 0 success, 1 internal failure (a bug, a lost peer),
 // 2 bad input or usage, 3 the operating system refused a file operation (a full or
 // failing disk). IoError is tested before InputError, its base.
@@ -136,6 +115,29 @@ void reportError(const std::string& message) {
   std::fflush(stdout);
   std::fprintf(stderr, "orpheus: %s\n", message.c_str());
   std::fflush(stderr);
+}
+
+void collectively(comm::Transport& transport, const std::function<void()>& step) {
+  std::string message;
+  int code = 0;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    message = e.what();
+    code = exitCodeFor(e);
+  }
+  // One agreement: the lowest failing rank, and the worst code (as the least negative).
+  const int size = transport.size();
+  double agree[2] = {code != 0 ? static_cast<double>(transport.rank()) : static_cast<double>(size),
+                     -static_cast<double>(code)};
+  transport.control().min(agree);
+  if (agree[0] < size) {
+    // One rank reports for the job; the others stay silent from here on, even if the
+    // launcher signals them while they exit.
+    gReported.store(true);
+    if (static_cast<int>(agree[0]) == transport.rank()) reportError(message);
+    throw JobFailed(static_cast<int>(-agree[1]));
+  }
 }
 
 std::unique_ptr<ops::Model> makeModel(const ModelSource& source, int64_t features, int64_t classes, uint64_t seed) {
