@@ -297,7 +297,10 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--transport", c.transport,
                  fmt::format("How ranks talk: {} (launch with mpirun)", fmt::join(orpheus::comm::availableTransports(), ", ")))
       ->capture_default_str();
-  cmd.add_option("--blas-threads", c.blasThreads, "Threads for BLAS in each rank")
+  // One knob for a rank's compute threads: the GEMMs run in OpenBLAS, everything
+  // else in one thread. --blas-threads is its earlier name.
+  cmd.add_option("--threads,--blas-threads", c.blasThreads,
+                 "Compute threads per rank (OpenBLAS); give each rank as many cores as it has to itself")
       ->capture_default_str()
       ->check(integerIn(1));
   cmd.add_option("--log-level", c.logLevel, "Log level: debug, info, warn, error")
