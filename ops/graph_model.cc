@@ -2,7 +2,10 @@
 
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
+#include "ops/cpu/cpu_backend.h"
 #include "ops/sequence_layout.h"
+
+#include <algorithm>
 
 #include <cmath>
 
@@ -45,6 +48,14 @@ GraphModel::GraphModel(Graph graph, std::string spec, uint64_t seed)
     : graph_(std::move(graph)), spec_(std::move(spec)), seed_(seed) {
   exec_ = std::make_unique<GraphExecutor<float>>(graph_);  // identifies the SVs: refuses models without them
   kept_.resize(graph_.locals().size());
+  // A parameter (or bias) with several sites gets their sum, which the rebuild
+  // computes as one GEMM over the concatenated columns: left to the default.
+  std::vector<int> uses(graph_.params().size(), 0);
+  oneSitePerMatrix_ = graph_.steps() == 0;
+  for (const SvSite& site : exec_->sites()) {
+    oneSitePerMatrix_ = oneSitePerMatrix_ && ++uses[static_cast<size_t>(site.param)] == 1;
+    if (site.bias >= 0) oneSitePerMatrix_ = oneSitePerMatrix_ && ++uses[static_cast<size_t>(site.bias)] == 1;
+  }
 }
 
 std::unique_ptr<GraphModel> GraphModel::fromFile(const std::string& path, const LossDims& dims, uint64_t seed) {
@@ -153,9 +164,8 @@ GraphInputs<float> inputsOf(const ExampleBatch& x, std::vector<Matrix>* locals) 
 
 }  // namespace
 
-SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
-  const std::vector<const Matrix*> params = paramPointers(w);
-  std::vector<Matrix> locals = initialLocals(x, true);
+double GraphModel::runBatch(const std::vector<const Matrix*>& params, const ExampleBatch& x,
+                            std::vector<Matrix>& locals) const {
   const GraphInputs<float> in = inputsOf(x, &locals);
   if (!locals.empty()) {
     exec_->optimizeLocals(params, in);
@@ -173,7 +183,26 @@ SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double*
   exec_->backward(params, sequenceIn);
   if (sequence) keepStates(*x.dense, trainStates_);
   const double counted = static_cast<double>(x.size()) * (sequence ? graph_.steps() : 1);
-  if (meanLoss) *meanLoss = x.size() > 0 ? loss / counted : 0.0;
+  return x.size() > 0 ? loss / counted : 0.0;
+}
+
+GraphModel::SiteV GraphModel::siteV(const SvSite& site, const ExampleBatch& x, const std::vector<Matrix>& locals) const {
+  const Node& v = graph_.node(site.vectorNode);
+  if (v.kind == NodeKind::kToken) return {nullptr, &exec_->tokens(v.id)};
+  if (v.kind == NodeKind::kInput && x.sparse) return {nullptr, x.sparse};
+  if (v.kind == NodeKind::kInput) return {x.dense, nullptr};
+  if (v.kind == NodeKind::kLocal) {
+    const auto& ids = graph_.locals();
+    return {&locals[static_cast<size_t>(std::find(ids.begin(), ids.end(), v.id) - ids.begin())], nullptr};
+  }
+  return {&exec_->value(site.vectorNode), nullptr};
+}
+
+SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
+  const std::vector<const Matrix*> params = paramPointers(w);
+  std::vector<Matrix> locals = initialLocals(x, true);
+  const double loss = runBatch(params, x, locals);
+  if (meanLoss) *meanLoss = loss;
 
   SvBatch batch;
   batch.coeffs = Vector::Ones(x.size());
@@ -183,24 +212,53 @@ SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double*
     m.biasId = site.bias;
     const Matrix& u = exec_->grad(site.matvecNode);
     m.u = u.size() > 0 ? u : Matrix::Zero(graph_.node(site.matvecNode).rows, x.size());
-    const Node& v = graph_.node(site.vectorNode);
-    if (v.kind == NodeKind::kToken) {
-      m.sparseV = true;
-      m.vSparse = exec_->tokens(v.id);
-    } else if (v.kind == NodeKind::kInput && x.sparse) {
-      m.sparseV = true;
-      m.vSparse = *x.sparse;
-    } else if (v.kind == NodeKind::kInput) {
-      m.vDense = *x.dense;
-    } else if (v.kind == NodeKind::kLocal) {
-      const auto& ids = graph_.locals();
-      m.vDense = locals[static_cast<size_t>(std::find(ids.begin(), ids.end(), v.id) - ids.begin())];
+    const SiteV v = siteV(site, x, locals);
+    m.sparseV = v.sparse != nullptr;
+    if (v.sparse) {
+      m.vSparse = *v.sparse;
     } else {
-      m.vDense = exec_->value(site.vectorNode);
+      m.vDense = *v.dense;
     }
     batch.matrices.push_back(std::move(m));
   }
   return batch;
+}
+
+ParamSet GraphModel::denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
+  // (The sparse products take compressed data only.)
+  if (!oneSitePerMatrix_ || (x.sparse && !x.sparse->isCompressed())) return Model::denseGradient(w, x, meanLoss);
+  const std::vector<const Matrix*> params = paramPointers(w);
+  std::vector<Matrix> locals = initialLocals(x, true);
+  const double loss = runBatch(params, x, locals);
+  if (meanLoss) *meanLoss = loss;
+
+  ParamSet grad;
+  grad.params.reserve(w.size());
+  for (const Param& p : w.params) grad.params.push_back({p.name, Matrix(p.value.rows(), p.value.cols())});
+  std::vector<bool> written(w.size(), false);
+  // The rebuild's products (beta 0 here, onto zeros there: the same sums), and its
+  // bias update U diag(1) 1 = U 1.
+  cpu::CpuBackend backend;
+  for (const SvSite& site : exec_->sites()) {
+    const Matrix& u = exec_->grad(site.matvecNode);
+    if (u.size() == 0) continue;  // the loss does not depend on it: zero
+    Tensor target = cpu::view(grad[static_cast<size_t>(site.param)]);
+    const SiteV v = siteV(site, x, locals);
+    if (v.sparse) {
+      backend.gemmSparse(1.0f, cpu::view(u), cpu::view(*v.sparse), Trans::kYes, 0.0f, target);
+    } else {
+      backend.gemm(Trans::kNo, Trans::kYes, 1.0f, cpu::view(u), cpu::view(*v.dense), 0.0f, target);
+    }
+    written[static_cast<size_t>(site.param)] = true;
+    if (site.bias >= 0) {
+      grad[static_cast<size_t>(site.bias)].col(0) = u.rowwise().sum();
+      written[static_cast<size_t>(site.bias)] = true;
+    }
+  }
+  for (size_t i = 0; i < grad.size(); ++i) {
+    if (!written[i]) grad[i].setZero();
+  }
+  return grad;
 }
 
 EvalSums GraphModel::evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const {

@@ -32,6 +32,10 @@ class GraphModel final : public Model {
   // entries, so selection (engine/select) keeps or drops whole examples with all
   // their steps, not single (example, step) pairs.
   SvBatch computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
+  // Where every matrix has one SV site (no recurrence), each gradient is one GEMM
+  // U V^T written straight into the result, bitwise what the default's rebuild of
+  // the batch gives, without the batch's copies of U and V; else the default.
+  ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
   // Data-dependent variables of test examples are inferred afresh, never kept.
   // Sequence models: the batch is taken in runs of consecutive segments of distinct
   // streams, each run's states carried from the previous segment of its stream
@@ -47,6 +51,15 @@ class GraphModel final : public Model {
   std::vector<Matrix> initialLocals(const ExampleBatch& x, bool kept) const;
   void keepLocals(const ExampleBatch& x, const std::vector<Matrix>& locals) const;
   std::vector<const Matrix*> paramPointers(const ParamSet& w) const;
+  // compute_svg's forward and backward pass: afterwards the executor holds every
+  // site's u (a gradient) and v. Returns the mean loss.
+  double runBatch(const std::vector<const Matrix*>& params, const ExampleBatch& x, std::vector<Matrix>& locals) const;
+  // A site's V: dense or sparse, valid until the next pass.
+  struct SiteV {
+    const Matrix* dense = nullptr;
+    const SparseMatrix* sparse = nullptr;
+  };
+  SiteV siteV(const SvSite& site, const ExampleBatch& x, const std::vector<Matrix>& locals) const;
 
   // The states a stream's last segment ended with.
   struct Carried {
@@ -63,6 +76,7 @@ class GraphModel final : public Model {
   uint64_t seed_;
   // The compute thread owns these; a model is used by one worker.
   mutable std::unique_ptr<GraphExecutor<float>> exec_;
+  bool oneSitePerMatrix_ = false;  // denseGradient's direct path applies
   mutable std::vector<std::unordered_map<int64_t, Vector>> kept_;  // per local, by example index
   mutable CarriedStates trainStates_;  // by stream
   mutable CarriedStates evalStates_;

@@ -31,6 +31,31 @@ void product(const L& l, const R& r, float alpha, float beta, MatrixMap& c) {
   }
 }
 
+#ifdef EIGEN_USE_BLAS
+// Eigen hands a product to BLAS's sgemm only when it is large enough and neither
+// side of the result is a vector (GeneralMatrixMatrix.h: m + n + k >= 20, else its
+// coefficient-wise kernel; m == 1 or n == 1: GEMV). For those shapes sgemm is
+// called here directly, with alpha and beta: the same sums as through Eigen, which
+// first zeroes (beta == 0) or scales C in a pass of its own. Other shapes keep
+// Eigen's kernels and so their rounding.
+bool runsAsBlasGemm(int64_t m, int64_t n, int64_t k) {
+  constexpr int64_t kMaxBlasDim = std::numeric_limits<int>::max();
+  return m > 1 && n > 1 && k > 0 && m + n + k >= 20 && m <= kMaxBlasDim && n <= kMaxBlasDim && k <= kMaxBlasDim;
+}
+
+void sgemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c, int64_t depth) {
+  const char transA = ta == Trans::kNo ? 'N' : 'T';
+  const char transB = tb == Trans::kNo ? 'N' : 'T';
+  const int m = static_cast<int>(c.rows());
+  const int n = static_cast<int>(c.cols());
+  const int k = static_cast<int>(depth);
+  const int lda = static_cast<int>(std::max<int64_t>(1, a.rows()));
+  const int ldb = static_cast<int>(std::max<int64_t>(1, b.rows()));
+  const int ldc = m;
+  sgemm_(&transA, &transB, &m, &n, &k, &alpha, a.data(), &lda, b.data(), &ldb, &beta, c.data(), &ldc);
+}
+#endif
+
 template <typename Ptrs>
 ChainBuffers<float> buffers(std::span<const Tensor* const> inputs, checks::ChainShape shape, const Ptrs& values) {
   ChainBuffers<float> b;
@@ -97,6 +122,13 @@ void CpuBackend::gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Te
   checks::onDevice(*this, "gemm", b);
   checks::onDevice(*this, "gemm", c);
   checks::gemm(ta, tb, a, b, c);
+#ifdef EIGEN_USE_BLAS
+  const int64_t depth = ta == Trans::kNo ? a.cols() : a.rows();
+  if (runsAsBlasGemm(c.rows(), c.cols(), depth)) {
+    sgemm(ta, tb, alpha, a, b, beta, c, depth);
+    return;
+  }
+#endif
   const MatrixMap am = map(a);
   const MatrixMap bm = map(b);
   MatrixMap cm = map(c);
