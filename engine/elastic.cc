@@ -116,7 +116,12 @@ ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport,
   const ParamSet stateShapes = Optimizer(settings, model.zeroParams()).stateShapes();
   // Where the old job averaged at `clock`, every replica is that snapshot already.
   std::optional<ParamSet> snapshot;
-  collectively(transport, [&] { snapshot = ckpt::readSnapshot(config.ckptDir, clock, withState(params, stateShapes)); });
+  collectively(transport, [&] {
+    std::error_code ec;
+    if (fs::exists(ckpt::snapshotDir(config.ckptDir, clock), ec)) {
+      snapshot = ckpt::readSnapshot(config.ckptDir, clock, withState(params, stateShapes));
+    }
+  });
   double usable[1] = {snapshot ? 1.0 : 0.0};
   transport.control().min(usable);
   if (usable[0] > 0) {
