@@ -48,6 +48,8 @@ std::string clockName(uint64_t clock) { return fmt::format("{:012d}", clock); }
 
 fs::path jobPath(const std::string& dir) { return fs::path(dir) / "job.h5"; }
 
+fs::path membershipPath(const std::string& dir) { return fs::path(dir) / "membership"; }
+
 fs::path replicaDir(const std::string& dir, int replica) {
   return fs::path(dir) / fmt::format("{}{}", kReplicaPrefix, replica);
 }

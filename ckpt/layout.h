@@ -13,6 +13,9 @@
 //   DIR/snapshot-<clock>/part-<r>.h5
 //                                  row block r of every parameter of the averaged
 //                                  model after the averaging barrier of <clock>
+//   DIR/membership                 the job's membership epochs after its first, one
+//                                  line each (engine/elastic.h); absent until the
+//                                  number of ranks first changes
 //   DIR/matrix-<clock>/            parameter files a job writes at <clock> (recovery
 //                                  by matrix checkpoints, the baseline)
 //   <any of the above>.discarded   set aside by a resume: past the clock it resumed
@@ -57,6 +60,7 @@ inline constexpr int64_t kFormatVersion = 1;
 std::string clockName(uint64_t clock);
 
 std::filesystem::path jobPath(const std::string& dir);
+std::filesystem::path membershipPath(const std::string& dir);
 std::filesystem::path replicaDir(const std::string& dir, int replica);
 std::filesystem::path segmentPath(const std::string& dir, int replica, uint64_t first, uint64_t last);
 std::filesystem::path snapshotDir(const std::string& dir, uint64_t clock);

@@ -3,6 +3,7 @@
 #include "ckpt/layout.h"
 #include "engine/base/error.h"
 #include "engine/base/sv_batch.h"
+#include "engine/elastic.h"
 #include "engine/job.h"
 #include "engine/job_record.h"
 #include "engine/select.h"
@@ -248,8 +249,9 @@ Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed,
 Restored restore(const std::string& dir, int replica, uint64_t clock) {
   requireCheckpointDir(dir);
   const ckpt::JobInfo job = ckpt::readJobInfo(dir);
-  ORPHEUS_CHECK_INPUT(replica >= 0 && replica < std::max(job.ranks, 1), "checkpoint '{}' has no replica {} (it has {})",
-                      dir, replica, job.ranks);
+  const int replicas = replicaCount(readMembership(dir));
+  ORPHEUS_CHECK_INPUT(replica >= 0 && replica < replicas, "checkpoint '{}' has no replica {} (it has {})", dir,
+                      replica, replicas);
   const auto model = modelOfJob(job);
   const OptimizerSettings settings = settingsOfJob(job);
   if (clock > 0) return restore(dir, *model, job.seed, settings, replica, clock);
@@ -263,13 +265,16 @@ Restored restore(const std::string& dir, int replica, uint64_t clock) {
   return replayOrExplain(dir, *model, job.seed, settings, replica, restorable.latest(), restorable, shapes);
 }
 
-uint64_t resumableClock(const ckpt::Inventory& inv) {
+uint64_t resumableClock(const ckpt::Inventory& inv) { return resumableClock(inv, -1); }
+
+uint64_t resumableClock(const ckpt::Inventory& inv, int members) {
   if (inv.replicas.empty()) return 0;  // killed before its first segment: start over
   const ckpt::Restorability restorable = ckpt::findRestorable(inv);
   // Clocks at which every replica's log ends an intact segment and restores.
   std::set<uint64_t> common;
   bool firstReplica = true;
   for (const auto& r : inv.replicas) {
+    if (members >= 0 && r.replica >= members) continue;
     const ckpt::ReplicaRestorability* view = restorable.replica(r.replica);
     std::set<uint64_t> ends = {0};
     for (const auto& s : r.segments) {

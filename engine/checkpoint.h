@@ -51,6 +51,9 @@ Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed,
 // segment at and that is restorable for every replica (ckpt/restorable.h); 0 when
 // there is none.
 uint64_t resumableClock(const ckpt::Inventory& inventory);
+// The same over the current members' replicas only, ids 0..members-1 (replicas an
+// earlier membership epoch held end where it ended; engine/elastic.h).
+uint64_t resumableClock(const ckpt::Inventory& inventory, int members);
 
 // Prepares `dir` for resuming at `clock`: sets aside damaged segments, and segments
 // and snapshots past it (renamed *.discarded) so the resumed job's log continues

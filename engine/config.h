@@ -62,6 +62,7 @@ struct TrainConfig {
   int64_t ckptFormat = 3;         // --ckpt-format: 3 each batch logged once (references), 2 copies
   bool ckptWriterIdle = false;    // --ckpt-writer-idle: the log's IO thread under SCHED_IDLE
   bool resume = false;
+  bool elastic = false;           // --resume may continue on a different number of ranks (engine/elastic.h)
   bool ckptMatrix = false;        // --ckpt matrix: the baseline, whole replicas every ckptEvery clocks
   int64_t ckptEvery = 100;
   double failProb = 0.0;          // failure injection: each clock each rank fails with this probability

@@ -6,6 +6,7 @@
 #include "engine/base/error.h"
 #include "engine/base/memory.h"
 #include "engine/checkpoint.h"
+#include "engine/elastic.h"
 #include "engine/job_record.h"
 #include "engine/metrics.h"
 #include "engine/outputs.h"
@@ -225,6 +226,8 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
       ORPHEUS_CHECK_INPUT(!config.ckptDir.empty(), "--ckpt sv and --resume need --ckpt-dir DIR");
       ORPHEUS_CHECK_INPUT(config.sync == SyncMode::kSv, "--ckpt sv logs SV batches: it needs --sync sv");
     }
+    ORPHEUS_CHECK_INPUT(!config.elastic || config.resume,
+                        "--elastic continues a killed job on a different number of ranks: it needs --resume");
     ORPHEUS_CHECK_INPUT(!(config.resume && config.overwrite),
                         "--resume continues the job in --ckpt-dir and --overwrite replaces it: give one");
     if (config.resume) {
@@ -397,8 +400,21 @@ void checkResumedJob(const TrainConfig& config, const comm::Transport& transport
     return;
   }
   const std::string modelText = config.model.ends_with(".loss") ? readModelText(config.model) : std::string();
-  checkResume(decodeRecord(info.computation, ckpt::jobPath(config.ckptDir).string()),
-              computationRecordOf(config, transport, shards, modelText), config.ckptDir);
+  ComputationRecord recorded = decodeRecord(info.computation, ckpt::jobPath(config.ckptDir).string());
+  ComputationRecord now = computationRecordOf(config, transport, shards, modelText);
+  // The number of ranks is the current membership epoch's; --elastic may change it.
+  const int members = readMembership(config.ckptDir).back().ranks;
+  for (auto* record : {&recorded, &now}) {
+    for (auto it = record->begin(); it != record->end();) {
+      if (it->first == "np" && config.elastic) {
+        it = record->erase(it);
+        continue;
+      }
+      if (it->first == "np" && record == &recorded) it->second = std::to_string(members);
+      ++it;
+    }
+  }
+  checkResume(recorded, now, config.ckptDir);
 }
 
 // The incremental SV checkpoint: a fresh job records what it is; a resumed one
@@ -415,12 +431,31 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
       return;
     }
     checkResumedJob(config, transport, shards);
-    resumeClock = resumableClock(ckpt::inspect(config.ckptDir));
+    resumeClock = resumableClock(ckpt::inspect(config.ckptDir), readMembership(config.ckptDir).back().ranks);
     discardAfter(config.ckptDir, resumeClock);
   });
   double shared[1] = {static_cast<double>(resumeClock)};
   transport.control().sum(shared);
   return static_cast<uint64_t>(shared[0]);
+}
+
+// --resume --elastic on a different number of ranks: the next membership epoch
+// starts at `resumeClock` from the average of the previous one (engine/elastic.h).
+void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+                   const std::vector<Epoch>& epochs, uint64_t resumeClock) {
+  ElasticStart start = redistribute(config, transport, model, epochs, resumeClock);
+  worker.setEpoch(start.epoch.epoch);
+  // Collective: rejoinAt agrees on the snapshot parts itself.
+  worker.rejoinAt(resumeClock, std::move(start.params), start.optimizerState, transport.rank(), start.writeSnapshot);
+  // Recorded once the snapshot is whole: a job killed before this resumes as before.
+  collectively(transport, [&] {
+    if (transport.rank() == 0) appendEpoch(config.ckptDir, start.epoch);
+  });
+  if (transport.rank() == 0) {
+    spdlog::info("resumed from clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
+                 resumeClock, config.ckptDir, transport.size(), epochAfter(epochs, resumeClock).ranks,
+                 start.epoch.epoch);
+  }
 }
 
 void resume(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
@@ -433,10 +468,17 @@ void resume(Worker& worker, const TrainConfig& config, comm::Transport& transpor
                  "{}; the continued run is not bitwise the uninterrupted one",
                  resumeClock);
   }
+  std::vector<Epoch> epochs;
+  collectively(transport, [&] { epochs = readMembership(config.ckptDir); });
+  if (config.elastic && epochAfter(epochs, resumeClock).ranks != transport.size()) {
+    resumeElastic(worker, config, transport, model, epochs, resumeClock);
+    return;
+  }
   collectively(transport, [&] {
-    const int id = replicaHeldAt(transport.rank(), transport.size(), resumeClock, config.rotateEvery);
+    const int id = replicaHeldAt(transport.rank(), epochs, resumeClock, config.rotateEvery);
     Restored r = restore(config.ckptDir, id, resumeClock);
     worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
+    worker.setEpoch(epochs.back().epoch);
   });
   if (transport.rank() == 0) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
 }

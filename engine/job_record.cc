@@ -22,6 +22,7 @@ bool isEngineEntry(const std::string& name) {
   for (const char* prefix : {"replica-", "snapshot-", "matrix-"}) {
     if (name.rfind(prefix, 0) == 0) return true;
   }
+  if (name == "membership" || name.rfind("membership.", 0) == 0 || name.rfind(".membership", 0) == 0) return true;
   return name == "job.h5" || name.rfind("job.h5.", 0) == 0 || name.rfind(".job.h5", 0) == 0;
 }
 

@@ -31,6 +31,7 @@ class NullClockLog final : public ClockLog {
   void takeOver(uint64_t, int) override {}
   void flush() override {}
   void resumeAt(int, uint64_t) override {}
+  void rejoin(uint64_t, const ParamSet*) override {}
   void abandon() override {}
   uint64_t loseStaged() override { return 0; }
   void recordReset(uint64_t, uint64_t) override {}
@@ -88,6 +89,17 @@ class SvClockLog final : public ClockLog {
     collectively(transport_, [&] { writer_.flush(); });
   }
   void resumeAt(int id, uint64_t clock) override { writer_.resumeAt(id, clock); }
+  void rejoin(uint64_t clock, const ParamSet* snapshot) override {
+    // As a rotation's new holder does: a segment that starts at the change clock.
+    writer_.switchReplica(writer_.replica());
+    writer_.appendEvent(clock, ckpt::EventKind::kAveraged);
+    collectively(transport_, [&] {
+      if (snapshot != nullptr) {
+        ckpt::writeSnapshotPart(config_.ckptDir, clock, transport_.rank(), transport_.size(), *snapshot);
+      }
+    });
+    lastSnapshot_ = clock;
+  }
   void abandon() override { writer_.abandon(); }
   uint64_t loseStaged() override {
     logEnd_ = writer_.discardStaged();

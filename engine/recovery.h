@@ -55,6 +55,11 @@ class ClockLog {
   virtual void flush() = 0;
   // Continues replica `id`'s log, on disk up to `clock` (resume).
   virtual void resumeAt(int id, uint64_t clock) = 0;
+  // After resumeAt: the membership changed at `clock` and the replica became the
+  // average of the previous epoch's (engine/elastic.h). The log marks it as an
+  // averaging at `clock`, chained at that clock; `snapshot` (null: a usable one
+  // exists) is written as this rank's part of the snapshot of `clock` (collective).
+  virtual void rejoin(uint64_t clock, const ParamSet* snapshot) = 0;
   // The job stops: nothing more is written.
   virtual void abandon() = 0;
   // The process died: what was only staged is gone. Returns the newest clock the

@@ -101,11 +101,23 @@ void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimi
   log_->resumeAt(id, clock);
 }
 
+void Worker::rejoinAt(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id, bool snapshot) {
+  resumeFrom(clock, std::move(replica), optimizerState, id);
+  const ParamSet* part = nullptr;
+  ParamSet withOptimizer;
+  if (snapshot) {
+    withOptimizer = updater_.optimizer().hasState() ? withState(replica_, updater_.optimizer().exportState()) : replica_;
+    part = &withOptimizer;
+  }
+  log_->rejoin(clock, part);
+}
+
 SvBatchHeader Worker::header(uint64_t clock) const {
   SvBatchHeader h;
   h.sender = static_cast<uint32_t>(transport_.rank());
   h.replica = static_cast<uint32_t>(replicaId_);
   h.clock = clock;
+  h.epoch = epoch_;
   h.jobId = config_.seed;
   return h;
 }

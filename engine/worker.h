@@ -106,6 +106,12 @@ class Worker {
   // Resume: continue from `clock` with `replica` (id `id`) and its optimizer state
   // (Optimizer::exportState()) restored from a checkpoint.
   void resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id);
+  // Elastic resume (engine/elastic.h): resumeFrom, then the log marks the membership
+  // change at `clock` and writes this rank's part of its snapshot unless `snapshot` is
+  // false (collective).
+  void rejoinAt(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id, bool snapshot);
+  // The membership epoch this rank's batches carry in their headers.
+  void setEpoch(uint32_t epoch) { epoch_ = epoch; }
   // The optimizer of the replica this rank holds (its state travels with it).
   const Optimizer& optimizer() const { return updater_.optimizer(); }
   // Seconds the compute thread waited for the checkpoint writer, in all.
@@ -189,6 +195,7 @@ class Worker {
   const data::Dataset* test_;
   ParamSet replica_;
   int replicaId_ = 0;
+  uint32_t epoch_ = 0;
   uint64_t clock_ = 0;
   std::vector<std::byte> encoded_;  // reused send buffer (broadcast path)
   bool pointToPoint_;

@@ -269,6 +269,9 @@ void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_flag_function(
       "--resume", [&c](int64_t) { c.resume = c.ckptSv = true; },
       "Continue a killed job from the newest clock its --ckpt-dir reaches (same flags, BSP)");
+  cmd.add_flag("--elastic", c.elastic,
+               "With --resume: continue on however many ranks this launch has; every replica restarts from the "
+               "average of the killed job's (README: elastic runs)");
   cmd.add_flag("--overwrite", c.overwrite,
                "Let a new job replace the checkpoint an earlier job left in --ckpt-dir (only the engine's own files "
                "are removed)");

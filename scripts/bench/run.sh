@@ -20,6 +20,8 @@
 #   step     one rank's MLP step (dense and SV) against PyTorch's on the same shapes and
 #            BLAS, no network, at 1 and 2 threads (scripts/bench/step_vs_torch.sh;
 #            options as environment variables).
+#   elastic  elastic restart: a rank killed, the job relaunched on the ranks left
+#            (scripts/bench/elastic.sh; options as environment variables).
 #   codesign, sv-vs-dense, generated, selection: the older suites in their own scripts
 #            (comm_codesign.sh, sv_vs_dense.sh, generated_vs_handwritten.sh,
 #            selection_error.sh), options as environment variables; see each header.
@@ -33,9 +35,9 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"
 suite="${1-}"
 case "$suite" in
-  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate | lstm | step) shift ;;
+  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate | lstm | step | elastic) shift ;;
   -h | --help | "") sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection, simulate, lstm, step)" >&2
+  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection, simulate, lstm, step, elastic)" >&2
      exit 2 ;;
 esac
 
@@ -56,10 +58,10 @@ fi
 
 declare -A SCRIPT=([table3]=table3.sh [codesign]=comm_codesign.sh [sv-vs-dense]=sv_vs_dense.sh
   [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh [simulate]=simulate.sh
-  [lstm]=lstm_vs_torch.sh [step]=step_vs_torch.sh)
+  [lstm]=lstm_vs_torch.sh [step]=step_vs_torch.sh [elastic]=elastic.sh)
 if [ -n "${SCRIPT[$suite]-}" ]; then
   case "$suite" in table3 | codesign) build "$ROOT/build-dev" Release ;; esac
-  case "$suite" in simulate | step) build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF ;; esac
+  case "$suite" in simulate | step | elastic) build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF ;; esac
   if [ "$suite" = lstm ]; then
     build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
     export BUILD_DIR="${BUILD_DIR:-$ROOT/build-release}"

@@ -1,0 +1,166 @@
+#include "engine/elastic.h"
+
+#include "ckpt/durable.h"
+#include "ckpt/job_info.h"
+#include "ckpt/layout.h"
+#include "ckpt/snapshot.h"
+#include "engine/base/error.h"
+#include "engine/checkpoint.h"
+#include "engine/job.h"
+#include "engine/optimizer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+namespace orpheus::engine {
+
+namespace fs = std::filesystem;
+
+std::vector<Epoch> readMembership(const std::string& dir) {
+  std::vector<Epoch> epochs;
+  Epoch first;
+  first.ranks = std::max(ckpt::readJobInfo(dir).ranks, 1);
+  epochs.push_back(first);
+  const fs::path path = ckpt::membershipPath(dir);
+  std::ifstream in(path);
+  if (!in) return epochs;
+  std::string line;
+  int lineNo = 0;
+  while (std::getline(in, line)) {
+    ++lineNo;
+    if (line.empty()) continue;
+    std::istringstream words(line);
+    std::string e, c, r;
+    Epoch next;
+    words >> e >> next.epoch >> c >> next.clock >> r >> next.ranks;
+    ORPHEUS_CHECK_INPUT(words && e == "epoch" && c == "clock" && r == "ranks" && next.ranks >= 1 &&
+                            next.epoch == epochs.back().epoch + 1 && next.clock >= epochs.back().clock,
+                        "'{}' line {}: expected 'epoch {} clock C ranks P' (C >= {}), got '{}'", path.string(), lineNo,
+                        epochs.back().epoch + 1, epochs.back().clock, line);
+    epochs.push_back(next);
+  }
+  return epochs;
+}
+
+void appendEpoch(const std::string& dir, const Epoch& epoch) {
+  const fs::path path = ckpt::membershipPath(dir);
+  std::string text;
+  {
+    std::ifstream in(path);
+    std::stringstream old;
+    old << in.rdbuf();
+    text = old.str();
+  }
+  text += fmt::format("epoch {} clock {} ranks {}\n", epoch.epoch, epoch.clock, epoch.ranks);
+  ckpt::writeDurably(
+      path,
+      [&](const fs::path& tmp) {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out << text;
+        out.flush();
+        if (!out) throw IoError(fmt::format("cannot write '{}'", tmp.string()));
+      },
+      false);
+}
+
+const Epoch& epochAfter(const std::vector<Epoch>& epochs, uint64_t clock) {
+  const Epoch* found = &epochs.front();
+  for (const Epoch& e : epochs) {
+    if (e.clock <= clock) found = &e;
+  }
+  return *found;
+}
+
+int replicaCount(const std::vector<Epoch>& epochs) {
+  int n = 1;
+  for (const Epoch& e : epochs) n = std::max(n, e.ranks);
+  return n;
+}
+
+int replicaHeldAt(int rank, const std::vector<Epoch>& epochs, uint64_t clock, int64_t rotateEvery) {
+  const Epoch& e = epochAfter(epochs, clock);
+  if (rotateEvery <= 0 || e.ranks <= 1) return rank;
+  // Rotations at the epoch's own clock happened before the change; replica r starts at rank r.
+  const auto every = static_cast<uint64_t>(rotateEvery);
+  const auto rotations = static_cast<int64_t>(clock / every - e.clock / every);
+  return static_cast<int>(((rank - rotations) % e.ranks + e.ranks) % e.ranks);
+}
+
+namespace {
+
+void addInto(ParamSet& sum, const ParamSet& term) {
+  for (size_t i = 0; i < sum.params.size(); ++i) sum.params[i].value += term.params[i].value;
+}
+
+void zero(ParamSet& set) {
+  for (auto& p : set.params) p.value.setZero();
+}
+
+}  // namespace
+
+ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+                          const std::vector<Epoch>& epochs, uint64_t clock) {
+  const Epoch& previous = epochAfter(epochs, clock);
+  ElasticStart start;
+  start.epoch.epoch = epochs.back().epoch + 1;
+  start.epoch.clock = clock;
+  start.epoch.ranks = transport.size();
+
+  const OptimizerSettings settings = optimizerSettings(config);
+  const ParamSet params = model.initParams(config.seed);
+  const ParamSet stateShapes = Optimizer(settings, model.zeroParams()).stateShapes();
+  // Where the old job averaged at `clock`, every replica is that snapshot already.
+  std::optional<ParamSet> snapshot;
+  collectively(transport, [&] {
+    std::error_code ec;
+    if (fs::exists(ckpt::snapshotDir(config.ckptDir, clock), ec)) {
+      snapshot = ckpt::readSnapshot(config.ckptDir, clock, withState(params, stateShapes));
+    }
+  });
+  double usable[1] = {snapshot ? 1.0 : 0.0};
+  transport.control().min(usable);
+  if (usable[0] > 0) {
+    auto [p, s] = splitState(std::move(*snapshot), params.size());
+    start.params = std::move(p);
+    start.optimizerState = std::move(s);
+    return start;
+  }
+
+  ParamSet sum = params;
+  ParamSet stateSum = stateShapes;
+  zero(sum);
+  zero(stateSum);
+  collectively(transport, [&] {
+    for (int id = transport.rank(); id < previous.ranks; id += transport.size()) {
+      Restored r = restore(config.ckptDir, id, clock);
+      addInto(sum, r.params);
+      addInto(stateSum, r.optimizerState);
+    }
+  });
+  const auto p = static_cast<float>(previous.ranks);
+  for (ParamSet* set : {&sum, &stateSum}) {
+    for (auto& param : set->params) {
+      transport.allreduceSumIdentical({param.value.data(), static_cast<size_t>(param.value.size())}, clock);
+      param.value /= p;
+    }
+  }
+  start.params = std::move(sum);
+  start.optimizerState = std::move(stateSum);
+  start.writeSnapshot = true;
+  // A damaged or partial snapshot of `clock` is set aside before this epoch writes its own.
+  if (transport.rank() == 0) {
+    const fs::path dir = ckpt::snapshotDir(config.ckptDir, clock);
+    std::error_code ec;
+    if (fs::exists(dir, ec)) fs::rename(dir, ckpt::discardedPath(dir), ec);
+  }
+  double done[1] = {0.0};
+  transport.control().sum(done);  // no part is written before it is set aside
+  return start;
+}
+
+}  // namespace orpheus::engine

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# scripts/bench/elastic.sh: elastic restart (README: elastic runs), MLR on
+# Fashion-MNIST, BSP, batch $BATCH per rank, to $TARGET test accuracy. Writes
+# scripts/bench/results/elastic.md.
+#
+#  1. static: $NP ranks, uninterrupted: seconds and clocks to the target.
+#  2. restart: the same job, one rank killed (kill -9) once $KILL_AT clocks are
+#     logged, then relaunched by scripts/elastic_run.sh on the $((NP-1)) ranks left
+#     (--resume --elastic): clocks lost, seconds from the kill to the resumed job's
+#     first clock (relaunch, data loading, restore, redistribution), total seconds and clocks to the
+#     target, ratio to static. Medians of $REPS runs.
+# Live scale-in (SIGTERM to one worker) and --balance are not implemented yet: their
+# rows are absent.
+#
+# Options (environment): NP=4 BATCH=100 TARGET=0.8 KILL_AT=100 REPS=3 CLOCKS=3000
+#   SMOKE=1 (tiny settings: a check that the script runs, not a measurement)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$ROOT/scripts/common.sh"
+ORPHEUS=${ORPHEUS:-$ROOT/build-release/engine/orpheus}
+DATA=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+NP=${NP:-4}; BATCH=${BATCH:-100}; TARGET=${TARGET:-0.8}; KILL_AT=${KILL_AT:-100}; REPS=${REPS:-3}
+CLOCKS=${CLOCKS:-3000}
+if [ "${SMOKE:-0}" = 1 ]; then NP=3; BATCH=20; TARGET=0.76; KILL_AT=50; REPS=1; CLOCKS=1500; fi
+RES=${RES:-$ROOT/scripts/bench/results}; RAW="$ROOT/build/bench-raw/elastic"
+mkdir -p "$RES" "$RAW"
+flags=(--train "$DATA/train-images-idx3-ubyte.gz" --test "$DATA/t10k-images-idx3-ubyte.gz" --batch "$BATCH"
+       --clocks "$CLOCKS" --eval-every 25 --target-accuracy "$TARGET" --progress off --ckpt sv)
+summary() { grep -o "\"$2\": [0-9.e+-]*" "$1" | tail -n 1 | awk '{print $2}'; }
+now() { date +%s.%N; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+
+static_s=(); static_c=(); lost=(); gap=(); total_s=(); total_c=()
+for rep in $(seq "$REPS"); do
+  d="$RAW/static-$rep"; rm -rf "$d"; mkdir -p "$d"
+  t0=$(now)
+  mpirun -n "$NP" --oversubscribe "$ORPHEUS" train "${flags[@]}" --ckpt-dir "$d/ckpt" --metrics "$d/m.jsonl" >/dev/null 2>&1
+  static_s+=("$(echo "$(now) - $t0" | bc -l)"); static_c+=("$(summary "$d/m.jsonl" clocks)")
+
+  d="$RAW/restart-$rep"; rm -rf "$d"; mkdir -p "$d"
+  start=$(now)
+  ORPHEUS="$ORPHEUS" "$ROOT/scripts/elastic_run.sh" --np "$NP" --retries 1 -- "${flags[@]}" --ckpt-dir "$d/ckpt" \
+    --metrics "$d/m.jsonl" >"$d/run.log" 2>&1 &
+  launcher=$!
+  seg=$(( (KILL_AT + 49) / 50 ))
+  until [ "$(ls "$d"/ckpt/replica-$((NP - 1))/seg-*.h5 2>/dev/null | wc -l)" -ge "$seg" ]; do
+    kill -0 "$launcher" 2>/dev/null || { echo "elastic.sh: the job ended before clock $KILL_AT (raise TARGET)" >&2; exit 1; }
+    sleep 0.05
+  done
+  killedAt=$(grep -o '"clock": [0-9]*' "$d/m.jsonl" | tail -n 1 | awk '{print $2}' || true)
+  mpirunPid=$(pgrep -P "$launcher" -f mpirun | head -n 1)
+  killTime=$(now); kill -9 "$(pgrep -P "$mpirunPid" | tail -n 1)"
+  # The relaunched job says where it resumed once its replicas are restored and redistributed.
+  until grep -q 'resumed from clock' "$d/run.log"; do
+    sleep 0.05; kill -0 "$launcher" 2>/dev/null || break
+  done
+  firstTime=$(now)
+  wait "$launcher"
+  from=$(grep -o 'resumed from clock [0-9]*' "$d/run.log" | awk '{print $4}')
+  lost+=("$((killedAt - from))"); gap+=("$(echo "$firstTime - $killTime" | bc -l)")
+  total_s+=("$(echo "$(now) - $start" | bc -l)")
+  total_c+=("$(summary "$d/m.jsonl" clocks)")
+done
+
+m() { printf '%s\n' "$@" | median; }
+{
+  echo "# Elastic restart (MLR, Fashion-MNIST, batch $BATCH per rank, target $TARGET; medians of $REPS)"
+  echo
+  echo "| run | ranks | clocks to target | wall seconds to target (with data loading) | clocks lost | kill → resumed (s) |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  echo "| static | $NP | $(m "${static_c[@]}") | $(m "${static_s[@]}") | | |"
+  echo "| kill one at ~$KILL_AT, resume on $((NP - 1)) | $NP → $((NP - 1)) | $(m "${total_c[@]}") | $(m "${total_s[@]}") | $(m "${lost[@]}") | $(m "${gap[@]}") |"
+  echo
+  echo "restart / static seconds: $(echo "$(m "${total_s[@]}") / $(m "${static_s[@]}")" | bc -l | cut -c1-5)"
+} | tee "$RES/elastic.md"
