@@ -4,6 +4,7 @@
 #include "engine/base/rng.h"
 #include "ops/sequence_layout.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace orpheus::ops {
@@ -154,6 +155,47 @@ GraphInputs<float> inputsOf(const ExampleBatch& x, std::vector<Matrix>* locals) 
 }  // namespace
 
 SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
+  return svgs(w, x, meanLoss, nullptr);
+}
+
+SvBatch GraphModel::computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
+                                       const SvReadyFn& ready) const {
+  return svgs(w, x, meanLoss, &ready);
+}
+
+std::vector<Model::SvSiteInfo> GraphModel::svSites() const {
+  std::vector<SvSiteInfo> out;
+  for (const SvSite& site : exec_->sites()) {
+    out.push_back({static_cast<uint32_t>(site.param), static_cast<int32_t>(site.bias)});
+  }
+  return out;
+}
+
+SvMatrix GraphModel::siteMatrix(const SvSite& site, const ExampleBatch& x, const std::vector<Matrix>& locals) const {
+  SvMatrix m;
+  m.paramId = static_cast<uint32_t>(site.param);
+  m.biasId = site.bias;
+  const Matrix& u = exec_->grad(site.matvecNode);
+  m.u = u.size() > 0 ? u : Matrix::Zero(graph_.node(site.matvecNode).rows, x.size());
+  const Node& v = graph_.node(site.vectorNode);
+  if (v.kind == NodeKind::kToken) {
+    m.sparseV = true;
+    m.vSparse = exec_->tokens(v.id);
+  } else if (v.kind == NodeKind::kInput && x.sparse) {
+    m.sparseV = true;
+    m.vSparse = *x.sparse;
+  } else if (v.kind == NodeKind::kInput) {
+    m.vDense = *x.dense;
+  } else if (v.kind == NodeKind::kLocal) {
+    const auto& ids = graph_.locals();
+    m.vDense = locals[static_cast<size_t>(std::find(ids.begin(), ids.end(), v.id) - ids.begin())];
+  } else {
+    m.vDense = exec_->value(site.vectorNode);
+  }
+  return m;
+}
+
+SvBatch GraphModel::svgs(const ParamSet& w, const ExampleBatch& x, double* meanLoss, const SvReadyFn* ready) const {
   const std::vector<const Matrix*> params = paramPointers(w);
   std::vector<Matrix> locals = initialLocals(x, true);
   const GraphInputs<float> in = inputsOf(x, &locals);
@@ -170,36 +212,24 @@ SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double*
     sequenceIn.states = &states;
   }
   const double loss = exec_->forward(params, sequenceIn);
-  exec_->backward(params, sequenceIn);
-  if (sequence) keepStates(*x.dense, trainStates_);
   const double counted = static_cast<double>(x.size()) * (sequence ? graph_.steps() : 1);
   if (meanLoss) *meanLoss = x.size() > 0 ? loss / counted : 0.0;
 
   SvBatch batch;
   batch.coeffs = Vector::Ones(x.size());
-  for (const SvSite& site : exec_->sites()) {
-    SvMatrix m;
-    m.paramId = static_cast<uint32_t>(site.param);
-    m.biasId = site.bias;
-    const Matrix& u = exec_->grad(site.matvecNode);
-    m.u = u.size() > 0 ? u : Matrix::Zero(graph_.node(site.matvecNode).rows, x.size());
-    const Node& v = graph_.node(site.vectorNode);
-    if (v.kind == NodeKind::kToken) {
-      m.sparseV = true;
-      m.vSparse = exec_->tokens(v.id);
-    } else if (v.kind == NodeKind::kInput && x.sparse) {
-      m.sparseV = true;
-      m.vSparse = *x.sparse;
-    } else if (v.kind == NodeKind::kInput) {
-      m.vDense = *x.dense;
-    } else if (v.kind == NodeKind::kLocal) {
-      const auto& ids = graph_.locals();
-      m.vDense = locals[static_cast<size_t>(std::find(ids.begin(), ids.end(), v.id) - ids.begin())];
-    } else {
-      m.vDense = exec_->value(site.vectorNode);
-    }
-    batch.matrices.push_back(std::move(m));
+  const std::vector<SvSite>& sites = exec_->sites();
+  batch.matrices.resize(sites.size());
+  if (ready != nullptr) {
+    // Each site's SVs the moment its U is final; the V they pair with were fixed by the forward pass.
+    exec_->backward(params, sequenceIn, [&](size_t i) {
+      batch.matrices[i] = siteMatrix(sites[i], x, locals);
+      (*ready)(i, batch.matrices[i]);
+    });
+  } else {
+    exec_->backward(params, sequenceIn);
+    for (size_t i = 0; i < sites.size(); ++i) batch.matrices[i] = siteMatrix(sites[i], x, locals);
   }
+  if (sequence) keepStates(*x.dense, trainStates_);
   return batch;
 }
 

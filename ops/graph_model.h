@@ -32,6 +32,11 @@ class GraphModel final : public Model {
   // entries, so selection (engine/select) keeps or drops whole examples with all
   // their steps, not single (example, step) pairs.
   SvBatch computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
+  std::vector<SvSiteInfo> svSites() const override;
+  // Each site's matrix is handed out from inside the backward pass, as soon as
+  // its U is final (GraphExecutor::backward).
+  SvBatch computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
+                             const SvReadyFn& ready) const override;
   // Data-dependent variables of test examples are inferred afresh, never kept.
   // Sequence models: the batch is taken in runs of consecutive segments of distinct
   // streams, each run's states carried from the previous segment of its stream
@@ -47,6 +52,8 @@ class GraphModel final : public Model {
   std::vector<Matrix> initialLocals(const ExampleBatch& x, bool kept) const;
   void keepLocals(const ExampleBatch& x, const std::vector<Matrix>& locals) const;
   std::vector<const Matrix*> paramPointers(const ParamSet& w) const;
+  SvBatch svgs(const ParamSet& w, const ExampleBatch& x, double* meanLoss, const SvReadyFn* ready) const;
+  SvMatrix siteMatrix(const SvSite& site, const ExampleBatch& x, const std::vector<Matrix>& locals) const;
 
   // The states a stream's last segment ended with.
   struct Carried {
