@@ -236,13 +236,13 @@ ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, con
     const size_t unit = units.unitOf(site);
     if (--missing[unit] > 0) return;
     // The unit's gradient, as denseGradient rebuilds it (the model's coefficients: ones).
-    const auto t = Clock::now();
     SvBatch b;
     b.coeffs = Vector::Ones(m.u.cols());
     for (size_t s : units.members(unit)) b.matrices.push_back(*ready[s]);
     const SvBatch* one[] = {&b};
     ops::applySvBatches(one, grad);
-    if (times.firstSend < 0) times.firstSend = since(Clock::now());
+    const auto t = Clock::now();
+    if (times.firstSend < 0) times.firstSend = since(t);
     for (uint32_t param : units.params(unit)) beginSum(param);
     transport.progressAllreduces();
     times.sendSeconds += std::chrono::duration<double>(Clock::now() - t).count();
