@@ -4,7 +4,6 @@
 #include "engine/base/error.h"
 #include "ops/rebuild.h"
 
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <numeric>
@@ -184,10 +183,11 @@ std::vector<std::shared_ptr<const SvBatch>> SvExchange::finish(const SvBatch& ow
           }
         }
       }
-      std::string message = fmt::format("rank {} waited {} s at clock {} for the SV batches of ranks {}",
-                                        transport_.rank(), config_.timeoutSeconds, clock_, fmt::join(missing, ", "));
+      // Said as a collective's timeout is (comm/transport.h): who did not answer, last.
+      std::string message = fmt::format("rank {}: the SV batches of clock {} from {} did not arrive within {} s",
+                                        transport_.rank(), clock_, comm::rankList(missing), config_.timeoutSeconds);
       const comm::StallVerdict v = comm::findStalled(transport_.control(), transport_.rank(), transport_.size(), clock_);
-      if (!v.silent.empty() && v.silent != missing) message += "; stalled or gone: " + comm::rankList(v.silent);
+      message += v.silent.empty() ? "; every peer timed out too" : "; stalled or gone: " + comm::rankList(v.silent);
       throw comm::StallError(message, v.reports);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
