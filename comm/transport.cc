@@ -107,6 +107,30 @@ void Transport::allreduceSum(std::span<float> data, uint64_t clock) {
   });
 }
 
+void Transport::beginAllreduceSum(std::span<float> data, uint64_t clock) {
+  checkUsable("beginAllreduceSum");
+  if (size() == 1) return;
+  pendingClock_ = clock;
+  forEachChunk(data, [&](std::span<float> chunk) {
+    guarded(clock, [&] { doBeginAllreduceSum(chunk, clock); });
+    counters_ += traffic::allreduceSum(chunk.size(), size());
+  });
+}
+
+void Transport::progressAllreduces() {
+  if (!pendingClock_) return;
+  checkUsable("progressAllreduces");
+  guarded(pendingClock_, [&] { doProgressAllreduces(); });
+}
+
+void Transport::finishAllreduces() {
+  if (!pendingClock_) return;
+  checkUsable("finishAllreduces");
+  const uint64_t clock = *pendingClock_;
+  pendingClock_.reset();
+  guarded(clock, [&] { doFinishAllreduces(); });
+}
+
 void Transport::allreduceSumIdentical(std::span<float> data, uint64_t clock) {
   checkUsable("allreduceSumIdentical");
   if (size() == 1) return;

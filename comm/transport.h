@@ -106,6 +106,15 @@ class Transport {
   Gathered allgatherv(std::span<const std::byte> local, uint64_t clock);
   // Training data: in-place sum over ranks (the library's allreduce).
   void allreduceSum(std::span<float> data, uint64_t clock);
+  // allreduceSum, nonblocking: begun now, complete after finishAllreduces(). Each
+  // runs exactly the reduction allreduceSum runs on the same span, so the sums are
+  // the same bit for bit. Collective like allreduceSum (every rank begins the same
+  // lengths in the same order); `data` must stay alive and untouched until
+  // finished. progressAllreduces() lets begun reductions advance without blocking
+  // (a backend without nonblocking collectives completes each as it is begun).
+  void beginAllreduceSum(std::span<float> data, uint64_t clock);
+  void progressAllreduces();
+  void finishAllreduces();
   // In-place sum over ranks that every rank gets bitwise identical (replica averaging).
   void allreduceSumIdentical(std::span<float> data, uint64_t clock);
   // Replica rotation: sends `data` to rank+1 and replaces it with rank-1's (mod P).
@@ -135,6 +144,10 @@ class Transport {
   virtual Gathered doAllgatherv(std::span<const std::byte> local, uint64_t clock) = 0;
   virtual void doAllreduceSum(std::span<float> chunk, uint64_t clock) = 0;
   virtual void doAllreduceSumIdentical(std::span<float> chunk, uint64_t clock) = 0;
+  // Nonblocking allreduceSum: by default the blocking one, at once.
+  virtual void doBeginAllreduceSum(std::span<float> chunk, uint64_t clock) { doAllreduceSum(chunk, clock); }
+  virtual void doProgressAllreduces() {}
+  virtual void doFinishAllreduces() {}
   virtual void doShiftRing(std::span<float> chunk, uint64_t clock) = 0;
   virtual void doSendAsync(int peer, SharedBytes bytes) = 0;
   virtual std::optional<Message> doTryReceive() = 0;
@@ -153,6 +166,7 @@ class Transport {
 
   TrafficCounters counters_;
   std::chrono::milliseconds timeout_{std::chrono::minutes(5)};
+  std::optional<uint64_t> pendingClock_;  // the clock of begun, unfinished allreduces
   std::string failed_;  // the timeout that made the data plane unusable; empty while usable
 };
 

@@ -51,6 +51,11 @@ struct TrainConfig {
   Consistency consistency = Consistency::kBsp;
   int staleness = 0;       // s, for SSP
   double dropLinks = 0.0;  // F: fraction of directed links broken per clock
+  // Overlap the exchange with the backward pass (engine/exchange.h): --sync sv
+  // sends each matrix's SVs as the backward pass produces them (broadcast, BSP),
+  // --sync dense all-reduces each gradient as it is complete. Bitwise the same
+  // parameters as without.
+  bool overlap = true;
   // Coordinator (section 3.4): barriers every R / S clocks; 0 = off.
   int64_t averageEvery = 0;  // periodic centralized synchronization: replicas averaged
   int64_t rotateEvery = 0;   // parameter-replica rotation along the ring of ranks

@@ -132,6 +132,15 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
       .add("wait_seconds", e.sum[kWait] / p)
       .add("max_wait_seconds", e.maxWait)
       .add("select_seconds", e.sum[kSelect] / p)
+      // The exchange under way and the share of it hidden behind compute and
+      // rebuild (--overlap on): 1 - exposed comm / exchange, over all ranks.
+      .add("exchange_seconds", e.sum[kExchange] / p)
+      .add("hidden_exchange_share",
+           e.sum[kExchange] > 0 ? std::clamp(1.0 - e.sum[kComm] / e.sum[kExchange], 0.0, 1.0) : 0.0)
+      // Seconds into the clock's compute (rank mean; -1: not measured): the top
+      // layer left before the backward pass ended when the first is the smaller.
+      .add("first_send_seconds", e.sum[kFirstSend] / p)
+      .add("backward_end_seconds", e.sum[kBackwardEnd] / p)
       .add("clock_gap", static_cast<int64_t>(e.maxGap))
       .add("replica", static_cast<int64_t>(e.sum[kReplica]))
       .add("ckpt_wait_seconds", e.sum[kCkptWait] / p)

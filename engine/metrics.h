@@ -61,7 +61,7 @@ enum ClockField : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
-  kCkptWait, kFailed, kLostClocks, kCkptCpu, kClockFieldCount
+  kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kClockFieldCount
 };
 // On the wire: the kClockFieldCount doubles as they are in memory (every rank runs
 // the same binary).

@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
 #include "engine/data/sampler.h"
+#include "engine/exchange.h"
 #include "engine/job.h"
 #include "engine/progress.h"
 #include "engine/select.h"
@@ -87,7 +88,9 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
       // and dense sync), so --lr means the same step whatever the fanout.
       heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
-      updater_(optimizerSettings(config), model) {}
+      updater_(optimizerSettings(config), model) {
+  if (SvExchange::serves(config, model, pointToPoint_)) exchange_ = std::make_unique<SvExchange>(config, model, transport);
+}
 
 Worker::~Worker() = default;
 
@@ -161,6 +164,10 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSin
 
 // Algorithm 1: one clock of --sync sv.
 void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats, MetricsSink& metrics) {
+  if (exchange_) {
+    overlappedSvClock(clock, examples, stats, metrics);
+    return;
+  }
   // S: compute_svg(W, x) for each x of the minibatch.
   const std::shared_ptr<SvBatch> local = computeSvgs(clock, examples, stats);
   if (local == nullptr) return;  // the loss is not finite: runClock reports it
@@ -176,6 +183,57 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   rebuild(clock, group, stats);
   // The batches applied, to the checkpoint log.
   log_->appendGroup(clock, std::move(group.records));
+  stats.exchangeSeconds = stats.commSeconds;
+}
+
+// svClock with the exchange overlapped: the same batches, selected and applied the
+// same way, so the same parameters bit for bit.
+void Worker::overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats,
+                               MetricsSink& metrics) {
+  const auto start = Clock::now();
+  const bool selects = config_.select > 0 && config_.select < examples.size();
+  exchange_->begin(clock, header(clock), updater_.coefficientScale(clock, heard_), start);
+  bool finite = true;
+  auto local = std::make_shared<SvBatch>(
+      model_.computeSvgStreamed(replica_, examples, &stats.loss, [&](size_t site, const SvMatrix& m) {
+        // Nothing leaves a rank whose loss is not finite: runClock reports it.
+        finite = finite && std::isfinite(stats.loss);
+        if (finite && !selects) exchange_->siteReady(site, m);
+      }));
+  if (!std::isfinite(stats.loss)) return;
+  ops::scaleCoefficients(*local, updater_.coefficientScale(clock, heard_));
+  local->header = header(clock);
+  const std::optional<SvBatch> selected = selects ? selectToSend(clock, *local, stats) : std::nullopt;
+  if (selects) exchange_->sendAll(selected ? *selected : *local);
+  exchange_->backwardDone();
+  stats.computeSeconds = secondsSince(start) - exchange_->times().sendSeconds;
+  notePhase(ClockPhase::kExchange, clock);
+
+  const auto t = Clock::now();
+  double rebuildSeconds = 0.0;
+  const auto remote = exchange_->finish(
+      *local, [&](std::span<const SvBatch* const> group) { updater_.applyGroup(clock, group, replica_); }, metrics,
+      rebuildSeconds);
+  notePhase(ClockPhase::kRebuild, clock);
+  const auto r = Clock::now();
+  if (config_.consistency != Consistency::kSsp) updater_.finishClock(replica_);
+  stats.updateSeconds = rebuildSeconds + secondsSince(r);
+  stats.commSeconds = exchange_->times().sendSeconds + std::chrono::duration<double>(r - t).count() - rebuildSeconds;
+  const OverlapTimes& times = exchange_->times();
+  stats.firstSendAt = times.firstSend;
+  stats.backwardEndAt = times.backwardEnd;
+  stats.exchangeSeconds = std::max(0.0, times.lastArrival - std::max(0.0, times.firstSend));
+  // The log gets what the other path gives it: the own batch whole, the others as they were sent.
+  std::vector<ckpt::Record> records;
+  for (int rank = 0; rank < transport_.size(); ++rank) {
+    const auto& batch = remote[static_cast<size_t>(rank)];
+    if (rank == transport_.rank()) {
+      records.push_back(ckpt::Record::of(local));
+    } else {
+      records.push_back(log_->received(batch->header, ckpt::Record::of(batch)));
+    }
+  }
+  log_->appendGroup(clock, std::move(records));
 }
 
 std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
@@ -275,6 +333,25 @@ void Worker::rebuild(uint64_t clock, const Group& group, ClockStats& stats) {
 }
 
 void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
+  if (config_.overlap && !model_.svSites().empty()) {
+    // Each layer's all-reduce begun as soon as its gradient exists (engine/exchange.h).
+    const auto start = Clock::now();
+    OverlapTimes times;
+    double exposed = 0.0;
+    ParamSet grad =
+        overlappedDenseGradient(model_, replica_, examples, &stats.loss, transport_, clock, start, times, exposed);
+    stats.commSeconds = exposed + times.sendSeconds;
+    stats.computeSeconds = secondsSince(start) - stats.commSeconds;
+    stats.exchangeSeconds = std::max(0.0, times.lastArrival - std::max(0.0, times.firstSend));
+    stats.firstSendAt = times.firstSend;
+    stats.backwardEndAt = times.backwardEnd;
+    notePhase(ClockPhase::kExchange, clock);
+    notePhase(ClockPhase::kRebuild, clock);
+    const auto t = Clock::now();
+    updater_.applyDense(clock, grad, updater_.coefficientScale(clock, heard_), replica_);
+    stats.updateSeconds = secondsSince(t);
+    return;
+  }
   auto t = Clock::now();
   ParamSet grad = model_.denseGradient(replica_, examples, &stats.loss);
   stats.computeSeconds = secondsSince(t);
@@ -283,6 +360,7 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
   t = Clock::now();
   for (auto& p : grad.params) transport_.allreduceSum({p.value.data(), static_cast<size_t>(p.value.size())}, clock);
   stats.commSeconds = secondsSince(t);
+  stats.exchangeSeconds = stats.commSeconds;
   notePhase(ClockPhase::kRebuild, clock);
 
   t = Clock::now();
@@ -322,6 +400,7 @@ void Worker::drain(uint64_t lastClock, MetricsSink& metrics) {
     waitComplete(lastClock, lastClock, metrics);
     transport_.flushSends();
   }
+  if (exchange_) transport_.flushSends();
   // Nothing more of `lastClock` can come: its optimizer step.
   updater_.finishClock(replica_);
 }
@@ -462,6 +541,9 @@ bool Worker::runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSin
   r[kUpdate] = stats.updateSeconds;
   r[kWait] = stats.waitSeconds;
   r[kSelect] = stats.selectSeconds;
+  r[kExchange] = stats.exchangeSeconds;
+  r[kFirstSend] = stats.firstSendAt;
+  r[kBackwardEnd] = stats.backwardEndAt;
   r[kClockSeconds] = clockSeconds;
   r[kGap] = static_cast<double>(stats.clockGap);
   r[kCkptWait] = log_->waitSeconds() - ckptWaitBefore;

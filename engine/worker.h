@@ -28,6 +28,8 @@ class PrefetchQueue;
 
 namespace orpheus::engine {
 
+class SvExchange;
+
 // What one clock measured on this rank.
 struct ClockStats {
   double loss = 0.0;
@@ -36,6 +38,14 @@ struct ClockStats {
   double updateSeconds = 0.0;   // rebuild / apply
   double waitSeconds = 0.0;     // blocked on peers (BSP barrier or SSP staleness bound)
   double selectSeconds = 0.0;
+  // The exchange under way (--overlap on; else equal to commSeconds): from the
+  // first layer sent (or all-reduce begun) to the last one in. commSeconds is the
+  // part of it the worker waited for (exposed), the rest hid behind compute and rebuild.
+  double exchangeSeconds = 0.0;
+  // Seconds into the clock's compute when the first layer went out and when the
+  // backward pass ended (-1: not measured, --overlap off).
+  double firstSendAt = -1.0;
+  double backwardEndAt = -1.0;
   int64_t clockGap = 0;         // this clock minus the newest clock whose batches have all arrived, minus 1
   uint64_t bytesSent = 0;
   uint64_t messages = 0;
@@ -173,6 +183,9 @@ class Worker {
   Group exchangeWithPeers(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
                           bool selected, ClockStats& stats, MetricsSink& metrics);
   void rebuild(uint64_t clock, const Group& group, ClockStats& stats);
+  // --overlap on: each layer's SVs sent from inside the backward pass, each
+  // layer rebuilt as it arrives (engine/exchange.h).
+  void overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats, MetricsSink& metrics);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline).
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
 
@@ -212,6 +225,7 @@ class Worker {
   double trainSeconds_ = 0.0;
   uint64_t lastClock_ = 0;
   ClockObserver* observer_ = nullptr;
+  std::unique_ptr<SvExchange> exchange_;  // --overlap on, broadcast, BSP; else null
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

@@ -468,11 +468,23 @@ void GraphExecutor<S>::backwardFused(const FusedStep& step, const std::vector<co
 }
 
 template <typename S>
-void GraphExecutor<S>::backward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
+void GraphExecutor<S>::backward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in,
+                                const SiteReadyFn& siteReady) {
   for (auto& g : grads_) g.resize(0, 0);
   const int loss = graph_.loss();
   grads_[static_cast<size_t>(loss)] = Mat<S>::Ones(1, in.batch());
+  // Sites by decreasing matvec node: a product's readers all have larger ids, so
+  // its gradient is final when the loop reaches it.
+  std::vector<std::pair<int, size_t>> pending;
+  if (siteReady) {
+    for (size_t i = 0; i < sites_.size(); ++i) pending.emplace_back(sites_[i].matvecNode, i);
+    std::sort(pending.begin(), pending.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+  }
+  auto next = pending.begin();
   for (int id = loss; id >= 0; --id) {
+    for (; next != pending.end() && next->first >= id; ++next) siteReady(next->second);
     const Node& n = graph_.node(id);
     if (n.kind != NodeKind::kOp || grads_[static_cast<size_t>(id)].size() == 0) continue;
     const int s = stepEnding_[static_cast<size_t>(id)];
@@ -491,6 +503,7 @@ void GraphExecutor<S>::backward(const std::vector<const Mat<S>*>& params, const 
       accumulate(operand, g);
     }
   }
+  for (; next != pending.end(); ++next) siteReady(next->second);
 }
 
 template <typename S>

@@ -16,6 +16,7 @@
 #include "ops/backend.h"
 #include "ops/graph.h"
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -48,8 +49,14 @@ class GraphExecutor {
   // Forward pass over every node; returns the loss summed over the batch.
   S forward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   // Gradients of the summed loss for every per-example node it depends on.
-  // Requires forward() on the same arguments first.
-  void backward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
+  // Requires forward() on the same arguments first. `siteReady` (may be empty) is
+  // told the index of each SV site as soon as its U, grad(matvecNode), is final:
+  // every node that reads the product has passed its backward, so the site's SVs
+  // can leave while the nodes below it (lower layers, earlier steps) still run.
+  // Sites come in decreasing node order, top layer first, each exactly once.
+  using SiteReadyFn = std::function<void(size_t site)>;
+  void backward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in,
+                const SiteReadyFn& siteReady = {});
   // `steps` rounds of forward, backward, local -= lr * d(loss)/d(local) for every
   // data-dependent variable (each with its own declared steps and rate).
   void optimizeLocals(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);

@@ -6,7 +6,6 @@
 #include "ops/sequence_layout.h"
 
 #include <algorithm>
-
 #include <cmath>
 
 namespace orpheus::ops {
@@ -165,7 +164,7 @@ GraphInputs<float> inputsOf(const ExampleBatch& x, std::vector<Matrix>* locals) 
 }  // namespace
 
 double GraphModel::runBatch(const std::vector<const Matrix*>& params, const ExampleBatch& x,
-                            std::vector<Matrix>& locals) const {
+                            std::vector<Matrix>& locals, const std::function<void(size_t)>* onSite) const {
   const GraphInputs<float> in = inputsOf(x, &locals);
   if (!locals.empty()) {
     exec_->optimizeLocals(params, in);
@@ -180,7 +179,7 @@ double GraphModel::runBatch(const std::vector<const Matrix*>& params, const Exam
     sequenceIn.states = &states;
   }
   const double loss = exec_->forward(params, sequenceIn);
-  exec_->backward(params, sequenceIn);
+  exec_->backward(params, sequenceIn, onSite != nullptr ? *onSite : std::function<void(size_t)>{});
   if (sequence) keepStates(*x.dense, trainStates_);
   const double counted = static_cast<double>(x.size()) * (sequence ? graph_.steps() : 1);
   return x.size() > 0 ? loss / counted : 0.0;
@@ -199,27 +198,54 @@ GraphModel::SiteV GraphModel::siteV(const SvSite& site, const ExampleBatch& x, c
 }
 
 SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
+  return svgs(w, x, meanLoss, nullptr);
+}
+
+SvBatch GraphModel::computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
+                                       const SvReadyFn& ready) const {
+  return svgs(w, x, meanLoss, &ready);
+}
+
+std::vector<Model::SvSiteInfo> GraphModel::svSites() const {
+  std::vector<SvSiteInfo> out;
+  for (const SvSite& site : exec_->sites()) {
+    out.push_back({static_cast<uint32_t>(site.param), static_cast<int32_t>(site.bias)});
+  }
+  return out;
+}
+
+SvMatrix GraphModel::siteMatrix(const SvSite& site, const ExampleBatch& x, const std::vector<Matrix>& locals) const {
+  SvMatrix m;
+  m.paramId = static_cast<uint32_t>(site.param);
+  m.biasId = site.bias;
+  const Matrix& u = exec_->grad(site.matvecNode);
+  m.u = u.size() > 0 ? u : Matrix::Zero(graph_.node(site.matvecNode).rows, x.size());
+  const SiteV v = siteV(site, x, locals);
+  m.sparseV = v.sparse != nullptr;
+  if (v.sparse) {
+    m.vSparse = *v.sparse;
+  } else {
+    m.vDense = *v.dense;
+  }
+  return m;
+}
+
+SvBatch GraphModel::svgs(const ParamSet& w, const ExampleBatch& x, double* meanLoss, const SvReadyFn* ready) const {
   const std::vector<const Matrix*> params = paramPointers(w);
   std::vector<Matrix> locals = initialLocals(x, true);
-  const double loss = runBatch(params, x, locals);
-  if (meanLoss) *meanLoss = loss;
-
   SvBatch batch;
   batch.coeffs = Vector::Ones(x.size());
-  for (const SvSite& site : exec_->sites()) {
-    SvMatrix m;
-    m.paramId = static_cast<uint32_t>(site.param);
-    m.biasId = site.bias;
-    const Matrix& u = exec_->grad(site.matvecNode);
-    m.u = u.size() > 0 ? u : Matrix::Zero(graph_.node(site.matvecNode).rows, x.size());
-    const SiteV v = siteV(site, x, locals);
-    m.sparseV = v.sparse != nullptr;
-    if (v.sparse) {
-      m.vSparse = *v.sparse;
-    } else {
-      m.vDense = *v.dense;
-    }
-    batch.matrices.push_back(std::move(m));
+  const std::vector<SvSite>& sites = exec_->sites();
+  batch.matrices.resize(sites.size());
+  // Each site's SVs the moment its U is final; the V they pair with were fixed by the forward pass.
+  const std::function<void(size_t)> onSite = [&](size_t i) {
+    batch.matrices[i] = siteMatrix(sites[i], x, locals);
+    (*ready)(i, batch.matrices[i]);
+  };
+  const double loss = runBatch(params, x, locals, ready != nullptr ? &onSite : nullptr);
+  if (meanLoss) *meanLoss = loss;
+  if (ready == nullptr) {
+    for (size_t i = 0; i < sites.size(); ++i) batch.matrices[i] = siteMatrix(sites[i], x, locals);
   }
   return batch;
 }

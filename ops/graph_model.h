@@ -36,6 +36,11 @@ class GraphModel final : public Model {
   // U V^T written straight into the result, bitwise what the default's rebuild of
   // the batch gives, without the batch's copies of U and V; else the default.
   ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
+  std::vector<SvSiteInfo> svSites() const override;
+  // Each site's matrix is handed out from inside the backward pass, as soon as
+  // its U is final (GraphExecutor::backward).
+  SvBatch computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
+                             const SvReadyFn& ready) const override;
   // Data-dependent variables of test examples are inferred afresh, never kept.
   // Sequence models: the batch is taken in runs of consecutive segments of distinct
   // streams, each run's states carried from the previous segment of its stream
@@ -53,13 +58,18 @@ class GraphModel final : public Model {
   std::vector<const Matrix*> paramPointers(const ParamSet& w) const;
   // compute_svg's forward and backward pass: afterwards the executor holds every
   // site's u (a gradient) and v. Returns the mean loss.
-  double runBatch(const std::vector<const Matrix*>& params, const ExampleBatch& x, std::vector<Matrix>& locals) const;
+  // `onSite`, when given, is called from inside the backward pass with each site's
+  // index as soon as its u is final.
+  double runBatch(const std::vector<const Matrix*>& params, const ExampleBatch& x, std::vector<Matrix>& locals,
+                  const std::function<void(size_t)>* onSite = nullptr) const;
   // A site's V: dense or sparse, valid until the next pass.
   struct SiteV {
     const Matrix* dense = nullptr;
     const SparseMatrix* sparse = nullptr;
   };
   SiteV siteV(const SvSite& site, const ExampleBatch& x, const std::vector<Matrix>& locals) const;
+  SvBatch svgs(const ParamSet& w, const ExampleBatch& x, double* meanLoss, const SvReadyFn* ready) const;
+  SvMatrix siteMatrix(const SvSite& site, const ExampleBatch& x, const std::vector<Matrix>& locals) const;
 
   // The states a stream's last segment ended with.
   struct Carried {

@@ -15,6 +15,7 @@ class MultinomialLogisticRegression final : public Model {
   std::vector<ParamSpec> paramSpecs() const override;
   ParamSet initParams(uint64_t seed) const override;
   SvBatch computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
+  std::vector<SvSiteInfo> svSites() const override { return {{0, 1}}; }
   EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const override;
 
   int64_t features() const { return features_; }

@@ -8,6 +8,13 @@ void Model::computeUpdate(std::span<const SvBatch* const> batches, ParamSet& w) 
   applySvBatches(batches, w);
 }
 
+SvBatch Model::computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
+                                  const SvReadyFn& ready) const {
+  SvBatch batch = computeSvg(w, x, meanLoss);
+  for (size_t i = batch.matrices.size(); i-- > 0;) ready(i, batch.matrices[i]);
+  return batch;
+}
+
 ParamSet Model::denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
   const SvBatch svg = computeSvg(w, x, meanLoss);
   ParamSet grad = zeroParams();

@@ -8,6 +8,7 @@
 #include "engine/base/sv_batch.h"
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,6 +55,25 @@ class Model {
   // averaging). The SVs stand for the gradient of the summed per-example loss.
   // Returns the mean loss of the batch through `meanLoss`.
   virtual SvBatch computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const = 0;
+
+  // Which parameter (and bias) each matrix of computeSvg's batches updates, in
+  // batch order: the same for every batch. Empty: the model does not say, and
+  // its SVs are only had whole (the engine does not overlap their exchange).
+  struct SvSiteInfo {
+    uint32_t paramId = 0;
+    int32_t biasId = -1;
+  };
+  virtual std::vector<SvSiteInfo> svSites() const { return {}; }
+  // Told, on the calling thread, that matrix `index` of the batch being computed
+  // is final (U, V; the batch's coefficients are ones): the reference stays valid
+  // until computeSvgStreamed returns. *meanLoss is set before the first call.
+  using SvReadyFn = std::function<void(size_t index, const SvMatrix& matrix)>;
+  // computeSvg that hands each matrix to `ready` as soon as it exists, top layer
+  // first, so its exchange can overlap the rest of the backward pass (wait-free
+  // backpropagation, Poseidon). Returns the same batch as computeSvg, bit for bit.
+  // The default computes the batch, then hands its matrices out last to first.
+  virtual SvBatch computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
+                                     const SvReadyFn& ready) const;
 
   // compute_update for a set of SV batches applied together: W += U diag(c) V^T.
   // The default rebuilds every matrix with one GEMM over all batches' columns.

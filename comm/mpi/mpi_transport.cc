@@ -21,10 +21,11 @@ MpiTransport::MpiTransport(MPI_Comm comm) : control_(comm) {
 
 MpiTransport::~MpiTransport() {
   sends_.reset();
-  if (abandoned_) {
+  if (abandoned_ || !reduces_.empty()) {
     // A late peer may still complete an abandoned request: into this memory, on
     // this communicator. Neither is given back.
     static_cast<void>(scratch_.release());
+    for (auto& r : reduces_) static_cast<void>(r.release());
     return;
   }
   MPI_Comm_free(&comm_);
@@ -86,6 +87,31 @@ void MpiTransport::doAllreduceSum(std::span<float> chunk, uint64_t clock) {
   ORPHEUS_MPI_CHECK(MPI_Iallreduce(send.data(), chunk.data(), static_cast<int>(chunk.size()), MPI_FLOAT, MPI_SUM,
                                    comm_, &req));
   wait(req, "allreduce of gradients", clock);
+}
+
+// The same MPI_Iallreduce as doAllreduceSum (separate send buffer), left running.
+void MpiTransport::doBeginAllreduceSum(std::span<float> chunk, uint64_t clock) {
+  auto pending = std::make_unique<PendingReduce>();
+  pending->send.assign(chunk.begin(), chunk.end());
+  pending->clock = clock;
+  ORPHEUS_MPI_CHECK(MPI_Iallreduce(pending->send.data(), chunk.data(), static_cast<int>(chunk.size()), MPI_FLOAT,
+                                   MPI_SUM, comm_, &pending->request));
+  reduces_.push_back(std::move(pending));
+}
+
+void MpiTransport::doProgressAllreduces() {
+  for (auto& r : reduces_) {
+    if (r->request == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    ORPHEUS_MPI_CHECK(MPI_Test(&r->request, &done, MPI_STATUS_IGNORE));
+  }
+}
+
+void MpiTransport::doFinishAllreduces() {
+  for (auto& r : reduces_) {
+    if (r->request != MPI_REQUEST_NULL) wait(r->request, "allreduce of gradients", r->clock);
+  }
+  reduces_.clear();
 }
 
 void MpiTransport::doAllreduceSumIdentical(std::span<float> chunk, uint64_t clock) {

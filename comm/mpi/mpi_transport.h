@@ -40,6 +40,9 @@ class MpiTransport final : public Transport {
   Gathered doAllgatherv(std::span<const std::byte> local, uint64_t clock) override;
   void doAllreduceSum(std::span<float> chunk, uint64_t clock) override;
   void doAllreduceSumIdentical(std::span<float> chunk, uint64_t clock) override;
+  void doBeginAllreduceSum(std::span<float> chunk, uint64_t clock) override;
+  void doProgressAllreduces() override;
+  void doFinishAllreduces() override;
   void doShiftRing(std::span<float> chunk, uint64_t clock) override;
   void doSendAsync(int peer, SharedBytes bytes) override;
   std::optional<Message> doTryReceive() override;
@@ -57,6 +60,12 @@ class MpiTransport final : public Transport {
     std::vector<float> a;
     std::vector<float> b;
   };
+  // A begun allreduce: its request and send buffer (kept until done, like Scratch).
+  struct PendingReduce {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<float> send;
+    uint64_t clock = 0;
+  };
   // Polls `request` until done; TimeoutError naming `what`, `clock` and `peer` (-1: unknown).
   void wait(MPI_Request& request, const char* what, uint64_t clock, int peer = -1);
 
@@ -66,6 +75,7 @@ class MpiTransport final : public Transport {
   MpiControlPlane control_;
   std::optional<SendQueue> sends_;
   std::unique_ptr<Scratch> scratch_ = std::make_unique<Scratch>();
+  std::vector<std::unique_ptr<PendingReduce>> reduces_;
   bool abandoned_ = false;  // a request timed out and may still be active
 };
 

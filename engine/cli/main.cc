@@ -203,6 +203,12 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
   addEnumOption(cmd, "--select-method", c.selectMethod, orpheus::engine::selectionMethodNames(),
                 "jmcss: joint matrix column subset selection with a least-squares core; uniform: C at random, "
                 "rescaled by B/C");
+  cmd.add_option("--overlap", c.overlap,
+                 "on: send each matrix's SVs (sv, broadcast, BSP) or all-reduce each gradient (dense) as soon as the "
+                 "backward pass produces it, overlapping communication with compute; off: after the whole pass. The "
+                 "parameters are bitwise the same")
+      ->type_name("on|off")
+      ->default_str("on");
   addEnumOption(cmd, "--multicast", c.multicast, orpheus::engine::multicastNames(),
                 "Who gets a worker's SV batch each clock: all (broadcast), random (Q peers drawn per clock), fixed "
                 "(the same Q peers), ring (Q peers in circular order over clocks)");

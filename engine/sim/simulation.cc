@@ -260,6 +260,8 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   TrainConfig config = given;
   config.timeoutSeconds = given.timeoutSeconds * std::max(1.0, static_cast<double>(p) / (8.0 * threads));
   config.progress = "off";
+  // The network model times one exchange per clock after the compute (sim/trace.h).
+  config.overlap = false;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
 
   const auto realStart = std::chrono::steady_clock::now();

@@ -345,6 +345,9 @@ def analyse(path, target):
         "comm_ms": ms(mean("comm_seconds")),
         "update_ms": ms(mean("update_seconds")),
         "wait_ms": ms(mean("wait_seconds")),
+        # --overlap: the exchange under way and the share of it hidden behind compute and rebuild.
+        "exchange_ms": ms(mean("exchange_seconds")),
+        "hidden_share": mean("hidden_exchange_share"),
         "ckpt_wait_ms": ms(mean("ckpt_wait_seconds")),
         "ckpt_cpu_ms": ms(mean("ckpt_writer_cpu_seconds")),
         "failures": sum(c.get("failures", 0) for c in clocks),
@@ -538,6 +541,15 @@ class Group:
         self.configs, self.extra_columns = configs, list(extra_columns)
 
 
+def exchange_column(runs):
+    """The exchange under way per clock and the share of it hidden (--overlap on)."""
+    exchange = med([r.get("exchange_ms") for r in runs if r.get("exchange_ms") is not None])
+    hidden = med([r.get("hidden_share") for r in runs if r.get("hidden_share") is not None])
+    if exchange is None:
+        return "—"
+    return f"{exchange:.1f} ({100 * hidden:.0f}%)" if hidden is not None else f"{exchange:.1f}"
+
+
 def vs_ddp_groups(args):
     best = {
         "mlr": ["--sync", "dense"],
@@ -556,11 +568,15 @@ def vs_ddp_groups(args):
                 Config("dense", "Orpheus dense", "orpheus", ["--sync", "dense"]),
                 Config("svb", "Orpheus SV broadcast", "orpheus", ["--sync", "sv"]),
                 Config("best", "Orpheus best", "orpheus", best[wname]),
+                # The same without overlapping communication with the backward pass.
+                Config("dense-seq", "Orpheus dense, --overlap off", "orpheus", ["--sync", "dense", "--overlap", "off"]),
+                Config("svb-seq", "Orpheus SV broadcast, --overlap off", "orpheus",
+                       ["--sync", "sv", "--overlap", "off"]),
             ]
             if wname == "mlr":
                 configs = [c for c in configs if c.key != "best"]  # dense is MLR's best (J = 10)
             groups.append(Group(f"{net_name}/{wname}", f"{w.name}, {network.name}, np {args.np}", network, w,
-                                configs))
+                                configs, [("exchange ms (hidden)", exchange_column)]))
     return groups
 
 

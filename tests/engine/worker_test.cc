@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -41,7 +42,15 @@ class CorruptingTransport final : public comm::Transport {
   void doAllreduceSumIdentical(std::span<float> d, uint64_t c) override { inner_.allreduceSumIdentical(d, c); }
   void doShiftRing(std::span<float> d, uint64_t c) override { inner_.shiftRing(d, c); }
   void doSendAsync(int peer, comm::SharedBytes b) override { inner_.sendAsync(peer, std::move(b)); }
-  std::optional<comm::Message> doTryReceive() override { return inner_.tryReceive(); }
+  std::optional<comm::Message> doTryReceive() override {
+    // The overlapped exchange (--overlap on) sends point to point: the same byte
+    // of the victim's record of that clock (its header's clock is at byte 24).
+    std::optional<comm::Message> m = inner_.tryReceive();
+    uint64_t clock = 0;
+    if (m && m->peer == victim_ && m->bytes.size() > 100) std::memcpy(&clock, m->bytes.data() + 24, sizeof clock);
+    if (clock == clock_) m->bytes[100] ^= std::byte{0x40};
+    return m;
+  }
   void doFlushSends() override { inner_.flushSends(); }
 
  private:

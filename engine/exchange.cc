@@ -1,0 +1,262 @@
+#include "engine/exchange.h"
+
+#include "comm/stall.h"
+#include "engine/base/error.h"
+#include "ops/rebuild.h"
+
+
+#include <algorithm>
+#include <numeric>
+#include <thread>
+
+namespace orpheus::engine {
+namespace {
+
+// Union-find root.
+size_t rootOf(std::vector<size_t>& parent, size_t i) {
+  while (parent[i] != i) i = parent[i] = parent[parent[i]];
+  return i;
+}
+
+}  // namespace
+
+SvUnits::SvUnits(const std::vector<ops::Model::SvSiteInfo>& sites) : sites_(sites), unitOf_(sites.size()) {
+  // Sites joined when they touch a common parameter (weight or bias).
+  std::vector<size_t> parent(sites.size());
+  std::iota(parent.begin(), parent.end(), size_t{0});
+  std::map<int64_t, size_t> byParam;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    for (const int64_t p : {static_cast<int64_t>(sites[i].paramId), static_cast<int64_t>(sites[i].biasId)}) {
+      if (p < 0) continue;
+      const auto [it, fresh] = byParam.emplace(p, i);
+      if (!fresh) parent[rootOf(parent, i)] = rootOf(parent, it->second);
+    }
+  }
+  std::map<size_t, size_t> unitOfRoot;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const auto [it, fresh] = unitOfRoot.emplace(rootOf(parent, i), units_.size());
+    if (fresh) units_.emplace_back();
+    unitOf_[i] = it->second;
+    units_[it->second].push_back(i);
+  }
+}
+
+std::optional<size_t> SvUnits::unitOfParam(uint32_t paramId) const {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (sites_[units_[u].front()].paramId == paramId) return u;
+  }
+  return std::nullopt;
+}
+
+std::vector<uint32_t> SvUnits::params(size_t unit) const {
+  std::vector<uint32_t> out;
+  for (size_t site : units_[unit]) {
+    out.push_back(sites_[site].paramId);
+    if (sites_[site].biasId >= 0) out.push_back(static_cast<uint32_t>(sites_[site].biasId));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+bool SvExchange::serves(const TrainConfig& config, const ops::Model& model, bool pointToPoint) {
+  return config.overlap && config.sync == SyncMode::kSv && !pointToPoint && !model.svSites().empty();
+}
+
+SvExchange::SvExchange(const TrainConfig& config, const ops::Model& model, comm::Transport& transport)
+    : config_(config), transport_(transport), units_(model.svSites()), shapes_(model.paramShapes()) {}
+
+void SvExchange::begin(uint64_t clock, const SvBatchHeader& header, float scale, Clock::time_point start) {
+  clock_ = clock;
+  header_ = header;
+  scale_ = scale;
+  start_ = start;
+  times_ = {};
+  ready_.assign(units_.sites(), nullptr);
+  missing_.assign(units_.count(), 0);
+  for (size_t u = 0; u < units_.count(); ++u) missing_[u] = units_.members(u).size();
+}
+
+SvBatch SvExchange::unitBatch(const SvBatch& from, size_t unit) const {
+  SvBatch b;
+  b.header = from.header;
+  b.coeffs = from.coeffs;
+  for (size_t site : units_.members(unit)) b.matrices.push_back(from.matrices[site]);
+  return b;
+}
+
+void SvExchange::send(const SvBatch& unitBatch) {
+  const auto t = Clock::now();
+  if (times_.firstSend < 0) times_.firstSend = since(t);
+  auto bytes = std::make_shared<std::vector<std::byte>>();
+  encode(unitBatch, *bytes);
+  for (int peer = 0; peer < transport_.size(); ++peer) {
+    if (peer != transport_.rank()) transport_.sendAsync(peer, bytes);
+  }
+  times_.sendSeconds += std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+void SvExchange::siteReady(size_t site, const SvMatrix& matrix) {
+  ready_[site] = &matrix;
+  const size_t unit = units_.unitOf(site);
+  if (--missing_[unit] > 0) return;
+  // The unit as computeSvgs will hold it: the model's coefficients (ones), scaled.
+  SvBatch b;
+  b.header = header_;
+  b.coeffs = Vector::Ones(matrix.u.cols());
+  for (size_t s : units_.members(unit)) b.matrices.push_back(*ready_[s]);
+  ops::scaleCoefficients(b, scale_);
+  send(b);
+  const auto t = Clock::now();
+  takeIn();  // a layer boundary: let the network move
+  times_.sendSeconds += std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+void SvExchange::backwardDone() { times_.backwardEnd = since(Clock::now()); }
+
+void SvExchange::sendAll(const SvBatch& sent) {
+  for (size_t u = 0; u < units_.count(); ++u) send(unitBatch(sent, u));
+}
+
+void SvExchange::takeIn() {
+  const auto p = static_cast<size_t>(transport_.size());
+  while (auto message = transport_.tryReceive()) {
+    SvBatchExpectation expect;
+    expect.sender = message->peer;
+    expect.paramShapes = shapes_;
+    SvBatch batch = decode(message->bytes, expect);
+    const uint64_t clock = batch.header.clock;
+    const std::optional<size_t> unit =
+        batch.matrices.empty() ? std::nullopt : units_.unitOfParam(batch.matrices.front().paramId);
+    bool fits = unit.has_value() && clock >= clock_ && batch.matrices.size() == units_.members(*unit).size();
+    auto& slots = arrived_[clock];
+    if (slots.empty()) slots.assign(p, std::vector<std::optional<SvBatch>>(units_.count()));
+    fits = fits && !slots[static_cast<size_t>(message->peer)][*unit].has_value();
+    if (!fits) {
+      throw CorruptRecordError(fmt::format("unexpected SV batch from rank {} at clock {}: not a layer this rank "
+                                           "waits for (or it came twice)",
+                                           message->peer, clock));
+    }
+    slots[static_cast<size_t>(message->peer)][*unit] = std::move(batch);
+  }
+}
+
+std::vector<std::shared_ptr<const SvBatch>> SvExchange::finish(const SvBatch& own, const ApplyFn& apply,
+                                                               MetricsSink& metrics, double& rebuildSeconds) {
+  const auto p = static_cast<size_t>(transport_.size());
+  const auto me = static_cast<size_t>(transport_.rank());
+  rebuildSeconds = 0.0;
+  std::vector<bool> applied(units_.count(), false);
+  size_t left = units_.count();
+  comm::Deadline deadline(std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
+  auto& slots = arrived_[clock_];
+  if (slots.empty()) slots.assign(p, std::vector<std::optional<SvBatch>>(units_.count()));
+  while (left > 0) {
+    takeIn();
+    metrics.collect();
+    bool progressed = false;
+    for (size_t u = 0; u < units_.count(); ++u) {
+      if (applied[u]) continue;
+      bool complete = true;
+      for (size_t r = 0; r < p && complete; ++r) complete = r == me || slots[r][u].has_value();
+      if (!complete) continue;
+      times_.lastArrival = since(Clock::now());
+      // This rank's part from the whole local batch: what its own replica applies.
+      const SvBatch mine = unitBatch(own, u);
+      std::vector<const SvBatch*> group;
+      for (size_t r = 0; r < p; ++r) group.push_back(r == me ? &mine : &*slots[r][u]);
+      const auto t = Clock::now();
+      apply(group);
+      rebuildSeconds += std::chrono::duration<double>(Clock::now() - t).count();
+      applied[u] = true;
+      --left;
+      progressed = true;
+    }
+    if (progressed || left == 0) continue;
+    if (deadline.passed()) {
+      std::vector<int> missing;
+      for (size_t r = 0; r < p; ++r) {
+        for (size_t u = 0; u < units_.count(); ++u) {
+          if (r != me && !slots[r][u].has_value()) {
+            missing.push_back(static_cast<int>(r));
+            break;
+          }
+        }
+      }
+      // Said as a collective's timeout is (comm/transport.h): who did not answer, last.
+      std::string message = fmt::format("rank {}: the SV batches of clock {} from {} did not arrive within {} s",
+                                        transport_.rank(), clock_, comm::rankList(missing), config_.timeoutSeconds);
+      const comm::StallVerdict v = comm::findStalled(transport_.control(), transport_.rank(), transport_.size(), clock_);
+      message += v.silent.empty() ? "; every peer timed out too" : "; stalled or gone: " + comm::rankList(v.silent);
+      throw comm::StallError(message, v.reports);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  // The peers' batches whole again, matrices in batch order, for the log.
+  std::vector<std::shared_ptr<const SvBatch>> whole(p);
+  for (size_t r = 0; r < p; ++r) {
+    if (r == me) continue;
+    auto b = std::make_shared<SvBatch>();
+    b->matrices.resize(units_.sites());
+    for (size_t u = 0; u < units_.count(); ++u) {
+      SvBatch& part = *slots[r][u];
+      if (u == 0) {
+        b->header = part.header;
+        b->coeffs = std::move(part.coeffs);
+      }
+      const auto& members = units_.members(u);
+      for (size_t i = 0; i < members.size(); ++i) b->matrices[members[i]] = std::move(part.matrices[i]);
+    }
+    whole[r] = std::move(b);
+  }
+  arrived_.erase(clock_);
+  return whole;
+}
+
+ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, const ops::ExampleBatch& x,
+                                 double* meanLoss, comm::Transport& transport, uint64_t clock,
+                                 std::chrono::steady_clock::time_point start, OverlapTimes& times,
+                                 double& exposedSeconds) {
+  using Clock = std::chrono::steady_clock;
+  const auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - start).count(); };
+  times = {};
+  const SvUnits units(model.svSites());
+  ParamSet grad = model.zeroParams();
+  std::vector<bool> begun(grad.size(), false);
+  std::vector<const SvMatrix*> ready(units.sites(), nullptr);
+  std::vector<size_t> missing(units.count());
+  for (size_t u = 0; u < units.count(); ++u) missing[u] = units.members(u).size();
+  const auto beginSum = [&](uint32_t param) {
+    Matrix& g = grad[param];
+    transport.beginAllreduceSum({g.data(), static_cast<size_t>(g.size())}, clock);
+    begun[param] = true;
+  };
+  const SvBatch svg = model.computeSvgStreamed(w, x, meanLoss, [&](size_t site, const SvMatrix& m) {
+    ready[site] = &m;
+    const size_t unit = units.unitOf(site);
+    if (--missing[unit] > 0) return;
+    // The unit's gradient, as denseGradient rebuilds it (the model's coefficients: ones).
+    SvBatch b;
+    b.coeffs = Vector::Ones(m.u.cols());
+    for (size_t s : units.members(unit)) b.matrices.push_back(*ready[s]);
+    const SvBatch* one[] = {&b};
+    ops::applySvBatches(one, grad);
+    const auto t = Clock::now();
+    if (times.firstSend < 0) times.firstSend = since(t);
+    for (uint32_t param : units.params(unit)) beginSum(param);
+    transport.progressAllreduces();
+    times.sendSeconds += std::chrono::duration<double>(Clock::now() - t).count();
+  });
+  times.backwardEnd = since(Clock::now());
+  const auto t = Clock::now();
+  // Parameters no SV site updates: zero gradients, summed all the same.
+  for (size_t i = 0; i < grad.size(); ++i) {
+    if (!begun[i]) beginSum(static_cast<uint32_t>(i));
+  }
+  transport.finishAllreduces();
+  times.lastArrival = since(Clock::now());
+  exposedSeconds = std::chrono::duration<double>(Clock::now() - t).count();
+  return grad;
+}
+
+}  // namespace orpheus::engine

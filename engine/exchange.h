@@ -1,0 +1,142 @@
+// Communication overlapped with the backward pass (--overlap on): wait-free
+// backpropagation after Poseidon (ATC'17), for both ways of synchronizing.
+//
+//  - --sync sv, broadcast, BSP: as the backward pass makes each layer's SVs final
+//    (top layer first, ops::Model::computeSvgStreamed), the layer's matrices leave
+//    as an SV batch of their own to every peer (point to point, nonblocking) while
+//    the layers below are still computed. A receiver rebuilds a layer as soon as
+//    every rank's part of it is in, in rank order, while later layers are still on
+//    the wire. Each layer's rebuild is the same GEMM over the same columns in the
+//    same order as the rebuild of whole batches (ops/rebuild.h), and layers touch
+//    disjoint parameters, so the parameters are bitwise those of --overlap off.
+//    With selection (--select C < B) the joint selection needs every matrix: it
+//    runs when the backward pass is done, then the selected batch leaves layer by
+//    layer and receivers still rebuild each layer as it arrives.
+//  - --sync dense: each layer's gradient is all-reduced (a nonblocking allreduce
+//    per parameter, a bucket per layer, as DDP does) as soon as it exists; each is
+//    the reduction --overlap off runs on the same parameter, so the sum is bitwise
+//    the same.
+//
+// A "layer" here is a unit of the batch: the matrices of the parameters that one
+// group of SV sites updates together (a weight and its bias; a recurrent matrix
+// and all its steps), so a unit's rebuild never shares a parameter with another's.
+//
+// MPI progress is driven without a thread of its own: each layer boundary of the
+// backward pass takes in what has arrived (MPI_Improbe / MPI_Test), and the waits
+// after it poll with short sleeps, as engine/consistency does.
+#pragma once
+
+#include "comm/transport.h"
+#include "engine/base/sv_batch.h"
+#include "engine/config.h"
+#include "engine/metrics.h"
+#include "ops/model.h"
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace orpheus::engine {
+
+// The units of a model's SV batches: sites that share a parameter (or bias) are
+// in one unit. Units are numbered by their first site.
+class SvUnits {
+ public:
+  explicit SvUnits(const std::vector<ops::Model::SvSiteInfo>& sites);
+  size_t count() const { return units_.size(); }
+  size_t sites() const { return unitOf_.size(); }
+  size_t unitOf(size_t site) const { return unitOf_[site]; }
+  // The unit's sites, in batch order.
+  const std::vector<size_t>& members(size_t unit) const { return units_[unit]; }
+  // The unit whose first matrix updates `paramId`, or nothing.
+  std::optional<size_t> unitOfParam(uint32_t paramId) const;
+  // The parameters (weights and biases) a unit updates.
+  std::vector<uint32_t> params(size_t unit) const;
+
+ private:
+  std::vector<ops::Model::SvSiteInfo> sites_;
+  std::vector<size_t> unitOf_;
+  std::vector<std::vector<size_t>> units_;
+};
+
+// When the overlapped exchange of one clock did what, in seconds since the clock's
+// compute began (negative: never).
+struct OverlapTimes {
+  double firstSend = -1.0;     // the first layer handed to the network
+  double backwardEnd = -1.0;   // the backward pass (and selection) done
+  double lastArrival = -1.0;   // the last layer of the last peer in
+  double sendSeconds = 0.0;    // spent encoding and posting sends inside the backward pass
+};
+
+// --sync sv, broadcast, BSP: one per worker, reused every clock.
+class SvExchange {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using ApplyFn = std::function<void(std::span<const SvBatch* const> group)>;
+
+  // Whether the overlapped exchange serves this job: --overlap on, --sync sv, a
+  // broadcast under BSP (not point to point) and a model that names its SV sites.
+  static bool serves(const TrainConfig& config, const ops::Model& model, bool pointToPoint);
+
+  SvExchange(const TrainConfig& config, const ops::Model& model, comm::Transport& transport);
+
+  // A new clock: its batches carry `header` and per-column coefficients `scale`
+  // (the model's ones, scaled); `start` is when its compute began.
+  void begin(uint64_t clock, const SvBatchHeader& header, float scale, Clock::time_point start);
+  // The local batch's matrix `site` is final: sends its unit once every matrix of
+  // the unit is, then takes in what has arrived: the backward pass's hook when the
+  // whole batch is sent. The matrix must stay valid until finish() returns.
+  void siteReady(size_t site, const SvMatrix& matrix);
+  // The backward pass (and the selection) is done.
+  void backwardDone();
+  // Sends every unit of `sent` (the selected batch) now.
+  void sendAll(const SvBatch& sent);
+
+  // Waits for every peer's part of every unit of this clock, calling `apply` with
+  // each unit's batches in rank order (this rank's part from `own`, the whole
+  // local batch) as soon as all are in; returns the peers' batches, whole again
+  // and in rank order (null at this rank), as the log keeps them. `rebuildSeconds`
+  // gets the time spent in `apply`.
+  std::vector<std::shared_ptr<const SvBatch>> finish(const SvBatch& own, const ApplyFn& apply, MetricsSink& metrics,
+                                                     double& rebuildSeconds);
+  const OverlapTimes& times() const { return times_; }
+
+ private:
+  SvBatch unitBatch(const SvBatch& from, size_t unit) const;
+  void send(const SvBatch& unitBatch);
+  void takeIn();
+  double since(Clock::time_point t) const { return std::chrono::duration<double>(t - start_).count(); }
+
+  const TrainConfig& config_;
+  comm::Transport& transport_;
+  SvUnits units_;
+  std::vector<std::pair<int64_t, int64_t>> shapes_;
+  uint64_t clock_ = 0;
+  SvBatchHeader header_;
+  float scale_ = 1.0f;
+  Clock::time_point start_;
+  OverlapTimes times_;
+  // This clock's local matrices as the backward pass made them final, per site,
+  // and how many of each unit's are still to come.
+  std::vector<const SvMatrix*> ready_;
+  std::vector<size_t> missing_;
+  // What has arrived, by clock, sender and unit (a fast peer may be a clock ahead).
+  std::map<uint64_t, std::vector<std::vector<std::optional<SvBatch>>>> arrived_;
+};
+
+// --sync dense with --overlap on: the dense gradient, each unit's parameters
+// all-reduced (begun, nonblocking) as soon as the backward pass has their
+// gradient, the rest after it; returns once every sum is complete. Bitwise the
+// gradient and the sums of Model::denseGradient followed by allreduceSum per
+// parameter (the default denseGradient, which rebuilds the batch's SVs).
+ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, const ops::ExampleBatch& x,
+                                 double* meanLoss, comm::Transport& transport, uint64_t clock,
+                                 std::chrono::steady_clock::time_point start, OverlapTimes& times,
+                                 double& exposedSeconds);
+
+}  // namespace orpheus::engine
