@@ -437,6 +437,7 @@ void resume(Worker& worker, const TrainConfig& config, comm::Transport& transpor
     const int id = replicaHeldAt(transport.rank(), transport.size(), resumeClock, config.rotateEvery);
     Restored r = restore(config.ckptDir, id, resumeClock);
     worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
+    if (auto knobs = adapt::knobsAt(config.ckptDir, id, resumeClock)) worker.resumeKnobs(*knobs);
   });
   if (transport.rank() == 0) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
 }
