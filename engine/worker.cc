@@ -101,6 +101,9 @@ void Worker::applyKnobs(const adapt::Knobs& knobs) {
   if (sc.kind != comm::MulticastKind::kAll) sc.fanout = static_cast<int>(knobs.fanout);
   schedule_ = comm::MulticastSchedule(sc);
   heard_ = static_cast<double>(config_.batch) * (schedule_.fanout() + 1);
+  // Every clock up to here is complete; later ones may have been judged complete
+  // under the old schedule (no sender for this rank): judge them again.
+  inbox_.resumeAt(clock_);
 }
 
 void Worker::adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordinationBytes,

@@ -17,9 +17,10 @@ trace=${ORPHEUS_TEST_DATA:-$(dirname "$0")/../data}/adapt/e2e_trace.jsonl
 budget=200000
 flags=(--train "$data/train-images-idx3-ubyte.gz" --batch 50 --select 25 --multicast random --fanout 2
        --average-every 10 --progress off --log-level warn
-       --adapt --adapt-every 10 --adapt-trace "$trace" --max-bytes-per-clock $budget)
+       --adapt --adapt-every 10 --adapt-select 12:24 --adapt-trace "$trace" --max-bytes-per-clock $budget)
 train() { "$mpiexec" -n 3 --oversubscribe "$orpheus" train "${flags[@]}" "$@" >/dev/null; }
 
+mkdir -p "$out/replicas"
 train --clocks 300 --ckpt sv --ckpt-dir "$out/whole" --save "$out/whole.h5" --save-replicas "$out/replicas" \
   --metrics "$out/whole.jsonl"
 
