@@ -61,7 +61,7 @@ if [ "$LOOPBACK" != 1 ] && [ "$(id -u)" -ne 0 ]; then
 fi
 mkdir -p "$OUT_DIR" "$RAW_DIR"
 
-common=(--model "$ROOT/examples/mlp_wide.loss" --hidden 2048
+common=(--model "$ROOT/examples/mlp_wide.loss"
   --train "$FASHION_MNIST/train-images-idx3-ubyte.gz" --test "$FASHION_MNIST/t10k-images-idx3-ubyte.gz"
   --clocks "$CLOCKS" --batch "$BATCH" --eval-every "$EVAL_EVERY" --target-accuracy "$TARGET"
   --progress off --log-level warn)
@@ -123,5 +123,5 @@ for scenario in "${SCENARIOS[@]}"; do
   cluster_down
 done
 
-"$PYTHON" "$ROOT/scripts/bench/plot_adapt.py" --raw "$RAW_DIR" --out "$OUT_DIR" --target "$TARGET" \
+"$PYTHON" "$ROOT/scripts/bench/plot_adapt.py" --raw "$RAW_DIR" --out "$OUT_DIR" --target "$TARGET" --np "$NP" \
   --scenarios "$(IFS=,; echo "${SCENARIOS[*]}")"

@@ -36,6 +36,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--scenarios", default="1gbit,10gbit,drop")
+    ap.add_argument("--np", type=int, default=4)
     args = ap.parse_args()
     scenarios = [s for s in args.scenarios.split(",") if s]
 
@@ -53,7 +54,7 @@ def main():
             ratio = f"{adapt_s / sm['seconds']:.2f}" if ok and adapt_s and sm.get("seconds") else "—"
             rows.append(f"| {s} | {c} | {'yes' if ok else 'no'} | {sm.get('seconds', float('nan')):.1f} | "
                         f"{sm.get('clocks', '')} | {sm.get('bytes_per_clock', float('nan')):.0f} | {ratio} |")
-    report = [f"# --adapt against hand-tuned and default settings (np 4, MLP-2048, target {args.target})", "",
+    report = [f"# --adapt against hand-tuned and default settings (np {args.np}, MLP-2048, target {args.target})", "",
               *rows, "",
               "Ratios below 1 mean --adapt reached the target sooner. The knobs over time are in adapt.png."]
     with open(os.path.join(args.out, "adapt.md"), "w") as f:
