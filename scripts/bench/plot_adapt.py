@@ -68,9 +68,17 @@ def main():
         if r is None:
             continue
         seconds = {l["clock"]: l["seconds"] for l in r["clocks"]}
+        sm = r["summary"]
+        batch = sm.get("batch_per_rank", 0)
+        # From the start (the flags, as the summary records them) through every decision;
+        # C = 0 means all B columns.
+        start = {"clock": 0, "select": sm.get("select", 0), "fanout": r["decisions"][0]["fanout"]
+                 if r["decisions"] else sm.get("fanout", 0), "staleness": sm.get("staleness", 0),
+                 "average_every": sm.get("average_every", 0)}
+        points = [start] + r["decisions"]
         for knob, style in (("select", "-"), ("fanout", "--"), ("staleness", ":"), ("average_every", "-.")):
-            xs = [seconds.get(d["clock"], 0.0) for d in r["decisions"]]
-            ys = [d[knob] for d in r["decisions"]]
+            xs = [seconds.get(d["clock"], 0.0) for d in points]
+            ys = [(d[knob] or batch) if knob == "select" else d[knob] for d in points]
             if xs:
                 ax.step(xs, ys, style, where="post", label=knob)
         ax.set_xlabel("seconds")
