@@ -64,13 +64,20 @@ struct Record {
   size_t size() const { return ref ? kBatchRefBytes : batch ? encodedSize(*batch) : bytes.size(); }
 };
 
-enum class EventKind : uint32_t { kGroup = 0, kAveraged = 1, kRotatedOut = 2, kRotatedIn = 3, kReset = 4 };
+// kKnobs (added after the first logs; older logs hold none): the coordinator set
+// the communication knobs at this clock (--adapt); one record of
+// kKnobsRecordBytes, as engine/adapt/knobs.h encodes it. Replay applies nothing for
+// it: the batches already carry what the knobs did.
+enum class EventKind : uint32_t {
+  kGroup = 0, kAveraged = 1, kRotatedOut = 2, kRotatedIn = 3, kReset = 4, kKnobs = 5
+};
+inline constexpr size_t kKnobsRecordBytes = 32;
 
 // One entry of a replica's log, as read back.
 struct LogEntry {
   uint64_t clock = 0;               // the replica's local clock when it happened
   EventKind kind = EventKind::kGroup;
-  std::vector<std::vector<std::byte>> records;  // kGroup: encoded SV batches applied together
+  std::vector<std::vector<std::byte>> records;  // kGroup: encoded SV batches applied together; kKnobs: its record
   // kReset: the replica became its state at clock resetTo; the log before this entry
   // ends at clock logEnd (logEnd <= resetTo <= clock, logEnd < clock). resetTo past
   // logEnd is a snapshot.

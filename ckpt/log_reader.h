@@ -24,7 +24,7 @@ struct SegmentInfo {
   uint64_t bytes = 0;
   bool intact = true;   // CRC and structure verified
   std::string problem;  // why not
-  std::vector<LogEntry> events;  // intact: its entries but groups (averaged, rotated, reset), without records
+  std::vector<LogEntry> events;  // intact: its entries but groups (averaged, rotated, reset, knobs), without records but a knobs entry's
   std::vector<BatchUse> uses;    // intact: the batch references of its groups, in order
   std::vector<uint64_t> ownBatches;  // intact: the clocks of the replica's own batches it holds
 };

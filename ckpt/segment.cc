@@ -245,7 +245,7 @@ std::string loadSegment(const std::string& path, int replica, uint64_t first, ui
     for (const EntryRow& r : rows) {
       if (r.clock < previous || r.clock > last) return fmt::format("entry of clock {} out of order", r.clock);
       const auto kind = static_cast<EventKind>(r.kind);
-      if (r.kind > static_cast<uint32_t>(EventKind::kReset)) return fmt::format("unknown entry kind {}", r.kind);
+      if (r.kind > static_cast<uint32_t>(EventKind::kKnobs)) return fmt::format("unknown entry kind {}", r.kind);
       if (kind == EventKind::kReset) {
         // One record: the clock reset to and the end of the log before it.
         if (r.records != 1 || sizes[record] != 2 * sizeof(uint64_t)) return "a reset event is malformed";
@@ -271,6 +271,16 @@ std::string loadSegment(const std::string& path, int replica, uint64_t first, ui
           e.kind = kind;
           e.resetTo = resetTo;
           e.logEnd = logEnd;
+          events->push_back(std::move(e));
+        }
+      } else if (kind == EventKind::kKnobs) {
+        if (r.records != 1 || sizes[record] != kKnobsRecordBytes) return "a knobs event is malformed";
+        if (events) {
+          LogEntry e;
+          e.clock = r.clock;
+          e.kind = kind;
+          const auto* begin = reinterpret_cast<const std::byte*>(records.data()) + offset;
+          e.records.emplace_back(begin, begin + kKnobsRecordBytes);
           events->push_back(std::move(e));
         }
       } else if (kind == EventKind::kGroup) {

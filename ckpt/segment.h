@@ -80,7 +80,7 @@ uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint6
 
 // Reads and verifies a segment against its name and CRC. Returns why it is damaged,
 // or "" with its entries in `out`, the clocks its resets lost in `lost`, its events
-// (every entry but groups, without records) in `events`, the batch references of
+// (every entry but groups, without records but a kKnobs entry's one) in `events`, the batch references of
 // its groups in `uses`, and the clocks of the replica's own batches it holds (SV
 // batch records of groups whose header names the replica) in `ownBatches`, in
 // order (each when given).

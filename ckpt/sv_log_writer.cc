@@ -163,10 +163,17 @@ void SvLogWriter::appendGroup(uint64_t clock, std::vector<Record> records) {
 }
 
 void SvLogWriter::appendEvent(uint64_t clock, EventKind kind) {
-  ORPHEUS_ENFORCE(kind != EventKind::kGroup && kind != EventKind::kReset,
+  ORPHEUS_ENFORCE(kind != EventKind::kGroup && kind != EventKind::kReset && kind != EventKind::kKnobs,
                   "checkpoint log: event kind {} staged without its contents at clock {}", static_cast<uint32_t>(kind),
                   clock);
   stageEvent(clock, kind, {});
+}
+
+void SvLogWriter::appendKnobs(uint64_t clock, std::span<const std::byte> record) {
+  ORPHEUS_ENFORCE(record.size() == kKnobsRecordBytes, "checkpoint log: a knobs record of {} bytes at clock {}",
+                  record.size(), clock);
+  stageEvent(clock, EventKind::kKnobs,
+             {Record::encoded(std::make_shared<std::vector<std::byte>>(record.begin(), record.end()))});
 }
 
 void SvLogWriter::stageEvent(uint64_t clock, EventKind kind, std::vector<Record> records) {

@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <optional>
 #include <string>
 #include <thread>
@@ -54,6 +55,8 @@ class SvLogWriter {
   void appendGroup(uint64_t clock, std::vector<Record> records);
   void appendGroup(uint64_t clock, std::vector<SharedBytes> records);
   void appendEvent(uint64_t clock, EventKind kind);
+  // The knobs set at `clock` (a kKnobs entry; `record` is kKnobsRecordBytes).
+  void appendKnobs(uint64_t clock, std::span<const std::byte> record);
   // Marks the end of `clock`: segments close on clock boundaries only.
   void endClock(uint64_t clock);
   // Closes the current segment and continues in replica `id`'s directory (rotation).

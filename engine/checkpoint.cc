@@ -133,6 +133,10 @@ class Replayer {
         case ckpt::EventKind::kGroup:
           applyGroup(e, params, updater);
           break;
+        case ckpt::EventKind::kKnobs:
+          // Taken at a barrier, after the clock's step; the batches carry what the knobs did.
+          updater.finishClock(params);
+          break;
         default:
           updater.finishClock(params);  // rotation: the clock's step was taken before the state moved
           break;

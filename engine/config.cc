@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace orpheus::engine {
 namespace {
@@ -128,6 +129,39 @@ void validateOptimizer(const TrainConfig& c) {
                       "--warmup {} must be shorter than --clocks {} for --lr-schedule cosine", c.warmup, c.clocks);
 }
 
+void checkRange(const std::pair<int64_t, int64_t>& r, const char* flag, int64_t low, int64_t high) {
+  if (r.first < 0) return;
+  ORPHEUS_CHECK_INPUT(r.first <= r.second && r.first >= low && r.second <= high,
+                      "{} {}:{} must be MIN:MAX with {} <= MIN <= MAX <= {}", flag, r.first, r.second, low, high);
+}
+
+// --adapt and its bounds: each applies only where its knob can move.
+void validateAdapt(const TrainConfig& c, int ranks) {
+  const bool any = c.adaptEvery != 50 || c.adaptSelect.first >= 0 || c.adaptFanout.first >= 0 ||
+                   c.adaptStaleness.first >= 0 || c.adaptAverageEvery.first >= 0 || c.maxBytesPerClock > 0.0 ||
+                   c.adaptCommShare != 0.5 || !c.adaptTrace.empty();
+  ORPHEUS_CHECK_INPUT(c.adapt || !any,
+                      "--adapt-every, --adapt-select, --adapt-fanout, --adapt-staleness, --adapt-average-every, "
+                      "--adapt-comm-share, --adapt-trace and --max-bytes-per-clock apply to --adapt");
+  if (!c.adapt) return;
+  ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv, "--adapt sets the SV co-designs' knobs: it needs --sync sv");
+  ORPHEUS_CHECK_INPUT(c.adaptEvery >= 1, "--adapt-every {} must be >= 1", c.adaptEvery);
+  ORPHEUS_CHECK_INPUT(c.adaptCommShare > 0.0 && std::isfinite(c.adaptCommShare), "--adapt-comm-share {} must be > 0",
+                      c.adaptCommShare);
+  ORPHEUS_CHECK_INPUT(c.maxBytesPerClock >= 0.0 && std::isfinite(c.maxBytesPerClock),
+                      "--max-bytes-per-clock {} must be >= 0", c.maxBytesPerClock);
+  checkRange(c.adaptSelect, "--adapt-select", 1, c.batch);
+  ORPHEUS_CHECK_INPUT(c.adaptFanout.first < 0 || c.multicast != comm::MulticastKind::kAll,
+                      "--adapt-fanout applies to --multicast random, fixed or ring");
+  checkRange(c.adaptFanout, "--adapt-fanout", 1, std::max(ranks - 1, 1));
+  ORPHEUS_CHECK_INPUT(c.adaptStaleness.first < 0 || c.consistency == Consistency::kSsp,
+                      "--adapt-staleness applies to --consistency ssp");
+  checkRange(c.adaptStaleness, "--adapt-staleness", 0, 1000000);
+  ORPHEUS_CHECK_INPUT(c.adaptAverageEvery.first < 0 || c.averageEvery > 0,
+                      "--adapt-average-every needs --average-every R (the period to start from)");
+  checkRange(c.adaptAverageEvery, "--adapt-average-every", 1, std::numeric_limits<int64_t>::max() / 4);
+}
+
 }  // namespace
 
 void validate(const TrainConfig& c, int ranks) {
@@ -161,6 +195,7 @@ void validate(const TrainConfig& c, int ranks) {
   ORPHEUS_CHECK_INPUT(!c.ckptMatrix || !c.ckptDir.empty(), "--ckpt matrix needs --ckpt-dir DIR");
   ORPHEUS_CHECK_INPUT(c.ckptSv || (c.ckptFormat == 3 && !c.ckptWriterIdle),
                       "--ckpt-format and --ckpt-writer-idle shape the SV log: they need --ckpt sv");
+  validateAdapt(c, ranks);
   if (c.sync == SyncMode::kDense) {
     ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll && c.consistency == Consistency::kBsp &&
                             c.dropLinks == 0.0,

@@ -59,6 +59,18 @@ struct TrainConfig {
   // Coordinator (section 3.4): barriers every R / S clocks; 0 = off.
   int64_t averageEvery = 0;  // periodic centralized synchronization: replicas averaged
   int64_t rotateEvery = 0;   // parameter-replica rotation along the ring of ranks
+  // --adapt (engine/adapt): the coordinator sets C, Q, s and R every adaptEvery
+  // clocks within [min, max] ranges ({-1, -1}: the defaults of adapt::boundsFor),
+  // never predicting more than maxBytesPerClock (0: no budget) sent per rank per clock.
+  bool adapt = false;
+  int64_t adaptEvery = 50;
+  std::pair<int64_t, int64_t> adaptSelect{-1, -1};
+  std::pair<int64_t, int64_t> adaptFanout{-1, -1};
+  std::pair<int64_t, int64_t> adaptStaleness{-1, -1};
+  std::pair<int64_t, int64_t> adaptAverageEvery{-1, -1};
+  double maxBytesPerClock = 0.0;
+  double adaptCommShare = 0.5;  // target: exposed comm at most this share of compute
+  std::string adaptTrace;       // testing aid: timing from a recorded metrics file
   std::string saveReplicas;  // directory: every rank saves its replica as replica-<id>.h5
   // Incremental SV checkpoint (section 3.3).
   std::string ckptDir;

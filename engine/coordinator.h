@@ -5,6 +5,7 @@
 #pragma once
 
 #include "comm/transport.h"
+#include "engine/adapt/knobs.h"
 #include "engine/base/params.h"
 #include "engine/config.h"
 #include "engine/optimizer.h"
@@ -23,12 +24,13 @@ struct Coordination {
 
 class Coordinator {
  public:
-  // Both references must outlive the coordinator.
-  Coordinator(const TrainConfig& config, comm::Transport& transport) : config_(config), transport_(transport) {}
+  // The references must outlive the coordinator; R is read from `knobs` at each clock.
+  Coordinator(const TrainConfig& config, comm::Transport& transport, const adapt::Knobs& knobs)
+      : config_(config), transport_(transport), knobs_(knobs) {}
 
   // Whether the ranks average, or rotate, their replicas after `clock`. Never with
   // one rank: there is nothing to do.
-  bool averagesAfter(uint64_t clock) const { return due(config_.averageEvery, clock); }
+  bool averagesAfter(uint64_t clock) const { return due(knobs_.averageEvery, clock); }
   bool rotatesAfter(uint64_t clock) const { return due(config_.rotateEvery, clock); }
   bool barrierAfter(uint64_t clock) const { return averagesAfter(clock) || rotatesAfter(clock); }
 
@@ -48,6 +50,7 @@ class Coordinator {
 
   const TrainConfig& config_;
   comm::Transport& transport_;
+  const adapt::Knobs& knobs_;
 };
 
 }  // namespace orpheus::engine

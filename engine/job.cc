@@ -479,6 +479,7 @@ void resume(Worker& worker, const TrainConfig& config, comm::Transport& transpor
     Restored r = restore(config.ckptDir, id, resumeClock);
     worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
     worker.setEpoch(epochs.back().epoch);
+    if (auto knobs = adapt::knobsAt(config.ckptDir, id, resumeClock)) worker.resumeKnobs(*knobs);
   });
   if (transport.rank() == 0) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
 }

@@ -65,6 +65,18 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--lr-gamma", o.gamma);
   // A cosine schedule runs over --clocks: then the length is part of the computation.
   if (o.schedule == LrScheduleKind::kCosine) add("--clocks", o.clocks);
+  // The controller's settings (only with --adapt, so older records read the same).
+  if (c.adapt) {
+    const auto range = [](const std::pair<int64_t, int64_t>& v) { return fmt::format("{}:{}", v.first, v.second); };
+    add("--adapt", std::string("on"));
+    add("--adapt-every", c.adaptEvery);
+    add("--adapt-select", range(c.adaptSelect));
+    add("--adapt-fanout", range(c.adaptFanout));
+    add("--adapt-staleness", range(c.adaptStaleness));
+    add("--adapt-average-every", range(c.adaptAverageEvery));
+    add("--adapt-comm-share", c.adaptCommShare);
+    add("--max-bytes-per-clock", c.maxBytesPerClock);
+  }
   return r;
 }
 

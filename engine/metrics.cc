@@ -109,6 +109,11 @@ void MetricsAggregator::add(const ClockRecord& r) {
   writeReady();
 }
 
+void MetricsAggregator::addAfter(uint64_t clock, JsonLine line) {
+  ORPHEUS_ENFORCE(clock >= next_, "a line after clock {}, which is written already", clock);
+  after_[clock].push_back(std::move(line));
+}
+
 void MetricsAggregator::writeReady() {
   for (auto it = entries_.find(next_); it != entries_.end() && it->second.count == ranks_; it = entries_.find(next_)) {
     write(next_, it->second);
@@ -167,6 +172,10 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
     }
   }
   out_.write(line);
+  if (const auto notes = after_.find(clock); notes != after_.end()) {
+    for (const JsonLine& note : notes->second) out_.write(note);
+    after_.erase(notes);
+  }
   if (accuracy >= 0) {
     lastAccuracy_ = accuracy;
     bestAccuracy_ = std::max(bestAccuracy_, accuracy);

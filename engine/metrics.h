@@ -85,6 +85,9 @@ class MetricsAggregator {
   // Language models: every line with a test loss also gives test_perplexity =
   // exp(test loss per token), and the progress line shows it.
   void reportPerplexity() { perplexity_ = true; }
+  // `line` is written right after clock `clock`'s line (a decision taken at its
+  // end); `clock` must not be written yet.
+  void addAfter(uint64_t clock, JsonLine line);
   // Every clock's line is written.
   bool done() const { return next_ > clocks_; }
   // The job stops early at `clock`: no records come after it.
@@ -118,6 +121,7 @@ class MetricsAggregator {
   uint64_t clocks_;
   uint64_t next_;
   std::map<uint64_t, Entry> entries_;
+  std::map<uint64_t, std::vector<JsonLine>> after_;
   uint64_t totalBytes_ = 0;
   uint64_t totalMessages_ = 0;
   int64_t totalFailures_ = 0;

@@ -26,6 +26,7 @@ class NullClockLog final : public ClockLog {
   void appendGroup(uint64_t, std::vector<ckpt::Record>) override {}
   ckpt::Record received(const SvBatchHeader&, ckpt::Record copy) const override { return copy; }
   void endClock(uint64_t) override {}
+  void knobs(uint64_t, std::span<const std::byte>) override {}
   void averaged(uint64_t, const ParamSet&) override {}
   void handOff(uint64_t) override {}
   void takeOver(uint64_t, int) override {}
@@ -41,9 +42,10 @@ class NullClockLog final : public ClockLog {
 
 class SvClockLog final : public ClockLog {
  public:
-  SvClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId)
+  SvClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId, const adapt::Knobs& knobs)
       : config_(config),
         transport_(transport),
+        knobs_(knobs),
         references_(config.ckptFormat >= ckpt::kSegmentVersion && config.failProb == 0.0),
         writer_(config.ckptDir, replicaId, size_t{256} << 20, 50, writerOptions(config, references_)) {}
 
@@ -57,7 +59,7 @@ class SvClockLog final : public ClockLog {
     ref.replica = header.replica;
     ref.sender = header.sender;
     ref.clock = header.clock;
-    ref.select = static_cast<int32_t>(config_.select);
+    ref.select = static_cast<int32_t>(knobs_.select);
     ref.method = static_cast<uint32_t>(config_.selectMethod);
     return ckpt::Record::reference(ref);
   }
@@ -65,6 +67,7 @@ class SvClockLog final : public ClockLog {
     writer_.endClock(clock);
     if (clock % kLogCheckEvery == 0) collectively(transport_, [&] { writer_.check(); });
   }
+  void knobs(uint64_t clock, std::span<const std::byte> record) override { writer_.appendKnobs(clock, record); }
   void averaged(uint64_t clock, const ParamSet& replica) override {
     ++averagings_;
     writer_.appendEvent(clock, ckpt::EventKind::kAveraged);
@@ -123,6 +126,7 @@ class SvClockLog final : public ClockLog {
 
   const TrainConfig& config_;
   comm::Transport& transport_;
+  const adapt::Knobs& knobs_;  // C as it is when a received batch is logged
   // Received batches are logged as references to their senders' logs (else as copies).
   bool references_;
   ckpt::SvLogWriter writer_;
@@ -134,14 +138,15 @@ class SvClockLog final : public ClockLog {
 
 }  // namespace
 
-std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId) {
+std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId,
+                                       const adapt::Knobs& knobs) {
   if (!config.ckptSv) return std::make_unique<NullClockLog>();
   // The log's IO thread frees each clock's batches once it has copied them, a
   // little after the clock. Keep freed memory in the heap for the next clock's
   // batches rather than handing it back to the system and faulting it in again.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  return std::make_unique<SvClockLog>(config, transport, replicaId);
+  return std::make_unique<SvClockLog>(config, transport, replicaId, knobs);
 }
 
 void Recovery::checkpoint(uint64_t clock, ParamSet& replica, ReplicaUpdater& updater, int replicaId) {

@@ -13,6 +13,7 @@
 
 #include "ckpt/sv_log.h"
 #include "comm/transport.h"
+#include "engine/adapt/knobs.h"
 #include "engine/base/params.h"
 #include "engine/config.h"
 #include "engine/optimizer.h"
@@ -43,6 +44,8 @@ class ClockLog {
   // healthy, so a checkpoint that cannot be written (a full disk) stops the job
   // with one report (collective).
   virtual void endClock(uint64_t clock) = 0;
+  // The coordinator set new knobs at the end of `clock` (--adapt): a kKnobs entry.
+  virtual void knobs(uint64_t clock, std::span<const std::byte> record) = 0;
   // Every replica became the average at `clock`: a log event, and at every
   // --snapshot-every-th averaging a snapshot of `replica` (collective).
   virtual void averaged(uint64_t clock, const ParamSet& replica) = 0;
@@ -75,7 +78,9 @@ class ClockLog {
 };
 
 // --ckpt sv: the log over ckpt::SvLogWriter; otherwise a log that does nothing.
-std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId);
+// A received batch's reference names the selection C of `knobs` when it is logged.
+std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId,
+                                       const adapt::Knobs& knobs);
 
 class Recovery {
  public:

@@ -80,9 +80,11 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
                     (config.multicast != comm::MulticastKind::kAll || config.consistency == Consistency::kSsp ||
                      config.dropLinks > 0.0)),
       schedule_(scheduleConfig(config, transport.size())),
-      log_(makeClockLog(config, transport, replicaId_)),
+      adapt_(config, transport, model.paramShapes(), schedule_.fanout()),
+      knobs_(adapt_.initial().knobs),
+      log_(makeClockLog(config, transport, replicaId_, knobs_)),
       inbox_(config, schedule_, transport, model.paramShapes(), log_->keepsRecords()),
-      coordinator_(config, transport),
+      coordinator_(config, transport, knobs_),
       recovery_(config, model, transport),
       // Every update is a mean over the examples a replica hears about in a clock: its
       // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
@@ -90,9 +92,42 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
       updater_(optimizerSettings(config), model) {
   if (SvExchange::serves(config, model, pointToPoint_)) exchange_ = std::make_unique<SvExchange>(config, model, transport);
+  applyKnobs(knobs_);
 }
 
 Worker::~Worker() = default;
+
+void Worker::applyKnobs(const adapt::Knobs& knobs) {
+  knobs_ = knobs;
+  comm::ScheduleConfig sc = scheduleConfig(config_, transport_.size());
+  if (sc.kind != comm::MulticastKind::kAll) sc.fanout = static_cast<int>(knobs.fanout);
+  schedule_ = comm::MulticastSchedule(sc);
+  heard_ = static_cast<double>(config_.batch) * (schedule_.fanout() + 1);
+  // Every clock up to here is complete; later ones may have been judged complete
+  // under the old schedule (no sender for this rank): judge them again.
+  inbox_.resumeAt(clock_);
+}
+
+void Worker::adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordinationBytes,
+                        const Coordination& done) {
+  if (!adapt_.enabled()) return;
+  adapt::ClockSample sample;
+  sample.computeSeconds = stats.computeSeconds;
+  sample.commSeconds = stats.commSeconds;
+  sample.waitSeconds = stats.waitSeconds;
+  sample.svBytes = static_cast<double>(stats.bytesSent);
+  sample.coordinationBytes = static_cast<double>(coordinationBytes);
+  sample.averaged = done.averaged;
+  sample.divergence = done.divergenceMax;
+  adapt_.observe(clock, sample);
+  if (!adapt_.decidesAfter(clock)) return;
+  // coordinate() made this clock a barrier: nothing newer is under way anywhere.
+  const adapt::Decision decision = adapt_.decide(clock, knobs_);
+  if (decision.knobs == knobs_) return;
+  const auto record = adapt::encodeKnobs(decision.knobs);
+  log_->knobs(clock, record);
+  applyKnobs(decision.knobs);
+}
 
 void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id) {
   replica_ = std::move(replica);
@@ -140,7 +175,7 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSin
   if (pointToPoint_) {
     receive(clock, metrics);
     // SSP: start clock t only once every batch addressed here from clocks <= t-s-1 is in.
-    const auto staleness = static_cast<uint64_t>(config_.staleness);
+    const auto staleness = static_cast<uint64_t>(knobs_.staleness);
     if (config_.consistency == Consistency::kSsp && clock > staleness + 1) {
       stats.waitSeconds += waitComplete(clock - staleness - 1, clock, metrics);
     }
@@ -191,7 +226,7 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
 void Worker::overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats,
                                MetricsSink& metrics) {
   const auto start = Clock::now();
-  const bool selects = config_.select > 0 && config_.select < examples.size();
+  const bool selects = knobs_.select > 0 && static_cast<size_t>(knobs_.select) < examples.size();
   exchange_->begin(clock, header(clock), updater_.coefficientScale(clock, heard_), start);
   bool finite = true;
   auto local = std::make_shared<SvBatch>(
@@ -251,7 +286,7 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
 std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) const {
   const auto t = Clock::now();
   std::optional<SvBatch> sent =
-      selectForPeers(local, config_.select, config_.selectMethod, config_.seed, clock, transport_.rank());
+      selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank());
   if (!sent) return std::nullopt;
   stats.selectSeconds = secondsSince(t);
   stats.computeSeconds += stats.selectSeconds;
@@ -412,7 +447,7 @@ Worker::Coordination Worker::coordinate(uint64_t clock) {
 
 Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
   Coordination done;
-  if (!coordinator_.barrierAfter(clock)) return done;
+  if (!coordinator_.barrierAfter(clock) && !adapt_.decidesAfter(clock)) return done;
   // A consistent cut: every batch of every clock <= `clock` is applied everywhere.
   // Nobody has sent anything newer, since every rank stops here after `clock`.
   if (pointToPoint_) waitComplete(clock, clock, metrics);
@@ -467,6 +502,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   MetricsCollector collector(transport_, aggregator);
   MetricsReporter reporter(transport_);
   MetricsSink& sink = leader ? static_cast<MetricsSink&>(collector) : reporter;
+  adapt_.reportTo(leader ? &aggregator : nullptr);
   try {
     const ParamSet& replica = runClocks(metrics, sink, aggregator);
     progress.finish();
@@ -524,6 +560,7 @@ bool Worker::runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSin
   const uint64_t bytesBefore = transport_.counters().bytesSent;
   const Coordination coordination = coordinate(clock, sink);
   const uint64_t coordinationBytes = transport_.counters().bytesSent - bytesBefore;  // averaging, rotation
+  adaptAfter(clock, stats, coordinationBytes, coordination);
   const Recovery::Failure failure = afterClock(clock);
   const double clockSeconds = secondsSince(start);
   tally.trainSeconds += clockSeconds;
@@ -612,6 +649,13 @@ void Worker::writeSummary(MetricsWriter& metrics, const MetricsAggregator& aggre
       .add("failures", aggregator.totalFailures())
       .add("lost_clocks", aggregator.totalLostClocks())
       .add("replica", static_cast<int64_t>(replicaId_));
+  if (config_.adapt) {
+    summary.add("adapt", true)
+        .add("final_select", knobs_.select)
+        .add("final_fanout", knobs_.fanout)
+        .add("final_staleness", knobs_.staleness)
+        .add("final_average_every", knobs_.averageEvery);
+  }
   if (test_ != nullptr) {
     summary.add("initial_test_loss", initialEval.loss);
     summary.add("test_loss", lastEval_.loss);

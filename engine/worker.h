@@ -8,6 +8,7 @@
 
 #include "comm/schedule.h"
 #include "comm/transport.h"
+#include "engine/adapt/controller.h"
 #include "engine/config.h"
 #include "engine/consistency.h"
 #include "engine/coordinator.h"
@@ -143,6 +144,10 @@ class Worker {
   uint64_t lastClock() const { return lastClock_; }
   // True when batches travel point to point (multicast, SSP, link failures).
   bool pointToPoint() const { return pointToPoint_; }
+  // The knobs in force (--adapt changes them at decision barriers).
+  const adapt::Knobs& knobs() const { return knobs_; }
+  // Resume: the knobs the job had set by the clock it resumes from (adapt::knobsAt).
+  void resumeKnobs(const adapt::Knobs& knobs) { applyKnobs(knobs); }
   // Tells `observer` (null: nobody) the phases of every clock from now on; it must
   // outlive the worker's clocks.
   void observeClocks(ClockObserver* observer) { observer_ = observer; }
@@ -196,6 +201,11 @@ class Worker {
   double waitComplete(uint64_t through, uint64_t clock, MetricsSink& metrics);
   void applyReady(uint64_t clock);
 
+  // --adapt: this clock's measurements to the controller and, at a decision
+  // barrier, the knobs it announces (logged, then in force from the next clock).
+  void adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordinationBytes, const Coordination& done);
+  void applyKnobs(const adapt::Knobs& knobs);
+
   SvBatchHeader header(uint64_t clock) const;
   void notePhase(ClockPhase phase, uint64_t clock) {
     if (observer_ != nullptr) observer_->phase(phase, clock);
@@ -213,6 +223,9 @@ class Worker {
   std::vector<std::byte> encoded_;  // reused send buffer (broadcast path)
   bool pointToPoint_;
   comm::MulticastSchedule schedule_;
+  // C, Q, s and R as they are now: read here, never from config_ (engine/adapt/knobs.h).
+  adapt::Controller adapt_;
+  adapt::Knobs knobs_;
   std::unique_ptr<ClockLog> log_;  // the incremental SV checkpoint, or a log that does nothing
   Inbox inbox_;
   Coordinator coordinator_;

@@ -320,10 +320,59 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
 }
 
+// --adapt and its bounds, each MIN:MAX.
+void addRangeOption(CLI::App& cmd, const std::string& flag, std::pair<int64_t, int64_t>& range,
+                    const std::string& help) {
+  cmd.add_option_function<std::string>(
+         flag,
+         [&range, flag](const std::string& v) {
+           const size_t colon = v.find(':');
+           int64_t lo = 0, hi = 0;
+           std::string error;
+           if (colon == std::string::npos ||
+               !orpheus::engine::cli::parseInteger(v.substr(0, colon), 0, std::numeric_limits<int64_t>::max(), &lo,
+                                                   &error) ||
+               !orpheus::engine::cli::parseInteger(v.substr(colon + 1), 0, std::numeric_limits<int64_t>::max(), &hi,
+                                                   &error)) {
+             throw CLI::ValidationError(flag, "expected MIN:MAX (integers >= 0), got '" + v + "'");
+           }
+           range = {lo, hi};
+         },
+         help)
+      ->type_name("MIN:MAX");
+}
+
+void addAdaptFlags(CLI::App& cmd, TrainConfig& c) {
+  cmd.add_flag("--adapt", c.adapt,
+               "Adaptive consistency: every --adapt-every clocks the coordinator sets C, Q, s and R from what it "
+               "measured, within the --adapt-* bounds (starting from --select, --fanout, --staleness, "
+               "--average-every); see the README");
+  cmd.add_option("--adapt-every", c.adaptEvery, "With --adapt: clocks between decisions")
+      ->capture_default_str()
+      ->check(integerIn(1));
+  addRangeOption(cmd, "--adapt-select", c.adaptSelect, "With --adapt: bounds of C (default 1:B)");
+  addRangeOption(cmd, "--adapt-fanout", c.adaptFanout, "With --adapt: bounds of Q (default 1:P-1)");
+  addRangeOption(cmd, "--adapt-staleness", c.adaptStaleness, "With --adapt under SSP: bounds of s (default 0:max(8,2s))");
+  addRangeOption(cmd, "--adapt-average-every", c.adaptAverageEvery,
+                 "With --adapt and --average-every R: bounds of R (default R/4:4R)");
+  cmd.add_option("--adapt-comm-share", c.adaptCommShare,
+                 "With --adapt: keep exposed communication under this share of compute")
+      ->capture_default_str()
+      ->check(numberIn(0, std::numeric_limits<double>::infinity(), true));
+  cmd.add_option("--max-bytes-per-clock", c.maxBytesPerClock,
+                 "With --adapt: bytes a rank may send per clock (SV batches and averaging, amortized); the "
+                 "controller never picks C, Q, R predicted to exceed it")
+      ->check(numberIn(0, std::numeric_limits<double>::infinity(), true));
+  cmd.add_option("--adapt-trace", c.adaptTrace,
+                 "Testing aid, with --adapt: take compute, comm and wait seconds from this recorded metrics file "
+                 "instead of measuring them, so decisions repeat");
+}
+
 void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   addModelFlags(cmd, c, format);
   addOptimizerFlags(cmd, c);
   addSyncFlags(cmd, c);
+  addAdaptFlags(cmd, c);
   addCheckpointFlags(cmd, c);
   addRunFlags(cmd, c);
 }

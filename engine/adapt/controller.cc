@@ -1,0 +1,241 @@
+#include "engine/adapt/controller.h"
+
+#include "ckpt/log_reader.h"
+#include "engine/base/error.h"
+#include "engine/metrics.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace orpheus::engine::adapt {
+
+static_assert(kKnobsRecordBytes == ckpt::kKnobsRecordBytes, "the SV log keeps knobs as engine/adapt encodes them");
+
+namespace {
+
+// The number after "key": in one JSON line, if there is one.
+std::optional<double> numberField(const std::string& line, const std::string& key) {
+  const std::string quoted = "\"" + key + "\":";
+  const size_t at = line.find(quoted);
+  if (at == std::string::npos) return std::nullopt;
+  const char* begin = line.c_str() + at + quoted.size();
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  if (end == begin) return std::nullopt;
+  return v;
+}
+
+Range rangeOf(const std::pair<int64_t, int64_t>& given, Range fallback) {
+  if (given.first < 0) return fallback;
+  return {given.first, given.second};
+}
+
+}  // namespace
+
+Trace Trace::parse(const std::string& text, const std::string& source) {
+  Trace trace;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("\"summary\"") != std::string::npos || line.find("\"decision\"") != std::string::npos) continue;
+    const auto clock = numberField(line, "clock");
+    const auto compute = numberField(line, "compute_seconds");
+    if (!clock || !compute) continue;
+    Timing t;
+    t.computeSeconds = *compute;
+    t.commSeconds = numberField(line, "comm_seconds").value_or(0.0);
+    t.waitSeconds = numberField(line, "wait_seconds").value_or(0.0);
+    trace.byClock_[static_cast<uint64_t>(*clock)] = t;
+  }
+  ORPHEUS_CHECK_INPUT(!trace.byClock_.empty(), "--adapt-trace '{}' holds no per-clock metrics line", source);
+  return trace;
+}
+
+Trace Trace::read(const std::string& path) {
+  std::ifstream in(path);
+  ORPHEUS_CHECK_INPUT(in.good(), "--adapt-trace: cannot read '{}'", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path);
+}
+
+const Trace::Timing& Trace::at(uint64_t clock) const {
+  auto it = byClock_.upper_bound(clock);
+  if (it == byClock_.begin()) return it->second;
+  return std::prev(it)->second;
+}
+
+Knobs startKnobs(const TrainConfig& c, int startFanout) {
+  Knobs k;
+  k.select = c.select;
+  k.fanout = startFanout;
+  k.staleness = c.staleness;
+  k.averageEvery = c.averageEvery;
+  return k;
+}
+
+Bounds boundsFor(const TrainConfig& c, int ranks, int startFanout) {
+  Bounds b;
+  b.select = rangeOf(c.adaptSelect, {1, c.batch});
+  const bool multicast = c.multicast != comm::MulticastKind::kAll && ranks > 1;
+  b.fanout = multicast ? rangeOf(c.adaptFanout, {1, ranks - 1}) : Range{startFanout, startFanout};
+  b.staleness = c.consistency == Consistency::kSsp
+                    ? rangeOf(c.adaptStaleness, {0, std::max<int64_t>(8, 2 * c.staleness)})
+                    : Range{c.staleness, c.staleness};
+  b.averageEvery = c.averageEvery > 0 ? rangeOf(c.adaptAverageEvery, {std::max<int64_t>(1, c.averageEvery / 4),
+                                                                      4 * c.averageEvery})
+                                      : Range{0, 0};
+  b.maxBytesPerClock = c.maxBytesPerClock;
+  b.commShare = c.adaptCommShare;
+  return b;
+}
+
+Controller::Controller(const TrainConfig& config, comm::Transport& transport,
+                       const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout)
+    : config_(config),
+      transport_(transport),
+      bounds_(boundsFor(config, transport.size(), startFanout)),
+      bytes_(byteModelFor(shapes, config.batch)) {
+  const Knobs start = startKnobs(config, startFanout);
+  if (!config.adapt) {
+    initial_ = {start, "off", "", bytes_.perClock(start)};
+    return;
+  }
+  initial_ = initialKnobs(start, bounds_, bytes_, config.consistency == Consistency::kSsp);
+  if (!config.adaptTrace.empty()) trace_ = Trace::read(config.adaptTrace);
+}
+
+bool Controller::decidesAfter(uint64_t clock) const {
+  return config_.adapt && transport_.size() > 1 && config_.adaptEvery > 0 &&
+         clock % static_cast<uint64_t>(config_.adaptEvery) == 0 && clock < static_cast<uint64_t>(config_.clocks);
+}
+
+void Controller::observe(uint64_t clock, const ClockSample& s) {
+  if (!config_.adapt) return;
+  ++clocks_;
+  lastClock_ = clock;
+  if (trace_) {
+    const Trace::Timing& t = trace_->at(clock);
+    compute_ += t.computeSeconds;
+    comm_ += t.commSeconds;
+    wait_ += t.waitSeconds;
+  } else {
+    compute_ += s.computeSeconds;
+    comm_ += s.commSeconds;
+    wait_ += s.waitSeconds;
+  }
+  svBytes_ += s.svBytes;
+  if (s.averaged) {
+    averageBytes_ = std::max(averageBytes_, s.coordinationBytes);
+    if (averagings_++ == 0) firstDivergence_ = s.divergence;
+    lastDivergence_ = s.divergence;
+  }
+}
+
+// Every rank's window, pooled: means over ranks of the timing, maxima of the
+// bytes; divergence is the same on every rank (Coordinator::average).
+Window Controller::pooled() {
+  const double n = std::max<double>(1.0, static_cast<double>(clocks_));
+  double sums[3] = {compute_ / n, comm_ / n, wait_ / n};
+  double maxima[2] = {svBytes_ / n, averageBytes_};
+  transport_.control().sum(sums);
+  transport_.control().max(maxima);
+  const double p = transport_.size();
+  Window w;
+  w.clocks = clocks_;
+  w.computeSeconds = sums[0] / p;
+  w.commSeconds = sums[1] / p;
+  w.waitSeconds = sums[2] / p;
+  w.svBytes = maxima[0];
+  w.averageBytes = maxima[1];
+  // Two averagings in one window show a trend; one shows a level; none, nothing.
+  if (averagings_ >= 1) w.divergence = lastDivergence_;
+  if (averagings_ >= 2) w.previousDivergence = firstDivergence_;
+  return w;
+}
+
+Decision Controller::decide(uint64_t clock, const Knobs& current) {
+  const Window w = pooled();
+  clocks_ = 0;
+  compute_ = comm_ = wait_ = svBytes_ = averageBytes_ = 0.0;
+  firstDivergence_ = lastDivergence_ = -1.0;
+  averagings_ = 0;
+
+  // Rank 0 decides; the others take its knobs (a sum of integers with zeros: exact).
+  const bool leader = transport_.rank() == 0;
+  Decision d;
+  if (leader) d = adapt::decide(current, w, bounds_, bytes_, config_.consistency == Consistency::kSsp);
+  double knobs[4] = {0, 0, 0, 0};
+  if (leader) {
+    knobs[0] = static_cast<double>(d.knobs.select);
+    knobs[1] = static_cast<double>(d.knobs.fanout);
+    knobs[2] = static_cast<double>(d.knobs.staleness);
+    knobs[3] = static_cast<double>(d.knobs.averageEvery);
+  }
+  transport_.control().sum(knobs);
+  d.knobs = {static_cast<int64_t>(knobs[0]), static_cast<int64_t>(knobs[1]), static_cast<int64_t>(knobs[2]),
+             static_cast<int64_t>(knobs[3])};
+  if (leader && aggregator_ != nullptr) {
+    JsonLine line;
+    line.add("decision", true)
+        .add("clock", clock)
+        .add("rule", d.rule)
+        .add("reason", d.reason)
+        .add("changed", !(d.knobs == current))
+        .add("select", d.knobs.select)
+        .add("fanout", d.knobs.fanout)
+        .add("staleness", d.knobs.staleness)
+        .add("average_every", d.knobs.averageEvery)
+        .add("predicted_bytes_per_clock", d.predictedBytes)
+        .add("max_bytes_per_clock", bounds_.maxBytesPerClock)
+        .add("window_clocks", w.clocks)
+        .add("window_compute_seconds", w.computeSeconds)
+        .add("window_comm_seconds", w.commSeconds)
+        .add("window_wait_seconds", w.waitSeconds)
+        .add("window_sv_bytes", w.svBytes);
+    aggregator_->addAfter(clock, line);
+  }
+  return d;
+}
+
+std::optional<Knobs> knobsAt(const std::string& dir, int replica, uint64_t clock) {
+  ckpt::InspectScope scope;
+  scope.replica = replica;
+  scope.upTo = clock;
+  const ckpt::Inventory inventory = ckpt::inspect(dir, scope);
+  std::optional<Knobs> found;
+  for (const auto& r : inventory.replicas) {
+    if (r.replica != replica) continue;
+    for (const auto& s : r.segments) {
+      for (const ckpt::LogEntry& e : s.events) {
+        if (e.kind != ckpt::EventKind::kKnobs || e.clock > clock || e.records.size() != 1) continue;
+        found = decodeKnobs(e.records.front());  // segments and their events come in clock order
+      }
+    }
+  }
+  return found;
+}
+
+std::array<std::byte, kKnobsRecordBytes> encodeKnobs(const Knobs& k) {
+  std::array<std::byte, kKnobsRecordBytes> out{};
+  const int64_t values[4] = {k.select, k.fanout, k.staleness, k.averageEvery};
+  std::memcpy(out.data(), values, sizeof(values));
+  return out;
+}
+
+Knobs decodeKnobs(std::span<const std::byte> bytes) {
+  if (bytes.size() != kKnobsRecordBytes) {
+    throw CorruptRecordError(fmt::format("a knobs record of {} bytes (expected {})", bytes.size(), kKnobsRecordBytes));
+  }
+  int64_t values[4];
+  std::memcpy(values, bytes.data(), sizeof(values));
+  for (const int64_t v : values) {
+    if (v < 0) throw CorruptRecordError(fmt::format("a knobs record with a negative value {}", v));
+  }
+  return {values[0], values[1], values[2], values[3]};
+}
+
+}  // namespace orpheus::engine::adapt

@@ -1,0 +1,117 @@
+// The adaptive-consistency controller (--adapt, after the thesis in
+// papers/003, chapter 4): beside each worker, it adds up what every clock
+// measured; every --adapt-every K clocks the ranks pool their windows in one
+// control collective, rank 0 applies the policy (engine/adapt/policy.h) and
+// announces the knobs, and every rank switches at the same clock boundary.
+//
+// A decision is taken at a barrier (Coordinator::barrierAfter includes the
+// decision clocks): every batch of the clocks before it is applied everywhere, so
+// the new C, Q, s and R govern only clocks no rank has started. Each decision is a
+// metrics line ("decision": true, with its rule and reason) and, with --ckpt sv, a
+// kKnobs entry in every replica's log, which --resume reads back (knobsAt).
+// Timing is what it is on the machine; what stays bitwise is the replay of the
+// decisions taken.
+#pragma once
+
+#include "comm/transport.h"
+#include "engine/adapt/policy.h"
+#include "engine/config.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace orpheus::engine {
+class MetricsAggregator;
+}  // namespace orpheus::engine
+
+namespace orpheus::engine::adapt {
+
+// What one clock measured on this rank, as the controller needs it.
+struct ClockSample {
+  double computeSeconds = 0.0;
+  double commSeconds = 0.0;
+  double waitSeconds = 0.0;
+  double svBytes = 0.0;            // SV traffic of the clock
+  double coordinationBytes = 0.0;  // averaging and rotation at its barrier
+  bool averaged = false;
+  double divergence = 0.0;         // at that averaging (max over replicas)
+};
+
+// Timing recorded by an earlier run (its metrics lines): compute, comm and wait
+// seconds by clock. --adapt-trace replays it in place of the clocks' own timing,
+// so decisions become a function of the trace and the job (tests, what-if runs).
+class Trace {
+ public:
+  struct Timing {
+    double computeSeconds = 0.0;
+    double commSeconds = 0.0;
+    double waitSeconds = 0.0;
+  };
+  // The per-clock lines of a metrics file (others are skipped); InputError when
+  // it cannot be read or holds no clock line.
+  static Trace read(const std::string& path);
+  // Parses metrics lines from text (one JSON object a line).
+  static Trace parse(const std::string& text, const std::string& source);
+  // The line of the newest recorded clock <= `clock` (the first line before it).
+  const Timing& at(uint64_t clock) const;
+  size_t size() const { return byClock_.size(); }
+
+ private:
+  std::map<uint64_t, Timing> byClock_;
+};
+
+// The bounds --adapt-* and the job's shape give (defaults filled in).
+Bounds boundsFor(const TrainConfig& config, int ranks, int startFanout);
+
+// The knobs a job starts with, from its flags (Q as the schedule resolves it).
+Knobs startKnobs(const TrainConfig& config, int startFanout);
+
+class Controller {
+ public:
+  // `shapes`: the model's parameter shapes; `startFanout`: Q as the schedule
+  // resolved it. The references must outlive the controller.
+  Controller(const TrainConfig& config, comm::Transport& transport,
+             const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout);
+
+  bool enabled() const { return config_.adapt; }
+  // The knobs to start from: the flags, inside the bounds and the budget.
+  const Decision& initial() const { return initial_; }
+  // Whether the ranks decide after `clock` (never after the last clock).
+  bool decidesAfter(uint64_t clock) const;
+
+  // Adds this rank's clock to the window.
+  void observe(uint64_t clock, const ClockSample& sample);
+  // The decision after `clock` under `current` (collective: every rank calls it
+  // when decidesAfter(clock)); the same knobs on every rank, the reason on rank 0.
+  // Starts the next window.
+  Decision decide(uint64_t clock, const Knobs& current);
+  // Rank 0: decision lines go to the metrics, each after its clock's line.
+  void reportTo(MetricsAggregator* aggregator) { aggregator_ = aggregator; }
+
+ private:
+  Window pooled();
+
+  const TrainConfig& config_;
+  comm::Transport& transport_;
+  Bounds bounds_;
+  ByteModel bytes_;
+  Decision initial_;
+  std::optional<Trace> trace_;
+  MetricsAggregator* aggregator_ = nullptr;
+  // The window so far: sums over its clocks on this rank.
+  int64_t clocks_ = 0;
+  uint64_t lastClock_ = 0;
+  double compute_ = 0.0, comm_ = 0.0, wait_ = 0.0, svBytes_ = 0.0, averageBytes_ = 0.0;
+  int64_t averagings_ = 0;
+  double firstDivergence_ = -1.0, lastDivergence_ = -1.0;
+};
+
+// The knobs in force after `clock` in replica `replica`'s log under `dir`: its
+// newest kKnobs entry at or before `clock`, or none (the flags' knobs hold).
+std::optional<Knobs> knobsAt(const std::string& dir, int replica, uint64_t clock);
+
+}  // namespace orpheus::engine::adapt

@@ -1,0 +1,35 @@
+// The knobs of the communication co-designs that may change while a job runs
+// (--adapt): selection C, fanout Q, staleness s and the averaging period R. The
+// worker, the coordinator and the checkpoint log read them from one Knobs object
+// owned by the worker, never from the TrainConfig they started from, so a change
+// takes effect for all of them at the same clock.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace orpheus::engine::adapt {
+
+struct Knobs {
+  int64_t select = 0;        // C: SVGs sent per clock; 0 = all B
+  int64_t fanout = 0;        // Q: peers per clock (P-1 under broadcast)
+  int64_t staleness = 0;     // s, under SSP
+  int64_t averageEvery = 0;  // R: clocks between averagings; 0 = off
+
+  bool operator==(const Knobs&) const = default;
+};
+
+// "C=25 Q=3 s=2 R=50".
+std::string toString(const Knobs& knobs);
+
+// The knobs as the SV log keeps them (a kKnobs entry's one record): four
+// little-endian i64 in the order above, ckpt::kKnobsRecordBytes in all.
+inline constexpr size_t kKnobsRecordBytes = 4 * sizeof(int64_t);
+std::array<std::byte, kKnobsRecordBytes> encodeKnobs(const Knobs& knobs);
+// CorruptRecordError when `bytes` is not one record of sane knobs.
+Knobs decodeKnobs(std::span<const std::byte> bytes);
+
+}  // namespace orpheus::engine::adapt

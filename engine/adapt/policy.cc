@@ -1,0 +1,200 @@
+#include "engine/adapt/policy.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+
+namespace orpheus::engine::adapt {
+namespace {
+
+// Rule thresholds (README, "Adaptive consistency").
+constexpr double kWaitShare = 0.5;      // waits above this share of compute + comm dominate
+constexpr double kDivergenceGrowth = 1.5;  // divergence grew by half or more
+constexpr double kSlackShare = 0.5;     // comm below this part of the target share is slack
+
+int64_t effectiveSelect(int64_t select, int64_t batch) { return select <= 0 || select >= batch ? batch : select; }
+// C = B is no selection at all: stored as 0, as --select 0 means.
+int64_t storedSelect(int64_t select, int64_t batch) { return select >= batch ? 0 : select; }
+
+bool fits(const ByteModel& m, const Bounds& b, const Knobs& k) {
+  return b.maxBytesPerClock <= 0.0 || m.perClock(k) <= b.maxBytesPerClock;
+}
+
+std::string bytesText(double bytes) {
+  if (bytes >= 1e6) return fmt::format("{:.2f} MB", bytes / 1e6);
+  if (bytes >= 1e3) return fmt::format("{:.1f} kB", bytes / 1e3);
+  return fmt::format("{:.0f} B", bytes);
+}
+
+Decision made(const Knobs& k, const ByteModel& m, std::string rule, std::string reason) {
+  return {k, std::move(rule), std::move(reason), m.perClock(k)};
+}
+
+// Knobs inside the bounds; C in the stored form.
+Knobs clamped(Knobs k, const Bounds& b, int64_t batch) {
+  k.select = storedSelect(b.select.clamp(effectiveSelect(k.select, batch)), batch);
+  k.fanout = b.fanout.clamp(k.fanout);
+  k.staleness = b.staleness.clamp(k.staleness);
+  k.averageEvery = b.averageEvery.clamp(k.averageEvery);
+  return k;
+}
+
+// Rule 0: the largest C that fits, then fewer peers, then rarer averaging.
+std::optional<Decision> fitBudget(const Knobs& current, const Bounds& b, const ByteModel& m) {
+  if (fits(m, b, current)) return std::nullopt;
+  const double before = m.perClock(current);
+  Knobs k = current;
+  while (!fits(m, b, k)) {
+    const int64_t c = effectiveSelect(k.select, m.batch);
+    if (c > b.select.min) {
+      k.select = storedSelect(c - 1, m.batch);
+    } else if (k.fanout > b.fanout.min) {
+      k.fanout -= 1;
+      k.select = storedSelect(b.select.max, m.batch);  // the largest C again, at the smaller Q
+    } else if (k.averageEvery > 0 && k.averageEvery < b.averageEvery.max) {
+      k.averageEvery = std::min(b.averageEvery.max, 2 * k.averageEvery);
+    } else {
+      return made(k, m, "budget",
+                  fmt::format("predicted {} per clock exceeds the budget {} even at {}: every knob is at its bound",
+                              bytesText(m.perClock(k)), bytesText(b.maxBytesPerClock), toString(k)));
+    }
+  }
+  return made(k, m, "budget",
+              fmt::format("predicted {} per clock > budget {}: {} -> {} ({})", bytesText(before),
+                          bytesText(b.maxBytesPerClock), toString(current), toString(k), bytesText(m.perClock(k))));
+}
+
+// One step of one knob, kept only when it moves and fits the budget.
+std::optional<Knobs> step(const Knobs& current, const Bounds& b, const ByteModel& m, Knobs next) {
+  next = clamped(next, b, m.batch);
+  if (next == current || !fits(m, b, next)) return std::nullopt;
+  return next;
+}
+
+}  // namespace
+
+std::string toString(const Knobs& k) {
+  return fmt::format("C={} Q={} s={} R={}", k.select == 0 ? std::string("all") : std::to_string(k.select), k.fanout,
+                     k.staleness, k.averageEvery);
+}
+
+double ByteModel::batchBytes(int64_t select) const {
+  if (select <= 0 || select >= batch) return fixedBytes + static_cast<double>(batch) * perColumnBytes;
+  const auto c = static_cast<double>(select);
+  return fixedBytes + c * perColumnBytes + c * c * perColumnSquared;
+}
+
+double ByteModel::perClock(const Knobs& k) const {
+  const double sv = static_cast<double>(k.fanout) * batchBytes(k.select) * scale;
+  return sv + (k.averageEvery > 0 ? averageBytes / static_cast<double>(k.averageEvery) : 0.0);
+}
+
+ByteModel byteModelFor(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t batch) {
+  // sv_batch.h: a 64-byte header, 32 bytes per matrix, then per column an f32
+  // coefficient and, per matrix, its U and V columns; a selection adds an n x n
+  // core and n bias coefficients per matrix. Every parameter counts as a matrix,
+  // so this bounds dense batches from above.
+  constexpr double kFloat = 4.0;
+  ByteModel m;
+  m.batch = batch;
+  m.fixedBytes = 64.0 + 32.0 * static_cast<double>(shapes.size());
+  m.perColumnBytes = kFloat;
+  double params = 0.0;
+  for (const auto& [rows, cols] : shapes) {
+    m.perColumnBytes += kFloat * static_cast<double>(rows + cols + 1);
+    m.perColumnSquared += kFloat;
+    params += static_cast<double>(rows * cols);
+  }
+  // An allreduce sends about twice the replica; the measurement replaces this.
+  m.averageBytes = 2.0 * kFloat * params;
+  return m;
+}
+
+ByteModel corrected(const ByteModel& model, const Knobs& current, const Window& w) {
+  ByteModel m = model;
+  const double predicted = static_cast<double>(current.fanout) * model.batchBytes(current.select);
+  if (predicted > 0.0 && w.svBytes > predicted) m.scale = w.svBytes / predicted;
+  if (w.averageBytes > 0.0) m.averageBytes = w.averageBytes;
+  return m;
+}
+
+Decision initialKnobs(const Knobs& start, const Bounds& b, const ByteModel& m, bool ssp) {
+  Knobs k = clamped(start, b, m.batch);
+  if (!ssp) k.staleness = start.staleness;
+  if (auto fitted = fitBudget(k, b, m)) return *fitted;
+  return made(k, m, "start", fmt::format("{} within the bounds and the budget", toString(k)));
+}
+
+Decision decide(const Knobs& current, const Window& w, const Bounds& b, const ByteModel& model, bool ssp) {
+  const ByteModel m = corrected(model, current, w);
+  if (auto fitted = fitBudget(current, b, m)) return *fitted;
+
+  const int64_t c = effectiveSelect(current.select, m.batch);
+  const double compute = std::max(w.computeSeconds, 1e-9);
+  const double share = w.commSeconds / compute;
+  const double busy = w.computeSeconds + w.commSeconds;
+  const auto moved = [&](const char* rule, const std::string& why, const Knobs& next) {
+    return made(next, m, rule, fmt::format("{}: {} -> {}", why, toString(current), toString(next)));
+  };
+  const auto change = [&](auto edit) {
+    Knobs next = current;
+    edit(next);
+    return step(current, b, m, next);
+  };
+  std::string held;  // a rule that fired but could move nothing
+
+  // 1. Waits dominate: let workers run further ahead, else wait on fewer peers.
+  if (w.waitSeconds > kWaitShare * busy && w.waitSeconds > 0.0) {
+    const std::string why = fmt::format("waits {:.0f}% of compute+comm", 100.0 * w.waitSeconds / std::max(busy, 1e-9));
+    if (ssp) {
+      if (auto k = change([](Knobs& n) { ++n.staleness; })) return moved("waits", why + ", raise s", *k);
+    }
+    if (auto k = change([](Knobs& n) { --n.fanout; })) return moved("waits", why + ", fewer peers", *k);
+    held = why;
+  }
+  // 2. Exposed comm above its share: send less, to fewer, average less often.
+  if (held.empty() && share > b.commShare) {
+    const std::string why = fmt::format("comm {:.2f} of compute > {:.2f}", share, b.commShare);
+    if (auto k = change([&](Knobs& n) { n.select = std::max<int64_t>(1, c / 2); })) return moved("comm", why, *k);
+    if (auto k = change([](Knobs& n) { --n.fanout; })) return moved("comm", why, *k);
+    if (current.averageEvery > 0) {
+      if (auto k = change([](Knobs& n) { n.averageEvery *= 2; })) return moved("comm", why, *k);
+    }
+    held = why;
+  }
+  // 3. Replicas drift apart between averagings: send more, or average sooner.
+  if (held.empty() && w.divergence >= 0.0 && w.previousDivergence > 0.0 &&
+      w.divergence >= kDivergenceGrowth * w.previousDivergence) {
+    const std::string why =
+        fmt::format("divergence at averaging {:.3g} -> {:.3g}", w.previousDivergence, w.divergence);
+    if (auto k = change([&](Knobs& n) { n.select = 2 * c; })) return moved("diverge", why, *k);
+    if (current.averageEvery > 0) {
+      if (auto k = change([](Knobs& n) { n.averageEvery = std::max<int64_t>(1, n.averageEvery / 2); })) {
+        return moved("diverge", why, *k);
+      }
+    }
+    held = why;
+  }
+  // 4. Slack: comm well under its share buys progress per clock.
+  if (held.empty() && share < kSlackShare * b.commShare) {
+    const std::string why = fmt::format("comm {:.2f} of compute < {:.2f}", share, kSlackShare * b.commShare);
+    if (auto k = change([&](Knobs& n) { n.select = 2 * c; })) return moved("slack", why, *k);
+    if (auto k = change([](Knobs& n) { ++n.fanout; })) return moved("slack", why, *k);
+    if (ssp) {
+      if (auto k = change([](Knobs& n) { --n.staleness; })) return moved("slack", why, *k);
+    }
+    if (current.averageEvery > 0) {
+      if (auto k = change([](Knobs& n) { n.averageEvery = std::max<int64_t>(1, n.averageEvery / 2); })) {
+        return moved("slack", why, *k);
+      }
+    }
+    held = why;
+  }
+  if (!held.empty()) return made(current, m, "keep", held + ", but its knobs are at their bounds or the budget");
+  return made(current, m, "keep",
+              fmt::format("comm {:.2f} of compute within [{:.2f}, {:.2f}]", share, kSlackShare * b.commShare,
+                          b.commShare));
+}
+
+}  // namespace orpheus::engine::adapt

@@ -1,0 +1,97 @@
+// The adaptive-consistency policy (--adapt): from what a window of clocks
+// measured, the knobs for the next window, and one line saying why.
+//
+// Pure and deterministic: the same window, knobs, bounds and byte model give the
+// same decision on any machine. Nothing here reads a clock or a file; the
+// controller (engine/adapt/controller.h) gathers the window and announces the
+// decision. The rules are written out in the README ("Adaptive consistency"):
+//   0. budget   predicted bytes per rank per clock above --max-bytes-per-clock:
+//               lower C, then Q, then R-averaging traffic, until it fits;
+//   1. waits    waits above half of compute + comm: raise s (SSP), else lower Q;
+//   2. comm     exposed comm above --adapt-comm-share of compute: halve C, else
+//               lower Q, else double R;
+//   3. diverge  replica divergence at averaging grew by half or more: double C,
+//               else halve R;
+//   4. slack    comm below half the share: double C, else raise Q, else lower s,
+//               else halve R (each only within the budget);
+//   5. keep.
+// One rule fires per decision, and it moves one knob one step, so a run's
+// decisions read as a sequence of small, named steps.
+#pragma once
+
+#include "engine/adapt/knobs.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace orpheus::engine::adapt {
+
+// Inclusive [min, max] per knob, resolved (AdaptBounds::resolve); a knob whose
+// min equals its max does not move.
+struct Range {
+  int64_t min = 0;
+  int64_t max = 0;
+  int64_t clamp(int64_t v) const { return v < min ? min : v > max ? max : v; }
+};
+
+struct Bounds {
+  Range select;        // C in [1, B]; B itself stands for "all"
+  Range fanout;        // Q in [1, P-1]
+  Range staleness;     // s; fixed at its start value unless SSP
+  Range averageEvery;  // R; fixed at 0 when averaging is off
+  double maxBytesPerClock = 0.0;  // per rank; 0 = no budget
+  double commShare = 0.5;         // target: exposed comm at most this share of compute
+};
+
+// What the knobs cost in bytes sent per rank per clock, from the model's shapes
+// (an upper bound for dense SV batches) and corrected by what was measured.
+struct ByteModel {
+  int64_t batch = 0;             // B
+  double fixedBytes = 0.0;       // per SV batch: header and matrix table
+  double perColumnBytes = 0.0;   // per selected column: U and V columns, coefficients
+  double perColumnSquared = 0.0; // per C^2: the least-squares core of a selection
+  double averageBytes = 0.0;     // per averaging, per rank
+  double scale = 1.0;            // measured / predicted, when measurement says more
+
+  // Bytes of one SV batch of C columns (0: all B, no core).
+  double batchBytes(int64_t select) const;
+  // Predicted bytes per rank per clock: Q batches, plus averaging amortized over R.
+  double perClock(const Knobs& knobs) const;
+};
+
+// The model for parameter matrices of `shapes` (rows, cols) and B = `batch`.
+ByteModel byteModelFor(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t batch);
+
+// Means per clock and per rank over the window's clocks, except where it says.
+struct Window {
+  int64_t clocks = 0;
+  double computeSeconds = 0.0;
+  double commSeconds = 0.0;  // exposed: encode, send, receive, decode
+  double waitSeconds = 0.0;
+  double svBytes = 0.0;      // max over ranks of SV bytes sent per clock
+  double averageBytes = 0.0; // max over ranks of bytes one averaging sent (0: none in the window)
+  double divergence = -1.0;          // at the last averaging in the window (-1: none)
+  double previousDivergence = -1.0;  // at the averaging before it (-1: none)
+};
+
+struct Decision {
+  Knobs knobs;
+  std::string rule;    // budget, waits, comm, diverge, slack, keep
+  std::string reason;  // one line: the measurement and the step
+  double predictedBytes = 0.0;  // per rank per clock, for the new knobs
+};
+
+// The knobs to start with: `start` inside the bounds and the budget (no
+// measurement yet, so only rule 0).
+Decision initialKnobs(const Knobs& start, const Bounds& bounds, const ByteModel& bytes, bool ssp);
+
+// The decision after `window` under `current`.
+Decision decide(const Knobs& current, const Window& window, const Bounds& bounds, const ByteModel& bytes, bool ssp);
+
+// The model corrected by a window's measurement under `current` (never below the
+// shape prediction).
+ByteModel corrected(const ByteModel& model, const Knobs& current, const Window& window);
+
+}  // namespace orpheus::engine::adapt
