@@ -415,7 +415,11 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
       return;
     }
     checkResumedJob(config, transport, shards);
-    resumeClock = resumableClock(ckpt::inspect(config.ckptDir));
+    const ckpt::Inventory inventory = ckpt::inspect(config.ckptDir);
+    // A sequence model resumes where every rank's carried states are on disk too;
+    // a checkpoint that holds none predates them and resumes without (zeros).
+    const bool withStates = model.carriesState() && !ckpt::listStatesDirs(config.ckptDir).empty();
+    resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0);
     discardAfter(config.ckptDir, resumeClock);
   });
   double shared[1] = {static_cast<double>(resumeClock)};
@@ -426,16 +430,19 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
 void resume(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
             uint64_t resumeClock) {
   if (!config.resume || resumeClock == 0) return;
-  if (transport.rank() == 0 && model.carriesState()) {
-    // The log restores parameters and optimizer state, not the states a sequence
-    // model carries from one segment of a stream to the next.
-    spdlog::warn("--resume: the model's recurrent states are not in the checkpoint and restart from zero at clock "
-                 "{}; the continued run is not bitwise the uninterrupted one",
-                 resumeClock);
-  }
   collectively(transport, [&] {
     const int id = replicaHeldAt(transport.rank(), transport.size(), resumeClock, config.rotateEvery);
     Restored r = restore(config.ckptDir, id, resumeClock);
+    // What the log does not hold: the states a sequence model carries from one
+    // segment of a stream to the next, this rank's own (its data).
+    const bool states = std::filesystem::exists(ckpt::statesPath(config.ckptDir, resumeClock, transport.rank()));
+    if (model.carriesState() && states) {
+      model.restoreCarriedState(loadCarriedState(config.ckptDir, resumeClock, transport.rank()));
+    } else if (model.carriesState() && transport.rank() == 0) {
+      spdlog::warn("--resume: '{}' predates carried recurrent states; they restart from zero at clock {}, so the "
+                   "continued run is not bitwise the uninterrupted one",
+                   config.ckptDir, resumeClock);
+    }
     worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
   });
   if (transport.rank() == 0) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);

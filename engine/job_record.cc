@@ -19,7 +19,7 @@ std::string textDigest(const std::string& text) {
 
 // Names an earlier job's entries: what --overwrite may delete.
 bool isEngineEntry(const std::string& name) {
-  for (const char* prefix : {"replica-", "snapshot-", "matrix-"}) {
+  for (const char* prefix : {"replica-", "snapshot-", "matrix-", "states-"}) {
     if (name.rfind(prefix, 0) == 0) return true;
   }
   return name == "job.h5" || name.rfind("job.h5.", 0) == 0 || name.rfind(".job.h5", 0) == 0;

@@ -70,7 +70,11 @@ class ClockLog {
 };
 
 // --ckpt sv: the log over ckpt::SvLogWriter; otherwise a log that does nothing.
-std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId);
+// For a model that carries state (ops::Model::carriesState), the log also writes
+// the rank's carried state at every clock a segment of its log ends at (the clocks
+// a resume may start from: ckpt/layout.h, states-<clock>).
+std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId,
+                                       const ops::Model& model);
 
 class Recovery {
  public:

@@ -79,7 +79,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
                     (config.multicast != comm::MulticastKind::kAll || config.consistency == Consistency::kSsp ||
                      config.dropLinks > 0.0)),
       schedule_(scheduleConfig(config, transport.size())),
-      log_(makeClockLog(config, transport, replicaId_)),
+      log_(makeClockLog(config, transport, replicaId_, model)),
       inbox_(config, schedule_, transport, model.paramShapes(), log_->keepsRecords()),
       coordinator_(config, transport),
       recovery_(config, model, transport),

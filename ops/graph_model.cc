@@ -4,6 +4,7 @@
 #include "engine/base/rng.h"
 #include "ops/sequence_layout.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace orpheus::ops {
@@ -95,6 +96,50 @@ void GraphModel::keepStates(const Matrix& segments, CarriedStates& kept) const {
     c.states.resize(graph_.finalStates().size());
     for (size_t k = 0; k < c.states.size(); ++k) c.states[k] = exec_->value(graph_.finalStates()[k]).col(j);
   }
+}
+
+ParamSet GraphModel::carriedState() const {
+  std::vector<int64_t> streams;
+  for (const auto& [stream, carried] : trainStates_) streams.push_back(stream);
+  std::sort(streams.begin(), streams.end());
+  const auto count = static_cast<int64_t>(streams.size());
+  ParamSet out;
+  // Stream ids and segment indices are floats in the segments too (ops/sequence_layout.h).
+  Matrix index(2, count);
+  for (int64_t j = 0; j < count; ++j) {
+    index(0, j) = static_cast<float>(streams[static_cast<size_t>(j)]);
+    index(1, j) = static_cast<float>(trainStates_.at(streams[static_cast<size_t>(j)]).segment);
+  }
+  out.params.push_back({"carried_streams", std::move(index)});
+  for (size_t k = 0; k < graph_.finalStates().size(); ++k) {
+    const Node& n = graph_.node(graph_.states()[k]);
+    Matrix m(n.rows, count);
+    for (int64_t j = 0; j < count; ++j) m.col(j) = trainStates_.at(streams[static_cast<size_t>(j)]).states[k];
+    out.params.push_back({"carried_" + n.name, std::move(m)});
+  }
+  return out;
+}
+
+void GraphModel::restoreCarriedState(const ParamSet& state) const {
+  const int at = state.find("carried_streams");
+  ORPHEUS_CHECK_INPUT(at >= 0 && state[at].rows() == 2, "carried states lack their stream index ('carried_streams')");
+  const Matrix& index = state[static_cast<size_t>(at)];
+  CarriedStates restored;
+  for (int64_t j = 0; j < index.cols(); ++j) {
+    Carried& c = restored[static_cast<int64_t>(index(0, j))];
+    c.segment = static_cast<int64_t>(index(1, j));
+    c.states.resize(graph_.finalStates().size());
+  }
+  for (size_t k = 0; k < graph_.finalStates().size(); ++k) {
+    const Node& n = graph_.node(graph_.states()[k]);
+    const int i = state.find("carried_" + n.name);
+    ORPHEUS_CHECK_INPUT(i >= 0, "carried states lack state '{}'", n.name);
+    const Matrix& m = state[static_cast<size_t>(i)];
+    ORPHEUS_CHECK_INPUT(m.rows() == n.rows && m.cols() == index.cols(), "carried state '{}' is {} x {}, not {} x {}",
+                        n.name, m.rows(), m.cols(), n.rows, index.cols());
+    for (int64_t j = 0; j < index.cols(); ++j) restored[static_cast<int64_t>(index(0, j))].states[k] = m.col(j);
+  }
+  trainStates_ = std::move(restored);
 }
 
 std::vector<const Matrix*> GraphModel::paramPointers(const ParamSet& w) const {

@@ -40,6 +40,10 @@ class GraphModel final : public Model {
   bool hasAccuracy() const override;
   bool reportsPerplexity() const override { return graph_.steps() > 0; }
   bool carriesState() const override { return graph_.steps() > 0; }
+  // The training states by stream: "carried_streams" (2 x S: stream, index of its
+  // last segment) and "carried_<state>" (rows x S) per state, streams ascending.
+  ParamSet carriedState() const override;
+  void restoreCarriedState(const ParamSet& state) const override;
 
   const Graph& graph() const { return graph_; }
 

@@ -72,6 +72,11 @@ class Model {
   // True when computeSvg carries state from one minibatch to the next that the
   // parameters do not hold (a sequence model's recurrent states per stream).
   virtual bool carriesState() const { return false; }
+  // That state as named matrices, and back: a resumed job puts back what the
+  // interrupted one carried after the clock it resumes from, so it continues
+  // bitwise. Like computeSvg, these belong to the compute thread.
+  virtual ParamSet carriedState() const { return {}; }
+  virtual void restoreCarriedState(const ParamSet& state) const { (void)state; }
 
   // Shapes indexed by param id, for validating received SV batches.
   std::vector<std::pair<int64_t, int64_t>> paramShapes() const;
