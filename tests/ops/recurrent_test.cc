@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -365,4 +366,105 @@ TEST_CASE("the input part of all steps as one GEMM gives the per-step products",
   const auto gh = hoisted.paramGradients(ptrs, in), gp = plain.paramGradients(ptrs, in);
   for (size_t p = 0; p < gh.size(); ++p) CHECK((gh[p] - gp[p]).cwiseAbs().maxCoeff() <= 1e-12);
   for (int id : g.finalStates()) CHECK((hoisted.value(id) - plain.value(id)).cwiseAbs().maxCoeff() <= 1e-12);
+}
+
+namespace {
+
+size_t lstmCells(const std::vector<FusedStep>& plan) {
+  return static_cast<size_t>(std::count_if(plan.begin(), plan.end(), [](const FusedStep& s) {
+    return s.kind == FusedStep::Kind::kLstmCell;
+  }));
+}
+
+// Fused against unfused execution in float64: loss, every parameter's gradient,
+// the states after the last step, and the gradients of float executors (a rounding apart).
+void checkFusedCell(const Graph& g, size_t expectedCells) {
+  std::mt19937 gen(17);
+  const int64_t b = 3;
+  const Mat<double> x = segments(randomText(static_cast<int>(g.node(g.params()[0]).cols), gen), g.steps(), b, 0, 0);
+  std::vector<Mat<double>> params = randomParams(g, gen, 0.5);
+  std::vector<const Mat<double>*> ptrs;
+  for (auto& m : params) ptrs.push_back(&m);
+  std::vector<Mat<double>> states;
+  for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
+  GraphInputs<double> in;
+  in.dense = &x;
+  in.states = &states;
+  GraphExecutor<double> fused(g, true), plain(g, false);
+  CHECK(lstmCells(fused.plan()) == expectedCells);
+  CHECK(lstmCells(plain.plan()) == 0);
+  CHECK(std::abs(fused.forward(ptrs, in) - plain.forward(ptrs, in)) <= 1e-12);
+  fused.backward(ptrs, in);
+  plain.backward(ptrs, in);
+  const auto gf = fused.paramGradients(ptrs, in), gp = plain.paramGradients(ptrs, in);
+  for (size_t p = 0; p < gf.size(); ++p) {
+    INFO(g.node(g.params()[p]).name);
+    CHECK((gf[p] - gp[p]).cwiseAbs().maxCoeff() <= 1e-12);
+  }
+  for (int id : g.finalStates()) CHECK((fused.value(id) - plain.value(id)).cwiseAbs().maxCoeff() <= 1e-12);
+
+  // Float: the forward values are the unfused ones bit for bit (same scalar rules
+  // in the same order); gradients differ at most by rounding.
+  std::vector<Mat<float>> pf;
+  for (const auto& m : params) pf.push_back(m.cast<float>());
+  std::vector<const Mat<float>*> pfp;
+  for (auto& m : pf) pfp.push_back(&m);
+  const Mat<float> xf = x.cast<float>();
+  std::vector<Mat<float>> sf;
+  for (const auto& m : states) sf.push_back(m.cast<float>());
+  GraphInputs<float> inf;
+  inf.dense = &xf;
+  inf.states = &sf;
+  GraphExecutor<float> ff(g, true), fp(g, false);
+  CHECK(ff.forward(pfp, inf) == fp.forward(pfp, inf));
+  ff.backward(pfp, inf);
+  fp.backward(pfp, inf);
+  const auto gff = ff.paramGradients(pfp, inf), gfp = fp.paramGradients(pfp, inf);
+  for (size_t p = 0; p < gff.size(); ++p) {
+    const float scale = std::max(1.0f, gfp[p].cwiseAbs().maxCoeff());
+    CHECK((gff[p] - gfp[p]).cwiseAbs().maxCoeff() <= 1e-5f * scale);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("each LSTM cell step runs fused and gives the unfused values and gradients", "[ops][recurrent]") {
+  const int64_t vocabulary = 6;
+  SECTION("the small LSTM, T = 4") { checkFusedCell(parseLoss(kSmallLstm, "small.loss", {0, vocabulary, 4}), 4); }
+  SECTION("examples/lstm.loss, T = 2") {
+    checkFusedCell(parseLossFile(kExamples + "lstm.loss", {0, vocabulary, 2}), 2);
+  }
+  SECTION("gates in another order, operands swapped") {
+    std::string text = kSmallLstm;
+    const auto replace = [&](const std::string& from, const std::string& to) {
+      const size_t at = text.find(from);
+      REQUIRE(at != std::string::npos);
+      text.replace(at, from.size(), to);
+    };
+    replace("i = sigmoid(chunk(a, 0, 4))", "i = sigmoid(chunk(a, 3, 4))");
+    replace("o = sigmoid(chunk(a, 3, 4))", "o = sigmoid(chunk(a, 0, 4))");
+    replace("cell = f * c + i * g", "cell = g * i + c * f");
+    replace("out = o * tanh(cell)", "out = tanh(cell) * o");
+    checkFusedCell(parseLoss(text, "swapped.loss", {0, vocabulary, 3}), 3);
+  }
+  SECTION("a gate used outside the cell is not fused, and still right") {
+    std::string text = kSmallLstm;
+    const std::string from = "logits = V * out + bv";
+    text.replace(text.find(from), from.size(), "logits = V * (out + i) + bv");
+    checkFusedCell(parseLoss(text, "leaky.loss", {0, vocabulary, 3}), 0);
+  }
+}
+
+TEST_CASE("the fused LSTM cell's BPTT gradients match central differences in float64", "[ops][recurrent]") {
+  std::mt19937 gen(19);
+  const int64_t vocabulary = 5, b = 2, steps = 3;
+  const Graph g = parseLoss(kSmallLstm, "small.loss", {0, vocabulary, steps});
+  REQUIRE(lstmCells(GraphExecutor<double>(g).plan()) == steps);
+  const Mat<double> x = segments(randomText(static_cast<int>(vocabulary), gen), steps, b, 0, 0);
+  std::vector<Mat<double>> states;
+  for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
+  GraphInputs<double> in;
+  in.dense = &x;
+  in.states = &states;
+  checkAllGradients(g, in, randomParams(g, gen, 0.5));
 }
