@@ -352,6 +352,11 @@ Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transpo
   Outputs out;
   collectively(transport, [&] {
     out.model = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+    if (config.selectUnit == ops::Model::SvgUnit::kStep) {
+      ORPHEUS_CHECK_INPUT(out.model->carriesState(),
+                          "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
+      out.model->setSvgUnit(config.selectUnit);
+    }
     out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
   });
   return out;

@@ -44,6 +44,8 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--sync", toString(c.sync));
   add("--select", c.select);
   add("--select-method", toString(c.selectMethod));
+  // Recorded only when not the default, so records of earlier jobs still match.
+  if (c.selectUnit != ops::Model::SvgUnit::kExample) add("--select-unit", "step");
   add("--multicast", comm::multicastName(c.multicast));
   add("--fanout", c.fanout);
   add("--consistency", toString(c.consistency));

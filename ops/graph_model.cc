@@ -198,6 +198,59 @@ GraphInputs<float> inputsOf(const ExampleBatch& x, std::vector<Matrix>* locals) 
 
 }  // namespace
 
+namespace {
+
+// Entries of the same matrix (and bias), one per step, as one entry whose columns
+// are the steps' side by side; the batch's columns become (example, step) pairs.
+SvBatch stepColumns(SvBatch steps, int64_t b) {
+  SvBatch out;
+  std::vector<std::vector<const SvMatrix*>> groups;
+  for (const SvMatrix& m : steps.matrices) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<const SvMatrix*>& g) {
+      return g.front()->paramId == m.paramId && g.front()->biasId == m.biasId && g.front()->sparseV == m.sparseV;
+    });
+    if (it == groups.end()) {
+      groups.push_back({&m});
+    } else {
+      it->push_back(&m);
+    }
+  }
+  int64_t columns = 0;
+  for (const auto& g : groups) {
+    const auto n = static_cast<int64_t>(g.size()) * b;
+    ORPHEUS_ENFORCE(columns == 0 || columns == n, "per-step SV sites: {} columns against {}", n, columns);
+    columns = n;
+    SvMatrix m;
+    m.paramId = g.front()->paramId;
+    m.biasId = g.front()->biasId;
+    m.sparseV = g.front()->sparseV;
+    m.u.resize(g.front()->u.rows(), n);
+    for (size_t t = 0; t < g.size(); ++t) m.u.middleCols(static_cast<int64_t>(t) * b, b) = g[t]->u;
+    if (m.sparseV) {
+      std::vector<Eigen::Triplet<float, int32_t>> entries;
+      for (size_t t = 0; t < g.size(); ++t) {
+        const SparseMatrix& v = g[t]->vSparse;
+        for (int64_t j = 0; j < v.outerSize(); ++j) {
+          for (SparseMatrix::InnerIterator it(v, j); it; ++it) {
+            entries.emplace_back(static_cast<int32_t>(it.row()), static_cast<int32_t>(static_cast<int64_t>(t) * b + j),
+                                 it.value());
+          }
+        }
+      }
+      m.vSparse.resize(g.front()->vSparse.rows(), n);
+      m.vSparse.setFromTriplets(entries.begin(), entries.end());
+    } else {
+      m.vDense.resize(g.front()->vDense.rows(), n);
+      for (size_t t = 0; t < g.size(); ++t) m.vDense.middleCols(static_cast<int64_t>(t) * b, b) = g[t]->vDense;
+    }
+    out.matrices.push_back(std::move(m));
+  }
+  out.coeffs = Vector::Ones(columns);
+  return out;
+}
+
+}  // namespace
+
 SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
   const std::vector<const Matrix*> params = paramPointers(w);
   std::vector<Matrix> locals = initialLocals(x, true);
@@ -245,6 +298,7 @@ SvBatch GraphModel::computeSvg(const ParamSet& w, const ExampleBatch& x, double*
     }
     batch.matrices.push_back(std::move(m));
   }
+  if (sequence && svgUnit_ == SvgUnit::kStep && x.size() > 0) return stepColumns(std::move(batch), x.size());
   return batch;
 }
 

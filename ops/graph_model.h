@@ -30,8 +30,10 @@ class GraphModel final : public Model {
   // carried states continue each stream's previous segment (kept per stream); the
   // mean loss is per token. The batch's n columns are its B examples, shared by all
   // entries, so selection (engine/select) keeps or drops whole examples with all
-  // their steps, not single (example, step) pairs.
+  // their steps, not single (example, step) pairs, unless setSvgUnit(kStep).
   SvBatch computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
+  // SvgUnit::kStep: every parameter's per-step entries as one of B * T columns.
+  void setSvgUnit(SvgUnit unit) override { svgUnit_ = unit; }
   // Data-dependent variables of test examples are inferred afresh, never kept.
   // Sequence models: the batch is taken in runs of consecutive segments of distinct
   // streams, each run's states carried from the previous segment of its stream
@@ -65,6 +67,7 @@ class GraphModel final : public Model {
   Graph graph_;
   std::string spec_;
   uint64_t seed_;
+  SvgUnit svgUnit_ = SvgUnit::kExample;
   // The compute thread owns these; a model is used by one worker.
   mutable std::unique_ptr<GraphExecutor<float>> exec_;
   mutable std::vector<std::unordered_map<int64_t, Vector>> kept_;  // per local, by example index

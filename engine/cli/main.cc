@@ -203,6 +203,9 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
   addEnumOption(cmd, "--select-method", c.selectMethod, orpheus::engine::selectionMethodNames(),
                 "jmcss: joint matrix column subset selection with a least-squares core; uniform: C at random, "
                 "rescaled by B/C");
+  addEnumOption(cmd, "--select-unit", c.selectUnit, orpheus::engine::svgUnitNames(),
+                "What one SVG of a sequence model is: example (all its T steps) or step (one (example, step) pair; "
+                "a batch then has B*T SVGs, and --select counts pairs)");
   addEnumOption(cmd, "--multicast", c.multicast, orpheus::engine::multicastNames(),
                 "Who gets a worker's SV batch each clock: all (broadcast), random (Q peers drawn per clock), fixed "
                 "(the same Q peers), ring (Q peers in circular order over clocks)");

@@ -468,3 +468,60 @@ TEST_CASE("the fused LSTM cell's BPTT gradients match central differences in flo
   in.states = &states;
   checkAllGradients(g, in, randomParams(g, gen, 0.5));
 }
+
+namespace {
+
+// sum over columns of U diag(c) V^T per parameter, from a batch's entries.
+std::map<uint32_t, Matrix> updates(const SvBatch& batch) {
+  std::map<uint32_t, Matrix> out;
+  for (const SvMatrix& m : batch.matrices) {
+    const Matrix v = m.sparseV ? Matrix(m.vSparse) : m.vDense;
+    const Matrix term = m.u * batch.coeffs.asDiagonal() * v.transpose();
+    auto [it, fresh] = out.try_emplace(m.paramId, term);
+    if (!fresh) it->second += term;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("SVGs per (example, step): each matrix one entry of B*T columns, the same update", "[ops][recurrent]") {
+  std::mt19937 gen(23);
+  const int64_t vocabulary = 7, b = 3, steps = 4;
+  const std::vector<int> text = randomText(static_cast<int>(vocabulary), gen);
+  GraphModel examples(parseLoss(kSmallLstm, "small.loss", {0, vocabulary, steps}), "lstm", 1);
+  GraphModel pairs(parseLoss(kSmallLstm, "small.loss", {0, vocabulary, steps}), "lstm", 1);
+  pairs.setSvgUnit(Model::SvgUnit::kStep);
+  const ParamSet w = examples.initParams(3);
+  const Matrix x = segments(text, steps, b, 0, 0).cast<float>();
+  const Eigen::VectorXi labels = Eigen::VectorXi::Zero(b);
+  ExampleBatch batch;
+  batch.dense = &x;
+  batch.labels = &labels;
+  double le = 0, lp = 0;
+  const SvBatch byExample = examples.computeSvg(w, batch, &le);
+  const SvBatch byStep = pairs.computeSvg(w, batch, &lp);
+  CHECK(le == lp);
+  CHECK(byExample.numColumns() == b);
+  CHECK(byStep.numColumns() == b * steps);
+  CHECK(byStep.matrices.size() * steps == byExample.matrices.size());
+  for (const SvMatrix& m : byStep.matrices) {
+    CHECK(m.u.cols() == b * steps);
+    CHECK(m.vCols() == b * steps);
+    if (m.sparseV) CHECK(m.vSparse.nonZeros() == b * steps);
+  }
+  // Step t of example j is column t * B + j: W's V there is [e_t; h_{t-1}] of example j.
+  const SvMatrix& w1 = *std::find_if(byStep.matrices.begin(), byStep.matrices.end(),
+                                     [](const SvMatrix& m) { return m.paramId == 1; });
+  int seen = 0;
+  for (const SvMatrix& m : byExample.matrices) {
+    if (m.paramId != 1) continue;
+    CHECK(m.vDense == w1.vDense.middleCols(seen * b, b));
+    CHECK(m.u == w1.u.middleCols(seen * b, b));
+    ++seen;
+  }
+  const auto ue = updates(byExample), us = updates(byStep);
+  for (const auto& [param, update] : ue) {
+    CHECK((update - us.at(param)).cwiseAbs().maxCoeff() <= 1e-5f * std::max(1.0f, update.cwiseAbs().maxCoeff()));
+  }
+}
