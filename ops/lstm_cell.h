@@ -1,9 +1,9 @@
 // The elementwise work of one LSTM cell step (ops/graph.h, LstmCellRoles) in one
 // pass over the 4H x B gate block, forward and backward, on host memory
 // (column-major, leading dimension = rows). Each element follows the scalar rules
-// of ops/elementwise_math.h in the order the unfused graph evaluates them, so the
-// forward values are the unfused ones bit for bit; the backward sums the same
-// terms, up to the order of the cell gradient's two contributions (rounding).
+// of ops/elementwise_math.h in the order the unfused graph evaluates them; the
+// backward sums the same terms, up to the order of the cell gradient's two
+// contributions, so fused and unfused agree to rounding.
 #pragma once
 
 #include "ops/elementwise_math.h"

@@ -403,8 +403,8 @@ void checkFusedCell(const Graph& g, size_t expectedCells) {
   }
   for (int id : g.finalStates()) CHECK((fused.value(id) - plain.value(id)).cwiseAbs().maxCoeff() <= 1e-12);
 
-  // Float: the forward values are the unfused ones bit for bit (same scalar rules
-  // in the same order); gradients differ at most by rounding.
+  // Float: the unfused executor also skips hoisting and the other fusions, so the
+  // loss and the gradients agree to rounding.
   std::vector<Mat<float>> pf;
   for (const auto& m : params) pf.push_back(m.cast<float>());
   std::vector<const Mat<float>*> pfp;
@@ -416,7 +416,8 @@ void checkFusedCell(const Graph& g, size_t expectedCells) {
   inf.dense = &xf;
   inf.states = &sf;
   GraphExecutor<float> ff(g, true), fp(g, false);
-  CHECK(ff.forward(pfp, inf) == fp.forward(pfp, inf));
+  const float lf = ff.forward(pfp, inf), lp = fp.forward(pfp, inf);
+  CHECK(std::abs(lf - lp) <= 1e-5f * std::abs(lp));
   ff.backward(pfp, inf);
   fp.backward(pfp, inf);
   const auto gff = ff.paramGradients(pfp, inf), gfp = fp.paramGradients(pfp, inf);
