@@ -12,6 +12,7 @@ namespace fs = std::filesystem;
 constexpr std::string_view kReplicaPrefix = "replica-";
 constexpr std::string_view kSnapshotPrefix = "snapshot-";
 constexpr std::string_view kMatrixPrefix = "matrix-";
+constexpr std::string_view kStatesPrefix = "states-";
 constexpr std::string_view kSegmentPrefix = "seg-";
 constexpr std::string_view kH5Suffix = ".h5";
 
@@ -70,6 +71,14 @@ fs::path matrixDir(const std::string& dir, uint64_t clock) {
   return fs::path(dir) / fmt::format("{}{}", kMatrixPrefix, clockName(clock));
 }
 
+fs::path statesDir(const std::string& dir, uint64_t clock) {
+  return fs::path(dir) / fmt::format("{}{}", kStatesPrefix, clockName(clock));
+}
+
+fs::path statesPath(const std::string& dir, uint64_t clock, int rank) {
+  return statesDir(dir, clock) / fmt::format("rank-{}{}", rank, kH5Suffix);
+}
+
 fs::path discardedPath(const fs::path& path) {
   fs::path out = path;
   out += ".discarded";
@@ -93,6 +102,7 @@ std::optional<SegmentName> parseSegmentName(std::string_view name) {
 std::optional<uint64_t> parseReplicaDirName(std::string_view name) { return parsePrefixed(name, kReplicaPrefix); }
 std::optional<uint64_t> parseSnapshotDirName(std::string_view name) { return parsePrefixed(name, kSnapshotPrefix); }
 std::optional<uint64_t> parseMatrixDirName(std::string_view name) { return parsePrefixed(name, kMatrixPrefix); }
+std::optional<uint64_t> parseStatesDirName(std::string_view name) { return parsePrefixed(name, kStatesPrefix); }
 
 std::vector<SegmentFile> listSegments(const fs::path& replicaDir) {
   std::vector<SegmentFile> out;
@@ -112,5 +122,6 @@ std::vector<SegmentFile> listSegments(const fs::path& replicaDir) {
 
 std::vector<NumberedDir> listReplicaDirs(const std::string& dir) { return listDirs(dir, parseReplicaDirName); }
 std::vector<NumberedDir> listSnapshotDirs(const std::string& dir) { return listDirs(dir, parseSnapshotDirName); }
+std::vector<NumberedDir> listStatesDirs(const std::string& dir) { return listDirs(dir, parseStatesDirName); }
 
 }  // namespace orpheus::ckpt

@@ -16,6 +16,12 @@
 //   DIR/membership                 the job's membership epochs after its first, one
 //                                  line each (engine/elastic.h); absent until the
 //                                  number of ranks first changes
+//   DIR/states-<clock>/rank-<r>.h5 what rank r's model carried from one clock to the
+//                                  next beyond the parameters (a sequence model's
+//                                  recurrent states per stream) after <clock>, written
+//                                  where a segment of the log it writes ends, before
+//                                  that segment is durable: what --resume at <clock>
+//                                  puts back; ranks, not replicas, own it (the data)
 //   DIR/matrix-<clock>/            parameter files a job writes at <clock> (recovery
 //                                  by matrix checkpoints, the baseline)
 //   <any of the above>.discarded   set aside by a resume: past the clock it resumed
@@ -66,6 +72,8 @@ std::filesystem::path segmentPath(const std::string& dir, int replica, uint64_t 
 std::filesystem::path snapshotDir(const std::string& dir, uint64_t clock);
 std::filesystem::path snapshotPartPath(const std::string& dir, uint64_t clock, int rank);
 std::filesystem::path matrixDir(const std::string& dir, uint64_t clock);
+std::filesystem::path statesDir(const std::string& dir, uint64_t clock);
+std::filesystem::path statesPath(const std::string& dir, uint64_t clock, int rank);
 // Where a resume sets `path` aside.
 std::filesystem::path discardedPath(const std::filesystem::path& path);
 
@@ -80,6 +88,7 @@ std::optional<SegmentName> parseSegmentName(std::string_view name);
 std::optional<uint64_t> parseReplicaDirName(std::string_view name);
 std::optional<uint64_t> parseSnapshotDirName(std::string_view name);
 std::optional<uint64_t> parseMatrixDirName(std::string_view name);
+std::optional<uint64_t> parseStatesDirName(std::string_view name);
 
 // What a checkpoint directory holds, by name only (nothing is opened); a missing
 // directory holds nothing.
@@ -98,5 +107,6 @@ struct NumberedDir {
 };
 std::vector<NumberedDir> listReplicaDirs(const std::string& dir);
 std::vector<NumberedDir> listSnapshotDirs(const std::string& dir);
+std::vector<NumberedDir> listStatesDirs(const std::string& dir);
 
 }  // namespace orpheus::ckpt

@@ -85,6 +85,9 @@ class SvLogWriter {
   void abandon();
 
   int replica() const;
+  // Whether the open segment ends at the clock endClock was last given (it closes
+  // when a later clock begins, or at flush()).
+  bool segmentEndsAtLastClock() const { return closeDue_; }
   double waitSeconds() const { return waitSeconds_; }
   uint64_t bytesWritten() const;
   // CPU time the IO thread has used, in all (its thread CPU clock; read after each

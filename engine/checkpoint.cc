@@ -1,6 +1,7 @@
 #include "engine/checkpoint.h"
 
 #include "ckpt/layout.h"
+#include "ckpt/model_file.h"
 #include "engine/base/error.h"
 #include "engine/base/sv_batch.h"
 #include "engine/elastic.h"
@@ -269,9 +270,9 @@ Restored restore(const std::string& dir, int replica, uint64_t clock) {
   return replayOrExplain(dir, *model, job.seed, settings, replica, restorable.latest(), restorable, shapes);
 }
 
-uint64_t resumableClock(const ckpt::Inventory& inv) { return resumableClock(inv, -1); }
+uint64_t resumableClock(const ckpt::Inventory& inv) { return resumableClock("", inv, 0, -1); }
 
-uint64_t resumableClock(const ckpt::Inventory& inv, int members) {
+uint64_t resumableClock(const std::string& dir, const ckpt::Inventory& inv, int carriedStateRanks, int members) {
   if (inv.replicas.empty()) return 0;  // killed before its first segment: start over
   const ckpt::Restorability restorable = ckpt::findRestorable(inv);
   // Clocks at which every replica's log ends an intact segment and restores.
@@ -284,6 +285,13 @@ uint64_t resumableClock(const ckpt::Inventory& inv, int members) {
     for (const auto& s : r.segments) {
       if (s.intact && view->covers(s.lastClock)) ends.insert(s.lastClock);
     }
+    std::erase_if(ends, [&](uint64_t clock) {
+      for (int rank = 0; clock > 0 && rank < carriedStateRanks; ++rank) {
+        std::error_code ec;
+        if (!std::filesystem::is_regular_file(ckpt::statesPath(dir, clock, rank), ec)) return true;
+      }
+      return false;
+    });
     if (firstReplica) {
       common = ends;
       firstReplica = false;
@@ -294,6 +302,10 @@ uint64_t resumableClock(const ckpt::Inventory& inv, int members) {
     }
   }
   return common.empty() ? 0 : *common.rbegin();
+}
+
+ParamSet loadCarriedState(const std::string& dir, uint64_t clock, int rank) {
+  return ckpt::loadParams(ckpt::statesPath(dir, clock, rank).string());
 }
 
 void discardAfter(const std::string& dir, uint64_t clock) {
@@ -315,6 +327,11 @@ void discardAfter(const std::string& dir, uint64_t clock) {
     const fs::path path = ckpt::snapshotDir(dir, snap);
     std::error_code ec;
     fs::rename(path, ckpt::discardedPath(path), ec);
+  }
+  for (const auto& states : ckpt::listStatesDirs(dir)) {
+    if (states.number <= clock) continue;
+    std::error_code ec;
+    fs::rename(states.path, ckpt::discardedPath(states.path), ec);
   }
 }
 

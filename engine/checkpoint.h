@@ -49,15 +49,20 @@ Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed,
 
 // The newest clock a killed job can resume from: one that every replica's log ends a
 // segment at and that is restorable for every replica (ckpt/restorable.h); 0 when
-// there is none.
+// there is none. For a model that carries state (`carriedStateRanks` > 0 ranks), also
+// one whose carried state every rank wrote (DIR/states-<clock>, ckpt/layout.h).
 uint64_t resumableClock(const ckpt::Inventory& inventory);
 // The same over the current members' replicas only, ids 0..members-1 (replicas an
-// earlier membership epoch held end where it ended; engine/elastic.h).
-uint64_t resumableClock(const ckpt::Inventory& inventory, int members);
+// earlier membership epoch held end where it ended; engine/elastic.h); -1: all.
+uint64_t resumableClock(const std::string& dir, const ckpt::Inventory& inventory, int carriedStateRanks, int members);
 
-// Prepares `dir` for resuming at `clock`: sets aside damaged segments, and segments
-// and snapshots past it (renamed *.discarded) so the resumed job's log continues
-// cleanly.
+// Rank `rank`'s carried state after `clock` (ops::Model::restoreCarriedState);
+// InputError naming the file when it is missing or unreadable.
+ParamSet loadCarriedState(const std::string& dir, uint64_t clock, int rank);
+
+// Prepares `dir` for resuming at `clock`: sets aside damaged segments, and segments,
+// snapshots and carried states past it (renamed *.discarded) so the resumed job's
+// log continues cleanly.
 void discardAfter(const std::string& dir, uint64_t clock);
 
 // The replica rank `rank` holds after `clock` clocks of a job with rotation every

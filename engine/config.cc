@@ -49,6 +49,12 @@ const NamedValues<SelectionMethod>& selectionMethodNames() {
   return table;
 }
 
+const NamedValues<ops::Model::SvgUnit>& svgUnitNames() {
+  static const NamedValues<ops::Model::SvgUnit> table{{"example", ops::Model::SvgUnit::kExample},
+                                                      {"step", ops::Model::SvgUnit::kStep}};
+  return table;
+}
+
 const NamedValues<OptimizerKind>& optimizerNames() {
   static const NamedValues<OptimizerKind> table{{"sgd", OptimizerKind::kSgd},
                                                 {"momentum", OptimizerKind::kMomentum},
@@ -166,7 +172,8 @@ void validateAdapt(const TrainConfig& c, int ranks) {
 
 void validate(const TrainConfig& c, int ranks) {
   validateOptimizer(c);
-  ORPHEUS_CHECK_INPUT(c.select >= 0 && c.select <= c.batch,
+  // With --select-unit step a batch has B * T SVGs; T is the model's, known later.
+  ORPHEUS_CHECK_INPUT(c.select >= 0 && (c.select <= c.batch || c.selectUnit == ops::Model::SvgUnit::kStep),
                       "--select {} must be between 1 and the batch size --batch {} (0 sends every SVG)", c.select,
                       c.batch);
   if (c.multicast != comm::MulticastKind::kAll) {

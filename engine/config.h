@@ -6,6 +6,7 @@
 #include "engine/data/dataset.h"
 #include "engine/optimizer.h"
 #include "engine/select.h"
+#include "ops/model.h"
 
 #include <cstdint>
 #include <string>
@@ -46,6 +47,8 @@ struct TrainConfig {
   // Communication co-designs (section 3.2) and consistency.
   int64_t select = 0;  // C: SVGs sent per clock; 0 = all B
   SelectionMethod selectMethod = SelectionMethod::kJmcss;
+  // What one SVG is for a sequence model (ops::Model::SvgUnit): --select counts them.
+  ops::Model::SvgUnit selectUnit = ops::Model::SvgUnit::kExample;
   comm::MulticastKind multicast = comm::MulticastKind::kAll;
   int fanout = 0;  // Q peers per clock; 0 = P - 1
   Consistency consistency = Consistency::kBsp;
@@ -107,6 +110,7 @@ const NamedValues<Consistency>& consistencyNames();
 // value has one spelling in the whole program.
 const NamedValues<comm::MulticastKind>& multicastNames();
 const NamedValues<SelectionMethod>& selectionMethodNames();
+const NamedValues<ops::Model::SvgUnit>& svgUnitNames();
 const NamedValues<OptimizerKind>& optimizerNames();
 const NamedValues<LrScheduleKind>& lrScheduleNames();
 

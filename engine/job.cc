@@ -355,6 +355,11 @@ Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transpo
   Outputs out;
   collectively(transport, [&] {
     out.model = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+    if (config.selectUnit == ops::Model::SvgUnit::kStep) {
+      ORPHEUS_CHECK_INPUT(out.model->carriesState(),
+                          "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
+      out.model->setSvgUnit(config.selectUnit);
+    }
     out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
   });
   return out;
@@ -431,7 +436,12 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
       return;
     }
     checkResumedJob(config, transport, shards);
-    resumeClock = resumableClock(ckpt::inspect(config.ckptDir), readMembership(config.ckptDir).back().ranks);
+    const ckpt::Inventory inventory = ckpt::inspect(config.ckptDir);
+    // A sequence model resumes where every rank's carried states are on disk too;
+    // a checkpoint that holds none predates them and resumes without (zeros).
+    const bool withStates = model.carriesState() && !ckpt::listStatesDirs(config.ckptDir).empty();
+    resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0,
+                                  readMembership(config.ckptDir).back().ranks);
     discardAfter(config.ckptDir, resumeClock);
   });
   double shared[1] = {static_cast<double>(resumeClock)};
@@ -461,13 +471,6 @@ void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& t
 void resume(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
             uint64_t resumeClock) {
   if (!config.resume || resumeClock == 0) return;
-  if (transport.rank() == 0 && model.carriesState()) {
-    // The log restores parameters and optimizer state, not the states a sequence
-    // model carries from one segment of a stream to the next.
-    spdlog::warn("--resume: the model's recurrent states are not in the checkpoint and restart from zero at clock "
-                 "{}; the continued run is not bitwise the uninterrupted one",
-                 resumeClock);
-  }
   std::vector<Epoch> epochs;
   collectively(transport, [&] { epochs = readMembership(config.ckptDir); });
   if (config.elastic && epochAfter(epochs, resumeClock).ranks != transport.size()) {
@@ -477,6 +480,16 @@ void resume(Worker& worker, const TrainConfig& config, comm::Transport& transpor
   collectively(transport, [&] {
     const int id = replicaHeldAt(transport.rank(), epochs, resumeClock, config.rotateEvery);
     Restored r = restore(config.ckptDir, id, resumeClock);
+    // What the log does not hold: the states a sequence model carries from one
+    // segment of a stream to the next, this rank's own (its data).
+    const bool states = std::filesystem::exists(ckpt::statesPath(config.ckptDir, resumeClock, transport.rank()));
+    if (model.carriesState() && states) {
+      model.restoreCarriedState(loadCarriedState(config.ckptDir, resumeClock, transport.rank()));
+    } else if (model.carriesState() && transport.rank() == 0) {
+      spdlog::warn("--resume: '{}' predates carried recurrent states; they restart from zero at clock {}, so the "
+                   "continued run is not bitwise the uninterrupted one",
+                   config.ckptDir, resumeClock);
+    }
     worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
     worker.setEpoch(epochs.back().epoch);
     if (auto knobs = adapt::knobsAt(config.ckptDir, id, resumeClock)) worker.resumeKnobs(*knobs);

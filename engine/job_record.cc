@@ -19,7 +19,7 @@ std::string textDigest(const std::string& text) {
 
 // Names an earlier job's entries: what --overwrite may delete.
 bool isEngineEntry(const std::string& name) {
-  for (const char* prefix : {"replica-", "snapshot-", "matrix-"}) {
+  for (const char* prefix : {"replica-", "snapshot-", "matrix-", "states-"}) {
     if (name.rfind(prefix, 0) == 0) return true;
   }
   if (name == "membership" || name.rfind("membership.", 0) == 0 || name.rfind(".membership", 0) == 0) return true;
@@ -45,6 +45,8 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--sync", toString(c.sync));
   add("--select", c.select);
   add("--select-method", toString(c.selectMethod));
+  // Recorded only when not the default, so records of earlier jobs still match.
+  if (c.selectUnit != ops::Model::SvgUnit::kExample) add("--select-unit", "step");
   add("--multicast", comm::multicastName(c.multicast));
   add("--fanout", c.fanout);
   add("--consistency", toString(c.consistency));

@@ -42,10 +42,12 @@ class NullClockLog final : public ClockLog {
 
 class SvClockLog final : public ClockLog {
  public:
-  SvClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId, const adapt::Knobs& knobs)
+  SvClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId, const adapt::Knobs& knobs,
+             const ops::Model& model)
       : config_(config),
         transport_(transport),
         knobs_(knobs),
+        model_(model),
         references_(config.ckptFormat >= ckpt::kSegmentVersion && config.failProb == 0.0),
         writer_(config.ckptDir, replicaId, size_t{256} << 20, 50, writerOptions(config, references_)) {}
 
@@ -65,6 +67,8 @@ class SvClockLog final : public ClockLog {
   }
   void endClock(uint64_t clock) override {
     writer_.endClock(clock);
+    lastEnded_ = clock;
+    if (writer_.segmentEndsAtLastClock()) writeCarriedState(clock);
     if (clock % kLogCheckEvery == 0) collectively(transport_, [&] { writer_.check(); });
   }
   void knobs(uint64_t clock, std::span<const std::byte> record) override { writer_.appendKnobs(clock, record); }
@@ -79,6 +83,7 @@ class SvClockLog final : public ClockLog {
     lastSnapshot_ = clock;
   }
   void handOff(uint64_t clock) override {
+    writeCarriedState(clock);
     writer_.appendEvent(clock, ckpt::EventKind::kRotatedOut);
     const auto start = std::chrono::steady_clock::now();
     collectively(transport_, [&] { writer_.flush(); });
@@ -89,9 +94,14 @@ class SvClockLog final : public ClockLog {
     writer_.appendEvent(clock, ckpt::EventKind::kRotatedIn);
   }
   void flush() override {
+    if (lastEnded_ > 0) writeCarriedState(lastEnded_);
     collectively(transport_, [&] { writer_.flush(); });
   }
-  void resumeAt(int id, uint64_t clock) override { writer_.resumeAt(id, clock); }
+  void resumeAt(int id, uint64_t clock) override {
+    writer_.resumeAt(id, clock);
+    lastEnded_ = clock;
+    statesWritten_ = clock;  // the resumed job read them
+  }
   void rejoin(uint64_t clock, const ParamSet* snapshot) override {
     // As a rotation's new holder does: a segment that starts at the change clock.
     writer_.switchReplica(writer_.replica());
@@ -124,9 +134,28 @@ class SvClockLog final : public ClockLog {
     return o;
   }
 
+  // Before the segment that ends at `clock` can be durable (it closes when a later
+  // clock begins, or in handOff or flush after this), so a resumable clock has its
+  // states on disk unless the write failed, which stops the job.
+  void writeCarriedState(uint64_t clock) {
+    if (!model_.carriesState() || clock == statesWritten_) return;
+    const std::string path = ckpt::statesPath(config_.ckptDir, clock, transport_.rank()).string();
+    std::error_code ec;
+    std::filesystem::create_directories(ckpt::statesDir(config_.ckptDir, clock), ec);
+    if (ec) throw IoError(fmt::format("cannot create '{}': {}", ckpt::statesDir(config_.ckptDir, clock).string(),
+                                      ec.message()));
+    ckpt::ModelFileInfo info;
+    info.modelSpec = model_.spec();
+    info.clock = static_cast<int64_t>(clock);
+    info.replica = transport_.rank();
+    ckpt::saveParams(path, model_.carriedState(), info);
+    statesWritten_ = clock;
+  }
+
   const TrainConfig& config_;
   comm::Transport& transport_;
   const adapt::Knobs& knobs_;  // C as it is when a received batch is logged
+  const ops::Model& model_;
   // Received batches are logged as references to their senders' logs (else as copies).
   bool references_;
   ckpt::SvLogWriter writer_;
@@ -134,19 +163,21 @@ class SvClockLog final : public ClockLog {
   uint64_t lastSnapshot_ = 0;  // the newest snapshot known complete on disk
   uint64_t logEnd_ = 0;        // where the log on disk ended at the last failure
   double handOffSeconds_ = 0.0;
+  uint64_t lastEnded_ = 0;      // the clock endClock was last given
+  uint64_t statesWritten_ = 0;  // the newest clock whose carried state is on disk
 };
 
 }  // namespace
 
 std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId,
-                                       const adapt::Knobs& knobs) {
+                                       const adapt::Knobs& knobs, const ops::Model& model) {
   if (!config.ckptSv) return std::make_unique<NullClockLog>();
   // The log's IO thread frees each clock's batches once it has copied them, a
   // little after the clock. Keep freed memory in the heap for the next clock's
   // batches rather than handing it back to the system and faulting it in again.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  return std::make_unique<SvClockLog>(config, transport, replicaId, knobs);
+  return std::make_unique<SvClockLog>(config, transport, replicaId, knobs, model);
 }
 
 void Recovery::checkpoint(uint64_t clock, ParamSet& replica, ReplicaUpdater& updater, int replicaId) {

@@ -79,8 +79,11 @@ class ClockLog {
 
 // --ckpt sv: the log over ckpt::SvLogWriter; otherwise a log that does nothing.
 // A received batch's reference names the selection C of `knobs` when it is logged.
+// For a model that carries state (ops::Model::carriesState), the log also writes
+// the rank's carried state at every clock a segment of its log ends at (the clocks
+// a resume may start from: ckpt/layout.h, states-<clock>).
 std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId,
-                                       const adapt::Knobs& knobs);
+                                       const adapt::Knobs& knobs, const ops::Model& model);
 
 class Recovery {
  public:

@@ -82,7 +82,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       schedule_(scheduleConfig(config, transport.size())),
       adapt_(config, transport, model.paramShapes(), schedule_.fanout()),
       knobs_(adapt_.initial().knobs),
-      log_(makeClockLog(config, transport, replicaId_, knobs_)),
+      log_(makeClockLog(config, transport, replicaId_, knobs_, model)),
       inbox_(config, schedule_, transport, model.paramShapes(), log_->keepsRecords()),
       coordinator_(config, transport, knobs_),
       recovery_(config, model, transport),

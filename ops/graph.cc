@@ -402,12 +402,116 @@ std::vector<SvSite> Graph::identifySvs() const {
   return sites;
 }
 
+bool Graph::matchLstmCell(int hidden, FusedStep* step) const {
+  const auto isOp = [&](int id, OpKind op) { return node(id).kind == NodeKind::kOp && node(id).op == op; };
+  // The operands of a binary node, either order, such that `first(a)` holds.
+  const auto split = [&](int id, const auto& first, int* a, int* b) {
+    const Node& n = node(id);
+    if (first(n.inputs[0])) {
+      *a = n.inputs[0];
+      *b = n.inputs[1];
+      return true;
+    }
+    if (first(n.inputs[1])) {
+      *a = n.inputs[1];
+      *b = n.inputs[0];
+      return true;
+    }
+    return false;
+  };
+  LstmCellRoles r;
+  r.hidden = hidden;
+  if (!isOp(hidden, OpKind::kMultiply)) return false;
+  // A gate: act(chunk(gates, k, 4)) with `gates` the same for all four.
+  const auto gate = [&](int id, OpKind act, int which) {
+    if (!isOp(id, act)) return false;
+    const int slice = node(id).inputs[0];
+    if (!isOp(slice, OpKind::kSlice)) return false;
+    const Node& sl = node(slice);
+    const int gates = sl.inputs[0];
+    if (node(gates).rows != 4 * sl.rows || (r.gates >= 0 && r.gates != gates)) return false;
+    r.gates = gates;
+    r.act[which] = id;
+    r.offset[which] = static_cast<int64_t>(sl.attr);
+    return true;
+  };
+  int tanhCell = -1;
+  int out = -1;
+  if (!split(hidden, [&](int id) { return isOp(id, OpKind::kTanh) && isOp(node(id).inputs[0], OpKind::kAdd); },
+             &tanhCell, &out)) {
+    return false;
+  }
+  r.tanhCell = tanhCell;
+  r.cell = node(tanhCell).inputs[0];
+  if (!gate(out, OpKind::kSigmoid, LstmCellRoles::kOutput)) return false;
+  // cell = (f * cPrev) + (i * g), the sum in either order.
+  int m1 = -1;
+  int m2 = -1;
+  const auto holdsCandidate = [&](int id) {
+    if (!isOp(id, OpKind::kMultiply)) return false;
+    const Node& n = node(id);
+    return isOp(n.inputs[0], OpKind::kTanh) || isOp(n.inputs[1], OpKind::kTanh);
+  };
+  if (!split(r.cell, holdsCandidate, &m2, &m1) || !isOp(m1, OpKind::kMultiply)) return false;
+  int i = -1;
+  int g = -1;
+  if (!split(m2, [&](int id) { return isOp(id, OpKind::kTanh); }, &g, &i)) return false;
+  if (!gate(g, OpKind::kTanh, LstmCellRoles::kCandidate) || !gate(i, OpKind::kSigmoid, LstmCellRoles::kInput)) {
+    return false;
+  }
+  int f = -1;
+  if (!split(m1, [&](int id) { return isOp(id, OpKind::kSigmoid) && isOp(node(id).inputs[0], OpKind::kSlice); }, &f,
+             &r.cPrev) ||
+      !gate(f, OpKind::kSigmoid, LstmCellRoles::kForget)) {
+    return false;
+  }
+  const int64_t h = node(hidden).rows;
+  std::vector<bool> seen(4, false);
+  for (int64_t offset : r.offset) {
+    if (offset % h != 0 || offset / h < 0 || offset / h > 3 || seen[static_cast<size_t>(offset / h)]) return false;
+    seen[static_cast<size_t>(offset / h)] = true;
+  }
+  // Both operands hold one column per example (no broadcast parameter).
+  if (node(r.cPrev).rows != h || r.cPrev == r.gates || !node(r.cPrev).perExample || !node(r.gates).perExample) {
+    return false;
+  }
+  std::vector<int> group = {m1, m2, r.cell, r.tanhCell, r.hidden};
+  for (int k = 0; k < 4; ++k) {
+    group.push_back(r.act[k]);
+    group.push_back(node(r.act[k]).inputs[0]);
+  }
+  std::sort(group.begin(), group.end());
+  if (std::adjacent_find(group.begin(), group.end()) != group.end()) return false;
+  // The step runs where `hidden` stands: every outside use of its nodes comes later,
+  // and only the cell and hidden states have any.
+  for (int id : group) {
+    if (id == r.gates || id == r.cPrev) return false;
+    for (int user : consumers(id)) {
+      if (std::binary_search(group.begin(), group.end(), user)) continue;
+      if ((id != r.cell && id != r.hidden) || user < hidden) return false;
+    }
+  }
+  if (group.back() != hidden) return false;
+  step->kind = FusedStep::Kind::kLstmCell;
+  step->nodes = std::move(group);
+  step->lstm = r;
+  return true;
+}
+
 std::vector<FusedStep> Graph::fusionPlan() const {
   std::vector<FusedStep> steps;
+  std::vector<bool> taken(nodes_.size(), false);
+  for (const Node& n : nodes_) {
+    FusedStep cell;
+    if (n.kind == NodeKind::kOp && matchLstmCell(n.id, &cell)) {
+      for (int id : cell.nodes) taken[static_cast<size_t>(id)] = true;
+      steps.push_back(std::move(cell));
+    }
+  }
   std::vector<int> chainOf(nodes_.size(), -1);  // index into `chains` of the chain a node ends
   std::vector<std::vector<int>> chains;
   for (const Node& n : nodes_) {
-    if (n.kind != NodeKind::kOp) continue;
+    if (n.kind != NodeKind::kOp || taken[static_cast<size_t>(n.id)]) continue;
     // softmax -> cross_entropy: the pair's gradient is p * sum(t) - t.
     if (n.op == OpKind::kCrossEntropy) {
       const Node& p = node(n.inputs[0]);

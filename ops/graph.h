@@ -72,11 +72,32 @@ struct SvSite {
   int vectorNode = 0;   // node v: V = v
 };
 
-// Nodes computed in one pass over memory: a chain of elementwise operators, or a
-// softmax followed by cross-entropy (whose gradient p - t needs no Jacobian).
+// The nodes of one step of an LSTM cell, in the form examples/lstm.loss writes it
+// (the four gates as row blocks of one pre-activation, in any order, and the
+// operands of each product and sum in either order):
+//   act_k = sigmoid | tanh (chunk(gates, k, 4))     input, forget, cell, output gate
+//   cell  = f * cPrev + i * g
+//   hidden = o * tanh(cell)
+// Only `cell` and `hidden` may be used outside the step.
+struct LstmCellRoles {
+  enum Gate { kInput = 0, kForget = 1, kCandidate = 2, kOutput = 3 };
+  int gates = -1;                // the 4H-row pre-activation
+  int cPrev = -1;                // the previous cell state
+  int act[4] = {-1, -1, -1, -1};  // by Gate: sigmoid, sigmoid, tanh, sigmoid
+  int64_t offset[4] = {0, 0, 0, 0};  // by Gate: first row in `gates`
+  int cell = -1;
+  int tanhCell = -1;
+  int hidden = -1;
+};
+
+// Nodes computed in one pass over memory: a chain of elementwise operators, a
+// softmax followed by cross-entropy (whose gradient p - t needs no Jacobian), or
+// an LSTM cell step (the gate nonlinearities, the cell and hidden state over the
+// 4H x B gate block, and the matching backward).
 struct FusedStep {
-  enum class Kind { kElementwise, kSoftmaxCrossEntropy } kind = Kind::kElementwise;
+  enum class Kind { kElementwise, kSoftmaxCrossEntropy, kLstmCell } kind = Kind::kElementwise;
   std::vector<int> nodes;  // in evaluation order; the last one is the step's output
+  LstmCellRoles lstm;      // kLstmCell
 };
 
 class Graph {
@@ -129,6 +150,9 @@ class Graph {
   // influence the loss.
   std::vector<SvSite> identifySvs() const;
   std::vector<FusedStep> fusionPlan() const;
+  // The LSTM cell step whose hidden state is node `hidden` (LstmCellRoles), if it
+  // has that form.
+  bool matchLstmCell(int hidden, FusedStep* step) const;
 
   // A cell: has a sequence input. unroll(T) returns the graph of T steps; throws
   // InputError for a state without `next` (naming its declaration), T < 1, or a

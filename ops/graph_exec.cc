@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/elementwise_chain.h"
+#include "ops/lstm_cell.h"
 #include "ops/sequence_layout.h"
 
 #include <algorithm>
@@ -339,6 +340,16 @@ void GraphExecutor<S>::forwardFused(const FusedStep& step, const std::vector<con
     }
     return;
   }
+  if (step.kind == FusedStep::Kind::kLstmCell) {
+    // The chunks and the two products inside the cell are never materialised.
+    LstmCellBuffers<S> b = lstmBuffers(step.lstm, params, in);
+    for (int k = 0; k < 4; ++k) b.act[k] = resized(step.lstm.act[k], b.rows, b.cols);
+    b.cell = resized(step.lstm.cell, b.rows, b.cols);
+    b.tanhCell = resized(step.lstm.tanhCell, b.rows, b.cols);
+    b.hidden = resized(step.lstm.hidden, b.rows, b.cols);
+    lstmCellForward(b);
+    return;
+  }
   // One pass: every element of the chain's inputs is read once and each node's
   // value written once (they are kept for the backward pass).
   const ChainPlan& plan = chains_[static_cast<size_t>(stepEnding_[static_cast<size_t>(step.nodes.back())])];
@@ -428,8 +439,58 @@ void GraphExecutor<S>::accumulate(int id, const Mat<S>& g) {
 }
 
 template <typename S>
+S* GraphExecutor<S>::resized(int node, int64_t rows, int64_t cols) {
+  Mat<S>& m = values_[static_cast<size_t>(node)];
+  m.resize(rows, cols);
+  return m.data();
+}
+
+template <typename S>
+LstmCellBuffers<S> GraphExecutor<S>::lstmBuffers(const LstmCellRoles& roles, const std::vector<const Mat<S>*>& params,
+                                                 const GraphInputs<S>& in) {
+  const Mat<S>& gates = *operandValue(roles.gates, params, in);
+  const Mat<S>& cPrev = *operandValue(roles.cPrev, params, in);
+  LstmCellBuffers<S> b;
+  b.rows = graph_.node(roles.hidden).rows;
+  b.cols = gates.cols();
+  ORPHEUS_ENFORCE(gates.rows() == 4 * b.rows && cPrev.rows() == b.rows && cPrev.cols() == b.cols,
+                  "LSTM cell: gates {}x{}, previous cell {}x{}", gates.rows(), gates.cols(), cPrev.rows(),
+                  cPrev.cols());
+  b.gates = gates.data();
+  b.cPrev = cPrev.data();
+  for (int k = 0; k < 4; ++k) b.offset[k] = roles.offset[k];
+  return b;
+}
+
+template <typename S>
+void GraphExecutor<S>::backwardLstmCell(const LstmCellRoles& roles, const std::vector<const Mat<S>*>& params,
+                                        const GraphInputs<S>& in) {
+  const Mat<S>& dHidden = grads_[static_cast<size_t>(roles.hidden)];
+  const Mat<S>& dCell = grads_[static_cast<size_t>(roles.cell)];
+  if (dHidden.size() == 0 && dCell.size() == 0) return;
+  LstmCellBuffers<S> b = lstmBuffers(roles, params, in);
+  for (int k = 0; k < 4; ++k) b.act[k] = values_[static_cast<size_t>(roles.act[k])].data();
+  b.tanhCell = values_[static_cast<size_t>(roles.tanhCell)].data();
+  // Operands outside the step that need gradients get zero-initialised buffers.
+  const auto gradOf = [&](int node) -> S* {
+    if (!needsGrad_[static_cast<size_t>(node)]) return nullptr;
+    Mat<S>& g = grads_[static_cast<size_t>(node)];
+    if (g.size() == 0) g = Mat<S>::Zero(graph_.node(node).rows, b.cols);
+    return g.data();
+  };
+  S* dGates = gradOf(roles.gates);
+  if (dGates == nullptr) return;
+  lstmCellBackward(b, dHidden.size() ? dHidden.data() : nullptr, dCell.size() ? dCell.data() : nullptr, dGates,
+                   gradOf(roles.cPrev));
+}
+
+template <typename S>
 void GraphExecutor<S>::backwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params,
                                      const GraphInputs<S>& in) {
+  if (step.kind == FusedStep::Kind::kLstmCell) {
+    backwardLstmCell(step.lstm, params, in);
+    return;
+  }
   const int last = step.nodes.back();
   const Mat<S>& upstream = grads_[static_cast<size_t>(last)];
   if (upstream.size() == 0) return;
@@ -486,12 +547,15 @@ void GraphExecutor<S>::backward(const std::vector<const Mat<S>*>& params, const 
   for (int id = loss; id >= 0; --id) {
     for (; next != pending.end() && next->first >= id; ++next) siteReady(next->second);
     const Node& n = graph_.node(id);
-    if (n.kind != NodeKind::kOp || grads_[static_cast<size_t>(id)].size() == 0) continue;
+    if (n.kind != NodeKind::kOp) continue;
+    // A fused step decides itself whether it has gradients to pass on: an LSTM cell
+    // has two outputs, the cell and the hidden state.
     const int s = stepEnding_[static_cast<size_t>(id)];
     if (s >= 0) {
       backwardFused(plan_[static_cast<size_t>(s)], params, in);
       continue;
     }
+    if (grads_[static_cast<size_t>(id)].size() == 0) continue;
     if (inStep_[static_cast<size_t>(id)]) continue;  // handled with its step
     const Operands<S> operandsOfNode = operands(n, params, in);
     for (size_t o = 0; o < n.inputs.size(); ++o) {

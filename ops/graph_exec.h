@@ -2,7 +2,10 @@
 // of the summed loss, the inner steps of data-dependent variables, and the SVs of
 // every parameter. Templated on the scalar: float for training, double for checks.
 // Executes the graph's fusion plan: elementwise chains in one pass over memory,
-// softmax + cross-entropy with the direct gradient p * sum(t) - t.
+// softmax + cross-entropy with the direct gradient p * sum(t) - t, and each LSTM
+// cell step in one pass over its 4H x B gate block (ops/lstm_cell.h; on the host,
+// where the executor's buffers are). A fused LSTM cell keeps the values of its
+// gates, cell, tanh(cell) and hidden state, not those of its chunks and products.
 // Elementwise chains run through the compute seam (ops/backend.h): a float
 // executor hands them to its backend, a double one (gradient checks; backends
 // are float-only) runs the same host interpreter directly.
@@ -15,6 +18,7 @@
 
 #include "ops/backend.h"
 #include "ops/graph.h"
+#include "ops/lstm_cell.h"
 
 #include <functional>
 #include <memory>
@@ -85,6 +89,11 @@ class GraphExecutor {
   void forwardHoisted(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void forwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void backwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
+  void backwardLstmCell(const LstmCellRoles& roles, const std::vector<const Mat<S>*>& params,
+                        const GraphInputs<S>& in);
+  LstmCellBuffers<S> lstmBuffers(const LstmCellRoles& roles, const std::vector<const Mat<S>*>& params,
+                                 const GraphInputs<S>& in);
+  S* resized(int node, int64_t rows, int64_t cols);  // values_[node], resized
 
   // A fused elementwise step as the backend sees it: the chain, and the graph
   // nodes that are its external inputs (in the chain's input order).

@@ -107,6 +107,50 @@ void GraphModel::keepStates(const Matrix& segments, CarriedStates& kept) const {
   }
 }
 
+ParamSet GraphModel::carriedState() const {
+  std::vector<int64_t> streams;
+  for (const auto& [stream, carried] : trainStates_) streams.push_back(stream);
+  std::sort(streams.begin(), streams.end());
+  const auto count = static_cast<int64_t>(streams.size());
+  ParamSet out;
+  // Stream ids and segment indices are floats in the segments too (ops/sequence_layout.h).
+  Matrix index(2, count);
+  for (int64_t j = 0; j < count; ++j) {
+    index(0, j) = static_cast<float>(streams[static_cast<size_t>(j)]);
+    index(1, j) = static_cast<float>(trainStates_.at(streams[static_cast<size_t>(j)]).segment);
+  }
+  out.params.push_back({"carried_streams", std::move(index)});
+  for (size_t k = 0; k < graph_.finalStates().size(); ++k) {
+    const Node& n = graph_.node(graph_.states()[k]);
+    Matrix m(n.rows, count);
+    for (int64_t j = 0; j < count; ++j) m.col(j) = trainStates_.at(streams[static_cast<size_t>(j)]).states[k];
+    out.params.push_back({"carried_" + n.name, std::move(m)});
+  }
+  return out;
+}
+
+void GraphModel::restoreCarriedState(const ParamSet& state) const {
+  const int at = state.find("carried_streams");
+  ORPHEUS_CHECK_INPUT(at >= 0 && state[at].rows() == 2, "carried states lack their stream index ('carried_streams')");
+  const Matrix& index = state[static_cast<size_t>(at)];
+  CarriedStates restored;
+  for (int64_t j = 0; j < index.cols(); ++j) {
+    Carried& c = restored[static_cast<int64_t>(index(0, j))];
+    c.segment = static_cast<int64_t>(index(1, j));
+    c.states.resize(graph_.finalStates().size());
+  }
+  for (size_t k = 0; k < graph_.finalStates().size(); ++k) {
+    const Node& n = graph_.node(graph_.states()[k]);
+    const int i = state.find("carried_" + n.name);
+    ORPHEUS_CHECK_INPUT(i >= 0, "carried states lack state '{}'", n.name);
+    const Matrix& m = state[static_cast<size_t>(i)];
+    ORPHEUS_CHECK_INPUT(m.rows() == n.rows && m.cols() == index.cols(), "carried state '{}' is {} x {}, not {} x {}",
+                        n.name, m.rows(), m.cols(), n.rows, index.cols());
+    for (int64_t j = 0; j < index.cols(); ++j) restored[static_cast<int64_t>(index(0, j))].states[k] = m.col(j);
+  }
+  trainStates_ = std::move(restored);
+}
+
 std::vector<const Matrix*> GraphModel::paramPointers(const ParamSet& w) const {
   ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
                       graph_.params().size(), w.size());
@@ -159,6 +203,59 @@ GraphInputs<float> inputsOf(const ExampleBatch& x, std::vector<Matrix>* locals) 
   in.labels = x.labels;
   in.locals = locals;
   return in;
+}
+
+}  // namespace
+
+namespace {
+
+// Entries of the same matrix (and bias), one per step, as one entry whose columns
+// are the steps' side by side; the batch's columns become (example, step) pairs.
+SvBatch stepColumns(SvBatch steps, int64_t b) {
+  SvBatch out;
+  std::vector<std::vector<const SvMatrix*>> groups;
+  for (const SvMatrix& m : steps.matrices) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const std::vector<const SvMatrix*>& g) {
+      return g.front()->paramId == m.paramId && g.front()->biasId == m.biasId && g.front()->sparseV == m.sparseV;
+    });
+    if (it == groups.end()) {
+      groups.push_back({&m});
+    } else {
+      it->push_back(&m);
+    }
+  }
+  int64_t columns = 0;
+  for (const auto& g : groups) {
+    const auto n = static_cast<int64_t>(g.size()) * b;
+    ORPHEUS_ENFORCE(columns == 0 || columns == n, "per-step SV sites: {} columns against {}", n, columns);
+    columns = n;
+    SvMatrix m;
+    m.paramId = g.front()->paramId;
+    m.biasId = g.front()->biasId;
+    m.sparseV = g.front()->sparseV;
+    m.u.resize(g.front()->u.rows(), n);
+    for (size_t t = 0; t < g.size(); ++t) m.u.middleCols(static_cast<int64_t>(t) * b, b) = g[t]->u;
+    if (m.sparseV) {
+      std::vector<Eigen::Triplet<float, int32_t>> entries;
+      for (size_t t = 0; t < g.size(); ++t) {
+        const SparseMatrix& v = g[t]->vSparse;
+        for (int64_t j = 0; j < v.outerSize(); ++j) {
+          for (SparseMatrix::InnerIterator it(v, j); it; ++it) {
+            entries.emplace_back(static_cast<int32_t>(it.row()), static_cast<int32_t>(static_cast<int64_t>(t) * b + j),
+                                 it.value());
+          }
+        }
+      }
+      m.vSparse.resize(g.front()->vSparse.rows(), n);
+      m.vSparse.setFromTriplets(entries.begin(), entries.end());
+    } else {
+      m.vDense.resize(g.front()->vDense.rows(), n);
+      for (size_t t = 0; t < g.size(); ++t) m.vDense.middleCols(static_cast<int64_t>(t) * b, b) = g[t]->vDense;
+    }
+    out.matrices.push_back(std::move(m));
+  }
+  out.coeffs = Vector::Ones(columns);
+  return out;
 }
 
 }  // namespace
@@ -247,6 +344,7 @@ SvBatch GraphModel::svgs(const ParamSet& w, const ExampleBatch& x, double* meanL
   if (ready == nullptr) {
     for (size_t i = 0; i < sites.size(); ++i) batch.matrices[i] = siteMatrix(sites[i], x, locals);
   }
+  if (graph_.steps() > 0 && svgUnit_ == SvgUnit::kStep && x.size() > 0) return stepColumns(std::move(batch), x.size());
   return batch;
 }
 

@@ -30,7 +30,7 @@ class GraphModel final : public Model {
   // carried states continue each stream's previous segment (kept per stream); the
   // mean loss is per token. The batch's n columns are its B examples, shared by all
   // entries, so selection (engine/select) keeps or drops whole examples with all
-  // their steps, not single (example, step) pairs.
+  // their steps, not single (example, step) pairs, unless setSvgUnit(kStep).
   SvBatch computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
   // Where every matrix has one SV site (no recurrence), each gradient is one GEMM
   // U V^T written straight into the result, bitwise what the default's rebuild of
@@ -41,6 +41,8 @@ class GraphModel final : public Model {
   // its U is final (GraphExecutor::backward).
   SvBatch computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
                              const SvReadyFn& ready) const override;
+  // SvgUnit::kStep: every parameter's per-step entries as one of B * T columns.
+  void setSvgUnit(SvgUnit unit) override { svgUnit_ = unit; }
   // Data-dependent variables of test examples are inferred afresh, never kept.
   // Sequence models: the batch is taken in runs of consecutive segments of distinct
   // streams, each run's states carried from the previous segment of its stream
@@ -49,6 +51,10 @@ class GraphModel final : public Model {
   bool hasAccuracy() const override;
   bool reportsPerplexity() const override { return graph_.steps() > 0; }
   bool carriesState() const override { return graph_.steps() > 0; }
+  // The training states by stream: "carried_streams" (2 x S: stream, index of its
+  // last segment) and "carried_<state>" (rows x S) per state, streams ascending.
+  ParamSet carriedState() const override;
+  void restoreCarriedState(const ParamSet& state) const override;
 
   const Graph& graph() const { return graph_; }
 
@@ -84,6 +90,7 @@ class GraphModel final : public Model {
   Graph graph_;
   std::string spec_;
   uint64_t seed_;
+  SvgUnit svgUnit_ = SvgUnit::kExample;
   // The compute thread owns these; a model is used by one worker.
   mutable std::unique_ptr<GraphExecutor<float>> exec_;
   bool oneSitePerMatrix_ = false;  // denseGradient's direct path applies

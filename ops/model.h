@@ -92,6 +92,18 @@ class Model {
   // True when computeSvg carries state from one minibatch to the next that the
   // parameters do not hold (a sequence model's recurrent states per stream).
   virtual bool carriesState() const { return false; }
+  // That state as named matrices, and back: a resumed job puts back what the
+  // interrupted one carried after the clock it resumes from, so it continues
+  // bitwise. Like computeSvg, these belong to the compute thread.
+  virtual ParamSet carriedState() const { return {}; }
+  virtual void restoreCarriedState(const ParamSet& state) const { (void)state; }
+  // What one SVG (one column of computeSvg's batch, the unit selection picks) is
+  // for a sequence model: an example with all its T steps (its matrices' sites are
+  // T entries of B columns), or one (example, step) pair (each parameter's sites
+  // are one entry of B * T columns, column t * B + j for step t of example j; the
+  // update is the same sum). Models without steps have examples only.
+  enum class SvgUnit { kExample, kStep };
+  virtual void setSvgUnit(SvgUnit unit) { (void)unit; }
 
   // Shapes indexed by param id, for validating received SV batches.
   std::vector<std::pair<int64_t, int64_t>> paramShapes() const;

@@ -209,6 +209,9 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
                  "parameters are bitwise the same")
       ->type_name("on|off")
       ->default_str("on");
+  addEnumOption(cmd, "--select-unit", c.selectUnit, orpheus::engine::svgUnitNames(),
+                "What one SVG of a sequence model is: example (all its T steps) or step (one (example, step) pair; "
+                "a batch then has B*T SVGs, and --select counts pairs)");
   addEnumOption(cmd, "--multicast", c.multicast, orpheus::engine::multicastNames(),
                 "Who gets a worker's SV batch each clock: all (broadcast), random (Q peers drawn per clock), fixed "
                 "(the same Q peers), ring (Q peers in circular order over clocks)");

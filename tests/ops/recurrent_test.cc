@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -365,4 +366,163 @@ TEST_CASE("the input part of all steps as one GEMM gives the per-step products",
   const auto gh = hoisted.paramGradients(ptrs, in), gp = plain.paramGradients(ptrs, in);
   for (size_t p = 0; p < gh.size(); ++p) CHECK((gh[p] - gp[p]).cwiseAbs().maxCoeff() <= 1e-12);
   for (int id : g.finalStates()) CHECK((hoisted.value(id) - plain.value(id)).cwiseAbs().maxCoeff() <= 1e-12);
+}
+
+namespace {
+
+size_t lstmCells(const std::vector<FusedStep>& plan) {
+  return static_cast<size_t>(std::count_if(plan.begin(), plan.end(), [](const FusedStep& s) {
+    return s.kind == FusedStep::Kind::kLstmCell;
+  }));
+}
+
+// Fused against unfused execution in float64: loss, every parameter's gradient,
+// the states after the last step, and the gradients of float executors (a rounding apart).
+void checkFusedCell(const Graph& g, size_t expectedCells) {
+  std::mt19937 gen(17);
+  const int64_t b = 3;
+  const Mat<double> x = segments(randomText(static_cast<int>(g.node(g.params()[0]).cols), gen), g.steps(), b, 0, 0);
+  std::vector<Mat<double>> params = randomParams(g, gen, 0.5);
+  std::vector<const Mat<double>*> ptrs;
+  for (auto& m : params) ptrs.push_back(&m);
+  std::vector<Mat<double>> states;
+  for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
+  GraphInputs<double> in;
+  in.dense = &x;
+  in.states = &states;
+  GraphExecutor<double> fused(g, true), plain(g, false);
+  CHECK(lstmCells(fused.plan()) == expectedCells);
+  CHECK(lstmCells(plain.plan()) == 0);
+  CHECK(std::abs(fused.forward(ptrs, in) - plain.forward(ptrs, in)) <= 1e-12);
+  fused.backward(ptrs, in);
+  plain.backward(ptrs, in);
+  const auto gf = fused.paramGradients(ptrs, in), gp = plain.paramGradients(ptrs, in);
+  for (size_t p = 0; p < gf.size(); ++p) {
+    INFO(g.node(g.params()[p]).name);
+    CHECK((gf[p] - gp[p]).cwiseAbs().maxCoeff() <= 1e-12);
+  }
+  for (int id : g.finalStates()) CHECK((fused.value(id) - plain.value(id)).cwiseAbs().maxCoeff() <= 1e-12);
+
+  // Float: the unfused executor also skips hoisting and the other fusions, so the
+  // loss and the gradients agree to rounding.
+  std::vector<Mat<float>> pf;
+  for (const auto& m : params) pf.push_back(m.cast<float>());
+  std::vector<const Mat<float>*> pfp;
+  for (auto& m : pf) pfp.push_back(&m);
+  const Mat<float> xf = x.cast<float>();
+  std::vector<Mat<float>> sf;
+  for (const auto& m : states) sf.push_back(m.cast<float>());
+  GraphInputs<float> inf;
+  inf.dense = &xf;
+  inf.states = &sf;
+  GraphExecutor<float> ff(g, true), fp(g, false);
+  const float lf = ff.forward(pfp, inf), lp = fp.forward(pfp, inf);
+  CHECK(std::abs(lf - lp) <= 1e-5f * std::abs(lp));
+  ff.backward(pfp, inf);
+  fp.backward(pfp, inf);
+  const auto gff = ff.paramGradients(pfp, inf), gfp = fp.paramGradients(pfp, inf);
+  for (size_t p = 0; p < gff.size(); ++p) {
+    const float scale = std::max(1.0f, gfp[p].cwiseAbs().maxCoeff());
+    CHECK((gff[p] - gfp[p]).cwiseAbs().maxCoeff() <= 1e-5f * scale);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("each LSTM cell step runs fused and gives the unfused values and gradients", "[ops][recurrent]") {
+  const int64_t vocabulary = 6;
+  SECTION("the small LSTM, T = 4") { checkFusedCell(parseLoss(kSmallLstm, "small.loss", {0, vocabulary, 4}), 4); }
+  SECTION("examples/lstm.loss, T = 2") {
+    checkFusedCell(parseLossFile(kExamples + "lstm.loss", {0, vocabulary, 2}), 2);
+  }
+  SECTION("gates in another order, operands swapped") {
+    std::string text = kSmallLstm;
+    const auto replace = [&](const std::string& from, const std::string& to) {
+      const size_t at = text.find(from);
+      REQUIRE(at != std::string::npos);
+      text.replace(at, from.size(), to);
+    };
+    replace("i = sigmoid(chunk(a, 0, 4))", "i = sigmoid(chunk(a, 3, 4))");
+    replace("o = sigmoid(chunk(a, 3, 4))", "o = sigmoid(chunk(a, 0, 4))");
+    replace("cell = f * c + i * g", "cell = g * i + c * f");
+    replace("out = o * tanh(cell)", "out = tanh(cell) * o");
+    checkFusedCell(parseLoss(text, "swapped.loss", {0, vocabulary, 3}), 3);
+  }
+  SECTION("a gate used outside the cell is not fused, and still right") {
+    std::string text = kSmallLstm;
+    const std::string from = "logits = V * out + bv";
+    text.replace(text.find(from), from.size(), "logits = V * (out + i) + bv");
+    checkFusedCell(parseLoss(text, "leaky.loss", {0, vocabulary, 3}), 0);
+  }
+}
+
+TEST_CASE("the fused LSTM cell's BPTT gradients match central differences in float64", "[ops][recurrent]") {
+  std::mt19937 gen(19);
+  const int64_t vocabulary = 5, b = 2, steps = 3;
+  const Graph g = parseLoss(kSmallLstm, "small.loss", {0, vocabulary, steps});
+  REQUIRE(lstmCells(GraphExecutor<double>(g).plan()) == steps);
+  const Mat<double> x = segments(randomText(static_cast<int>(vocabulary), gen), steps, b, 0, 0);
+  std::vector<Mat<double>> states;
+  for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
+  GraphInputs<double> in;
+  in.dense = &x;
+  in.states = &states;
+  checkAllGradients(g, in, randomParams(g, gen, 0.5));
+}
+
+namespace {
+
+// sum over columns of U diag(c) V^T per parameter, from a batch's entries.
+std::map<uint32_t, Matrix> updates(const SvBatch& batch) {
+  std::map<uint32_t, Matrix> out;
+  for (const SvMatrix& m : batch.matrices) {
+    const Matrix v = m.sparseV ? Matrix(m.vSparse) : m.vDense;
+    const Matrix term = m.u * batch.coeffs.asDiagonal() * v.transpose();
+    auto [it, fresh] = out.try_emplace(m.paramId, term);
+    if (!fresh) it->second += term;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("SVGs per (example, step): each matrix one entry of B*T columns, the same update", "[ops][recurrent]") {
+  std::mt19937 gen(23);
+  const int64_t vocabulary = 7, b = 3, steps = 4;
+  const std::vector<int> text = randomText(static_cast<int>(vocabulary), gen);
+  GraphModel examples(parseLoss(kSmallLstm, "small.loss", {0, vocabulary, steps}), "lstm", 1);
+  GraphModel pairs(parseLoss(kSmallLstm, "small.loss", {0, vocabulary, steps}), "lstm", 1);
+  pairs.setSvgUnit(Model::SvgUnit::kStep);
+  const ParamSet w = examples.initParams(3);
+  const Matrix x = segments(text, steps, b, 0, 0).cast<float>();
+  const Eigen::VectorXi labels = Eigen::VectorXi::Zero(b);
+  ExampleBatch batch;
+  batch.dense = &x;
+  batch.labels = &labels;
+  double le = 0, lp = 0;
+  const SvBatch byExample = examples.computeSvg(w, batch, &le);
+  const SvBatch byStep = pairs.computeSvg(w, batch, &lp);
+  CHECK(le == lp);
+  CHECK(byExample.numColumns() == b);
+  CHECK(byStep.numColumns() == b * steps);
+  CHECK(byStep.matrices.size() * steps == byExample.matrices.size());
+  for (const SvMatrix& m : byStep.matrices) {
+    CHECK(m.u.cols() == b * steps);
+    CHECK(m.vCols() == b * steps);
+    if (m.sparseV) CHECK(m.vSparse.nonZeros() == b * steps);
+  }
+  // Step t of example j is column t * B + j: W's V there is [e_t; h_{t-1}] of example j.
+  const SvMatrix& w1 = *std::find_if(byStep.matrices.begin(), byStep.matrices.end(),
+                                     [](const SvMatrix& m) { return m.paramId == 1; });
+  int seen = 0;
+  for (const SvMatrix& m : byExample.matrices) {
+    if (m.paramId != 1) continue;
+    CHECK(m.vDense == w1.vDense.middleCols(seen * b, b));
+    CHECK(m.u == w1.u.middleCols(seen * b, b));
+    ++seen;
+  }
+  const auto ue = updates(byExample), us = updates(byStep);
+  for (const auto& [param, update] : ue) {
+    CHECK((update - us.at(param)).cwiseAbs().maxCoeff() <= 1e-5f * std::max(1.0f, update.cwiseAbs().maxCoeff()));
+  }
 }

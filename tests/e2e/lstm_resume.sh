@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# lstm_resume.sh ORPHEUS COMPARE MPIEXEC: kill -9 of every process of a BSP job
+# training a small LSTM language model (rotation on), then --resume with the same
+# flags: the recurrent states each rank carried into the next segment of its streams
+# come back with the parameters, so the final parameters are bitwise an
+# uninterrupted run's.
+set -euo pipefail
+orpheus=$1; compare=$2; mpiexec=$3
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out=$(mktemp -d); trap 'pkill -9 -f "ckpt-dir $out" 2>/dev/null || true; rm -rf "$out"' EXIT
+# The synthetic stream of lstm_equivalence.sh: 6,000 tokens over a vocabulary of 40.
+awk 'BEGIN { print "#orpheus-tokens vocabulary=40 steps=6"; s = 12345; prev = 0
+  for (i = 0; i < 6000; i++) { s = (s * 1103515245 + 12345) % 2147483648
+    t = (s % 4 == 0) ? int(s / 7) % 40 : (prev + 1) % 40; prev = t
+    printf "%d%s", t, (i % 12 == 11) ? "\n" : " " } }' >"$out/tokens"
+sed -e 's/^dim embed = .*/dim embed = 8/' -e 's/^dim hidden = .*/dim hidden = 8/' \
+  "$here/../../examples/lstm.loss" >"$out/lstm.loss"
+flags=(--model "$out/lstm.loss" --train "$out/tokens" --clocks 300 --batch 4 --lr 0.05 --seed 7 --progress off
+       --rotate-every 40 --ckpt sv --inject-delay 0:10)
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/whole" --save "$out/whole.h5" \
+  --log-level warn
+
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
+  >/dev/null 2>&1 &
+job=$!
+# Kill every process once a few segments are durable (polling, bounded).
+for _ in $(seq 600); do
+  [ "$(ls "$out"/killed/replica-0/seg-*.h5 2>/dev/null | wc -l)" -ge 2 ] && break
+  sleep 0.05
+done
+pkill -9 -f "ckpt-dir $out/killed" || true
+wait "$job" 2>/dev/null || true
+[ ! -e "$out/resumed.h5" ] || { echo "the job finished before it was killed"; exit 1; }
+ls "$out/killed"
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
+  --resume 2>&1 | tee "$out/resume.log"
+grep -q "resumed from clock [1-9]" "$out/resume.log" || { echo "the job did not resume from a clock past 0"; exit 1; }
+"$compare" "$out/resumed.h5" "$out/whole.h5" 0
