@@ -61,7 +61,9 @@ class Mailboxes {
   explicit Mailboxes(int size, RunGate* gate = nullptr)
       : gate_(gate), boxes_(static_cast<size_t>(size)), posted_(gate != nullptr ? static_cast<size_t>(size) : 0) {}
   void post(int to, Message m);
-  std::optional<Message> take(int rank);
+  // The oldest message for `rank`; with a gate, an empty box first waits up to `wait`
+  // for a post, outside the gate.
+  std::optional<Message> take(int rank, std::chrono::microseconds wait = kIdleWait);
 
  private:
   RunGate* gate_;
