@@ -3,7 +3,8 @@
 // coordinator, the rebuild) as threads over the loopback transport, placed on a
 // virtual clock whose communication times come from a network model
 // (engine/sim/network_model.h) and whose computation times are measured per
-// clock as thread CPU time (or given). Writes the same metrics lines as `train`,
+// clock as thread CPU time (or given), stretched where workers share a host's
+// cores (engine/sim/cpu_share.h). Writes the same metrics lines as `train`,
 // with simulated seconds, and a summary with the simulation's own measures.
 //
 // Memory: one copy of the data in all (each rank's shard is its part of it, read
