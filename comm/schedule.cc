@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
+#include <utility>
 
 namespace orpheus::comm {
 namespace {
@@ -134,15 +135,32 @@ std::vector<int> MulticastSchedule::receiversGiven(uint64_t clock, int sender,
     case MulticastKind::kRandom: {
       // Lazy Fisher-Yates over the P-1 other ranks: slot i is fixed by the i-th draw, so
       // the first Q intact peers are taken in stream order, and with no broken links the
-      // receivers are exactly the first Q slots.
-      std::vector<int> others(static_cast<size_t>(p - 1));
-      for (int i = 0; i < p - 1; ++i) others[static_cast<size_t>(i)] = i < sender ? i : i + 1;
+      // receivers are exactly the first Q slots. Slot k holds rank k (k < sender) or
+      // k + 1 until a swap moves it; only the moved slots are kept, so a call costs
+      // O(Q^2) rather than O(P) (senders() asks P of them).
+      std::vector<std::pair<uint64_t, int>> moved;
+      const auto slot = [&](uint64_t k) {
+        for (const auto& [at, rank] : moved)
+          if (at == k) return rank;
+        return static_cast<int>(k) < sender ? static_cast<int>(k) : static_cast<int>(k) + 1;
+      };
+      const auto put = [&](uint64_t k, int rank) {
+        for (auto& [at, held] : moved)
+          if (at == k) {
+            held = rank;
+            return;
+          }
+        moved.emplace_back(k, rank);
+      };
       CounterRng rng(seed_, RngPurpose::kMulticast, clock, static_cast<uint64_t>(sender));
-      const uint64_t n = others.size();
+      const auto n = static_cast<uint64_t>(p - 1);
       for (uint64_t i = 0; i < n && out.size() < static_cast<size_t>(q); ++i) {
         const uint64_t j = i + rng.uniformInt(n - i);
-        std::swap(others[i], others[j]);
-        if (intact(others[i])) out.push_back(others[i]);
+        const int first = slot(i);
+        const int drawn = slot(j);
+        put(i, drawn);
+        put(j, first);
+        if (intact(drawn)) out.push_back(drawn);
       }
       break;
     }

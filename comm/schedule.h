@@ -8,9 +8,10 @@
 // exactly which senders to expect. No MPI, no threads, no caches: a schedule is
 // immutable after construction and safe to share between threads.
 //
-// Cost per call: O(P + Q) for receivers() plus O(K log K) for the K broken links of
-// the clock (zero when no links are dropped); senders() and graph() cost P times
-// that. Meant for P up to a few thousand.
+// Cost per call: receivers() O(P) for broadcast, O(Q) for fixed and ring, O(Q^2)
+// for random (more where broken links are skipped), plus O(K log K) for the K
+// broken links of the clock (zero when no links are dropped); senders() and
+// graph() cost P times that. Meant for P up to a few thousand.
 #pragma once
 
 #include <cstdint>

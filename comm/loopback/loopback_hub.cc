@@ -58,12 +58,12 @@ void Mailboxes::post(int to, Message m) {
   if (gate_ != nullptr) posted_[static_cast<size_t>(to)].notify_one();
 }
 
-std::optional<Message> Mailboxes::take(int rank) {
+std::optional<Message> Mailboxes::take(int rank, std::chrono::microseconds wait) {
   std::unique_lock lock(mu_);
   auto& box = boxes_[static_cast<size_t>(rank)];
-  if (box.empty() && gate_ != nullptr) {
+  if (box.empty() && gate_ != nullptr && wait.count() > 0) {
     gate_->leave();
-    posted_[static_cast<size_t>(rank)].wait_for(lock, kIdleWait, [&] { return !box.empty(); });
+    posted_[static_cast<size_t>(rank)].wait_for(lock, wait, [&] { return !box.empty(); });
     lock.unlock();
     gate_->enter();
     lock.lock();

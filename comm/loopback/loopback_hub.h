@@ -4,9 +4,9 @@
 //
 // With a RunGate (simulation, comm/loopback/run_gate.h) every wait gives up the
 // waiting rank's place: a rendezvous while the others arrive, and an empty
-// mailbox, which then waits up to kIdleWait for a post before it answers nothing
-// (tryReceive is polled in a loop by a rank waiting on peers; the pause lets the
-// ranks with work run instead of the pollers).
+// mailbox, which then waits up to kIdleWait (or the wait its caller gives) for a
+// post before it answers nothing (tryReceive is polled in a loop by a rank waiting
+// on peers; the pause lets the ranks with work run instead of the pollers).
 #pragma once
 
 #include "comm/loopback/run_gate.h"
@@ -61,7 +61,9 @@ class Mailboxes {
   explicit Mailboxes(int size, RunGate* gate = nullptr)
       : gate_(gate), boxes_(static_cast<size_t>(size)), posted_(gate != nullptr ? static_cast<size_t>(size) : 0) {}
   void post(int to, Message m);
-  std::optional<Message> take(int rank);
+  // The oldest message for `rank`; with a gate, an empty box first waits up to `wait`
+  // for a post, outside the gate.
+  std::optional<Message> take(int rank, std::chrono::microseconds wait = kIdleWait);
 
  private:
   RunGate* gate_;

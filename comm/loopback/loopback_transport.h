@@ -21,6 +21,10 @@ class LoopbackTransport final : public Transport {
   int size() const override { return hub_->size(); }
   std::string name() const override { return "loopback"; }
   ControlPlane& control() override { return control_; }
+  // tryReceive that, with a run gate, waits up to `wait` (outside the gate) for a
+  // message when none is there: a simulated rank that knows it is waiting sleeps
+  // until a peer posts instead of polling.
+  std::optional<Message> receiveWithin(std::chrono::microseconds wait) { return hub_->dataMail().take(rank_, wait); }
 
  protected:
   Gathered doAllgatherv(std::span<const std::byte> local, uint64_t clock) override;

@@ -415,6 +415,14 @@ void addSimulateFlags(CLI::App& cmd, orpheus::engine::sim::SimConfig& s, double&
                  "Computation per clock in milliseconds (0: measured, the thread CPU time of each worker's clock)")
       ->capture_default_str()
       ->check(numberIn(0, 1e9));
+  cmd.add_option("--sim-cores", s.cpu.cores,
+                 "Cores per simulated host, shared by its workers: with W workers on C < W cores each computes W/C "
+                 "times as long as measured (0: a core per worker)")
+      ->capture_default_str()
+      ->check(integerIn(0, 1000000));
+  cmd.add_option("--sim-hosts", s.cpu.hosts, "Simulated hosts the workers are spread over, in contiguous blocks")
+      ->capture_default_str()
+      ->check(integerIn(1, 100000));
   cmd.add_option("--sim-threads", s.threads, "Workers doing a clock's work at once (0: the machine's cores)")
       ->capture_default_str()
       ->check(integerIn(0, 4096));

@@ -1,6 +1,9 @@
 #include "engine/sim/rank_tracer.h"
 
+#include "engine/base/error.h"
 #include "engine/sim/trace.h"
+
+#include <chrono>
 
 #include <time.h>
 
@@ -25,10 +28,13 @@ class InTransport {
   RankTracer& tracer_;
 };
 
+// How long a waiting rank sleeps for a post before polling again.
+constexpr std::chrono::microseconds kWaitingPoll{50000};
+
 }  // namespace
 
-RankTracer::RankTracer(Trace& trace, int rank, double computeSeconds)
-    : trace_(trace), rank_(rank), computeSeconds_(computeSeconds) {}
+RankTracer::RankTracer(Trace& trace, int rank, double computeSeconds, double slowdown)
+    : trace_(trace), rank_(rank), computeSeconds_(computeSeconds), slowdown_(slowdown) {}
 
 double RankTracer::computeTime() const { return threadCpuSeconds() - transportSeconds_; }
 
@@ -42,7 +48,7 @@ void RankTracer::leaveTransport() {
 
 void RankTracer::phase(ClockPhase phase, uint64_t clock) {
   const double now = computeTime();
-  const double spent = now - phaseStart_;
+  const double spent = (now - phaseStart_) * slowdown_;
   if (phase == ClockPhase::kStarted) {
     current_ = RankClock{};
     clock_ = clock;
@@ -61,7 +67,7 @@ void RankTracer::phase(ClockPhase phase, uint64_t clock) {
 
 void RankTracer::reported(const ClockRecord& record) {
   if (computeSeconds_ > 0.0) {
-    current_.compute = computeSeconds_;
+    current_.compute = computeSeconds_ * slowdown_;
     current_.receive = 0.0;
     current_.update = 0.0;
   }
@@ -69,8 +75,17 @@ void RankTracer::reported(const ClockRecord& record) {
   current_ = RankClock{};
 }
 
-TracingTransport::TracingTransport(std::unique_ptr<comm::Transport> inner, RankTracer& tracer)
-    : inner_(std::move(inner)), tracer_(tracer) {}
+TracingTransport::TracingTransport(std::unique_ptr<comm::Transport> inner, RankTracer& tracer, ArrivalBook* book,
+                                   const comm::MulticastSchedule* schedule)
+    : inner_(std::move(inner)),
+      tracer_(tracer),
+      loopback_(dynamic_cast<comm::loopback::LoopbackTransport*>(inner_.get())),
+      book_(book),
+      schedule_(schedule) {
+  ORPHEUS_ENFORCE(book_ == nullptr || (schedule_ != nullptr && loopback_ != nullptr),
+                  "virtual-time delivery needs the schedule and a loopback transport");
+  if (book_ != nullptr) inbox_.emplace(inner_->rank(), *book_);
+}
 
 comm::Gathered TracingTransport::doAllgatherv(std::span<const std::byte> local, uint64_t clock) {
   RankClock& c = tracer_.current();
@@ -108,7 +123,82 @@ void TracingTransport::doSendAsync(int peer, comm::SharedBytes bytes) {
 
 std::optional<comm::Message> TracingTransport::doTryReceive() {
   InTransport in(tracer_);
-  return inner_->tryReceive();
+  if (loopback_ == nullptr) return inner_->tryReceive();
+  if (book_ != nullptr) return receiveInVirtualOrder();
+  newCheckPoint();
+  std::optional<comm::Message> m = loopback_->receiveWithin(idle_ ? kWaitingPoll : std::chrono::microseconds(0));
+  idle_ = !m.has_value();
+  return m;
+}
+
+bool TracingTransport::newCheckPoint() {
+  const uint64_t clock = tracer_.currentClock();
+  const ClockPhase phase = tracer_.currentPhase();
+  if (clock == pointClock_ && phase == pointPhase_) return false;
+  if (clock != pointClock_) takenNow_.clear();
+  pointClock_ = clock;
+  pointPhase_ = phase;
+  idle_ = false;
+  return true;
+}
+
+void TracingTransport::holdPlacedThrough(uint64_t clock) {
+  // On a timeout the inbox, missing what it waits for, reports the stall.
+  if (clock >= 1) book_->waitPlaced(clock, timeout());
+  while (std::optional<comm::Message> m = loopback_->receiveWithin(std::chrono::microseconds(0))) {
+    inbox_->hold(std::move(*m));
+  }
+}
+
+// The worker polls at the start of clock t and once its batch is sent (check
+// points), and in a loop where it waits (a coordinator barrier, the final drain).
+std::optional<comm::Message> TracingTransport::receiveInVirtualOrder() {
+  const uint64_t t = tracer_.currentClock();
+  const ClockPhase phase = tracer_.currentPhase();
+  const bool checkPoint = t >= 1 && (phase == ClockPhase::kStarted || phase == ClockPhase::kExchange);
+  if (newCheckPoint()) {
+    ready_.clear();
+    if (checkPoint) {
+      holdPlacedThrough(t - 1);
+      const double start = book_->startOf(rank(), t);
+      const double at = phase == ClockPhase::kStarted ? start : start + tracer_.computeSoFar();
+      for (comm::Message& m : inbox_->due(t - 1, at)) ready_.push_back(std::move(m));
+    }
+  }
+  if (!ready_.empty()) {
+    comm::Message m = std::move(ready_.front());
+    ready_.pop_front();
+    return m;
+  }
+  if (checkPoint && !idle_) {
+    idle_ = true;
+    return std::nullopt;
+  }
+  return nextWhileWaiting();
+}
+
+// Waiting: what remains of the placed clocks by arrival, then the current clock's
+// batches by sender (that clock is placed only once this rank has finished it).
+std::optional<comm::Message> TracingTransport::nextWhileWaiting() {
+  const uint64_t t = tracer_.currentClock();
+  const bool finished = tracer_.currentPhase() == ClockPhase::kEnded;
+  const uint64_t placed = finished || t == 0 ? t : t - 1;
+  holdPlacedThrough(placed);
+  if (std::optional<comm::Message> m = inbox_->first(placed)) return m;
+  if (finished) return std::nullopt;
+  for (int sender : schedule_->senders(t, rank())) {
+    if (takenNow_.count(sender) > 0) continue;
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
+    while (true) {
+      if (std::optional<comm::Message> m = inbox_->take(t, sender)) {
+        takenNow_.insert(sender);
+        return m;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
+      if (std::optional<comm::Message> m = loopback_->receiveWithin(kWaitingPoll)) inbox_->hold(std::move(*m));
+    }
+  }
+  return std::nullopt;
 }
 
 void TracingTransport::doFlushSends() {

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <pthread.h>
@@ -119,6 +120,7 @@ void checkSimulable(const TrainConfig& config, const SimConfig& sim) {
   ORPHEUS_CHECK_INPUT(sim.threads >= 0, "--sim-threads {} must not be negative", sim.threads);
   ORPHEUS_CHECK_INPUT(sim.computeMs >= 0.0, "--sim-compute-ms {} must not be negative", sim.computeMs);
   sim.network.validate();
+  sim.cpu.validate(sim.ranks);
   validate(config, sim.ranks);
   ORPHEUS_CHECK_INPUT(!config.ckptSv && !config.ckptMatrix && !config.resume,
                       "simulate does not checkpoint: leave out --ckpt and --resume");
@@ -188,13 +190,15 @@ struct Finished {
 };
 
 // One worker's life on its own thread, holding a place of the gate while it runs.
+// `book`, `schedule`: SSP's virtual-time order (null: the threads' order).
 void runRank(int rank, const TrainConfig& config, const SimConfig& sim, const ops::Model& model,
              std::unique_ptr<comm::Transport> loopback, comm::loopback::RunGate& gate, Trace& trace,
-             const Shards& shards, std::chrono::milliseconds timeout, Finished& out) {
+             ArrivalBook* book, const comm::MulticastSchedule* schedule, const Shards& shards,
+             std::chrono::milliseconds timeout, Finished& out) {
   gate.enter();
   try {
-    RankTracer tracer(trace, rank, sim.computeMs * 1e-3);
-    TracingTransport transport(std::move(loopback), tracer);
+    RankTracer tracer(trace, rank, sim.computeMs * 1e-3, sim.cpu.slowdown(rank, sim.ranks));
+    TracingTransport transport(std::move(loopback), tracer, book, schedule);
     transport.setTimeout(timeout);
     const Dataset* test = shards.test.empty() ? nullptr : &shards.test[static_cast<size_t>(rank)];
     Worker worker(config, model, transport, shards.train[static_cast<size_t>(rank)], test);
@@ -283,6 +287,13 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   Trace trace(p, VirtualClock(sim.network, p, mode, config.staleness), aggregator);
 
   auto gate = std::make_shared<comm::loopback::RunGate>(threads);
+  // SSP applies batches as they arrive: in the order of the virtual clock.
+  const comm::MulticastSchedule schedule(scheduleConfig(config, p));
+  std::optional<ArrivalBook> book;
+  if (mode == VirtualClock::Mode::kSsp) {
+    book.emplace(p, gate.get());
+    trace.informs(&*book);
+  }
   comm::TransportOptions options;
   options.timeout = timeout;
   auto group = comm::makeLoopbackGroup(p, options, gate);
@@ -294,7 +305,8 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
     for (int r = 0; r < p; ++r) {
       workers.emplace_back(runRank, r, std::cref(config), std::cref(sim), std::cref(*models[static_cast<size_t>(r)]),
                            std::move(group[static_cast<size_t>(r)]), std::ref(*gate), std::ref(trace),
-                           std::cref(shards), timeout, std::ref(done[static_cast<size_t>(r)]));
+                           book ? &*book : nullptr, book ? &schedule : nullptr, std::cref(shards), timeout,
+                           std::ref(done[static_cast<size_t>(r)]));
     }
     for (auto& w : workers) w.join();
   }
@@ -307,7 +319,6 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   const uint64_t last = done[0].lastClock;
   const double clocks = static_cast<double>(std::max<uint64_t>(1, totals.clocks));
   const bool reachedTarget = config.targetAccuracy > 0.0 && last < static_cast<uint64_t>(config.clocks);
-  const comm::MulticastSchedule schedule(scheduleConfig(config, p));
 
   JsonLine summary;
   summary.add("summary", true)
@@ -347,6 +358,9 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
       .add("network_nic_gbps", sim.network.nicGbps)
       .add("network_core_gbps", sim.network.coreGbps)
       .add("network_multicast", sim.network.multicast)
+      .add("sim_cores", sim.cpu.cores)
+      .add("sim_hosts", sim.cpu.hosts)
+      .add("cpu_slowdown_max", sim.cpu.slowdown(0, p))
       .add("compute", sim.computeMs > 0 ? fmt::format("given {} ms per clock", sim.computeMs)
                                         : std::string("measured (thread CPU time)"))
       .add("real_seconds", realSeconds)

@@ -3,7 +3,8 @@
 // coordinator, the rebuild) as threads over the loopback transport, placed on a
 // virtual clock whose communication times come from a network model
 // (engine/sim/network_model.h) and whose computation times are measured per
-// clock as thread CPU time (or given). Writes the same metrics lines as `train`,
+// clock as thread CPU time (or given), stretched where workers share a host's
+// cores (engine/sim/cpu_share.h). Writes the same metrics lines as `train`,
 // with simulated seconds, and a summary with the simulation's own measures.
 //
 // Memory: one copy of the data in all (each rank's shard is its part of it, read
@@ -12,12 +13,13 @@
 // clock's work at any time (comm/loopback/run_gate.h), so the buffers of a clock
 // (an allgather's P batches, their decoded copies) exist for those few only.
 //
-// What is not simulated: under SSP the replicas apply batches in the order the
-// threads deliver them, not in virtual time, so their accuracy follows the real
-// interleaving; checkpoints and failure injection are refused.
+// Under SSP the replicas apply batches in the order of their virtual arrival
+// (engine/sim/virtual_delivery.h), so with --sim-compute-ms a run is repeatable.
+// Checkpoints and failure injection are refused.
 #pragma once
 
 #include "engine/config.h"
+#include "engine/sim/cpu_share.h"
 #include "engine/sim/network_model.h"
 
 namespace orpheus::engine::sim {
@@ -25,7 +27,8 @@ namespace orpheus::engine::sim {
 struct SimConfig {
   int ranks = 4;
   NetworkModel network;
-  double computeMs = 0.0;  // > 0: every clock computes this long; 0: as measured
+  double computeMs = 0.0;  // > 0: every clock computes this long (on a core of its own); 0: as measured
+  CpuShare cpu;            // the simulated hosts' cores, shared by their workers
   int threads = 0;         // workers running at once; 0: the machine's cores
 };
 

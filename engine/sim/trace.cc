@@ -7,6 +7,12 @@ namespace orpheus::engine::sim {
 Trace::Trace(int ranks, VirtualClock clock, MetricsAggregator& aggregator)
     : ranks_(ranks), clock_(std::move(clock)), aggregator_(aggregator) {}
 
+void Trace::informs(ArrivalBook* book) {
+  std::lock_guard lock(mu_);
+  book_ = book;
+  clock_.recordArrivals(book != nullptr);
+}
+
 void Trace::add(int rank, uint64_t clock, RankClock&& work, const ClockRecord& record) {
   std::lock_guard lock(mu_);
   Pending& p = pending_[clock];
@@ -27,6 +33,7 @@ void Trace::add(int rank, uint64_t clock, RankClock&& work, const ClockRecord& r
 
 void Trace::place(uint64_t clock, Pending& pending) {
   const std::vector<RankTiming> timing = clock_.place(clock, pending.work);
+  if (book_ != nullptr) book_->placed(clock, timing);
   uint64_t messages = 0;
   for (int r = 0; r < ranks_; ++r) {
     const RankTiming& t = timing[static_cast<size_t>(r)];

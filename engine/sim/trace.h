@@ -6,6 +6,7 @@
 
 #include "engine/metrics.h"
 #include "engine/sim/virtual_clock.h"
+#include "engine/sim/virtual_delivery.h"
 
 #include <cstdint>
 #include <map>
@@ -32,6 +33,8 @@ class Trace {
  public:
   // `aggregator` writes the lines; it must outlive the trace.
   Trace(int ranks, VirtualClock clock, MetricsAggregator& aggregator);
+  // Tells `book` (it must outlive the trace) of every clock placed, with its arrivals.
+  void informs(ArrivalBook* book);
 
   // Rank `rank`'s clock `clock`: what it did and the record it reported.
   void add(int rank, uint64_t clock, RankClock&& work, const ClockRecord& record);
@@ -48,6 +51,7 @@ class Trace {
 
   int ranks_;
   VirtualClock clock_;
+  ArrivalBook* book_ = nullptr;
   MetricsAggregator& aggregator_;
   mutable std::mutex mu_;
   uint64_t next_ = 1;

@@ -42,6 +42,7 @@ std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<Ra
       const auto to = static_cast<size_t>(transfers[i].receivers[k]);
       lastIn[to] = std::max(lastIn[to], in[i][k]);
       ++out[to].inDegree;
+      if (recordArrivals_) out[to].arrivals.emplace_back(transfers[i].sender, in[i][k]);
     }
   }
 

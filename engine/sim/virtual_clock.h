@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <vector>
 
 namespace orpheus::engine::sim {
@@ -46,6 +47,7 @@ struct RankTiming {
   double nextStart = 0.0;
   int inDegree = 0;     // messages addressed to the rank in this clock
   int64_t staleness = 0;  // clock - 1 - the newest clock whose batches had all arrived at the start
+  std::vector<std::pair<int, double>> arrivals;  // (sender, arrival) of each batch addressed here; when recorded
 };
 
 class VirtualClock {
@@ -55,6 +57,8 @@ class VirtualClock {
 
   // Places clock `clock` (the next one) given every rank's record of it.
   std::vector<RankTiming> place(uint64_t clock, const std::vector<RankClock>& ranks);
+  // Fill RankTiming::arrivals from now on.
+  void recordArrivals(bool on) { recordArrivals_ = on; }
 
  private:
   // The time all batches addressed to r of clocks <= c were in (0 for c < first).
@@ -64,6 +68,7 @@ class VirtualClock {
   int ranks_;
   Mode mode_;
   int staleness_;
+  bool recordArrivals_ = false;
   std::vector<double> start_;
   // Per rank, the arrival of the last batch of each recent clock, oldest first.
   uint64_t firstKept_ = 1;

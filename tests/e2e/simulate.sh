@@ -6,6 +6,12 @@
 #   messages:P     P workers, 3 clocks of MLR (batch 10): every clock sends exactly P*Q
 #                  messages under random multicast (Q = 4) and P(P-1) under broadcast.
 #   memory:P:MB    P workers of MLR under random multicast (Q = 4): peak RSS <= MB.
+#   mlp-memory:P:MB  P workers of the small MLP (scripts/bench/mlp_small.loss), random
+#                  multicast (Q = 4): peak RSS <= MB.
+#   ssp            P = 8 under SSP (s = 2, random multicast, given compute): two runs
+#                  give bitwise the same parameters (batches applied in virtual-time order).
+#   cores          the CPU-share model: P = 8 on 2 simulated cores computes 4 times as
+#                  long per clock as on a core each (given compute, so exactly).
 set -euo pipefail
 orpheus=$1; compare=$2; check=$3; mpiexec=$4; shift 4
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
@@ -41,6 +47,26 @@ for c in "$@"; do
       "$orpheus" simulate --ranks "$p" "${common[@]}" --clocks 3 --batch 10 --multicast random --fanout 4 \
         --test "$data/t10k-images-idx3-ubyte.gz" --metrics "$out/memory.jsonl"
       "$check" "$out/memory.jsonl" "peak_rss_mb<=$bound" "test_accuracy>=0.1" ;;
+    mlp-memory)
+      mlp="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/bench/mlp_small.loss"
+      "$orpheus" simulate --ranks "$p" "${common[@]}" --model "$mlp" --clocks 3 --batch 10 --multicast random \
+        --fanout 4 --test "$data/t10k-images-idx3-ubyte.gz" --metrics "$out/mlp.jsonl"
+      "$check" "$out/mlp.jsonl" "peak_rss_mb<=$bound" "test_accuracy>=0.05" ;;
+    ssp)
+      for i in 1 2; do
+        "$orpheus" simulate --ranks 8 "${common[@]}" --clocks 40 --batch 20 --multicast random --fanout 2 \
+          --consistency ssp --staleness 2 --sim-compute-ms 2 --sim-threads 3 --save "$out/ssp$i.h5" >/dev/null
+      done
+      echo "SSP, two runs:"
+      "$compare" "$out/ssp1.h5" "$out/ssp2.h5" 0 ;;
+    cores)
+      for c in 0 2; do
+        "$orpheus" simulate --ranks 8 "${common[@]}" --clocks 5 --batch 10 --multicast random --fanout 2 \
+          --sim-compute-ms 10 --sim-link-gbps 1000 --sim-latency-us 0 --sim-cores $c --metrics "$out/cores$c.jsonl" >/dev/null
+      done
+      # A core each: 10 ms per clock plus a few microseconds of wire; 2 cores for 8: 40 ms.
+      "$check" "$out/cores0.jsonl" "seconds_per_clock>=0.0099" "seconds_per_clock<=0.0105" "cpu_slowdown_max<=1"
+      "$check" "$out/cores2.jsonl" "seconds_per_clock>=0.0399" "seconds_per_clock<=0.0405" "cpu_slowdown_max>=4" ;;
     *) echo "simulate.sh: unknown check '$c'" >&2; exit 2 ;;
   esac
 done

@@ -2,12 +2,16 @@
 // the loopback run gate that bounds the threads running at once.
 #include "comm/loopback/run_gate.h"
 #include "engine/base/error.h"
+#include "engine/base/sv_batch.h"
+#include "engine/sim/cpu_share.h"
 #include "engine/sim/network_model.h"
 #include "engine/sim/virtual_clock.h"
+#include "engine/sim/virtual_delivery.h"
 
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -26,6 +30,21 @@ NetworkModel gigabit() {
 constexpr double kMb = 1e6;
 constexpr double kWire = 0.008;  // 1 MB at 1 Gbit/s
 constexpr double kLat = 50e-6;
+
+// A message from `sender` whose SV batch header names `clock`.
+orpheus::comm::Message batchOf(int sender, uint64_t clock) {
+  orpheus::comm::Message m;
+  m.peer = sender;
+  m.bytes.resize(orpheus::kSvBatchHeaderBytes + 8);
+  std::memcpy(m.bytes.data() + 24, &clock, sizeof clock);
+  return m;
+}
+
+std::vector<std::pair<int, uint64_t>> senderAndClock(const std::vector<orpheus::comm::Message>& ms) {
+  std::vector<std::pair<int, uint64_t>> out;
+  for (const auto& m : ms) out.emplace_back(m.peer, batchClock(m.bytes));
+  return out;
+}
 
 }  // namespace
 
@@ -150,6 +169,87 @@ TEST_CASE("the network model refuses impossible settings", "[sim]") {
   NetworkModel m;
   m.linkGbps = 0.0;
   CHECK_THROWS_AS(m.validate(), orpheus::InputError);
+}
+
+TEST_CASE("workers sharing a host's cores compute W/C times as long", "[sim]") {
+  CpuShare own;  // the default: a core per worker
+  CHECK(own.slowdown(0, 8) == 1.0);
+  CpuShare twoCores{2, 1};  // the emulated cluster: 8 processes on one 2-core machine
+  for (int r = 0; r < 8; ++r) CHECK(twoCores.slowdown(r, 8) == 4.0);
+  CHECK(twoCores.slowdown(0, 4) == 2.0);
+  CHECK(twoCores.slowdown(0, 3) == 1.5);
+  CHECK(twoCores.slowdown(0, 2) == 1.0);
+  CHECK(twoCores.slowdown(0, 1) == 1.0);  // an idle core does not speed a worker up
+  // 8 workers on 2 hosts of 2 cores: 4 per host, twice as long.
+  CpuShare twoHosts{2, 2};
+  CHECK(twoHosts.hostOf(3, 8) == 0);
+  CHECK(twoHosts.hostOf(4, 8) == 1);
+  CHECK(twoHosts.slowdown(7, 8) == 2.0);
+  // 5 workers on 2 hosts: ranks 0-2 on host 0 (3 on 2 cores), ranks 3-4 on host 1.
+  CHECK(twoHosts.workersOn(0, 5) == 3);
+  CHECK(twoHosts.workersOn(1, 5) == 2);
+  CHECK(twoHosts.hostOf(2, 5) == 0);
+  CHECK(twoHosts.hostOf(3, 5) == 1);
+  CHECK(twoHosts.slowdown(2, 5) == 1.5);
+  CHECK(twoHosts.slowdown(3, 5) == 1.0);
+  // 1000 workers on 3 hosts: 334, 333, 333.
+  CpuShare three{1, 3};
+  CHECK(three.workersOn(0, 1000) + three.workersOn(1, 1000) + three.workersOn(2, 1000) == 1000);
+  CHECK(three.slowdown(0, 1000) == 334.0);
+  CHECK(three.slowdown(999, 1000) == 333.0);
+  CHECK_THROWS_AS((CpuShare{-1, 1}.validate(4)), orpheus::InputError);
+  CHECK_THROWS_AS((CpuShare{2, 5}.validate(4)), orpheus::InputError);
+  CHECK_NOTHROW((CpuShare{2, 4}.validate(4)));
+}
+
+TEST_CASE("SSP: batches are handed on by virtual arrival, not as the threads posted them", "[sim]") {
+  // Rank 0 hears from ranks 1 and 2 at clocks 1 and 2. Rank 2's batch of clock 1
+  // arrives first although rank 1's was posted first.
+  ArrivalBook book(3, nullptr);
+  std::vector<RankTiming> one(3);
+  one[0].nextStart = 0.010;
+  one[0].arrivals = {{1, 0.005}, {2, 0.002}};
+  std::vector<RankTiming> two(3);
+  two[0].nextStart = 0.030;
+  two[0].arrivals = {{1, 0.012}, {2, 0.020}};
+  book.placed(1, one);
+  CHECK(book.startOf(0, 1) == 0.0);
+  CHECK(book.startOf(0, 2) == 0.010);
+
+  VirtualInbox inbox(0, book);
+  // The threads' order: clock 2 of rank 1 even before clock 1 of rank 2.
+  inbox.hold(batchOf(1, 1));
+  inbox.hold(batchOf(1, 2));
+  inbox.hold(batchOf(2, 1));
+  inbox.hold(batchOf(2, 2));
+  // The start of clock 2 (at 0.010): clock 1's batches by arrival; clock 2 is not placed.
+  CHECK(senderAndClock(inbox.due(1, 0.010)) == std::vector<std::pair<int, uint64_t>>{{2, 1}, {1, 1}});
+  CHECK(inbox.size() == 2);
+  book.placed(2, two);
+  CHECK(book.startOf(0, 3) == 0.030);
+  // At 0.015 only rank 1's batch of clock 2 is in; rank 2's (0.020) waits.
+  CHECK(senderAndClock(inbox.due(2, 0.015)) == std::vector<std::pair<int, uint64_t>>{{1, 2}});
+  CHECK(inbox.due(2, 0.019).empty());
+  CHECK(senderAndClock(inbox.due(2, 0.020)) == std::vector<std::pair<int, uint64_t>>{{2, 2}});
+  CHECK(inbox.size() == 0);
+}
+
+TEST_CASE("SSP: ties in arrival go by clock then sender; waiting takes the earliest", "[sim]") {
+  ArrivalBook book(4, nullptr);
+  std::vector<RankTiming> one(4);
+  one[3].arrivals = {{2, 0.004}, {0, 0.004}, {1, 0.001}};
+  book.placed(1, one);
+  VirtualInbox inbox(3, book);
+  inbox.hold(batchOf(2, 1));
+  inbox.hold(batchOf(0, 1));
+  inbox.hold(batchOf(1, 1));
+  inbox.hold(batchOf(0, 2));  // not placed: only take() hands it on
+  CHECK(inbox.first(1)->peer == 1);
+  CHECK(senderAndClock(inbox.due(1, 1.0)) == std::vector<std::pair<int, uint64_t>>{{0, 1}, {2, 1}});
+  CHECK_FALSE(inbox.first(1).has_value());
+  CHECK_FALSE(inbox.take(2, 1).has_value());
+  CHECK(inbox.take(2, 0)->peer == 0);
+  CHECK(batchClock(std::vector<std::byte>(10)) == 0);
 }
 
 TEST_CASE("a run gate lets at most its capacity of threads run at once", "[sim]") {
