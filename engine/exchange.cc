@@ -60,7 +60,9 @@ std::vector<uint32_t> SvUnits::params(size_t unit) const {
 }
 
 bool SvExchange::serves(const TrainConfig& config, const ops::Model& model, bool pointToPoint) {
-  return config.overlap && config.sync == SyncMode::kSv && !pointToPoint && !model.svSites().empty();
+  // (Per-step SVGs of a sequence model are regrouped after the backward pass.)
+  return config.overlap && config.sync == SyncMode::kSv && !pointToPoint && !model.svSites().empty() &&
+         config.selectUnit != SvgUnit::kStep;
 }
 
 SvExchange::SvExchange(const TrainConfig& config, const ops::Model& model, comm::Transport& transport)

@@ -226,7 +226,7 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
 void Worker::overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats,
                                MetricsSink& metrics) {
   const auto start = Clock::now();
-  const bool selects = knobs_.select > 0 && static_cast<size_t>(knobs_.select) < examples.size();
+  const bool selects = knobs_.select > 0 && knobs_.select < examples.size();
   exchange_->begin(clock, header(clock), updater_.coefficientScale(clock, heard_), start);
   bool finite = true;
   auto local = std::make_shared<SvBatch>(

@@ -517,7 +517,7 @@ std::vector<FusedStep> Graph::fusionPlan() const {
       const Node& p = node(n.inputs[0]);
       if (p.kind == NodeKind::kOp && p.op == OpKind::kSoftmax && consumers(p.id).size() == 1 &&
           n.inputs[1] != p.id) {
-        steps.push_back({FusedStep::Kind::kSoftmaxCrossEntropy, {p.id, n.id}});
+        steps.push_back({FusedStep::Kind::kSoftmaxCrossEntropy, {p.id, n.id}, {}});
       }
       continue;
     }
@@ -536,7 +536,7 @@ std::vector<FusedStep> Graph::fusionPlan() const {
     chainOf[static_cast<size_t>(n.id)] = joined;
   }
   for (auto& c : chains) {
-    if (c.size() >= 2) steps.push_back({FusedStep::Kind::kElementwise, std::move(c)});
+    if (c.size() >= 2) steps.push_back({FusedStep::Kind::kElementwise, std::move(c), {}});
   }
   std::sort(steps.begin(), steps.end(), [](const FusedStep& a, const FusedStep& b) { return a.nodes[0] < b.nodes[0]; });
   return steps;
