@@ -62,7 +62,7 @@ std::vector<uint32_t> SvUnits::params(size_t unit) const {
 bool SvExchange::serves(const TrainConfig& config, const ops::Model& model, bool pointToPoint) {
   // (Per-step SVGs of a sequence model are regrouped after the backward pass.)
   return config.overlap && config.sync == SyncMode::kSv && !pointToPoint && !model.svSites().empty() &&
-         config.selectUnit != SvgUnit::kStep;
+         config.selectUnit != ops::Model::SvgUnit::kStep;
 }
 
 SvExchange::SvExchange(const TrainConfig& config, const ops::Model& model, comm::Transport& transport)
@@ -122,11 +122,20 @@ void SvExchange::sendAll(const SvBatch& sent) {
 
 void SvExchange::takeIn() {
   const auto p = static_cast<size_t>(transport_.size());
+  if (broken_.size() != p) broken_.assign(p, nullptr);
   while (auto message = transport_.tryReceive()) {
+    auto& broken = broken_[static_cast<size_t>(message->peer)];
+    if (broken) continue;  // nothing after a damaged batch is trusted
     SvBatchExpectation expect;
     expect.sender = message->peer;
     expect.paramShapes = shapes_;
-    SvBatch batch = decode(message->bytes, expect);
+    SvBatch batch;
+    try {
+      batch = decode(message->bytes, expect);
+    } catch (const std::exception&) {
+      broken = std::current_exception();
+      continue;
+    }
     const uint64_t clock = batch.header.clock;
     const std::optional<size_t> unit =
         batch.matrices.empty() ? std::nullopt : units_.unitOfParam(batch.matrices.front().paramId);
@@ -175,6 +184,12 @@ std::vector<std::shared_ptr<const SvBatch>> SvExchange::finish(const SvBatch& ow
       progressed = true;
     }
     if (progressed || left == 0) continue;
+    for (size_t r = 0; r < p; ++r) {
+      if (r == me || !broken_[r]) continue;
+      for (size_t u = 0; u < units_.count(); ++u) {
+        if (!applied[u] && !slots[r][u].has_value()) std::rethrow_exception(broken_[r]);
+      }
+    }
     if (deadline.passed()) {
       std::vector<int> missing;
       for (size_t r = 0; r < p; ++r) {
@@ -186,8 +201,9 @@ std::vector<std::shared_ptr<const SvBatch>> SvExchange::finish(const SvBatch& ow
         }
       }
       // Said as a collective's timeout is (comm/transport.h): who did not answer, last.
-      std::string message = fmt::format("rank {}: the SV batches of clock {} from {} did not arrive within {} s",
-                                        transport_.rank(), clock_, comm::rankList(missing), config_.timeoutSeconds);
+      // The worker names the clock at the end of the line.
+      std::string message = fmt::format("rank {}: the SV batches from {} did not arrive within {} s",
+                                        transport_.rank(), comm::rankList(missing), config_.timeoutSeconds);
       const comm::StallVerdict v = comm::findStalled(transport_.control(), transport_.rank(), transport_.size(), clock_);
       message += v.silent.empty() ? "; every peer timed out too" : "; stalled or gone: " + comm::rankList(v.silent);
       throw comm::StallError(message, v.reports);

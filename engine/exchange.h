@@ -34,6 +34,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -127,6 +128,10 @@ class SvExchange {
   std::vector<size_t> missing_;
   // What has arrived, by clock, sender and unit (a fast peer may be a clock ahead).
   std::map<uint64_t, std::vector<std::vector<std::optional<SvBatch>>>> arrived_;
+  // A peer's first batch that did not decode (a peer's batches arrive in order):
+  // raised in finish(), once this rank's own batches of the clock are out, when
+  // that peer's part of the clock is still missing, so no peer waits on this rank.
+  std::vector<std::exception_ptr> broken_;
 };
 
 // --sync dense with --overlap on: the dense gradient, each unit's parameters
