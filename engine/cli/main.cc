@@ -17,8 +17,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <mpi.h>
+#include <spdlog/spdlog.h>
 
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -548,6 +550,14 @@ int trainMain(TrainConfig& config) {
     }
   }
   MPI_Finalize();
+  if (code != 0) {
+    // A failed job can leave an HDF5 file open whose write failed (a full disk), and
+    // the library's exit-time cleanup retries it and may crash. Nothing is left to
+    // save: leave without that cleanup.
+    spdlog::default_logger()->flush();
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
   return code;
 }
 
