@@ -58,7 +58,7 @@ struct TrainConfig {
   // sends each matrix's SVs as the backward pass produces them (broadcast, BSP),
   // --sync dense all-reduces each gradient as it is complete. Bitwise the same
   // parameters as without.
-  bool overlap = true;
+  bool overlap = false;
   // Coordinator (section 3.4): barriers every R / S clocks; 0 = off.
   int64_t averageEvery = 0;  // periodic centralized synchronization: replicas averaged
   int64_t rotateEvery = 0;   // parameter-replica rotation along the ring of ranks

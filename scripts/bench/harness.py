@@ -568,10 +568,10 @@ def vs_ddp_groups(args):
                 Config("dense", "Orpheus dense", "orpheus", ["--sync", "dense"]),
                 Config("svb", "Orpheus SV broadcast", "orpheus", ["--sync", "sv"]),
                 Config("best", "Orpheus best", "orpheus", best[wname]),
-                # The same without overlapping communication with the backward pass.
-                Config("dense-seq", "Orpheus dense, --overlap off", "orpheus", ["--sync", "dense", "--overlap", "off"]),
-                Config("svb-seq", "Orpheus SV broadcast, --overlap off", "orpheus",
-                       ["--sync", "sv", "--overlap", "off"]),
+                # The same with communication overlapped with the backward pass.
+                Config("dense-ovl", "Orpheus dense, --overlap on", "orpheus", ["--sync", "dense", "--overlap", "on"]),
+                Config("svb-ovl", "Orpheus SV broadcast, --overlap on", "orpheus",
+                       ["--sync", "sv", "--overlap", "on"]),
             ]
             if wname == "mlr":
                 configs = [c for c in configs if c.key != "best"]  # dense is MLR's best (J = 10)

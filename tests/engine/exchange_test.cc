@@ -112,6 +112,7 @@ TEST_CASE("per-layer SV sends: the same parameters bit for bit, and equal to den
 TEST_CASE("per-layer SV sends: the top layer leaves before the backward pass ends", "[engine][overlap]") {
   engine::TrainConfig config;
   config.batch = 12;
+  config.overlap = true;
   const Run on = train(config, 2, 3);
   for (const auto& clocks : on.stats) {
     for (const engine::ClockStats& s : clocks) {
