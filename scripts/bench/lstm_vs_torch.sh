@@ -27,7 +27,9 @@
 #   REPS [2], CONFIGS [all: torch-ddp,orpheus-dense,orpheus-broadcast,orpheus-best,
 #   orpheus-select-example,orpheus-select-step], BUILD_DIR [build],
 #   RESULTS [scripts/bench/results/lstm_vs_torch.md],
-#   KEEP_RAW [0]: 1 keeps the metrics files and prints where they are.
+#   KEEP_RAW [0]: 1 keeps the metrics files and prints where they are,
+#   RUN_TIMEOUT [1800] seconds one Orpheus run may take, LAUNCH_TIMEOUT [120] seconds
+#   until its metrics file must exist (else the launch is retried once).
 # The model's sizes are examples/lstm.loss's (embed = hidden = 128).
 set -euo pipefail
 
@@ -35,7 +37,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 NP="${NP:-4}"; BATCH="${BATCH:-20}"; STEPS="${STEPS:-35}"; VOCAB="${VOCAB:-2000}"
 CLOCKS="${CLOCKS:-2000}"; LR="${LR:-0.1}"; EVAL_EVERY="${EVAL_EVERY:-100}"; TARGET_PPL="${TARGET_PPL:-200}"
 SELECT="${SELECT:-5}"; FANOUT="${FANOUT:-2}"; STALENESS="${STALENESS:-4}"; AVERAGE="${AVERAGE:-50}"
-NETWORKS="${NETWORKS:-loopback,1gbit}"; REPS="${REPS:-2}"
+NETWORKS="${NETWORKS:-loopback,1gbit}"; REPS="${REPS:-2}"; RUN_TIMEOUT="${RUN_TIMEOUT:-1800}"; LAUNCH_TIMEOUT="${LAUNCH_TIMEOUT:-120}"
 CONFIGS="${CONFIGS:-torch-ddp,orpheus-dense,orpheus-broadcast,orpheus-best,orpheus-select-example,orpheus-select-step}"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 RESULTS="${RESULTS:-$ROOT/scripts/bench/results/lstm_vs_torch.md}"
@@ -85,6 +87,31 @@ run_torch() {  # NETWORK FILE LAUNCH-MODE
   fi
 }
 
+# run_orpheus METRICS MPIRUN-ARGS...: one Orpheus run writing METRICS. A launch in the
+# emulated cluster can hang before any rank starts: when no metrics file appears
+# within LAUNCH_TIMEOUT seconds the launch is killed and tried once more; a run that
+# started and fails, or exceeds RUN_TIMEOUT, ends the benchmark.
+run_orpheus() {
+  local metrics=$1 try pid waited
+  shift
+  for try in 1 2; do
+    rm -f "$metrics"
+    timeout "$RUN_TIMEOUT" mpirun -np "$NP" --oversubscribe "$@" --metrics "$metrics" >&2 &
+    pid=$!
+    waited=0
+    while [ ! -e "$metrics" ] && [ "$waited" -lt "$LAUNCH_TIMEOUT" ] && kill -0 "$pid" 2>/dev/null; do
+      sleep 1; waited=$((waited + 1))
+    done
+    if [ -e "$metrics" ] || ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid" && return 0
+      say "run failed: $*"; exit 1
+    fi
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+    say "no rank started within ${LAUNCH_TIMEOUT}s (try $try of 2)"
+  done
+  exit 1
+}
+
 run_net() {  # NETWORK: every configuration REPS times, interleaved; metrics under $WORK/NETWORK/
   local net=$1 dir="$WORK/$1" launch=() rep config
   mkdir -p "$dir"
@@ -102,8 +129,7 @@ run_net() {  # NETWORK: every configuration REPS times, interleaved; metrics und
         continue
       fi
       # shellcheck disable=SC2086
-      mpirun -np "$NP" --oversubscribe "${launch[@]}" "$ORPHEUS" train "${common[@]}" ${FLAGS[$config]} \
-        --metrics "$dir/$config.$rep.jsonl" >&2
+      run_orpheus "$dir/$config.$rep.jsonl" "${launch[@]}" "$ORPHEUS" train "${common[@]}" ${FLAGS[$config]}
     done
   done
   if [ "$net" = 1gbit ]; then "$ROOT/scripts/netcluster.sh" down >&2; fi
