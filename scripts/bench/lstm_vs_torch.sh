@@ -18,7 +18,8 @@
 # Every configuration runs REPS times, interleaved (repetition r runs them all before
 # r + 1 starts), so drifts of the machine fall on all alike; the tables give the
 # median and the range (min-max) over the repetitions.
-# Prints markdown and writes it to RESULTS.
+# Prints markdown and writes it to RESULTS, and the perplexity curves to RESULTS with .png
+# for .md (scripts/bench/plot_lstm.py).
 #
 # Usage: scripts/bench/lstm_vs_torch.sh       (or scripts/bench/run.sh lstm)
 # Environment (defaults in brackets): NP [4], BATCH [20] streams per rank, STEPS [35],
@@ -227,3 +228,7 @@ for name, j, k, note in [("E (embedding; V one-hot, sparse)", d, v, "sparse"), (
     sv = b * t * (j + (2 if note else k))
     print(f"| {name} | {j} x {k} | {sv} | {j * k} | {sv / (j * k):.2f} |")
 PY
+
+plots=()
+for net in "${NETS[@]}"; do [ -d "$WORK/$net" ] && plots+=("$net=$WORK/$net"); done
+"$PYTHON" "$ROOT/scripts/bench/plot_lstm.py" "${RESULTS%.md}.png" $((BATCH * NP)) "${plots[@]}" >&2
