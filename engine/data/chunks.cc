@@ -149,24 +149,29 @@ std::string ChunkOwnership::digest() const {
 std::vector<int64_t> batchShares(std::span<const int64_t> rowCounts, int64_t globalBatch) {
   const auto ranks = static_cast<int64_t>(rowCounts.size());
   const int64_t total = std::accumulate(rowCounts.begin(), rowCounts.end(), int64_t{0});
-  ORPHEUS_ENFORCE(total > 0 && globalBatch >= ranks, "a batch of {} over {} ranks owning {} rows", globalBatch, ranks,
-                  total);
-  // Each rank gets 1, the rest is shared in proportion to the rows (exact integer
-  // arithmetic: the same on every rank).
-  const int64_t spare = globalBatch - ranks;
+  ORPHEUS_ENFORCE(total > 0 && globalBatch >= ranks && total <= INT64_MAX / globalBatch,
+                  "a batch of {} over {} ranks owning {} rows", globalBatch, ranks, total);
+  // Integer arithmetic, so every rank gets the same shares: floors of the exact
+  // proportions, the rest by largest remainder, then a rank left with none takes
+  // one from the largest share.
   std::vector<int64_t> share(rowCounts.size());
-  std::vector<std::pair<__int128, int64_t>> remainders;
+  std::vector<std::pair<int64_t, int64_t>> remainders;  // (remainder, rank)
   int64_t given = 0;
   for (int64_t r = 0; r < ranks; ++r) {
-    const __int128 scaled = static_cast<__int128>(spare) * rowCounts[static_cast<size_t>(r)];
-    share[static_cast<size_t>(r)] = 1 + static_cast<int64_t>(scaled / total);
+    const int64_t scaled = globalBatch * rowCounts[static_cast<size_t>(r)];
+    share[static_cast<size_t>(r)] = scaled / total;
     given += share[static_cast<size_t>(r)];
-    remainders.emplace_back(-(scaled % total), r);
+    remainders.emplace_back(scaled % total, r);
   }
-  std::sort(remainders.begin(), remainders.end(), [](const auto& a, const auto& b) {
-    return a.first < b.first || (a.first == b.first && a.second < b.second);
-  });
+  std::sort(remainders.begin(), remainders.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
   for (size_t k = 0; given < globalBatch; ++k, ++given) ++share[static_cast<size_t>(remainders[k].second)];
+  for (int64_t& s : share) {
+    if (s > 0) continue;
+    auto largest = std::max_element(share.begin(), share.end());
+    --*largest;
+    ++s;
+  }
   return share;
 }
 
