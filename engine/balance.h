@@ -15,7 +15,8 @@
 // chunk. A chunk that returns home is preferred (it needs no transfer).
 //
 // Agreeing. A decision costs one control-plane agreement of the measured times and
-// one of the new owners, every --balance-every clocks and never in between; every
+// one of the new owners (and, when chunks move under --ckpt sv, one that the log is
+// written), every --balance-every clocks and never in between; every
 // rank switches at the same clock boundary (after the decision clock). Moved rows
 // travel from the chunk's origin in one allgatherv, only at decisions that move rows
 // away from home (counted as traffic). The rows of a chunk that left are kept by its

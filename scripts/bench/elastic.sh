@@ -112,7 +112,7 @@ for rep in $(seq "$REPS"); do
                  tr -d '[],' | awk '{print $3}')")
 done
 t0=$(m "${plain[@]}")
-ideal=$(echo "$NP / (($NP - 1) / $t0 + 1 / ($t0 + $DELAY_MS / 1000))" | bc -l | cut -c1-8)
+ideal=$(printf '%.6f' "$(echo "$NP / (($NP - 1) / $t0 + 1 / ($t0 + $DELAY_MS / 1000))" | bc -l)")
 append=(-a); runs restart || append=()
 {
   echo
