@@ -168,6 +168,20 @@ void validateAdapt(const TrainConfig& c, int ranks) {
   checkRange(c.adaptAverageEvery, "--adapt-average-every", 1, std::numeric_limits<int64_t>::max() / 4);
 }
 
+// --balance and its knobs; the data format's part (token streams) is checked where
+// the data is read.
+void validateBalance(const TrainConfig& c) {
+  ORPHEUS_CHECK_INPUT(c.chunkRows >= 1, "--chunk-rows {} must be >= 1", c.chunkRows);
+  ORPHEUS_CHECK_INPUT(c.balanceEvery >= 1, "--balance-every {} must be >= 1", c.balanceEvery);
+  ORPHEUS_CHECK_INPUT(c.balance || (c.balanceEvery == 20 && c.chunkRows == 256),
+                      "--balance-every and --chunk-rows apply to --balance");
+  if (!c.balance) return;
+  ORPHEUS_CHECK_INPUT(c.consistency == Consistency::kBsp,
+                      "--balance sizes every rank's minibatch within one BSP clock: it needs --consistency bsp");
+  ORPHEUS_CHECK_INPUT(!c.elastic,
+                      "--balance keeps chunk ownership for the ranks the job started on: it cannot --resume --elastic");
+}
+
 }  // namespace
 
 void validate(const TrainConfig& c, int ranks) {
@@ -203,6 +217,7 @@ void validate(const TrainConfig& c, int ranks) {
   ORPHEUS_CHECK_INPUT(c.ckptSv || (c.ckptFormat == 3 && !c.ckptWriterIdle),
                       "--ckpt-format and --ckpt-writer-idle shape the SV log: they need --ckpt sv");
   validateAdapt(c, ranks);
+  validateBalance(c);
   if (c.sync == SyncMode::kDense) {
     ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll && c.consistency == Consistency::kBsp &&
                             c.dropLinks == 0.0,

@@ -74,6 +74,11 @@ struct TrainConfig {
   double maxBytesPerClock = 0.0;
   double adaptCommShare = 0.5;  // target: exposed comm at most this share of compute
   std::string adaptTrace;       // testing aid: timing from a recorded metrics file
+  // --balance (engine/balance.h): every balanceEvery clocks the coordinator moves
+  // chunks of chunkRows training rows from slow ranks to fast ones (BSP only).
+  bool balance = false;
+  int64_t balanceEvery = 20;
+  int64_t chunkRows = 256;
   std::string saveReplicas;  // directory: every rank saves its replica as replica-<id>.h5
   // Incremental SV checkpoint (section 3.3).
   std::string ckptDir;

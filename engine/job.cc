@@ -276,6 +276,8 @@ void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shard
                         config.train, maxLabel, classes, classes - 1);
     ORPHEUS_CHECK_INPUT(train.size() >= 1, "rank {} got no training examples from '{}'", transport.rank(),
                         config.train);
+    ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
+                        "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
   });
   shards.features = features;
   shards.classes = classes;
@@ -360,6 +362,9 @@ Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transpo
                           "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
       out.model->setSvgUnit(config.selectUnit);
     }
+    ORPHEUS_CHECK_INPUT(!config.balance || !out.model->carriesState(),
+                        "--balance changes each rank's minibatch size, but model '{}' carries state from one "
+                        "minibatch to the next", config.model);
     out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
   });
   return out;

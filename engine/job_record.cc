@@ -22,6 +22,7 @@ bool isEngineEntry(const std::string& name) {
   for (const char* prefix : {"replica-", "snapshot-", "matrix-", "states-"}) {
     if (name.rfind(prefix, 0) == 0) return true;
   }
+  if (name == "chunks" || name.rfind(".chunks.", 0) == 0) return true;
   if (name == "membership" || name.rfind("membership.", 0) == 0 || name.rfind(".membership", 0) == 0) return true;
   return name == "job.h5" || name.rfind("job.h5.", 0) == 0 || name.rfind(".job.h5", 0) == 0;
 }
@@ -78,6 +79,11 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
     add("--adapt-average-every", range(c.adaptAverageEvery));
     add("--adapt-comm-share", c.adaptCommShare);
     add("--max-bytes-per-clock", c.maxBytesPerClock);
+  }
+  // --balance sizes the minibatches from the chunk layout (only with it, as above).
+  if (c.balance) {
+    add("--balance", std::string("on"));
+    add("--chunk-rows", c.chunkRows);
   }
   return r;
 }

@@ -2,6 +2,8 @@
 
 #include "engine/base/error.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -50,6 +52,20 @@ JsonLine& JsonLine::add(const std::string& key, bool value) {
 }
 JsonLine& JsonLine::add(const std::string& key, const std::string& value) {
   fields_.emplace_back(key, quote(value));
+  return *this;
+}
+
+JsonLine& JsonLine::add(const std::string& key, const std::vector<int64_t>& values) {
+  fields_.emplace_back(key, fmt::format("[{}]", fmt::join(values, ", ")));
+  return *this;
+}
+JsonLine& JsonLine::add(const std::string& key, const std::vector<double>& values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i) out += ", ";
+    out += std::isfinite(values[i]) ? fmt::format("{:.9g}", values[i]) : "null";
+  }
+  fields_.emplace_back(key, out + "]");
   return *this;
 }
 

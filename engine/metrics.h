@@ -31,6 +31,9 @@ class JsonLine {
   JsonLine& add(const std::string& key, bool value);
   JsonLine& add(const std::string& key, const std::string& value);
   JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  // JSON arrays.
+  JsonLine& add(const std::string& key, const std::vector<int64_t>& values);
+  JsonLine& add(const std::string& key, const std::vector<double>& values);
   std::string str() const;
 
  private:

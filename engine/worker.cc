@@ -90,7 +90,8 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
       // and dense sync), so --lr means the same step whatever the fanout.
       heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
-      updater_(optimizerSettings(config), model) {
+      updater_(optimizerSettings(config), model),
+      feed_(config, transport, train) {
   if (SvExchange::serves(config, model, pointToPoint_)) exchange_ = std::make_unique<SvExchange>(config, model, transport);
   applyKnobs(knobs_);
 }
@@ -169,8 +170,8 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSin
   ClockStats stats;
   notePhase(ClockPhase::kStarted, clock);
   const comm::TrafficCounters before = transport_.counters();
-  if (transport_.rank() == config_.delayRank && config_.delayMs > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(config_.delayMs));
+  if (const int64_t delayMs = injectedDelayMs(config_, transport_.rank(), batch.size()); delayMs > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
   }
   if (pointToPoint_) {
     receive(clock, metrics);
@@ -503,6 +504,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   MetricsReporter reporter(transport_);
   MetricsSink& sink = leader ? static_cast<MetricsSink&>(collector) : reporter;
   adapt_.reportTo(leader ? &aggregator : nullptr);
+  feed_.reportTo(leader ? &aggregator : nullptr);
   try {
     const ParamSet& replica = runClocks(metrics, sink, aggregator);
     progress.finish();
@@ -522,19 +524,14 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
 
 const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, const MetricsAggregator& aggregator) {
   const uint64_t first = clock_ + 1;
-  // A token stream's minibatches are every stream's next segment, in order.
-  data::MinibatchSampler sampler(train_.size(), config_.batch, config_.seed, transport_.rank(),
-                                 train_.streams > 0 ? data::MinibatchSampler::Order::kInOrder
-                                                    : data::MinibatchSampler::Order::kShuffled);
-  for (uint64_t c = 1; c < first; ++c) sampler.next();  // the sampler where the resumed job left it
-  data::PrefetchQueue queue(train_, std::move(sampler), 2, timeoutOf(config_));
+  feed_.start(first);  // where the resumed job left the sampler (and the chunks)
   // The starting point, so a run's progress can be read as a ratio.
   const EvalResult initialEval = test_ != nullptr ? evaluate() : EvalResult{};
 
   Tally tally;
   tally.last = static_cast<uint64_t>(config_.clocks);
   for (uint64_t clock = first; clock <= static_cast<uint64_t>(config_.clocks); ++clock) {
-    if (runLoopClock(clock, queue, sink, tally)) break;
+    if (runLoopClock(clock, sink, tally)) break;
   }
 
   // Every batch addressed here applied, every send and metrics record delivered.
@@ -551,16 +548,20 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
 // One clock of run(): the clock itself, the coordinator's barrier, the checkpoint
 // and failure injection, then this rank's record. True when the job stops here
 // (--target-accuracy reached).
-bool Worker::runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSink& sink, Tally& tally) {
+bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   noteClock(clock);  // for the line a termination by the launcher prints
   const auto start = Clock::now();
   const double ckptWaitBefore = log_->waitSeconds();
   const double ckptCpuBefore = log_->writerCpuSeconds();
-  const ClockStats stats = runClock(clock, queue.next(), sink);
+  const data::Batch batch = feed_.next();
+  const ClockStats stats = runClock(clock, batch, sink);
   const uint64_t bytesBefore = transport_.counters().bytesSent;
   const Coordination coordination = coordinate(clock, sink);
   const uint64_t coordinationBytes = transport_.counters().bytesSent - bytesBefore;  // averaging, rotation
   adaptAfter(clock, stats, coordinationBytes, coordination);
+  // --balance: this clock's busy time and, every --balance-every clocks, chunk moves.
+  feed_.afterClock(clock, stats.computeSeconds +
+                              static_cast<double>(injectedDelayMs(config_, transport_.rank(), batch.size())) / 1000.0);
   const Recovery::Failure failure = afterClock(clock);
   const double clockSeconds = secondsSince(start);
   tally.trainSeconds += clockSeconds;

@@ -9,6 +9,7 @@
 #include "comm/schedule.h"
 #include "comm/transport.h"
 #include "engine/adapt/controller.h"
+#include "engine/balance.h"
 #include "engine/config.h"
 #include "engine/consistency.h"
 #include "engine/coordinator.h"
@@ -22,10 +23,6 @@
 #include <memory>
 #include <optional>
 #include <vector>
-
-namespace orpheus::data {
-class PrefetchQueue;
-}  // namespace orpheus::data
 
 namespace orpheus::engine {
 
@@ -173,7 +170,7 @@ class Worker {
 
   // run(): the loop, one clock of it with its barrier, checkpoint and record, and the end.
   const ParamSet& runClocks(MetricsWriter& metrics, MetricsSink& sink, const MetricsAggregator& aggregator);
-  bool runLoopClock(uint64_t clock, data::PrefetchQueue& queue, MetricsSink& sink, Tally& tally);
+  bool runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally);
   Recovery::Failure afterClock(uint64_t clock);
   bool evaluateAt(uint64_t clock, ClockRecord& record);
   void writeSummary(MetricsWriter& metrics, const MetricsAggregator& aggregator, const Tally& tally, uint64_t first,
@@ -239,6 +236,7 @@ class Worker {
   uint64_t lastClock_ = 0;
   ClockObserver* observer_ = nullptr;
   std::unique_ptr<SvExchange> exchange_;  // --overlap on, broadcast, BSP; else null
+  DataFeed feed_;  // the minibatches: the shard, or with --balance the chunks this rank owns
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

@@ -4,6 +4,7 @@
 // 3 a file operation failed (a full or failing disk).
 #include "comm/factory.h"
 #include "engine/base/error.h"
+#include "engine/balance.h"
 #include "engine/base/log.h"
 #include "ckpt/model_file.h"
 #include "engine/checkpoint.h"
@@ -290,7 +291,8 @@ void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option_function<std::string>(
          "--inject-delay",
          [&c](const std::string& v) { parseInjectDelay(v, c); },
-         "Testing aid: RANK:MS makes that rank sleep MS milliseconds every clock")
+         "Testing aid: RANK:MS makes that rank sleep MS milliseconds every clock (with --balance: per B "
+         "examples of its minibatch)")
       ->type_name("RANK:MS")
       ->group("Testing");
 }
@@ -374,11 +376,26 @@ void addAdaptFlags(CLI::App& cmd, TrainConfig& c) {
                  "instead of measuring them, so decisions repeat");
 }
 
+void addBalanceFlags(CLI::App& cmd, TrainConfig& c) {
+  cmd.add_flag("--balance", c.balance,
+               "Load balancing (BSP): every --balance-every clocks the coordinator moves chunks of training rows from "
+               "slow ranks to fast ones, and each rank's minibatch follows the rows it owns (the global batch stays "
+               "P*B); see the README");
+  cmd.add_option("--balance-every", c.balanceEvery,
+                 "With --balance: clocks between decisions (each on the median time per example since the last)")
+      ->capture_default_str()
+      ->check(integerIn(1));
+  cmd.add_option("--chunk-rows", c.chunkRows, "With --balance: training rows per chunk, the unit that moves")
+      ->capture_default_str()
+      ->check(integerIn(1));
+}
+
 void addTrainFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
   addModelFlags(cmd, c, format);
   addOptimizerFlags(cmd, c);
   addSyncFlags(cmd, c);
   addAdaptFlags(cmd, c);
+  addBalanceFlags(cmd, c);
   addCheckpointFlags(cmd, c);
   addRunFlags(cmd, c);
 }
@@ -478,6 +495,10 @@ int restoreMain(const RestoreArgs& a) {
               static_cast<unsigned long long>(r.clock), clock == 0 ? ", the newest restorable clock" : "",
               r.fromSnapshot ? fmt::format("from the snapshot of clock {}", r.fromSnapshot).c_str() : "from W0",
               r.groupsReplayed, a.out.c_str());
+  // A --balance job: which rank trained on which rows at that clock.
+  if (const auto chunks = orpheus::engine::describeChunksAt(a.dir, r.clock)) {
+    std::printf("data chunks at clock %llu: %s\n", static_cast<unsigned long long>(r.clock), chunks->c_str());
+  }
   return 0;
 }
 

@@ -8,15 +8,22 @@
 
 namespace orpheus::data {
 
-MinibatchSampler::MinibatchSampler(int64_t shardSize, int64_t batch, uint64_t seed, int rank, Order order)
-    : shardSize_(shardSize), batch_(batch), seed_(seed), rank_(rank), inOrder_(order == Order::kInOrder) {
+MinibatchSampler::MinibatchSampler(int64_t shardSize, int64_t batch, uint64_t seed, int rank, Order order,
+                                   uint64_t stream)
+    : shardSize_(shardSize),
+      batch_(batch),
+      seed_(seed),
+      rank_(rank),
+      inOrder_(order == Order::kInOrder),
+      stream_(stream) {
   ORPHEUS_CHECK_INPUT(shardSize > 0, "cannot sample minibatches from an empty shard");
   ORPHEUS_CHECK_INPUT(batch > 0, "the minibatch size must be positive, got {}", batch);
+  ORPHEUS_ENFORCE(stream < (uint64_t{1} << 31), "sampler stream {} is out of range", stream);
 }
 
 void MinibatchSampler::reshuffle() {
   ++epoch_;
-  CounterRng rng(seed_, RngPurpose::kSample, static_cast<uint64_t>(epoch_),
+  CounterRng rng(seed_, RngPurpose::kSample, (stream_ << 32) | static_cast<uint64_t>(epoch_),
                  static_cast<uint64_t>(rank_));
   order_.resize(static_cast<size_t>(shardSize_));
   std::iota(order_.begin(), order_.end(), int64_t{0});

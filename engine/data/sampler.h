@@ -20,12 +20,17 @@ namespace orpheus::data {
 // `batch` indices remain, the rest come from the next epoch's permutation.
 // Deterministic: the k-th call returns the same indices on every run.
 //
+// `stream` > 0 draws from a stream of its own, (seed, kSample, stream << 32 |
+// epoch, rank): a rank whose examples changed (engine/balance.h) starts a fresh
+// one, keyed by the clock of the change. Stream 0 is the job's first.
+//
 // Order::kInOrder skips the permutation: batch k is examples [kB, (k+1)B) (mod
 // the shard), as token streams need: their example s*B + b is segment s of stream b.
 class MinibatchSampler {
  public:
   enum class Order { kShuffled, kInOrder };
-  MinibatchSampler(int64_t shardSize, int64_t batch, uint64_t seed, int rank, Order order = Order::kShuffled);
+  MinibatchSampler(int64_t shardSize, int64_t batch, uint64_t seed, int rank, Order order = Order::kShuffled,
+                   uint64_t stream = 0);
 
   std::vector<int64_t> next();
   int64_t epoch() const { return epoch_; }
@@ -38,6 +43,7 @@ class MinibatchSampler {
   uint64_t seed_;
   int rank_;
   bool inOrder_;
+  uint64_t stream_;
   int64_t epoch_ = -1;
   std::vector<int64_t> order_;
   size_t pos_ = 0;

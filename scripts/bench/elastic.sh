@@ -9,10 +9,16 @@
 #     (--resume --elastic): clocks lost, seconds from the kill to the resumed job's
 #     first clock (relaunch, data loading, restore, redistribution), total seconds and clocks to the
 #     target, ratio to static. Medians of $REPS runs.
-# Live scale-in (SIGTERM to one worker) and --balance are not implemented yet: their
-# rows are absent.
+#  3. balance: rank 1 slowed by --inject-delay 1:$DELAY_MS (with --balance: per
+#     $BATCH examples), $BAL_CLOCKS clocks of BSP: seconds per clock (rank 0's, over
+#     the second half, once decisions have settled) with and without --balance,
+#     against the unslowed job and the balanced ideal P / ((P-1)/t0 + 1/(t0 + d)),
+#     t0 the unslowed seconds per clock and d the delay. Medians of $REPS runs.
+# Live scale-in (SIGTERM to one worker) is not implemented yet: its row is absent.
 #
 # Options (environment): NP=4 BATCH=100 TARGET=0.8 KILL_AT=100 REPS=3 CLOCKS=3000
+#   ROWS="restart balance" (the parts to run) DELAY_MS=50 BAL_CLOCKS=400
+#   BALANCE_EVERY=20 CHUNK_ROWS=250
 #   SMOKE=1 (tiny settings: a check that the script runs, not a measurement)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -21,7 +27,12 @@ ORPHEUS=${ORPHEUS:-$ROOT/build-release/engine/orpheus}
 DATA=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 NP=${NP:-4}; BATCH=${BATCH:-100}; TARGET=${TARGET:-0.8}; KILL_AT=${KILL_AT:-100}; REPS=${REPS:-3}
 CLOCKS=${CLOCKS:-3000}
-if [ "${SMOKE:-0}" = 1 ]; then NP=3; BATCH=20; TARGET=0.76; KILL_AT=50; REPS=1; CLOCKS=1500; fi
+ROWS=${ROWS:-restart balance}; DELAY_MS=${DELAY_MS:-50}; BAL_CLOCKS=${BAL_CLOCKS:-400}
+BALANCE_EVERY=${BALANCE_EVERY:-20}; CHUNK_ROWS=${CHUNK_ROWS:-250}
+if [ "${SMOKE:-0}" = 1 ]; then
+  NP=3; BATCH=20; TARGET=0.76; KILL_AT=50; REPS=1; CLOCKS=1500; DELAY_MS=10; BAL_CLOCKS=40; BALANCE_EVERY=5
+fi
+runs() { [[ " $ROWS " == *" $1 "* ]]; }
 RES=${RES:-$ROOT/scripts/bench/results}; RAW="$ROOT/build/bench-raw/elastic"
 mkdir -p "$RES" "$RAW"
 flags=(--train "$DATA/train-images-idx3-ubyte.gz" --test "$DATA/t10k-images-idx3-ubyte.gz" --batch "$BATCH"
@@ -31,7 +42,7 @@ now() { date +%s.%N; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 static_s=(); static_c=(); lost=(); gap=(); total_s=(); total_c=()
-for rep in $(seq "$REPS"); do
+for rep in $(runs restart && seq "$REPS"); do
   d="$RAW/static-$rep"; rm -rf "$d"; mkdir -p "$d"
   t0=$(now)
   mpirun -n "$NP" --oversubscribe "$ORPHEUS" train "${flags[@]}" --ckpt-dir "$d/ckpt" --metrics "$d/m.jsonl" >/dev/null 2>&1
@@ -63,7 +74,7 @@ for rep in $(seq "$REPS"); do
 done
 
 m() { printf '%s\n' "$@" | median; }
-{
+runs restart && {
   echo "# Elastic restart (MLR, Fashion-MNIST, batch $BATCH per rank, target $TARGET; medians of $REPS)"
   echo
   echo "| run | ranks | clocks to target | wall seconds to target (with data loading) | clocks lost | kill → resumed (s) |"
@@ -73,3 +84,44 @@ m() { printf '%s\n' "$@" | median; }
   echo
   echo "restart / static seconds: $(echo "$(m "${total_s[@]}") / $(m "${static_s[@]}")" | bc -l | cut -c1-5)"
 } | tee "$RES/elastic.md"
+
+runs balance || exit 0
+# Seconds per clock over the second half of a run: rank 0's train seconds.
+perClock() {
+  /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+clocks = [r for r in rows if "clock" in r and "seconds" in r and not r.get("summary") and not r.get("rebalance")]
+half = clocks[len(clocks) // 2 - 1]
+print("%.6f" % ((clocks[-1]["seconds"] - half["seconds"]) / (clocks[-1]["clock"] - half["clock"])))
+PY
+}
+bflags=(--train "$DATA/train-images-idx3-ubyte.gz" --batch "$BATCH" --clocks "$BAL_CLOCKS" --progress off
+        --log-level warn --eval-every 0)
+plain=(); slowed=(); balanced=(); slowShare=()
+for rep in $(seq "$REPS"); do
+  d="$RAW/balance-$rep"; rm -rf "$d"; mkdir -p "$d"
+  mpirun -n "$NP" --oversubscribe "$ORPHEUS" train "${bflags[@]}" --metrics "$d/plain.jsonl" >/dev/null
+  mpirun -n "$NP" --oversubscribe "$ORPHEUS" train "${bflags[@]}" --inject-delay "1:$DELAY_MS" \
+    --metrics "$d/slowed.jsonl" >/dev/null
+  mpirun -n "$NP" --oversubscribe "$ORPHEUS" train "${bflags[@]}" --inject-delay "1:$DELAY_MS" --balance \
+    --balance-every "$BALANCE_EVERY" --chunk-rows "$CHUNK_ROWS" --metrics "$d/balanced.jsonl" >/dev/null
+  plain+=("$(perClock "$d/plain.jsonl")"); slowed+=("$(perClock "$d/slowed.jsonl")")
+  balanced+=("$(perClock "$d/balanced.jsonl")")
+  slowShare+=("$(grep '"rebalance"' "$d/balanced.jsonl" | tail -n 1 | grep -o '"batch": \[[0-9, ]*\]' |
+                 tr -d '[],' | awk '{print $3}')")
+done
+t0=$(m "${plain[@]}")
+ideal=$(printf '%.6f' "$(echo "$NP / (($NP - 1) / $t0 + 1 / ($t0 + $DELAY_MS / 1000))" | bc -l)")
+append=(-a); runs restart || append=()
+{
+  echo
+  echo "# Load balancing (MLR, Fashion-MNIST, BSP, $NP ranks, batch $BATCH per rank, rank 1 slowed by $DELAY_MS ms per $BATCH examples; medians of $REPS)"
+  echo
+  echo "| run | seconds per clock | / balanced ideal | rank 1's batch at the end |"
+  echo "| --- | --- | --- | --- |"
+  echo "| unslowed | $t0 | | $BATCH |"
+  echo "| balanced ideal | $ideal | 1 | |"
+  echo "| slowed | $(m "${slowed[@]}") | $(echo "$(m "${slowed[@]}") / $ideal" | bc -l | cut -c1-5) | $BATCH |"
+  echo "| slowed, --balance (every $BALANCE_EVERY clocks, $CHUNK_ROWS rows per chunk) | $(m "${balanced[@]}") | $(echo "$(m "${balanced[@]}") / $ideal" | bc -l | cut -c1-5) | $(m "${slowShare[@]}") |"
+} | tee "${append[@]}" "$RES/elastic.md"
