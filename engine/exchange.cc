@@ -279,6 +279,8 @@ ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, con
   std::vector<const SvMatrix*> ready(units.sites(), nullptr);
   std::vector<size_t> missing(units.count());
   for (size_t u = 0; u < units.count(); ++u) missing[u] = units.members(u).size();
+  Vector ones;
+  ops::RebuildBuffers buffers;
   const auto beginSum = [&](uint32_t param) {
     Matrix& g = grad[param];
     transport.beginAllreduceSum({g.data(), static_cast<size_t>(g.size())}, clock);
@@ -288,12 +290,15 @@ ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, con
     ready[site] = &m;
     const size_t unit = units.unitOf(site);
     if (--missing[unit] > 0) return;
-    // The unit's gradient, as denseGradient rebuilds it (the model's coefficients: ones).
-    SvBatch b;
-    b.coeffs = Vector::Ones(m.u.cols());
-    for (size_t s : units.members(unit)) b.matrices.push_back(*ready[s]);
-    const SvBatch* one[] = {&b};
-    ops::applySvBatches(one, grad);
+    // The unit's gradient, as denseGradient rebuilds it (the model's coefficients:
+    // ones), read where the backward pass left the SVs.
+    if (ones.size() != m.u.cols()) ones = Vector::Ones(m.u.cols());
+    SvBatchView b;
+    b.columns = m.u.cols();
+    b.coeffs = ones.data();
+    for (size_t s : units.members(unit)) b.matrices.push_back(viewOf(*ready[s]));
+    const SvBatchView* one[] = {&b};
+    ops::applySvBatches(one, grad, buffers);
     const auto t = Clock::now();
     if (times.firstSend < 0) times.firstSend = since(t);
     for (uint32_t param : units.params(unit)) beginSum(param);

@@ -67,7 +67,9 @@ class GraphExecutor {
 
   const Mat<S>& value(int node) const;
   // Empty when the loss does not depend on the node.
-  const Mat<S>& grad(int node) const { return live_[static_cast<size_t>(node)] ? grads_[static_cast<size_t>(node)] : none_; }
+  const Mat<S>& grad(int node) const {
+    return live_[static_cast<size_t>(node)] ? grads_[static_cast<size_t>(node)] : none_;
+  }
   const std::vector<SvSite>& sites() const { return sites_; }
   const std::vector<FusedStep>& plan() const { return plan_; }
   // Matrices whose input part runs as one GEMM over all steps.

@@ -45,13 +45,13 @@ void applyToParam(const std::vector<Piece>& pieces, const Matrix& u, int64_t den
   const int64_t rows = w.rows();
   Tensor target = staged(backend, cpu::view(w));
   const auto uPart = [&](int64_t first, int64_t cols) {
-    return Tensor::view(Device::kCpu, const_cast<float*>(u.data()) + rows * first, rows, cols);
+    return Tensor::host(u.data() + rows * first, rows, cols);
   };
   if (denseCols > 0) {
     Tensor v;
     if (densePieces == 1) {
       for (const auto& p : pieces) {
-        if (!p.m->sparseV) v = Tensor::view(Device::kCpu, const_cast<float*>(p.m->vDense), w.cols(), denseCols);
+        if (!p.m->sparseV) v = Tensor::host(p.m->vDense, w.cols(), denseCols);
       }
     } else {
       gathered.resize(w.cols(), denseCols);

@@ -907,30 +907,33 @@ SvBatchView viewOf(const SvBatch& batch) {
   v.columns = batch.numColumns();
   v.coeffs = batch.coeffs.data();
   v.matrices.reserve(batch.matrices.size());
-  for (const SvMatrix& m : batch.matrices) {
-    SvMatrixView& x = v.matrices.emplace_back();
-    x.paramId = m.paramId;
-    x.biasId = m.biasId;
-    x.rows = m.u.rows();
-    x.vRows = m.vRows();
-    x.columns = m.u.cols();
-    x.u = m.u.data();
-    x.sparseV = m.sparseV;
-    if (m.sparseV) {
-      const SparseMatrix& s = m.vSparse;
-      x.vStarts = s.outerIndexPtr();
-      x.vCounts = s.innerNonZeroPtr();
-      x.vRowIndices = s.innerIndexPtr();
-      x.vValues = s.valuePtr();
-      x.nnz = s.isCompressed() ? s.nonZeros() : s.data().size();
-    } else {
-      x.vDense = m.vDense.data();
-    }
-    x.withCore = hasCore(m);
-    if (x.withCore) x.core = m.core.data();
-    if (m.biasCoeffs.size() > 0) x.biasCoeffs = m.biasCoeffs.data();
-  }
+  for (const SvMatrix& m : batch.matrices) v.matrices.push_back(viewOf(m));
   return v;
+}
+
+SvMatrixView viewOf(const SvMatrix& m) {
+  SvMatrixView x;
+  x.paramId = m.paramId;
+  x.biasId = m.biasId;
+  x.rows = m.u.rows();
+  x.vRows = m.vRows();
+  x.columns = m.u.cols();
+  x.u = m.u.data();
+  x.sparseV = m.sparseV;
+  if (m.sparseV) {
+    const SparseMatrix& s = m.vSparse;
+    x.vStarts = s.outerIndexPtr();
+    x.vCounts = s.innerNonZeroPtr();
+    x.vRowIndices = s.innerIndexPtr();
+    x.vValues = s.valuePtr();
+    x.nnz = s.isCompressed() ? s.nonZeros() : s.data().size();
+  } else {
+    x.vDense = m.vDense.data();
+  }
+  x.withCore = hasCore(m);
+  if (x.withCore) x.core = m.core.data();
+  if (m.biasCoeffs.size() > 0) x.biasCoeffs = m.biasCoeffs.data();
+  return x;
 }
 
 SvBatchView viewOf(std::shared_ptr<const SvBatch> batch) {

@@ -109,13 +109,15 @@ struct SvMatrixView {
   const float* core = nullptr;        // n x n, column-major, when withCore
   const float* biasCoeffs = nullptr;  // n, when withCore and biasId >= 0
 
-  Eigen::Map<const Matrix> uMap() const { return {u, rows, columns}; }
-  Eigen::Map<const Matrix> vDenseMap() const { return {vDense, vRows, columns}; }
+  Eigen::Map<const Matrix> uMap() const { return Eigen::Map<const Matrix>(u, rows, columns); }
+  Eigen::Map<const Matrix> vDenseMap() const { return Eigen::Map<const Matrix>(vDense, vRows, columns); }
   Eigen::Map<const SparseMatrix> vSparseMap() const {
-    return {vRows, columns, nnz, vStarts, vRowIndices, vValues, vCounts};
+    return Eigen::Map<const SparseMatrix>(vRows, columns, nnz, vStarts, vRowIndices, vValues, vCounts);
   }
-  Eigen::Map<const Matrix> coreMap() const { return {core, columns, columns}; }
-  Eigen::Map<const Vector> biasCoeffsMap() const { return {biasCoeffs, biasCoeffs ? columns : 0}; }
+  Eigen::Map<const Matrix> coreMap() const { return Eigen::Map<const Matrix>(core, columns, columns); }
+  Eigen::Map<const Vector> biasCoeffsMap() const {
+    return Eigen::Map<const Vector>(biasCoeffs, biasCoeffs ? columns : 0);
+  }
 };
 
 struct SvBatchView {
@@ -126,11 +128,12 @@ struct SvBatchView {
   std::shared_ptr<const void> owner;
 
   int64_t numColumns() const { return columns; }
-  Eigen::Map<const Vector> coeffsMap() const { return {coeffs, columns}; }
+  Eigen::Map<const Vector> coeffsMap() const { return Eigen::Map<const Vector>(coeffs, columns); }
 };
 
 // Views of `batch`'s arrays; the batch must outlive the view (or be its owner).
 SvBatchView viewOf(const SvBatch& batch);
+SvMatrixView viewOf(const SvMatrix& matrix);
 SvBatchView viewOf(std::shared_ptr<const SvBatch> batch);
 // The viewed batch as an SvBatch of its own (a copy of every array).
 SvBatch toBatch(const SvBatchView& view);

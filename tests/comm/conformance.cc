@@ -216,7 +216,9 @@ void pointToPointCase(Transport& t) {
 // A message as pieces in separate allocations (an empty one among them), as an
 // SV batch goes out: its header, then the arrays where they lie.
 Pieces piecesOf(int sender, uint64_t seq, size_t size) {
-  const auto byteOf = [&](size_t i) { return static_cast<std::byte>((static_cast<size_t>(sender) * 7 + i + seq) & 0xff); };
+  const auto byteOf = [&](size_t i) {
+    return static_cast<std::byte>((static_cast<size_t>(sender) * 7 + i + seq) & 0xff);
+  };
   auto parts = std::make_shared<std::vector<std::vector<std::byte>>>();
   const size_t head = std::min<size_t>(size, 5);
   const size_t middle = std::max(head, std::min(size, size / 2 + 5));
