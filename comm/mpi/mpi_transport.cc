@@ -47,16 +47,16 @@ void MpiTransport::wait(MPI_Request& request, const char* what, uint64_t clock, 
 
 Gathered MpiTransport::doAllgatherv(std::span<const std::byte> local, uint64_t clock) {
   ORPHEUS_ENFORCE(local.size() <= INT32_MAX, "record of rank {} has {} bytes (limit 2 GiB)", rank_, local.size());
-  return allgatherv(local.data(), static_cast<int>(local.size()), MPI_BYTE, local.size(), clock);
+  return gatherRecords(local.data(), static_cast<int>(local.size()), MPI_BYTE, local.size(), clock);
 }
 
 Gathered MpiTransport::doAllgathervPieces(const Pieces& local, uint64_t clock) {
   PiecesType type(local);
-  Gathered out = allgatherv(MPI_BOTTOM, 1, type.get(), local.size(), clock);
+  Gathered out = gatherRecords(MPI_BOTTOM, 1, type.get(), local.size(), clock);
   return out;
 }
 
-Gathered MpiTransport::allgatherv(const void* buffer, int count, MPI_Datatype type, size_t bytes, uint64_t clock) {
+Gathered MpiTransport::gatherRecords(const void* buffer, int count, MPI_Datatype type, size_t bytes, uint64_t clock) {
   Scratch& s = *scratch_;
   const auto p = static_cast<size_t>(size_);
   s.localSize = static_cast<long long>(bytes);

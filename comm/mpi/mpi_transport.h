@@ -71,7 +71,7 @@ class MpiTransport final : public Transport {
   // Polls `request` until done; TimeoutError naming `what`, `clock` and `peer` (-1: unknown).
   void wait(MPI_Request& request, const char* what, uint64_t clock, int peer = -1);
   // allgatherv of `bytes` bytes laid out at `buffer` as `count` of `type`.
-  Gathered allgatherv(const void* buffer, int count, MPI_Datatype type, size_t bytes, uint64_t clock);
+  Gathered gatherRecords(const void* buffer, int count, MPI_Datatype type, size_t bytes, uint64_t clock);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
