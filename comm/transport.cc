@@ -98,6 +98,19 @@ Gathered Transport::allgatherv(std::span<const std::byte> local, uint64_t clock)
   return out;
 }
 
+Gathered Transport::allgatherv(const Pieces& local, uint64_t clock) {
+  checkUsable("allgatherv");
+  const size_t n = local.size();
+  Gathered out = guarded(clock, [&] { return doAllgathervPieces(local, clock); });
+  counters_ += traffic::allgatherv(n, size());
+  return out;
+}
+
+Gathered Transport::doAllgathervPieces(const Pieces& local, uint64_t clock) {
+  const std::vector<std::byte> joined = local.joined();
+  return doAllgatherv(joined, clock);
+}
+
 void Transport::allreduceSum(std::span<float> data, uint64_t clock) {
   checkUsable("allreduceSum");
   if (size() == 1) return;
@@ -156,6 +169,19 @@ void Transport::sendAsync(int peer, SharedBytes bytes) {
   const uint64_t n = bytes->size();
   doSendAsync(peer, std::move(bytes));
   counters_ += traffic::send(n);
+}
+
+void Transport::sendAsync(int peer, SharedPieces pieces) {
+  checkUsable("sendAsync");
+  ORPHEUS_ENFORCE(peer >= 0 && peer < size() && peer != rank(), "rank {} cannot send to rank {}", rank(), peer);
+  ORPHEUS_ENFORCE(pieces != nullptr, "rank {}: sendAsync to rank {} without a message", rank(), peer);
+  const uint64_t n = pieces->size();
+  doSendPiecesAsync(peer, std::move(pieces));
+  counters_ += traffic::send(n);
+}
+
+void Transport::doSendPiecesAsync(int peer, SharedPieces pieces) {
+  doSendAsync(peer, std::make_shared<const std::vector<std::byte>>(pieces->joined()));
 }
 
 std::optional<Message> Transport::tryReceive() {

@@ -104,6 +104,10 @@ class Transport {
 
   // Full broadcast of variable-size records: sizes first, then the payloads.
   Gathered allgatherv(std::span<const std::byte> local, uint64_t clock);
+  // allgatherv of the concatenation of `local`'s pieces, sent from where they lie
+  // where the backend can (MPI: one derived datatype over their addresses). The
+  // pieces need to live only for the call. Counted as allgatherv of that many bytes.
+  Gathered allgatherv(const Pieces& local, uint64_t clock);
   // Training data: in-place sum over ranks (the library's allreduce).
   void allreduceSum(std::span<float> data, uint64_t clock);
   // allreduceSum, nonblocking: begun now, complete after finishAllreduces(). Each
@@ -124,6 +128,10 @@ class Transport {
   // keeps `bytes` alive until the send completes. Messages from one sender arrive
   // in the order they were sent.
   void sendAsync(int peer, SharedBytes bytes);
+  // sendAsync of the concatenation of the pieces, sent from where they lie where the
+  // backend can; the transport keeps `pieces` (and so its owner) until the send
+  // completes. The receiver gets one message, as from sendAsync of those bytes.
+  void sendAsync(int peer, SharedPieces pieces);
   // A data message that has arrived from any peer, or nothing; never blocks.
   std::optional<Message> tryReceive();
   // Waits until every data send posted so far has completed (TimeoutError after timeout()).
@@ -150,6 +158,10 @@ class Transport {
   virtual void doFinishAllreduces() {}
   virtual void doShiftRing(std::span<float> chunk, uint64_t clock) = 0;
   virtual void doSendAsync(int peer, SharedBytes bytes) = 0;
+  // Scatter/gather: by default the pieces joined into one buffer for doSendAsync
+  // and doAllgatherv (a decorator that forwards those sees the same bytes).
+  virtual void doSendPiecesAsync(int peer, SharedPieces pieces);
+  virtual Gathered doAllgathervPieces(const Pieces& local, uint64_t clock);
   virtual std::optional<Message> doTryReceive() = 0;
   virtual void doFlushSends() = 0;
   // Host memory: no state (null). Any other kind: InputError naming the transport.

@@ -25,7 +25,9 @@ void Inbox::accept(comm::Message message) {
   SvBatchExpectation expect;
   expect.sender = message.peer;
   expect.paramShapes = shapes_;
-  SvBatch batch = decode(message.bytes, expect);
+  auto received = std::make_shared<const std::vector<std::byte>>(std::move(message.bytes));
+  const std::span<const std::byte> record(*received);
+  SvBatchView batch = decodeView(received, record, expect);
   const uint64_t clock = batch.header.clock;
   const int sender = message.peer;
   const int me = transport_.rank();
@@ -39,13 +41,11 @@ void Inbox::accept(comm::Message message) {
         sender, clock, me));
   }
   arrived_[clock].insert(sender);
-  ckpt::SharedBytes bytes;
-  if (keepBytes_) bytes = std::make_shared<const std::vector<std::byte>>(std::move(message.bytes));
-  ReceivedBatch received{std::move(batch), std::move(bytes)};
+  ReceivedBatch arrived{std::move(batch), keepBytes_ ? std::move(received) : nullptr};
   if (config_.consistency == Consistency::kSsp) {
-    ready_.push_back(std::move(received));
+    ready_.push_back(std::move(arrived));
   } else {
-    pending_[clock].emplace(sender, std::move(received));
+    pending_[clock].emplace(sender, std::move(arrived));
   }
   advanceComplete();
 }

@@ -28,10 +28,11 @@
 
 namespace orpheus::engine {
 
-// A batch from a peer: decoded (so checked), and the bytes it came in when the
-// checkpoint log keeps them (null otherwise).
+// A batch from a peer: decoded (so checked) as views into the bytes it came in,
+// which the view keeps; `bytes` are those bytes too when the checkpoint log keeps
+// them (null otherwise).
 struct ReceivedBatch {
-  SvBatch batch;
+  SvBatchView batch;
   ckpt::SharedBytes bytes;
   // The bytes as a record for the checkpoint log; an empty record when not kept.
   ckpt::Record record() const { return bytes ? ckpt::Record::encoded(bytes, true) : ckpt::Record{}; }

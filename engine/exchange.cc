@@ -68,32 +68,55 @@ bool SvExchange::serves(const TrainConfig& config, const ops::Model& model, bool
 SvExchange::SvExchange(const TrainConfig& config, const ops::Model& model, comm::Transport& transport)
     : config_(config), transport_(transport), units_(model.svSites()), shapes_(model.paramShapes()) {}
 
-void SvExchange::begin(uint64_t clock, const SvBatchHeader& header, float scale, Clock::time_point start) {
+void SvExchange::begin(uint64_t clock, const SvBatchHeader& header, float scale, Clock::time_point start,
+                       std::shared_ptr<const void> arrays) {
   clock_ = clock;
   header_ = header;
   scale_ = scale;
   start_ = start;
+  arrays_ = std::move(arrays);
+  coeffs_.reset();
   times_ = {};
   ready_.assign(units_.sites(), nullptr);
   missing_.assign(units_.count(), 0);
   for (size_t u = 0; u < units_.count(); ++u) missing_[u] = units_.members(u).size();
 }
 
-SvBatch SvExchange::unitBatch(const SvBatch& from, size_t unit) const {
-  SvBatch b;
+SvBatchView SvExchange::unitView(const SvBatchView& from, size_t unit) const {
+  SvBatchView b;
   b.header = from.header;
+  b.columns = from.columns;
   b.coeffs = from.coeffs;
   for (size_t site : units_.members(unit)) b.matrices.push_back(from.matrices[site]);
   return b;
 }
 
-void SvExchange::send(const SvBatch& unitBatch) {
+namespace {
+
+// What a sent layer's pieces point into, kept until every send of it completes.
+struct SentUnit {
+  SvBatchPieces record;
+  std::shared_ptr<const void> arrays;
+  std::shared_ptr<const Vector> coeffs;
+};
+
+}  // namespace
+
+void SvExchange::send(const Vector& coeffs, std::span<const SvMatrix* const> matrices,
+                      std::shared_ptr<const void> arrays) {
   const auto t = Clock::now();
   if (times_.firstSend < 0) times_.firstSend = since(t);
-  auto bytes = std::make_shared<std::vector<std::byte>>();
-  encode(unitBatch, *bytes);
+  auto unit = std::make_shared<SentUnit>();
+  // Values scanned as encode() does: nothing non-finite leaves this rank.
+  unit->record = encodePieces(header_, coeffs, matrices, /*scanValues=*/true);
+  unit->record.seal();
+  unit->arrays = std::move(arrays);
+  unit->coeffs = coeffs_;
+  auto pieces = std::make_shared<comm::Pieces>();
+  pieces->pieces = unit->record.pieces;
+  pieces->owner = std::move(unit);
   for (int peer = 0; peer < transport_.size(); ++peer) {
-    if (peer != transport_.rank()) transport_.sendAsync(peer, bytes);
+    if (peer != transport_.rank()) transport_.sendAsync(peer, comm::SharedPieces(pieces));
   }
   times_.sendSeconds += std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -103,12 +126,14 @@ void SvExchange::siteReady(size_t site, const SvMatrix& matrix) {
   const size_t unit = units_.unitOf(site);
   if (--missing_[unit] > 0) return;
   // The unit as computeSvgs will hold it: the model's coefficients (ones), scaled.
-  SvBatch b;
-  b.header = header_;
-  b.coeffs = Vector::Ones(matrix.u.cols());
-  for (size_t s : units_.members(unit)) b.matrices.push_back(*ready_[s]);
-  ops::scaleCoefficients(b, scale_);
-  send(b);
+  if (!coeffs_ || coeffs_->size() != matrix.u.cols()) {
+    auto coeffs = std::make_shared<Vector>(Vector::Ones(matrix.u.cols()));
+    *coeffs *= scale_;
+    coeffs_ = std::move(coeffs);
+  }
+  std::vector<const SvMatrix*> matrices;
+  for (size_t s : units_.members(unit)) matrices.push_back(ready_[s]);
+  send(*coeffs_, matrices, arrays_);
   const auto t = Clock::now();
   takeIn();  // a layer boundary: let the network move
   times_.sendSeconds += std::chrono::duration<double>(Clock::now() - t).count();
@@ -116,8 +141,12 @@ void SvExchange::siteReady(size_t site, const SvMatrix& matrix) {
 
 void SvExchange::backwardDone() { times_.backwardEnd = since(Clock::now()); }
 
-void SvExchange::sendAll(const SvBatch& sent) {
-  for (size_t u = 0; u < units_.count(); ++u) send(unitBatch(sent, u));
+void SvExchange::sendAll(std::shared_ptr<const SvBatch> sent) {
+  for (size_t u = 0; u < units_.count(); ++u) {
+    std::vector<const SvMatrix*> matrices;
+    for (size_t site : units_.members(u)) matrices.push_back(&sent->matrices[site]);
+    send(sent->coeffs, matrices, sent);
+  }
 }
 
 void SvExchange::takeIn() {
@@ -129,9 +158,12 @@ void SvExchange::takeIn() {
     SvBatchExpectation expect;
     expect.sender = message->peer;
     expect.paramShapes = shapes_;
-    SvBatch batch;
+    SvBatchView batch;
     try {
-      batch = decode(message->bytes, expect);
+      // Views into the message's own buffer, which the view keeps.
+      auto bytes = std::make_shared<const std::vector<std::byte>>(std::move(message->bytes));
+      const std::span<const std::byte> record(*bytes);
+      batch = decodeView(std::move(bytes), record, expect);
     } catch (const std::exception&) {
       broken = std::current_exception();
       continue;
@@ -141,7 +173,7 @@ void SvExchange::takeIn() {
         batch.matrices.empty() ? std::nullopt : units_.unitOfParam(batch.matrices.front().paramId);
     bool fits = unit.has_value() && clock >= clock_ && batch.matrices.size() == units_.members(*unit).size();
     auto& slots = arrived_[clock];
-    if (slots.empty()) slots.assign(p, std::vector<std::optional<SvBatch>>(units_.count()));
+    if (slots.empty()) slots.assign(p, std::vector<std::optional<SvBatchView>>(units_.count()));
     fits = fits && !slots[static_cast<size_t>(message->peer)][*unit].has_value();
     if (!fits) {
       throw CorruptRecordError(fmt::format("unexpected SV batch from rank {} at clock {}: not a layer this rank "
@@ -152,8 +184,8 @@ void SvExchange::takeIn() {
   }
 }
 
-std::vector<std::shared_ptr<const SvBatch>> SvExchange::finish(const SvBatch& own, const ApplyFn& apply,
-                                                               MetricsSink& metrics, double& rebuildSeconds) {
+std::vector<SvExchange::PeerBatch> SvExchange::finish(const SvBatch& own, const ApplyFn& apply, MetricsSink& metrics,
+                                                      double& rebuildSeconds, bool keepWhole) {
   const auto p = static_cast<size_t>(transport_.size());
   const auto me = static_cast<size_t>(transport_.rank());
   rebuildSeconds = 0.0;
@@ -161,7 +193,8 @@ std::vector<std::shared_ptr<const SvBatch>> SvExchange::finish(const SvBatch& ow
   size_t left = units_.count();
   comm::Deadline deadline(std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
   auto& slots = arrived_[clock_];
-  if (slots.empty()) slots.assign(p, std::vector<std::optional<SvBatch>>(units_.count()));
+  if (slots.empty()) slots.assign(p, std::vector<std::optional<SvBatchView>>(units_.count()));
+  const SvBatchView ownView = viewOf(own);
   while (left > 0) {
     takeIn();
     metrics.collect();
@@ -173,8 +206,8 @@ std::vector<std::shared_ptr<const SvBatch>> SvExchange::finish(const SvBatch& ow
       if (!complete) continue;
       times_.lastArrival = since(Clock::now());
       // This rank's part from the whole local batch: what its own replica applies.
-      const SvBatch mine = unitBatch(own, u);
-      std::vector<const SvBatch*> group;
+      const SvBatchView mine = unitView(ownView, u);
+      std::vector<const SvBatchView*> group;
       for (size_t r = 0; r < p; ++r) group.push_back(r == me ? &mine : &*slots[r][u]);
       const auto t = Clock::now();
       apply(group);
@@ -210,14 +243,16 @@ std::vector<std::shared_ptr<const SvBatch>> SvExchange::finish(const SvBatch& ow
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
-  // The peers' batches whole again, matrices in batch order, for the log.
-  std::vector<std::shared_ptr<const SvBatch>> whole(p);
+  // The peers' batches, whole again (matrices in batch order) for a log that keeps them.
+  std::vector<PeerBatch> peers(p);
   for (size_t r = 0; r < p; ++r) {
     if (r == me) continue;
+    peers[r].header = slots[r][0]->header;
+    if (!keepWhole) continue;
     auto b = std::make_shared<SvBatch>();
     b->matrices.resize(units_.sites());
     for (size_t u = 0; u < units_.count(); ++u) {
-      SvBatch& part = *slots[r][u];
+      SvBatch part = toBatch(*slots[r][u]);
       if (u == 0) {
         b->header = part.header;
         b->coeffs = std::move(part.coeffs);
@@ -225,10 +260,10 @@ std::vector<std::shared_ptr<const SvBatch>> SvExchange::finish(const SvBatch& ow
       const auto& members = units_.members(u);
       for (size_t i = 0; i < members.size(); ++i) b->matrices[members[i]] = std::move(part.matrices[i]);
     }
-    whole[r] = std::move(b);
+    peers[r].whole = std::move(b);
   }
   arrived_.erase(clock_);
-  return whole;
+  return peers;
 }
 
 ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, const ops::ExampleBatch& x,
@@ -244,6 +279,8 @@ ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, con
   std::vector<const SvMatrix*> ready(units.sites(), nullptr);
   std::vector<size_t> missing(units.count());
   for (size_t u = 0; u < units.count(); ++u) missing[u] = units.members(u).size();
+  Vector ones;
+  ops::RebuildBuffers buffers;
   const auto beginSum = [&](uint32_t param) {
     Matrix& g = grad[param];
     transport.beginAllreduceSum({g.data(), static_cast<size_t>(g.size())}, clock);
@@ -253,12 +290,15 @@ ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, con
     ready[site] = &m;
     const size_t unit = units.unitOf(site);
     if (--missing[unit] > 0) return;
-    // The unit's gradient, as denseGradient rebuilds it (the model's coefficients: ones).
-    SvBatch b;
-    b.coeffs = Vector::Ones(m.u.cols());
-    for (size_t s : units.members(unit)) b.matrices.push_back(*ready[s]);
-    const SvBatch* one[] = {&b};
-    ops::applySvBatches(one, grad);
+    // The unit's gradient, as denseGradient rebuilds it (the model's coefficients:
+    // ones), read where the backward pass left the SVs.
+    if (ones.size() != m.u.cols()) ones = Vector::Ones(m.u.cols());
+    SvBatchView b;
+    b.columns = m.u.cols();
+    b.coeffs = ones.data();
+    for (size_t s : units.members(unit)) b.matrices.push_back(viewOf(*ready[s]));
+    const SvBatchView* one[] = {&b};
+    ops::applySvBatches(one, grad, buffers);
     const auto t = Clock::now();
     if (times.firstSend < 0) times.firstSend = since(t);
     for (uint32_t param : units.params(unit)) beginSum(param);

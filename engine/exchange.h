@@ -21,6 +21,10 @@
 // group of SV sites updates together (a weight and its bias; a recurrent matrix
 // and all its steps), so a unit's rebuild never shares a parameter with another's.
 //
+// Nothing is copied on the way: a layer leaves as its record's header and the
+// arrays of the local batch where they lie (comm::Pieces, scatter/gather), and a
+// peer's layer is rebuilt from views into the buffer it arrived in (decodeView).
+//
 // MPI progress is driven without a thread of its own: each layer boundary of the
 // backward pass takes in what has arrived (MPI_Improbe / MPI_Test), and the waits
 // after it poll with short sleeps, as engine/consistency does.
@@ -78,7 +82,13 @@ struct OverlapTimes {
 class SvExchange {
  public:
   using Clock = std::chrono::steady_clock;
-  using ApplyFn = std::function<void(std::span<const SvBatch* const> group)>;
+  using ApplyFn = std::function<void(std::span<const SvBatchView* const> group)>;
+  // A peer's batch of the clock: its header, and the batch whole again (matrices in
+  // batch order) when it was asked for (the log keeps received batches).
+  struct PeerBatch {
+    SvBatchHeader header;
+    std::shared_ptr<const SvBatch> whole;
+  };
 
   // Whether the overlapped exchange serves this job: --overlap on, --sync sv, a
   // broadcast under BSP (not point to point) and a model that names its SV sites.
@@ -87,29 +97,34 @@ class SvExchange {
   SvExchange(const TrainConfig& config, const ops::Model& model, comm::Transport& transport);
 
   // A new clock: its batches carry `header` and per-column coefficients `scale`
-  // (the model's ones, scaled); `start` is when its compute began.
-  void begin(uint64_t clock, const SvBatchHeader& header, float scale, Clock::time_point start);
+  // (the model's ones, scaled); `start` is when its compute began. `arrays` owns
+  // the memory of the matrices siteReady() is given (the local batch, into which
+  // the backward pass's batch is moved): the sends keep it alive until they complete.
+  void begin(uint64_t clock, const SvBatchHeader& header, float scale, Clock::time_point start,
+             std::shared_ptr<const void> arrays);
   // The local batch's matrix `site` is final: sends its unit once every matrix of
   // the unit is, then takes in what has arrived: the backward pass's hook when the
-  // whole batch is sent. The matrix must stay valid until finish() returns.
+  // whole batch is sent. The matrix's arrays are sent from where they lie: they
+  // must stay unchanged until the sends complete.
   void siteReady(size_t site, const SvMatrix& matrix);
   // The backward pass (and the selection) is done.
   void backwardDone();
-  // Sends every unit of `sent` (the selected batch) now.
-  void sendAll(const SvBatch& sent);
+  // Sends every unit of `sent` (the selected batch) now, from its arrays.
+  void sendAll(std::shared_ptr<const SvBatch> sent);
 
   // Waits for every peer's part of every unit of this clock, calling `apply` with
   // each unit's batches in rank order (this rank's part from `own`, the whole
-  // local batch) as soon as all are in; returns the peers' batches, whole again
-  // and in rank order (null at this rank), as the log keeps them. `rebuildSeconds`
-  // gets the time spent in `apply`.
-  std::vector<std::shared_ptr<const SvBatch>> finish(const SvBatch& own, const ApplyFn& apply, MetricsSink& metrics,
-                                                     double& rebuildSeconds);
+  // local batch) as soon as all are in; returns the peers' batches in rank order
+  // (this rank's entry empty), whole when `keepWhole`. `rebuildSeconds` gets the
+  // time spent in `apply`.
+  std::vector<PeerBatch> finish(const SvBatch& own, const ApplyFn& apply, MetricsSink& metrics, double& rebuildSeconds,
+                                bool keepWhole);
   const OverlapTimes& times() const { return times_; }
 
  private:
-  SvBatch unitBatch(const SvBatch& from, size_t unit) const;
-  void send(const SvBatch& unitBatch);
+  SvBatchView unitView(const SvBatchView& from, size_t unit) const;
+  // Sends the unit of `matrices` with `coeffs`, whose arrays `arrays` keeps alive.
+  void send(const Vector& coeffs, std::span<const SvMatrix* const> matrices, std::shared_ptr<const void> arrays);
   void takeIn();
   double since(Clock::time_point t) const { return std::chrono::duration<double>(t - start_).count(); }
 
@@ -120,6 +135,8 @@ class SvExchange {
   uint64_t clock_ = 0;
   SvBatchHeader header_;
   float scale_ = 1.0f;
+  std::shared_ptr<const void> arrays_;
+  std::shared_ptr<const Vector> coeffs_;  // this clock's per-column coefficients, shared by its sends
   Clock::time_point start_;
   OverlapTimes times_;
   // This clock's local matrices as the backward pass made them final, per site,
@@ -127,7 +144,7 @@ class SvExchange {
   std::vector<const SvMatrix*> ready_;
   std::vector<size_t> missing_;
   // What has arrived, by clock, sender and unit (a fast peer may be a clock ahead).
-  std::map<uint64_t, std::vector<std::vector<std::optional<SvBatch>>>> arrived_;
+  std::map<uint64_t, std::vector<std::vector<std::optional<SvBatchView>>>> arrived_;
   // A peer's first batch that did not decode (a peer's batches arrive in order):
   // raised in finish(), once this rank's own batches of the clock are out, when
   // that peer's part of the clock is still missing, so no peer waits on this rank.

@@ -197,9 +197,9 @@ ReplicaUpdater::ReplicaUpdater(const OptimizerSettings& settings, const ops::Mod
 
 // W += U C V^T changes the columns of W that are rows of V with a nonzero: for a
 // sparse V only those; a dense V and a bias touch every column.
-void ReplicaUpdater::noteTouched(std::span<const SvBatch* const> batches) {
-  for (const SvBatch* b : batches) {
-    for (const SvMatrix& m : b->matrices) {
+void ReplicaUpdater::noteTouched(std::span<const SvBatchView* const> batches) {
+  for (const SvBatchView* b : batches) {
+    for (const SvMatrixView& m : b->matrices) {
       Optimizer::Columns& cols = touched_[m.paramId];
       if (m.biasId >= 0) touched_[static_cast<size_t>(m.biasId)].all = true;
       if (cols.all) continue;
@@ -208,8 +208,9 @@ void ReplicaUpdater::noteTouched(std::span<const SvBatch* const> batches) {
         continue;
       }
       std::vector<char>& mask = touchedMask_[m.paramId];
-      for (Eigen::Index k = 0; k < m.vSparse.outerSize(); ++k) {
-        for (SparseMatrix::InnerIterator it(m.vSparse, k); it; ++it) {
+      const Eigen::Map<const SparseMatrix> v = m.vSparseMap();
+      for (Eigen::Index k = 0; k < v.outerSize(); ++k) {
+        for (Eigen::Map<const SparseMatrix>::InnerIterator it(v, k); it; ++it) {
           if (mask[static_cast<size_t>(it.row())] == 0) {
             mask[static_cast<size_t>(it.row())] = 1;
             cols.list.push_back(it.row());
@@ -248,12 +249,21 @@ float ReplicaUpdater::coefficientScale(uint64_t clock, double heard) const {
 }
 
 void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatch* const> batches, ParamSet& params) {
+  std::vector<SvBatchView> views;
+  views.reserve(batches.size());
+  for (const SvBatch* b : batches) views.push_back(viewOf(*b));
+  std::vector<const SvBatchView*> pointers;
+  for (const SvBatchView& v : views) pointers.push_back(&v);
+  applyGroup(clock, pointers, params);
+}
+
+void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params) {
   if (optimizer_.settings().foldsLearningRate()) {
-    model_.computeUpdate(batches, params);
+    model_.computeUpdate(batches, params, rebuild_);
     return;
   }
   if (pendingClock_ != 0 && pendingClock_ != clock) finishClock(params);
-  model_.computeUpdate(batches, gradient_);
+  model_.computeUpdate(batches, gradient_, rebuild_);
   if (!touched_.empty()) noteTouched(batches);
   pendingClock_ = clock;
 }

@@ -147,6 +147,7 @@ class ReplicaUpdater {
   float coefficientScale(uint64_t clock, double heard) const;
 
   // A group of batches applied together at local clock `clock`.
+  void applyGroup(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params);
   void applyGroup(uint64_t clock, std::span<const SvBatch* const> batches, ParamSet& params);
   // --sync dense: the clock's summed gradient, times `scale` (coefficientScale()), one step.
   void applyDense(uint64_t clock, ParamSet& gradient, float scale, ParamSet& params);
@@ -162,12 +163,13 @@ class ReplicaUpdater {
   const Optimizer& optimizer() const { return optimizer_; }
 
  private:
-  void noteTouched(std::span<const SvBatch* const> batches);
+  void noteTouched(std::span<const SvBatchView* const> batches);
   void clearGradient();
 
   const ops::Model& model_;
   Optimizer optimizer_;
   ParamSet gradient_;  // empty when folding
+  ops::RebuildBuffers rebuild_;  // the rebuild's operands, reused every clock
   uint64_t pendingClock_ = 0;
   // stepsTouchedColumns(): the columns the pending clock's groups touched.
   std::vector<Optimizer::Columns> touched_;

@@ -208,12 +208,13 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   const std::shared_ptr<SvBatch> local = computeSvgs(clock, examples, stats);
   if (local == nullptr) return;  // the loss is not finite: runClock reports it
   // The C SVGs of S worth sending (all of S when selection is off).
-  const std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
-  const SvBatch& sent = selected ? *selected : *local;
+  std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
+  const std::shared_ptr<const SvBatch> sent =
+      selected ? std::make_shared<const SvBatch>(std::move(*selected)) : std::shared_ptr<const SvBatch>(local);
   notePhase(ClockPhase::kExchange, clock);
   // Send S to this clock's receivers and receive T, the SVG sets addressed here.
-  Group group = pointToPoint_ ? exchangeWithPeers(clock, local, sent, selected.has_value(), stats, metrics)
-                              : exchangeWithAll(clock, local, sent, stats);
+  Group group = pointToPoint_ ? exchangeWithPeers(clock, local, sent, stats, metrics)
+                              : exchangeWithAll(clock, local, *sent, stats);
   notePhase(ClockPhase::kRebuild, clock);
   // W += compute_update(s) for each s in S ∪ T, rebuilt together.
   rebuild(clock, group, stats);
@@ -228,19 +229,23 @@ void Worker::overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples
                                MetricsSink& metrics) {
   const auto start = Clock::now();
   const bool selects = knobs_.select > 0 && knobs_.select < examples.size();
-  exchange_->begin(clock, header(clock), updater_.coefficientScale(clock, heard_), start);
+  // The batch the backward pass builds is moved in here, arrays and all: the
+  // layers sent from inside the pass keep it alive until their sends complete.
+  auto local = std::make_shared<SvBatch>();
+  exchange_->begin(clock, header(clock), updater_.coefficientScale(clock, heard_), start, local);
   bool finite = true;
-  auto local = std::make_shared<SvBatch>(
-      model_.computeSvgStreamed(replica_, examples, &stats.loss, [&](size_t site, const SvMatrix& m) {
-        // Nothing leaves a rank whose loss is not finite: runClock reports it.
-        finite = finite && std::isfinite(stats.loss);
-        if (finite && !selects) exchange_->siteReady(site, m);
-      }));
+  *local = model_.computeSvgStreamed(replica_, examples, &stats.loss, [&](size_t site, const SvMatrix& m) {
+    // Nothing leaves a rank whose loss is not finite: runClock reports it.
+    finite = finite && std::isfinite(stats.loss);
+    if (finite && !selects) exchange_->siteReady(site, m);
+  });
   if (!std::isfinite(stats.loss)) return;
   ops::scaleCoefficients(*local, updater_.coefficientScale(clock, heard_));
   local->header = header(clock);
-  const std::optional<SvBatch> selected = selects ? selectToSend(clock, *local, stats) : std::nullopt;
-  if (selects) exchange_->sendAll(selected ? *selected : *local);
+  if (selects) {
+    std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
+    exchange_->sendAll(selected ? std::make_shared<const SvBatch>(std::move(*selected)) : local);
+  }
   exchange_->backwardDone();
   stats.computeSeconds = secondsSince(start) - exchange_->times().sendSeconds;
   notePhase(ClockPhase::kExchange, clock);
@@ -248,8 +253,8 @@ void Worker::overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples
   const auto t = Clock::now();
   double rebuildSeconds = 0.0;
   const auto remote = exchange_->finish(
-      *local, [&](std::span<const SvBatch* const> group) { updater_.applyGroup(clock, group, replica_); }, metrics,
-      rebuildSeconds);
+      *local, [&](std::span<const SvBatchView* const> group) { updater_.applyGroup(clock, group, replica_); },
+      metrics, rebuildSeconds, log_->keepsRecords());
   notePhase(ClockPhase::kRebuild, clock);
   const auto r = Clock::now();
   if (config_.consistency != Consistency::kSsp) updater_.finishClock(replica_);
@@ -266,7 +271,7 @@ void Worker::overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples
     if (rank == transport_.rank()) {
       records.push_back(ckpt::Record::of(local));
     } else {
-      records.push_back(log_->received(batch->header, ckpt::Record::of(batch)));
+      records.push_back(log_->received(batch.header, batch.whole ? ckpt::Record::of(batch.whole) : ckpt::Record{}));
     }
   }
   log_->appendGroup(clock, std::move(records));
@@ -299,49 +304,62 @@ std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local
 Worker::Group Worker::exchangeWithAll(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
                                       ClockStats& stats) {
   const auto t = Clock::now();
-  encoded_.clear();
-  encode(sent, encoded_);
-  const auto all = std::make_shared<const comm::Gathered>(transport_.allgatherv(encoded_, clock));
+  // Sent from where the batch lies: the record's header and the batch's arrays.
+  SvBatchPieces record = encodePieces(sent, /*scanValues=*/true);
+  record.seal();
+  const auto all =
+      std::make_shared<const comm::Gathered>(transport_.allgatherv(comm::Pieces{record.pieces, nullptr}, clock));
   Group group;
   SvBatchExpectation expect;
   expect.clock = static_cast<int64_t>(clock);
   expect.paramShapes = model_.paramShapes();
-  group.remote.reserve(all->count());
-  for (size_t r = 0; r < all->count(); ++r) {
-    if (static_cast<int>(r) == transport_.rank()) continue;
-    expect.sender = static_cast<int64_t>(r);
-    group.remote.push_back(decode(all->part(r), expect));
+  // The own batch as it is, the others' as they arrived (decoded, so checked, and
+  // read where they are in the gathered buffer).
+  for (int r = 0; r < transport_.size(); ++r) {
+    if (r == transport_.rank()) {
+      group.add(viewOf(local), ckpt::Record::of(local));
+      continue;
+    }
+    expect.sender = r;
+    const std::span<const std::byte> part = all->part(static_cast<size_t>(r));
+    SvBatchView batch = decodeView(all, part, expect);
+    const SvBatchHeader header = batch.header;
+    group.add(std::move(batch), log_->received(header, ckpt::Record::part(all, part, true)));
   }
   stats.commSeconds = secondsSince(t);
-  // The own batch as it is, the others' as they arrived (decoded, so checked).
-  for (int r = 0, next = 0; r < transport_.size(); ++r) {
-    if (r == transport_.rank()) {
-      group.add(local.get(), ckpt::Record::of(local));
-    } else {
-      const SvBatch& batch = group.remote[static_cast<size_t>(next++)];
-      group.add(&batch, log_->received(batch.header, ckpt::Record::part(all, all->part(static_cast<size_t>(r)), true)));
-    }
-  }
   return group;
 }
 
 // Multicast: S to this clock's receivers of the schedule. Under SSP T is applied
 // as it arrives, so the group is the own batch; under BSP it is every batch of
 // this clock, waited for, in rank order.
-Worker::Group Worker::exchangeWithPeers(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
-                                        bool selected, ClockStats& stats, MetricsSink& metrics) {
+Worker::Group Worker::exchangeWithPeers(uint64_t clock, const std::shared_ptr<SvBatch>& local,
+                                        const std::shared_ptr<const SvBatch>& sent, ClockStats& stats,
+                                        MetricsSink& metrics) {
   auto t = Clock::now();
-  auto bytes = std::make_shared<std::vector<std::byte>>();
-  encode(sent, *bytes);
-  for (int peer : schedule_.receivers(clock, transport_.rank())) transport_.sendAsync(peer, bytes);
+  // Sent from where the batch lies (the local batch, or the selected one), which
+  // the sends keep alive until they complete.
+  {
+    auto record = std::make_shared<SvBatchPieces>(encodePieces(*sent, /*scanValues=*/true));
+    record->seal();
+    struct Owner {
+      std::shared_ptr<const SvBatchPieces> record;
+      std::shared_ptr<const SvBatch> batch;
+    };
+    auto pieces = std::make_shared<comm::Pieces>();
+    pieces->pieces = record->pieces;
+    pieces->owner = std::make_shared<const Owner>(Owner{std::move(record), sent});
+    for (int peer : schedule_.receivers(clock, transport_.rank())) {
+      transport_.sendAsync(peer, comm::SharedPieces(pieces));
+    }
+  }
   receive(clock, metrics);
   stats.commSeconds = secondsSince(t);
-  // The log keeps the whole batch the replica applies: the bytes sent when they
-  // are that, else the batch itself (encoded by the log's IO thread).
-  ckpt::Record own = selected ? ckpt::Record::of(local) : ckpt::Record::encoded(bytes, true);
+  // The log keeps the whole batch the replica applies (encoded by the log's IO thread).
+  ckpt::Record own = ckpt::Record::of(local);
   Group group;
   if (config_.consistency == Consistency::kSsp) {
-    group.add(local.get(), std::move(own));
+    group.add(viewOf(local), std::move(own));
     return group;
   }
   stats.waitSeconds += waitComplete(clock, clock, metrics);
@@ -349,18 +367,21 @@ Worker::Group Worker::exchangeWithPeers(uint64_t clock, const std::shared_ptr<Sv
   bool ownAdded = false;
   for (auto& [sender, r] : group.received) {
     if (!ownAdded && sender > transport_.rank()) {
-      group.add(local.get(), own);
+      group.add(viewOf(local), own);
       ownAdded = true;
     }
-    group.add(&r.batch, log_->received(r.batch.header, r.record()));
+    group.add(r.batch, log_->received(r.batch.header, r.record()));
   }
-  if (!ownAdded) group.add(local.get(), std::move(own));
+  if (!ownAdded) group.add(viewOf(local), std::move(own));
   return group;
 }
 
 void Worker::rebuild(uint64_t clock, const Group& group, ClockStats& stats) {
   const auto t = Clock::now();
-  updater_.applyGroup(clock, group.batches, replica_);
+  std::vector<const SvBatchView*> batches;
+  batches.reserve(group.batches.size());
+  for (const SvBatchView& b : group.batches) batches.push_back(&b);
+  updater_.applyGroup(clock, batches, replica_);
   // Under BSP this group is all the clock applies: its step is taken now. Under
   // SSP batches of this local clock may still come (the coordinator's barrier,
   // the final drain); the step waits for them (ReplicaUpdater).
@@ -420,7 +441,7 @@ double Worker::waitComplete(uint64_t through, uint64_t clock, MetricsSink& metri
 // local clock `clock`.
 void Worker::applyReady(uint64_t clock) {
   for (ReceivedBatch& r : inbox_.takeReady()) {
-    const SvBatch* one[] = {&r.batch};
+    const SvBatchView* one[] = {&r.batch};
     updater_.applyGroup(clock, one, replica_);
     log_->appendGroup(clock, {log_->received(r.batch.header, r.record())});
   }

@@ -151,13 +151,14 @@ class Worker {
 
  private:
   // The batches a clock applies together, in rank order, with their records for the log.
+  // Batches are views: the own batch where it lies, the others' in the buffers
+  // they arrived in (kept alive by the views).
   struct Group {
-    std::vector<const SvBatch*> batches;
+    std::vector<SvBatchView> batches;
     std::vector<ckpt::Record> records;
-    std::vector<SvBatch> remote;               // T, decoded (broadcast)
     std::map<int, ReceivedBatch> received;     // T, as it arrived (point to point, BSP)
-    void add(const SvBatch* batch, ckpt::Record record) {
-      batches.push_back(batch);
+    void add(SvBatchView batch, ckpt::Record record) {
+      batches.push_back(std::move(batch));
       records.push_back(std::move(record));
     }
   };
@@ -182,8 +183,8 @@ class Worker {
   std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) const;
   Group exchangeWithAll(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
                         ClockStats& stats);
-  Group exchangeWithPeers(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
-                          bool selected, ClockStats& stats, MetricsSink& metrics);
+  Group exchangeWithPeers(uint64_t clock, const std::shared_ptr<SvBatch>& local,
+                          const std::shared_ptr<const SvBatch>& sent, ClockStats& stats, MetricsSink& metrics);
   void rebuild(uint64_t clock, const Group& group, ClockStats& stats);
   // --overlap on: each layer's SVs sent from inside the backward pass, each
   // layer rebuilt as it arrives (engine/exchange.h).
@@ -217,7 +218,6 @@ class Worker {
   int replicaId_ = 0;
   uint32_t epoch_ = 0;
   uint64_t clock_ = 0;
-  std::vector<std::byte> encoded_;  // reused send buffer (broadcast path)
   bool pointToPoint_;
   comm::MulticastSchedule schedule_;
   // C, Q, s and R as they are now: read here, never from config_ (engine/adapt/knobs.h).

@@ -57,6 +57,7 @@ GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse, Backend* backend)
   }
   values_.resize(n);
   grads_.resize(n);
+  live_.assign(n, 0);
   tokenSparse_.resize(n);
   tokenDense_.assign(n, false);
   hoistedAt_.assign(n, -1);
@@ -146,7 +147,7 @@ void GraphExecutor<S>::prepareSequence(const GraphInputs<S>& in) {
       m.insert(id, j) = S(1);
     }
     m.makeCompressed();
-    if (tokenDense_[i]) values_[i] = Mat<S>(m);
+    if (tokenDense_[i]) values_[i] = m;
   }
   const auto& states = graph_.states();
   ORPHEUS_ENFORCE(in.states == nullptr || in.states->size() == states.size(), "the graph has {} states, got {}",
@@ -160,7 +161,7 @@ void GraphExecutor<S>::prepareSequence(const GraphInputs<S>& in) {
                       given.rows(), given.cols(), n.rows, b);
       v = given;
     } else {
-      v = Mat<S>::Zero(n.rows, b);
+      v.setZero(n.rows, b);
     }
   }
 }
@@ -287,29 +288,31 @@ void GraphExecutor<S>::runChain(const ChainPlan& plan, const std::vector<const M
                                 const std::vector<Mat<S>*>& values, const Mat<S>* upstream,
                                 const std::vector<Mat<S>*>& inputGrads) {
   if constexpr (std::is_same_v<S, float>) {
-    std::vector<Tensor> in;
-    std::vector<Tensor> val;
-    std::vector<Tensor> grad;
-    in.reserve(inputs.size());
-    val.reserve(values.size());
-    grad.reserve(inputGrads.size());
-    for (const Mat<S>* m : inputs) in.push_back(cpu::view(*m));
-    for (Mat<S>* m : values) val.push_back(cpu::view(*m));
-    std::vector<const Tensor*> inPtr;
-    std::vector<Tensor*> valPtr;
-    for (const Tensor& t : in) inPtr.push_back(&t);
-    for (Tensor& t : val) valPtr.push_back(&t);
+    ChainArgs& a = chainArgs_;
+    a.in.clear();
+    a.val.clear();
+    a.grad.clear();
+    a.inPtr.clear();
+    a.valPtr.clear();
+    a.valConst.clear();
+    a.gradPtr.clear();
+    a.in.reserve(inputs.size());
+    a.val.reserve(values.size());
+    a.grad.reserve(inputGrads.size());  // pointers into these stay valid
+    for (const Mat<S>* m : inputs) a.in.push_back(cpu::view(*m));
+    for (Mat<S>* m : values) a.val.push_back(cpu::view(*m));
+    for (const Tensor& t : a.in) a.inPtr.push_back(&t);
+    for (Tensor& t : a.val) a.valPtr.push_back(&t);
     if (!upstream) {
-      backend_->elementwise(plan.chain, inPtr, valPtr);
+      backend_->elementwise(plan.chain, a.inPtr, a.valPtr);
       return;
     }
-    std::vector<Tensor*> gradPtr;
     for (Mat<S>* m : inputGrads) {
-      grad.push_back(m ? cpu::view(*m) : Tensor());
-      gradPtr.push_back(m ? &grad.back() : nullptr);
+      a.grad.push_back(m ? cpu::view(*m) : Tensor());
+      a.gradPtr.push_back(m ? &a.grad.back() : nullptr);
     }
-    const std::vector<const Tensor*> valConst(valPtr.begin(), valPtr.end());
-    backend_->elementwiseBackward(plan.chain, inPtr, valConst, cpu::view(*upstream), gradPtr);
+    a.valConst.assign(a.valPtr.begin(), a.valPtr.end());
+    backend_->elementwiseBackward(plan.chain, a.inPtr, a.valConst, cpu::view(*upstream), a.gradPtr);
   } else {
     const Mat<S>& shape = upstream ? *upstream : *values.back();
     cpu::ChainBuffers<S> b;
@@ -336,7 +339,7 @@ void GraphExecutor<S>::forwardFused(const FusedStep& step, const std::vector<con
   if (step.kind == FusedStep::Kind::kSoftmaxCrossEntropy) {
     for (int id : step.nodes) {
       const Node& n = graph_.node(id);
-      values_[static_cast<size_t>(id)] = ops::forward<S>(n.op, operands(n, params, in));
+      ops::forwardInto<S>(n.op, operands(n, params, in), values_[static_cast<size_t>(id)]);
     }
     return;
   }
@@ -355,14 +358,17 @@ void GraphExecutor<S>::forwardFused(const FusedStep& step, const std::vector<con
   const ChainPlan& plan = chains_[static_cast<size_t>(stepEnding_[static_cast<size_t>(step.nodes.back())])];
   const int64_t rows = graph_.node(step.nodes.back()).rows;
   const int64_t cols = in.batch();
-  std::vector<const Mat<S>*> inputs;
+  std::vector<const Mat<S>*>& inputs = stepInputs_;
+  inputs.clear();
   for (int id : plan.inputNodes) inputs.push_back(operandValue(id, params, in));
-  std::vector<Mat<S>*> values;
+  std::vector<Mat<S>*>& values = stepValues_;
+  values.clear();
   for (int id : step.nodes) {
     values_[static_cast<size_t>(id)].resize(rows, cols);
     values.push_back(&values_[static_cast<size_t>(id)]);
   }
-  runChain(plan, inputs, values, nullptr, {});
+  stepGrads_.clear();
+  runChain(plan, inputs, values, nullptr, stepGrads_);
 }
 
 template <typename S>
@@ -404,7 +410,7 @@ void GraphExecutor<S>::runNode(const Node& n, const std::vector<const Mat<S>*>& 
     return;
   }
   if (inStep_[static_cast<size_t>(n.id)]) return;
-  values_[static_cast<size_t>(n.id)] = ops::forward<S>(n.op, operands(n, params, in));
+  ops::forwardInto<S>(n.op, operands(n, params, in), values_[static_cast<size_t>(n.id)]);
 }
 
 // Every node independent of the carried states, then each hoisted product's input
@@ -418,7 +424,8 @@ void GraphExecutor<S>::forwardHoisted(const std::vector<const Mat<S>*>& params, 
     const Mat<S>& first = values_[static_cast<size_t>(h.inputs[0])];
     const Eigen::Index rows = first.rows();
     const Eigen::Index b = first.cols();
-    Mat<S> all(rows, b * static_cast<Eigen::Index>(h.inputs.size()));
+    Mat<S>& all = h.allInputs;
+    all.resize(rows, b * static_cast<Eigen::Index>(h.inputs.size()));
     for (size_t t = 0; t < h.inputs.size(); ++t) {
       all.middleCols(static_cast<Eigen::Index>(t) * b, b) = values_[static_cast<size_t>(h.inputs[t])];
     }
@@ -431,11 +438,24 @@ void GraphExecutor<S>::forwardHoisted(const std::vector<const Mat<S>*>& params, 
 template <typename S>
 void GraphExecutor<S>::accumulate(int id, const Mat<S>& g) {
   Mat<S>& target = grads_[static_cast<size_t>(id)];
-  if (target.size() == 0) {
-    target = g;
+  char& live = live_[static_cast<size_t>(id)];
+  if (!live) {
+    target = g;  // into the buffer's memory when the shape is the last clock's
+    live = 1;
   } else {
     target += g;
   }
+}
+
+template <typename S>
+Mat<S>& GraphExecutor<S>::zeroedGrad(int id, int64_t rows, int64_t cols) {
+  Mat<S>& g = grads_[static_cast<size_t>(id)];
+  char& live = live_[static_cast<size_t>(id)];
+  if (!live) {
+    g.setZero(rows, cols);
+    live = 1;
+  }
+  return g;
 }
 
 template <typename S>
@@ -465,8 +485,8 @@ LstmCellBuffers<S> GraphExecutor<S>::lstmBuffers(const LstmCellRoles& roles, con
 template <typename S>
 void GraphExecutor<S>::backwardLstmCell(const LstmCellRoles& roles, const std::vector<const Mat<S>*>& params,
                                         const GraphInputs<S>& in) {
-  const Mat<S>& dHidden = grads_[static_cast<size_t>(roles.hidden)];
-  const Mat<S>& dCell = grads_[static_cast<size_t>(roles.cell)];
+  const Mat<S>& dHidden = grad(roles.hidden);
+  const Mat<S>& dCell = grad(roles.cell);
   if (dHidden.size() == 0 && dCell.size() == 0) return;
   LstmCellBuffers<S> b = lstmBuffers(roles, params, in);
   for (int k = 0; k < 4; ++k) b.act[k] = values_[static_cast<size_t>(roles.act[k])].data();
@@ -474,9 +494,7 @@ void GraphExecutor<S>::backwardLstmCell(const LstmCellRoles& roles, const std::v
   // Operands outside the step that need gradients get zero-initialised buffers.
   const auto gradOf = [&](int node) -> S* {
     if (!needsGrad_[static_cast<size_t>(node)]) return nullptr;
-    Mat<S>& g = grads_[static_cast<size_t>(node)];
-    if (g.size() == 0) g = Mat<S>::Zero(graph_.node(node).rows, b.cols);
-    return g.data();
+    return zeroedGrad(node, graph_.node(node).rows, b.cols).data();
   };
   S* dGates = gradOf(roles.gates);
   if (dGates == nullptr) return;
@@ -492,7 +510,7 @@ void GraphExecutor<S>::backwardFused(const FusedStep& step, const std::vector<co
     return;
   }
   const int last = step.nodes.back();
-  const Mat<S>& upstream = grads_[static_cast<size_t>(last)];
+  const Mat<S>& upstream = grad(last);
   if (upstream.size() == 0) return;
   if (step.kind == FusedStep::Kind::kSoftmaxCrossEntropy) {
     // d/dz [-sum_i t_i log softmax(z)_i] = softmax(z) * sum(t) - t, scaled per column.
@@ -504,14 +522,16 @@ void GraphExecutor<S>::backwardFused(const FusedStep& step, const std::vector<co
     const Mat<S>& t = *operandValue(ce.inputs[1], params, in);
     const Eigen::Array<S, 1, Eigen::Dynamic> g = upstream.row(0).array();
     const Eigen::Array<S, 1, Eigen::Dynamic> mass = t.colwise().sum().array() * g;
-    Mat<S> dz = (p.array().rowwise() * mass - t.array().rowwise() * g).matrix();
-    accumulate(z, dz);
+    scratch_ = (p.array().rowwise() * mass - t.array().rowwise() * g).matrix();
+    accumulate(z, scratch_);
     return;
   }
   const int64_t cols = upstream.cols();
   const ChainPlan& plan = chains_[static_cast<size_t>(stepEnding_[static_cast<size_t>(last)])];
-  std::vector<const Mat<S>*> inputs;
-  std::vector<Mat<S>*> inputGrads;
+  std::vector<const Mat<S>*>& inputs = stepInputs_;
+  std::vector<Mat<S>*>& inputGrads = stepGrads_;
+  inputs.clear();
+  inputGrads.clear();
   for (int operand : plan.inputNodes) {
     inputs.push_back(operandValue(operand, params, in));
     if (!needsGrad_[static_cast<size_t>(operand)]) {
@@ -519,11 +539,10 @@ void GraphExecutor<S>::backwardFused(const FusedStep& step, const std::vector<co
       continue;
     }
     // Operands outside the chain that need gradients get zero-initialised buffers.
-    Mat<S>& g = grads_[static_cast<size_t>(operand)];
-    if (g.size() == 0) g = Mat<S>::Zero(graph_.node(operand).rows, cols);
-    inputGrads.push_back(&g);
+    inputGrads.push_back(&zeroedGrad(operand, graph_.node(operand).rows, cols));
   }
-  std::vector<Mat<S>*> values;
+  std::vector<Mat<S>*>& values = stepValues_;
+  values.clear();
   for (int id : step.nodes) values.push_back(&values_[static_cast<size_t>(id)]);
   runChain(plan, inputs, values, &upstream, inputGrads);
 }
@@ -531,12 +550,14 @@ void GraphExecutor<S>::backwardFused(const FusedStep& step, const std::vector<co
 template <typename S>
 void GraphExecutor<S>::backward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in,
                                 const SiteReadyFn& siteReady) {
-  for (auto& g : grads_) g.resize(0, 0);
+  std::fill(live_.begin(), live_.end(), 0);
   const int loss = graph_.loss();
-  grads_[static_cast<size_t>(loss)] = Mat<S>::Ones(1, in.batch());
+  grads_[static_cast<size_t>(loss)].setOnes(1, in.batch());
+  live_[static_cast<size_t>(loss)] = 1;
   // Sites by decreasing matvec node: a product's readers all have larger ids, so
   // its gradient is final when the loop reaches it.
-  std::vector<std::pair<int, size_t>> pending;
+  std::vector<std::pair<int, size_t>>& pending = pendingSites_;
+  pending.clear();
   if (siteReady) {
     for (size_t i = 0; i < sites_.size(); ++i) pending.emplace_back(sites_[i].matvecNode, i);
     std::sort(pending.begin(), pending.end(), [](const auto& a, const auto& b) {
@@ -555,16 +576,23 @@ void GraphExecutor<S>::backward(const std::vector<const Mat<S>*>& params, const 
       backwardFused(plan_[static_cast<size_t>(s)], params, in);
       continue;
     }
-    if (grads_[static_cast<size_t>(id)].size() == 0) continue;
+    if (!live_[static_cast<size_t>(id)]) continue;
     if (inStep_[static_cast<size_t>(id)]) continue;  // handled with its step
     const Operands<S> operandsOfNode = operands(n, params, in);
     for (size_t o = 0; o < n.inputs.size(); ++o) {
       const int operand = n.inputs[o];
       if (!needsGrad_[static_cast<size_t>(operand)]) continue;
       if (n.op == OpKind::kMatVec && o == 0) continue;  // the matrix: its SVs are (grad, v)
-      Mat<S> g = ops::backward<S>(n.op, static_cast<int>(o), operandsOfNode, values_[static_cast<size_t>(id)],
-                             grads_[static_cast<size_t>(id)]);
-      accumulate(operand, g);
+      // The first term straight into the operand's buffer, later ones through scratch_.
+      const bool first = !live_[static_cast<size_t>(operand)];
+      Mat<S>& dst = first ? grads_[static_cast<size_t>(operand)] : scratch_;
+      ops::backwardInto<S>(n.op, static_cast<int>(o), operandsOfNode, values_[static_cast<size_t>(id)],
+                           grads_[static_cast<size_t>(id)], dst);
+      if (first) {
+        live_[static_cast<size_t>(operand)] = 1;
+      } else {
+        grads_[static_cast<size_t>(operand)] += scratch_;
+      }
     }
   }
   for (; next != pending.end(); ++next) siteReady(next->second);
@@ -580,7 +608,7 @@ void GraphExecutor<S>::optimizeLocals(const std::vector<const Mat<S>*>& params, 
     backward(params, in);
     for (size_t k = 0; k < locals.size(); ++k) {
       const Node& n = graph_.node(locals[k]);
-      const Mat<S>& g = grads_[static_cast<size_t>(n.id)];
+      const Mat<S>& g = grad(n.id);
       if (s < n.innerSteps && g.size() > 0) (*in.locals)[k] -= static_cast<S>(n.innerLr) * g;
     }
   }
@@ -592,7 +620,7 @@ std::vector<Mat<S>> GraphExecutor<S>::paramGradients(const std::vector<const Mat
   std::vector<Mat<S>> grads;
   for (const Mat<S>* p : params) grads.push_back(Mat<S>::Zero(p->rows(), p->cols()));
   for (const SvSite& site : sites_) {
-    const Mat<S>& u = grads_[static_cast<size_t>(site.matvecNode)];
+    const Mat<S>& u = grad(site.matvecNode);
     if (u.size() == 0) continue;
     const Node& v = graph_.node(site.vectorNode);
     if (v.kind == NodeKind::kToken) {

@@ -67,7 +67,9 @@ class GraphExecutor {
 
   const Mat<S>& value(int node) const;
   // Empty when the loss does not depend on the node.
-  const Mat<S>& grad(int node) const { return grads_[static_cast<size_t>(node)]; }
+  const Mat<S>& grad(int node) const {
+    return live_[static_cast<size_t>(node)] ? grads_[static_cast<size_t>(node)] : none_;
+  }
   const std::vector<SvSite>& sites() const { return sites_; }
   const std::vector<FusedStep>& plan() const { return plan_; }
   // Matrices whose input part runs as one GEMM over all steps.
@@ -83,6 +85,8 @@ class GraphExecutor {
   const Mat<S>* operandValue(int id, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   Operands<S> operands(const Node& n, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void accumulate(int id, const Mat<S>& g);
+  // The node's gradient buffer, zeros of rows x cols unless it is live already.
+  Mat<S>& zeroedGrad(int id, int64_t rows, int64_t cols);
   void prepareSequence(const GraphInputs<S>& in);
   void planHoisting();
   void runNode(const Node& n, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
@@ -114,14 +118,31 @@ class GraphExecutor {
   std::vector<int> stepEnding_;    // per node: index of the fused step it ends, or -1
   std::vector<bool> inStep_;
   std::vector<bool> needsGrad_;
+  // Values and gradients keep their memory from one minibatch to the next (same
+  // shapes, no allocation); live_ says which gradients the current backward pass has.
   std::vector<Mat<S>> values_;
   std::vector<Mat<S>> grads_;
+  std::vector<char> live_;
+  const Mat<S> none_;
+  Mat<S> scratch_;  // a gradient term added to one that is live
+  // runChain's operand lists, kept so a clock allocates none.
+  struct ChainArgs {
+    std::vector<Tensor> in, val, grad;
+    std::vector<const Tensor*> inPtr, valConst;
+    std::vector<Tensor*> valPtr, gradPtr;
+  };
+  ChainArgs chainArgs_;
+  std::vector<const Mat<S>*> stepInputs_;
+  std::vector<Mat<S>*> stepValues_;
+  std::vector<Mat<S>*> stepGrads_;
+  std::vector<std::pair<int, size_t>> pendingSites_;
   // W * concat(a_t, b_t) at every step: the products, their a_t, and the input
   // part of all steps, W[:, :rows(a)] * [a_0 ... a_{T-1}].
   struct HoistedProduct {
     int param = 0;  // index among parameters
     std::vector<int> products;
     std::vector<int> inputs;
+    Mat<S> allInputs;  // [a_0 ... a_{T-1}]
     Mat<S> inputPart;
   };
   std::vector<HoistedProduct> hoisted_;

@@ -4,8 +4,18 @@
 
 namespace orpheus::ops {
 
+void Model::computeUpdate(std::span<const SvBatchView* const> batches, ParamSet& w, RebuildBuffers& buffers) const {
+  applySvBatches(batches, w, buffers);
+}
+
 void Model::computeUpdate(std::span<const SvBatch* const> batches, ParamSet& w) const {
-  applySvBatches(batches, w);
+  std::vector<SvBatchView> views;
+  views.reserve(batches.size());
+  std::vector<const SvBatchView*> pointers;
+  for (const SvBatch* b : batches) views.push_back(viewOf(*b));
+  for (const SvBatchView& v : views) pointers.push_back(&v);
+  RebuildBuffers buffers;
+  computeUpdate(pointers, w, buffers);
 }
 
 SvBatch Model::computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,

@@ -6,6 +6,7 @@
 
 #include "engine/base/params.h"
 #include "engine/base/sv_batch.h"
+#include "ops/rebuild.h"
 
 #include <cstdint>
 #include <functional>
@@ -75,9 +76,13 @@ class Model {
   virtual SvBatch computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
                                      const SvReadyFn& ready) const;
 
-  // compute_update for a set of SV batches applied together: W += U diag(c) V^T.
-  // The default rebuilds every matrix with one GEMM over all batches' columns.
-  virtual void computeUpdate(std::span<const SvBatch* const> batches, ParamSet& w) const;
+  // compute_update for a set of SV batches applied together: W += U diag(c) V^T,
+  // on views of the batches (a received batch where it arrived). The default
+  // rebuilds every matrix with one GEMM over all batches' columns, in `buffers`.
+  virtual void computeUpdate(std::span<const SvBatchView* const> batches, ParamSet& w,
+                             RebuildBuffers& buffers) const;
+  // The same on whole batches.
+  void computeUpdate(std::span<const SvBatch* const> batches, ParamSet& w) const;
 
   // Dense gradient of the summed per-example loss (the baseline's message), shaped
   // like the parameters. The default rebuilds it from the batch's own SVGs.

@@ -478,6 +478,55 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
   throw Error(fmt::format("unknown operator kind {}", static_cast<int>(op)));
 }
 
+template <typename S>
+void forwardInto(OpKind op, const Operands<S>& in, Mat<S>& out) {
+  if (op != OpKind::kMatVec) {
+    const Mat<S> result = forward(op, in);
+    out = result;  // copied: `out` keeps its memory
+    return;
+  }
+  // As forward's kMatVec, into the caller's buffer.
+  const Checked<S> c = check(op, in);
+  out.resize(c.out.rows, c.out.cols);
+  if (c.b) {
+    out.noalias() = *c.a * *c.b;
+  } else {
+    out.noalias() = *c.a * *c.bSparse;
+  }
+}
+
+template <typename S>
+void backwardInto(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, const Mat<S>& grad, Mat<S>& dst) {
+  if (op != OpKind::kMatVec) {
+    const Mat<S> result = backward(op, which, in, out, grad);
+    dst = result;  // copied: `dst` keeps its memory
+    return;
+  }
+  // As backward's kMatVec, into the caller's buffer.
+  const Checked<S> c = check(op, in);
+  ORPHEUS_ENFORCE(which >= 0 && which < arity(op), "{}: no operand {}", opName(op), which);
+  checkShape(op, "gradient", grad, c.out);
+  const Mat<S>& x = *c.a;
+  if (which == 0) {
+    dst.resize(x.rows(), x.cols());
+    if (c.b) {
+      dst.noalias() = grad * c.b->transpose();
+    } else {
+      dst.noalias() = grad * c.bSparse->transpose();
+    }
+    return;
+  }
+  ORPHEUS_ENFORCE(c.b != nullptr, "matvec: no gradient for sparse data");
+  dst.resize(x.cols(), grad.cols());
+  dst.noalias() = x.transpose() * grad;
+}
+
+template void forwardInto<float>(OpKind op, const Operands<float>& in, Mat<float>& out);
+template void forwardInto<double>(OpKind op, const Operands<double>& in, Mat<double>& out);
+template void backwardInto<float>(OpKind op, int which, const Operands<float>& in, const Mat<float>& out,
+                                  const Mat<float>& grad, Mat<float>& dst);
+template void backwardInto<double>(OpKind op, int which, const Operands<double>& in, const Mat<double>& out,
+                                   const Mat<double>& grad, Mat<double>& dst);
 template Mat<float> forward<float>(OpKind op, const Operands<float>& in);
 template Mat<double> forward<double>(OpKind op, const Operands<double>& in);
 template Mat<float> backward<float>(OpKind op, int which, const Operands<float>& in, const Mat<float>& out,

@@ -87,6 +87,11 @@ struct Operands {
 template <typename S>
 Mat<S> forward(OpKind op, const Operands<S>& in);
 
+// forward(op, in) written into `out`, whose memory is reused when it has the
+// output's shape already (a buffer kept across minibatches): bitwise the same values.
+template <typename S>
+void forwardInto(OpKind op, const Operands<S>& in, Mat<S>& out);
+
 // Vector-Jacobian product: given the upstream gradient `grad` (the output's shape)
 // and the forward output `out`, returns d(sum of grad . output)/d(operand `which`),
 // 0 for a/the first operand, 1 for b. The result has that operand's shape: an r x 1
@@ -95,5 +100,8 @@ Mat<S> forward(OpKind op, const Operands<S>& in);
 // zeros but for `grad` in the sliced rows; kConcat gives its operand's rows of `grad`.
 template <typename S>
 Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, const Mat<S>& grad);
+// backward(...) written into `dst`, reusing its memory as forwardInto does.
+template <typename S>
+void backwardInto(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, const Mat<S>& grad, Mat<S>& dst);
 
 }  // namespace orpheus::ops

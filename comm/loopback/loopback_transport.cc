@@ -9,15 +9,26 @@ LoopbackTransport::LoopbackTransport(std::shared_ptr<LoopbackHub> hub, int rank)
   ORPHEUS_ENFORCE(rank >= 0 && rank < hub_->size(), "rank {} outside a loopback job of {} ranks", rank, hub_->size());
 }
 
-Gathered LoopbackTransport::doAllgatherv(std::span<const std::byte> local, uint64_t clock) {
-  const Deposits all =
-      hub_->dataRounds().exchange(rank_, {local.begin(), local.end()}, timeout(), "allgatherv of SV batches", clock);
+namespace {
+
+Gathered concatenated(const Deposits& all) {
   Gathered out;
   out.offsets.push_back(0);
   for (const auto& part : *all) out.offsets.push_back(out.offsets.back() + part.size());
   out.data.reserve(out.offsets.back());
   for (const auto& part : *all) out.data.insert(out.data.end(), part.begin(), part.end());
   return out;
+}
+
+}  // namespace
+
+Gathered LoopbackTransport::doAllgatherv(std::span<const std::byte> local, uint64_t clock) {
+  return concatenated(
+      hub_->dataRounds().exchange(rank_, {local.begin(), local.end()}, timeout(), "allgatherv of SV batches", clock));
+}
+
+Gathered LoopbackTransport::doAllgathervPieces(const Pieces& local, uint64_t clock) {
+  return concatenated(hub_->dataRounds().exchange(rank_, local.joined(), timeout(), "allgatherv of SV batches", clock));
 }
 
 void LoopbackTransport::doAllreduceSum(std::span<float> chunk, uint64_t clock) {
@@ -45,6 +56,10 @@ void LoopbackTransport::doShiftRing(std::span<float> chunk, uint64_t clock) {
 
 void LoopbackTransport::doSendAsync(int peer, SharedBytes bytes) {
   hub_->dataMail().post(peer, Message{rank_, *bytes});
+}
+
+void LoopbackTransport::doSendPiecesAsync(int peer, SharedPieces pieces) {
+  hub_->dataMail().post(peer, Message{rank_, pieces->joined()});
 }
 
 std::optional<Message> LoopbackTransport::doTryReceive() { return hub_->dataMail().take(rank_); }

@@ -32,6 +32,9 @@ class LoopbackTransport final : public Transport {
   void doAllreduceSumIdentical(std::span<float> chunk, uint64_t clock) override;
   void doShiftRing(std::span<float> chunk, uint64_t clock) override;
   void doSendAsync(int peer, SharedBytes bytes) override;
+  // In-process delivery copies once, into the receiver's message, straight from the pieces.
+  void doSendPiecesAsync(int peer, SharedPieces pieces) override;
+  Gathered doAllgathervPieces(const Pieces& local, uint64_t clock) override;
   std::optional<Message> doTryReceive() override;
   void doFlushSends() override {}  // a post is delivered at once
 

@@ -49,6 +49,30 @@ std::optional<Message> receiveAny(MPI_Comm comm, int tag) {
   return m;
 }
 
+PiecesType::PiecesType(const Pieces& pieces) {
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> addresses;
+  size_t total = 0;
+  for (const auto& p : pieces.pieces) {
+    if (p.empty()) continue;
+    total += p.size();
+    ORPHEUS_ENFORCE(total <= INT32_MAX, "a message of more than {} bytes exceeds MPI's count limit", total);
+    MPI_Aint address = 0;
+    ORPHEUS_MPI_CHECK(MPI_Get_address(p.data(), &address));
+    lengths.push_back(static_cast<int>(p.size()));
+    addresses.push_back(address);
+  }
+  ORPHEUS_MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), addresses.data(),
+                                             MPI_BYTE, &type_));
+  ORPHEUS_MPI_CHECK(MPI_Type_commit(&type_));
+}
+
+PiecesType::~PiecesType() { release(); }
+
+void PiecesType::release() {
+  if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+}
+
 SendQueue::~SendQueue() {
   for (auto& s : pending_) {
     MPI_Cancel(&s.request);
@@ -59,9 +83,17 @@ SendQueue::~SendQueue() {
 void SendQueue::post(int peer, SharedBytes bytes) {
   ORPHEUS_ENFORCE(bytes->size() <= INT32_MAX, "a message of {} bytes exceeds MPI's count limit", bytes->size());
   reap();
-  Pending s{MPI_REQUEST_NULL, peer, std::move(bytes)};
+  Pending s{MPI_REQUEST_NULL, peer, std::move(bytes), nullptr};
   ORPHEUS_MPI_CHECK(
       MPI_Isend(s.bytes->data(), static_cast<int>(s.bytes->size()), MPI_BYTE, peer, tag_, comm_, &s.request));
+  pending_.push_back(std::move(s));
+}
+
+void SendQueue::post(int peer, SharedPieces pieces) {
+  const PiecesType type(*pieces);
+  reap();
+  Pending s{MPI_REQUEST_NULL, peer, nullptr, std::move(pieces)};
+  ORPHEUS_MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, type.get(), peer, tag_, comm_, &s.request));
   pending_.push_back(std::move(s));
 }
 

@@ -26,6 +26,24 @@ void waitFor(MPI_Request& request, std::chrono::milliseconds timeout, const std:
 // A message on `tag` from any source, if one has arrived (matched and received at once).
 std::optional<Message> receiveAny(MPI_Comm comm, int tag);
 
+// An MPI datatype that lays out `pieces` at their absolute addresses: a buffer of
+// MPI_BOTTOM and a count of 1 moves the pieces, back to back, as one message of
+// MPI_BYTEs (what the receiver sees), without gathering them first. The type may
+// be freed once the call that uses it has started; MPI keeps it for that call.
+class PiecesType {
+ public:
+  explicit PiecesType(const Pieces& pieces);
+  ~PiecesType();
+  PiecesType(const PiecesType&) = delete;
+  PiecesType& operator=(const PiecesType&) = delete;
+  MPI_Datatype get() const { return type_; }
+  // Frees the type (when the last call that uses it has started).
+  void release();
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
 // Nonblocking sends in flight on one communicator and tag, each keeping its bytes alive.
 class SendQueue {
  public:
@@ -36,6 +54,8 @@ class SendQueue {
   ~SendQueue();
 
   void post(int peer, SharedBytes bytes);
+  // One message of the pieces, sent from where they lie (PiecesType).
+  void post(int peer, SharedPieces pieces);
   // Completes finished sends and releases their buffers.
   void reap();
   // Waits for every send; TimeoutError "rank R: <what>: N sends to rank(s) ... did not complete".
@@ -46,6 +66,7 @@ class SendQueue {
     MPI_Request request;
     int peer;
     SharedBytes bytes;
+    SharedPieces pieces;
   };
   MPI_Comm comm_;
   int tag_;

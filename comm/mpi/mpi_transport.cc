@@ -46,9 +46,20 @@ void MpiTransport::wait(MPI_Request& request, const char* what, uint64_t clock, 
 }
 
 Gathered MpiTransport::doAllgatherv(std::span<const std::byte> local, uint64_t clock) {
+  ORPHEUS_ENFORCE(local.size() <= INT32_MAX, "record of rank {} has {} bytes (limit 2 GiB)", rank_, local.size());
+  return gatherRecords(local.data(), static_cast<int>(local.size()), MPI_BYTE, local.size(), clock);
+}
+
+Gathered MpiTransport::doAllgathervPieces(const Pieces& local, uint64_t clock) {
+  PiecesType type(local);
+  Gathered out = gatherRecords(MPI_BOTTOM, 1, type.get(), local.size(), clock);
+  return out;
+}
+
+Gathered MpiTransport::gatherRecords(const void* buffer, int count, MPI_Datatype type, size_t bytes, uint64_t clock) {
   Scratch& s = *scratch_;
   const auto p = static_cast<size_t>(size_);
-  s.localSize = static_cast<long long>(local.size());
+  s.localSize = static_cast<long long>(bytes);
   s.sizes.assign(p, 0);
   MPI_Request req;
   ORPHEUS_MPI_CHECK(MPI_Iallgather(&s.localSize, 1, MPI_LONG_LONG, s.sizes.data(), 1, MPI_LONG_LONG, comm_, &req));
@@ -68,8 +79,8 @@ Gathered MpiTransport::doAllgatherv(std::span<const std::byte> local, uint64_t c
                   out.offsets.back());
   for (size_t r = 0; r < p; ++r) s.displs[r] = static_cast<int>(out.offsets[r]);
   s.records.resize(out.offsets.back());
-  ORPHEUS_MPI_CHECK(MPI_Iallgatherv(local.data(), static_cast<int>(local.size()), MPI_BYTE, s.records.data(),
-                                    s.counts.data(), s.displs.data(), MPI_BYTE, comm_, &req));
+  ORPHEUS_MPI_CHECK(MPI_Iallgatherv(buffer, count, type, s.records.data(), s.counts.data(), s.displs.data(), MPI_BYTE,
+                                    comm_, &req));
   wait(req, "allgatherv of SV batches", clock);
   out.data = std::move(s.records);
   s.records = {};
@@ -149,6 +160,8 @@ void MpiTransport::doShiftRing(std::span<float> chunk, uint64_t clock) {
 }
 
 void MpiTransport::doSendAsync(int peer, SharedBytes bytes) { sends_->post(peer, std::move(bytes)); }
+
+void MpiTransport::doSendPiecesAsync(int peer, SharedPieces pieces) { sends_->post(peer, std::move(pieces)); }
 
 std::optional<Message> MpiTransport::doTryReceive() {
   sends_->reap();

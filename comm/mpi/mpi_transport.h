@@ -45,6 +45,8 @@ class MpiTransport final : public Transport {
   void doFinishAllreduces() override;
   void doShiftRing(std::span<float> chunk, uint64_t clock) override;
   void doSendAsync(int peer, SharedBytes bytes) override;
+  void doSendPiecesAsync(int peer, SharedPieces pieces) override;
+  Gathered doAllgathervPieces(const Pieces& local, uint64_t clock) override;
   std::optional<Message> doTryReceive() override;
   void doFlushSends() override;
 
@@ -68,6 +70,8 @@ class MpiTransport final : public Transport {
   };
   // Polls `request` until done; TimeoutError naming `what`, `clock` and `peer` (-1: unknown).
   void wait(MPI_Request& request, const char* what, uint64_t clock, int peer = -1);
+  // allgatherv of `bytes` bytes laid out at `buffer` as `count` of `type`.
+  Gathered gatherRecords(const void* buffer, int count, MPI_Datatype type, size_t bytes, uint64_t clock);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -142,7 +143,52 @@ struct SparseColumns {
   bool compressed;
 };
 
-void checkForEncode(const SvBatch& batch, bool scanValues = true) {
+// A batch as the encoder reads it: a header, per-column coefficients and matrices
+// that need not be gathered in one SvBatch (a layer of a batch is sent as is).
+class Parts {
+ public:
+  class Matrices {
+   public:
+    class Iterator {
+     public:
+      explicit Iterator(const SvMatrix* const* p) : p_(p) {}
+      const SvMatrix& operator*() const { return **p_; }
+      Iterator& operator++() {
+        ++p_;
+        return *this;
+      }
+      bool operator!=(const Iterator& o) const { return p_ != o.p_; }
+
+     private:
+      const SvMatrix* const* p_;
+    };
+    explicit Matrices(std::span<const SvMatrix* const> m) : m_(m) {}
+    Iterator begin() const { return Iterator(m_.data()); }
+    Iterator end() const { return Iterator(m_.data() + m_.size()); }
+    size_t size() const { return m_.size(); }
+    const SvMatrix& operator[](size_t i) const { return *m_[i]; }
+
+   private:
+    std::span<const SvMatrix* const> m_;
+  };
+
+  Parts(const SvBatchHeader& header, const Vector& coeffs, std::span<const SvMatrix* const> matrices)
+      : header(header), coeffs(coeffs), matrices(matrices) {}
+  int64_t numColumns() const { return coeffs.size(); }
+
+  const SvBatchHeader& header;
+  const Vector& coeffs;
+  Matrices matrices;
+};
+
+std::vector<const SvMatrix*> pointersTo(const SvBatch& batch) {
+  std::vector<const SvMatrix*> out;
+  out.reserve(batch.matrices.size());
+  for (const SvMatrix& m : batch.matrices) out.push_back(&m);
+  return out;
+}
+
+void checkForEncode(const Parts& batch, bool scanValues = true) {
   const int64_t n = batch.numColumns();
   ORPHEUS_ENFORCE(static_cast<uint64_t>(n) <= UINT32_MAX, "SV batch has {} columns, more than the wire format allows",
                   n);
@@ -247,12 +293,12 @@ class Decoder {
     if (expect.clock >= 0) clock_ = std::to_string(expect.clock);
   }
 
-  SvBatch run() {
+  SvBatchView run(std::shared_ptr<const void> owner) {
     const std::byte* h = bytes_.data();
     if (bytes_.size() < kSvBatchHeaderBytes) {
       corrupt("record is {} bytes, shorter than the {}-byte header", bytes_.size(), kSvBatchHeaderBytes);
     }
-    SvBatch batch;
+    SvBatchView batch;
     batch.header.jobId = getLe<uint64_t>(h + kOffJobId);
     batch.header.sender = getLe<uint32_t>(h + kOffSender);
     batch.header.replica = getLe<uint32_t>(h + kOffReplica);
@@ -315,12 +361,23 @@ class Decoder {
 
     // All sizes are now consistent with the bytes actually present, so every
     // allocation below is bounded by the record's length.
+    auto made = std::make_shared<Made>();
+    size_t sparse = 0;
+    for (const TableEntry& e : table) sparse += e.vKind == kVSparse ? 1 : 0;
+    made->starts.resize(sparse * (n + 1));  // never resized again: views point into it
+    made_ = made.get();
     Reader r(h + tableEnd, h + bytes_.size());
-    batch.coeffs.resize(static_cast<Eigen::Index>(n));
-    readFloats(r, batch.coeffs.data(), n, static_cast<int64_t>(n), "coefficients", -1);
+    batch.columns = static_cast<int64_t>(n);
+    batch.coeffs = readFloats(r, n, static_cast<int64_t>(n), "coefficients", -1);
     batch.matrices.resize(numMatrices);
     for (uint32_t i = 0; i < numMatrices; ++i) readMatrix(r, i, table[i], n, batch.matrices[i]);
     ORPHEUS_ENFORCE(r.atEnd(), "SV batch payload not fully consumed");
+    if (sparse == 0 && kHostLittleEndian) {
+      batch.owner = std::move(owner);
+    } else {
+      made->record = std::move(owner);
+      batch.owner = std::move(made);
+    }
     return batch;
   }
 
@@ -398,47 +455,62 @@ class Decoder {
     return e;
   }
 
-  // Reads count floats laid out column-major with `rows` rows and checks them; `what`
+  // What decoding makes beside the record: sparse V's 32-bit column starts and,
+  // on a big-endian host, the arrays in host order. Kept with the view.
+  struct Made {
+    std::shared_ptr<const void> record;
+    std::vector<int32_t> starts;
+    std::deque<std::vector<uint32_t>> words;
+  };
+
+  // `count` 32-bit words of the payload in host order: where they are on a
+  // little-endian host, a swapped copy on a big-endian one.
+  const std::byte* words(Reader& r, uint64_t count) const {
+    const std::byte* p = r.take(4 * count);
+    if constexpr (kHostLittleEndian) return p;
+    std::vector<uint32_t>& copy = made_->words.emplace_back(count);
+    loadWords(copy.data(), p, count);
+    return reinterpret_cast<const std::byte*>(copy.data());
+  }
+
+  // Takes count floats laid out column-major with `rows` rows and checks them; `what`
   // and `matrix` (-1 for none) name them in an error.
-  void readFloats(Reader& r, float* dst, uint64_t count, int64_t rows, const char* what, int64_t matrix) const {
-    loadWords(dst, r.take(4 * count), count);
-    if (!allFinite(dst, count)) {
-      const size_t bad = firstNonFinite(dst, count);
+  const float* readFloats(Reader& r, uint64_t count, int64_t rows, const char* what, int64_t matrix) const {
+    const auto* values = reinterpret_cast<const float*>(words(r, count));
+    if (!allFinite(values, count)) {
+      const size_t bad = firstNonFinite(values, count);
       const int64_t row = rows > 0 ? static_cast<int64_t>(bad) % rows : 0;
       const int64_t col = rows > 0 ? static_cast<int64_t>(bad) / rows : 0;
-      if (matrix < 0) corrupt("non-finite value {} in {} at row {}, column {}", dst[bad], what, row, col);
-      corrupt("non-finite value {} in {} of matrix {} at row {}, column {}", dst[bad], what, matrix, row, col);
+      if (matrix < 0) corrupt("non-finite value {} in {} at row {}, column {}", values[bad], what, row, col);
+      corrupt("non-finite value {} in {} of matrix {} at row {}, column {}", values[bad], what, matrix, row, col);
     }
+    return values;
   }
 
-  void readMatrix(Reader& r, uint32_t i, const TableEntry& e, uint64_t n, SvMatrix& m) const {
-    const auto cols = static_cast<Eigen::Index>(n);
+  void readMatrix(Reader& r, uint32_t i, const TableEntry& e, uint64_t n, SvMatrixView& m) {
     m.paramId = e.paramId;
     m.biasId = e.biasId;
-    m.u.resize(e.rows, cols);
-    readFloats(r, m.u.data(), uint64_t{e.rows} * n, e.rows, "U", i);
+    m.rows = e.rows;
+    m.vRows = e.cols;
+    m.columns = static_cast<int64_t>(n);
+    m.u = readFloats(r, uint64_t{e.rows} * n, e.rows, "U", i);
     m.sparseV = e.vKind == kVSparse;
     if (m.sparseV) {
-      readSparse(r, i, e, n, m.vSparse);
+      readSparse(r, i, e, n, m);
     } else {
-      m.vDense.resize(e.cols, cols);
-      readFloats(r, m.vDense.data(), uint64_t{e.cols} * n, e.cols, "V", i);
+      m.vDense = readFloats(r, uint64_t{e.cols} * n, e.cols, "V", i);
     }
     if (e.coeffKind == kCoeffCore) {
-      m.core.resize(cols, cols);
-      readFloats(r, m.core.data(), n * n, cols, "core", i);
-      if (e.biasId >= 0) {
-        m.biasCoeffs.resize(cols);
-        readFloats(r, m.biasCoeffs.data(), n, static_cast<int64_t>(n), "bias coefficients", i);
-      }
+      m.withCore = true;
+      m.core = readFloats(r, n * n, static_cast<int64_t>(n), "core", i);
+      if (e.biasId >= 0) m.biasCoeffs = readFloats(r, n, static_cast<int64_t>(n), "bias coefficients", i);
     }
   }
 
-  void readSparse(Reader& r, uint32_t i, const TableEntry& e, uint64_t n, SparseMatrix& s) const {
-    s.resize(e.cols, static_cast<Eigen::Index>(n));
-    s.resizeNonZeros(static_cast<Eigen::Index>(e.nnz));
-    int32_t* outer = s.outerIndexPtr();
-    int32_t* inner = s.innerIndexPtr();
+  void readSparse(Reader& r, uint32_t i, const TableEntry& e, uint64_t n, SvMatrixView& m) {
+    int32_t* outer = made_->starts.data() + startsUsed_;
+    startsUsed_ += n + 1;
+    m.nnz = static_cast<int64_t>(e.nnz);
 
     const std::byte* starts = r.take(8 * (n + 1));
     uint64_t prev = getLe<uint64_t>(starts);
@@ -453,9 +525,10 @@ class Decoder {
       prev = start;
     }
     if (prev != e.nnz) corrupt("sparse V of matrix {} has columns ending at {}, nnz is {}", i, prev, e.nnz);
+    m.vStarts = outer;
 
     // Wire indices are u32; any value below K <= INT32_MAX has the same bits as int32.
-    loadWords(inner, r.take(4 * e.nnz), e.nnz);
+    const auto* inner = reinterpret_cast<const int32_t*>(words(r, e.nnz));
     for (uint64_t j = 0; j < n; ++j) {
       int64_t last = -1;
       for (int64_t k = outer[j]; k < outer[j + 1]; ++k) {
@@ -466,25 +539,30 @@ class Decoder {
         last = row;
       }
     }
+    m.vRowIndices = inner;
 
-    float* values = s.valuePtr();
-    loadWords(values, r.take(4 * e.nnz), e.nnz);
+    const auto* values = reinterpret_cast<const float*>(words(r, e.nnz));
     if (!allFinite(values, e.nnz)) {
       const auto bad = static_cast<int64_t>(firstNonFinite(values, e.nnz));
       const int64_t col = std::upper_bound(outer, outer + n + 1, bad) - outer - 1;
       corrupt("non-finite value {} in sparse V of matrix {} at row {}, column {}", values[bad], i, inner[bad], col);
     }
+    m.vValues = values;
   }
 
   std::span<const std::byte> bytes_;
   const SvBatchExpectation& expect_;
   std::string sender_ = "?";
   std::string clock_ = "?";
+  Made* made_ = nullptr;
+  size_t startsUsed_ = 0;
 };
 
 }  // namespace
 
-size_t encodedSize(const SvBatch& batch) {
+namespace {
+
+size_t encodedSizeOf(const Parts& batch) {
   const auto n = static_cast<size_t>(batch.numColumns());
   size_t size = kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size() + 4 * n;
   for (const SvMatrix& m : batch.matrices) {
@@ -500,11 +578,9 @@ size_t encodedSize(const SvBatch& batch) {
   return size;
 }
 
-namespace {
-
 // Writes the header (CRC zero) and the matrix table of a record of `size` bytes at
 // `h`, which holds kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * matrices zeros.
-void writeHead(const SvBatch& batch, size_t size, std::byte* h) {
+void writeHead(const Parts& batch, size_t size, std::byte* h) {
   const auto n = static_cast<size_t>(batch.numColumns());
   putLe(h + kOffMagic, kSvBatchMagic);
   putLe(h + kOffVersion, kSvBatchVersion);
@@ -539,7 +615,7 @@ void writeHead(const SvBatch& batch, size_t size, std::byte* h) {
 // sink.words(data, count): 32-bit words of the batch, in host order. The record is
 // `size` bytes; its CRC field is left zero.
 template <class Sink>
-void writeRecord(const SvBatch& batch, size_t size, Sink& sink) {
+void writeRecord(const Parts& batch, size_t size, Sink& sink) {
   const auto n = static_cast<size_t>(batch.numColumns());
   sink.build(kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size(),
              [&](std::byte* h) { writeHead(batch, size, h); });
@@ -657,17 +733,37 @@ class PiecesSink {
 
 }  // namespace
 
-SvBatchPieces encodePieces(const SvBatch& batch) {
+size_t encodedSize(const SvBatch& batch) {
+  const std::vector<const SvMatrix*> matrices = pointersTo(batch);
+  return encodedSizeOf(Parts(batch.header, batch.coeffs, matrices));
+}
+
+namespace {
+
+// One encoded buffer with the CRC set, for a host whose words need their bytes swapped.
+std::vector<std::byte> encodeWhole(const Parts& batch, bool scanValues) {
+  checkForEncode(batch, scanValues);
+  std::vector<std::byte> out;
+  const size_t size = encodedSizeOf(batch);
+  out.reserve(size);
+  AppendSink sink(out);
+  writeRecord(batch, size, sink);
+  ORPHEUS_ENFORCE(out.size() == size, "SV batch encoded to {} bytes, expected {}", out.size(), size);
+  putLe(out.data() + kOffCrc, crc32c(0, out.data(), size));
+  return out;
+}
+
+SvBatchPieces piecesOf(const Parts& batch, bool scanValues) {
   SvBatchPieces out;
   if constexpr (!kHostLittleEndian) {
     // The arrays need their bytes swapped: one encoded buffer.
-    out.head = encode(batch);
+    out.head = encodeWhole(batch, scanValues);
     out.size = out.head.size();
     out.pieces.emplace_back(out.head.data(), out.head.size());
     return out;
   }
-  checkForEncode(batch, /*scanValues=*/false);
-  out.size = encodedSize(batch);
+  checkForEncode(batch, scanValues);
+  out.size = encodedSizeOf(batch);
   const auto n = static_cast<size_t>(batch.numColumns());
   size_t headBytes = kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size();
   for (const SvMatrix& m : batch.matrices) {
@@ -680,6 +776,18 @@ SvBatchPieces encodePieces(const SvBatch& batch) {
   for (const auto& p : out.pieces) total += p.size();
   ORPHEUS_ENFORCE(total == out.size, "SV batch encoded to {} bytes in pieces, expected {}", total, out.size);
   return out;
+}
+
+}  // namespace
+
+SvBatchPieces encodePieces(const SvBatch& batch, bool scanValues) {
+  const std::vector<const SvMatrix*> matrices = pointersTo(batch);
+  return piecesOf(Parts(batch.header, batch.coeffs, matrices), scanValues);
+}
+
+SvBatchPieces encodePieces(const SvBatchHeader& header, const Vector& coeffs,
+                           std::span<const SvMatrix* const> matrices, bool scanValues) {
+  return piecesOf(Parts(header, coeffs, matrices), scanValues);
 }
 
 uint32_t SvBatchPieces::seal() {
@@ -727,9 +835,11 @@ uint32_t copyWithCrc(const std::byte* in, size_t size, std::byte* out, uint32_t 
   return crc;
 }
 
-uint32_t encodeInto(const SvBatch& batch, std::byte* out) {
+uint32_t encodeInto(const SvBatch& svBatch, std::byte* out) {
+  const std::vector<const SvMatrix*> matrices = pointersTo(svBatch);
+  const Parts batch(svBatch.header, svBatch.coeffs, matrices);
   checkForEncode(batch, /*scanValues=*/false);
-  const size_t size = encodedSize(batch);
+  const size_t size = encodedSizeOf(batch);
   BufferSink sink(out);
   writeRecord(batch, size, sink);
   ORPHEUS_ENFORCE(sink.size() == size, "SV batch encoded to {} bytes, expected {}", sink.size(), size);
@@ -762,10 +872,12 @@ uint32_t wholeRecordCrc(uint32_t headerCrc, size_t size) {
   return headerCrc ^ crc32cCombine(delta, 0, size - kOffCrc - 4);
 }
 
-void encode(const SvBatch& batch, std::vector<std::byte>& out) {
+void encode(const SvBatch& svBatch, std::vector<std::byte>& out) {
+  const std::vector<const SvMatrix*> matrices = pointersTo(svBatch);
+  const Parts batch(svBatch.header, svBatch.coeffs, matrices);
   checkForEncode(batch);
   const size_t start = out.size();
-  const size_t size = encodedSize(batch);
+  const size_t size = encodedSizeOf(batch);
   out.reserve(start + size);
   AppendSink sink(out);
   writeRecord(batch, size, sink);
@@ -781,7 +893,77 @@ std::vector<std::byte> encode(const SvBatch& batch) {
 }
 
 SvBatch decode(std::span<const std::byte> bytes, const SvBatchExpectation& expect) {
-  return Decoder(bytes, expect).run();
+  return toBatch(Decoder(bytes, expect).run(nullptr));
+}
+
+SvBatchView decodeView(std::shared_ptr<const void> owner, std::span<const std::byte> bytes,
+                       const SvBatchExpectation& expect) {
+  return Decoder(bytes, expect).run(std::move(owner));
+}
+
+SvBatchView viewOf(const SvBatch& batch) {
+  SvBatchView v;
+  v.header = batch.header;
+  v.columns = batch.numColumns();
+  v.coeffs = batch.coeffs.data();
+  v.matrices.reserve(batch.matrices.size());
+  for (const SvMatrix& m : batch.matrices) v.matrices.push_back(viewOf(m));
+  return v;
+}
+
+SvMatrixView viewOf(const SvMatrix& m) {
+  SvMatrixView x;
+  x.paramId = m.paramId;
+  x.biasId = m.biasId;
+  x.rows = m.u.rows();
+  x.vRows = m.vRows();
+  x.columns = m.u.cols();
+  x.u = m.u.data();
+  x.sparseV = m.sparseV;
+  if (m.sparseV) {
+    const SparseMatrix& s = m.vSparse;
+    x.vStarts = s.outerIndexPtr();
+    x.vCounts = s.innerNonZeroPtr();
+    x.vRowIndices = s.innerIndexPtr();
+    x.vValues = s.valuePtr();
+    x.nnz = s.isCompressed() ? s.nonZeros() : s.data().size();
+  } else {
+    x.vDense = m.vDense.data();
+  }
+  x.withCore = hasCore(m);
+  if (x.withCore) x.core = m.core.data();
+  if (m.biasCoeffs.size() > 0) x.biasCoeffs = m.biasCoeffs.data();
+  return x;
+}
+
+SvBatchView viewOf(std::shared_ptr<const SvBatch> batch) {
+  SvBatchView v = viewOf(*batch);
+  v.owner = std::move(batch);
+  return v;
+}
+
+SvBatch toBatch(const SvBatchView& view) {
+  SvBatch b;
+  b.header = view.header;
+  b.coeffs = view.coeffsMap();
+  b.matrices.resize(view.matrices.size());
+  for (size_t i = 0; i < view.matrices.size(); ++i) {
+    const SvMatrixView& x = view.matrices[i];
+    SvMatrix& m = b.matrices[i];
+    m.paramId = x.paramId;
+    m.biasId = x.biasId;
+    m.u = x.uMap();
+    m.sparseV = x.sparseV;
+    if (x.sparseV) {
+      m.vSparse = x.vSparseMap();
+      m.vSparse.makeCompressed();
+    } else {
+      m.vDense = x.vDenseMap();
+    }
+    if (x.withCore) m.core = x.coreMap();
+    if (x.biasCoeffs != nullptr) m.biasCoeffs = x.biasCoeffsMap();
+  }
+  return b;
 }
 
 }  // namespace orpheus

@@ -39,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -83,6 +84,60 @@ struct SvBatch {
   int64_t numColumns() const { return coeffs.size(); }
 };
 
+// A batch whose arrays live elsewhere: views into a received record (decodeView)
+// or into an SvBatch (viewOf). The rebuild reads batches through views, so a
+// received batch goes from the receive buffer to the GEMM without a copy. The
+// memory viewed must stay alive and unchanged while the view is used; `owner`
+// (when set) keeps it alive. Views are cheap to copy and share what they view.
+struct SvMatrixView {
+  uint32_t paramId = 0;
+  int32_t biasId = -1;
+  int64_t rows = 0;     // J
+  int64_t vRows = 0;    // K
+  int64_t columns = 0;  // n
+  const float* u = nullptr;  // J x n, column-major
+  bool sparseV = false;
+  const float* vDense = nullptr;  // K x n, column-major
+  // Sparse V in CSC: column starts (n + 1 of them; with per-column counts, an
+  // uncompressed matrix's n starts), row indices and values of nnz entries.
+  const int32_t* vStarts = nullptr;
+  const int32_t* vCounts = nullptr;  // null when compressed
+  const int32_t* vRowIndices = nullptr;
+  const float* vValues = nullptr;
+  int64_t nnz = 0;
+  bool withCore = false;              // an n x n core replaces the per-column coefficients
+  const float* core = nullptr;        // n x n, column-major, when withCore
+  const float* biasCoeffs = nullptr;  // n, when withCore and biasId >= 0
+
+  Eigen::Map<const Matrix> uMap() const { return Eigen::Map<const Matrix>(u, rows, columns); }
+  Eigen::Map<const Matrix> vDenseMap() const { return Eigen::Map<const Matrix>(vDense, vRows, columns); }
+  Eigen::Map<const SparseMatrix> vSparseMap() const {
+    return Eigen::Map<const SparseMatrix>(vRows, columns, nnz, vStarts, vRowIndices, vValues, vCounts);
+  }
+  Eigen::Map<const Matrix> coreMap() const { return Eigen::Map<const Matrix>(core, columns, columns); }
+  Eigen::Map<const Vector> biasCoeffsMap() const {
+    return Eigen::Map<const Vector>(biasCoeffs, biasCoeffs ? columns : 0);
+  }
+};
+
+struct SvBatchView {
+  SvBatchHeader header;
+  int64_t columns = 0;
+  const float* coeffs = nullptr;  // n per-column coefficients
+  std::vector<SvMatrixView> matrices;
+  std::shared_ptr<const void> owner;
+
+  int64_t numColumns() const { return columns; }
+  Eigen::Map<const Vector> coeffsMap() const { return Eigen::Map<const Vector>(coeffs, columns); }
+};
+
+// Views of `batch`'s arrays; the batch must outlive the view (or be its owner).
+SvBatchView viewOf(const SvBatch& batch);
+SvMatrixView viewOf(const SvMatrix& matrix);
+SvBatchView viewOf(std::shared_ptr<const SvBatch> batch);
+// The viewed batch as an SvBatch of its own (a copy of every array).
+SvBatch toBatch(const SvBatchView& view);
+
 // What the receiver knows independently of the bytes; used to validate them.
 struct SvBatchExpectation {
   int64_t sender = -1;  // rank the bytes arrived from, or -1 if unknown
@@ -118,7 +173,13 @@ struct SvBatchPieces {
   // Computes the record's CRC32C over the pieces, stores it in the header and returns it.
   uint32_t seal();
 };
-SvBatchPieces encodePieces(const SvBatch& batch);
+// `scanValues`: also refuse non-finite values, as encode does (a batch to be sent).
+SvBatchPieces encodePieces(const SvBatch& batch, bool scanValues = false);
+// encodePieces of the batch of `matrices` (in this order) with `header` and the
+// per-column coefficients `coeffs`: a part of a batch (one layer), without
+// gathering its matrices into an SvBatch first.
+SvBatchPieces encodePieces(const SvBatchHeader& header, const Vector& coeffs,
+                           std::span<const SvMatrix* const> matrices, bool scanValues = false);
 // Writes encode(batch) to `out` (encodedSize(batch) bytes) in one pass: each piece
 // is checksummed right after it is copied, while it is in cache. Values are not
 // scanned, as for encodePieces. Returns the CRC (also stored in the header).
@@ -142,5 +203,10 @@ uint32_t wholeRecordCrc(uint32_t headerCrc, size_t size);
 // Decodes and fully validates one record. Throws CorruptRecordError naming the
 // sender and clock (from the expectation when known, else from the header).
 SvBatch decode(std::span<const std::byte> bytes, const SvBatchExpectation& expect = {});
+// decode, validating exactly as it does, without copying the arrays out: the view
+// points into `bytes`, which `owner` (may be null: the caller's) keeps alive. Only
+// sparse V's column starts are made (narrowed to the 32-bit indices Eigen uses).
+SvBatchView decodeView(std::shared_ptr<const void> owner, std::span<const std::byte> bytes,
+                       const SvBatchExpectation& expect = {});
 
 }  // namespace orpheus

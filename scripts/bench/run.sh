@@ -25,6 +25,9 @@
 #   adapt    --adapt against the best hand-tuned setting and the defaults, np 4, MLP-2048,
 #            at 1 and 10 Gbit/s and with the rate dropped 10 -> 1 Gbit/s mid-run
 #            (scripts/bench/adapt.sh; options as environment variables).
+#   zero-copy one clock's SV batch path (encode, decode, rebuild) and computeSvg in callgrind
+#            instruction counts, copy against views (scripts/bench/zero_copy.sh; needs
+#            valgrind; options as environment variables).
 #   codesign, sv-vs-dense, generated, selection: the older suites in their own scripts
 #            (comm_codesign.sh, sv_vs_dense.sh, generated_vs_handwritten.sh,
 #            selection_error.sh), options as environment variables; see each header.
@@ -38,9 +41,9 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"
 suite="${1-}"
 case "$suite" in
-  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate | lstm | step | elastic | adapt) shift ;;
+  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate | lstm | step | elastic | adapt | zero-copy) shift ;;
   -h | --help | "") sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection, simulate, lstm, step, elastic, adapt)" >&2
+  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection, simulate, lstm, step, elastic, adapt, zero-copy)" >&2
      exit 2 ;;
 esac
 
@@ -50,6 +53,7 @@ extra=()
 [ "$suite" = lstm ] && extra=(python3-torch iproute2)
 [ "$suite" = step ] && extra=(python3-torch libopenblas0-pthread)
 [ "$suite" = adapt ] && extra=(iproute2)
+[ "$suite" = zero-copy ] && extra=(valgrind)
 missing=()
 for p in python3-matplotlib "${extra[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -62,10 +66,11 @@ fi
 
 declare -A SCRIPT=([table3]=table3.sh [codesign]=comm_codesign.sh [sv-vs-dense]=sv_vs_dense.sh
   [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh [simulate]=simulate.sh
-  [lstm]=lstm_vs_torch.sh [step]=step_vs_torch.sh [elastic]=elastic.sh [adapt]=adapt.sh)
+  [lstm]=lstm_vs_torch.sh [step]=step_vs_torch.sh [elastic]=elastic.sh [adapt]=adapt.sh
+  [zero-copy]=zero_copy.sh)
 if [ -n "${SCRIPT[$suite]-}" ]; then
   case "$suite" in table3 | codesign) build "$ROOT/build-dev" Release ;; esac
-  case "$suite" in simulate | step | elastic) build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF ;; esac
+  case "$suite" in simulate | step | elastic | zero-copy) build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF ;; esac
   if [ "$suite" = lstm ] || [ "$suite" = adapt ]; then
     build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
     export BUILD_DIR="${BUILD_DIR:-$ROOT/build-release}"

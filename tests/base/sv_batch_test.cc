@@ -572,3 +572,81 @@ TEST_CASE("SV batch decode survives random corruption", "[sv_batch][fuzz]") {
 }
 
 }  // namespace orpheus
+
+namespace orpheus {
+namespace {
+
+bool within(const void* p, const Bytes& b) {
+  const auto* q = static_cast<const std::byte*>(p);
+  return q >= b.data() && q < b.data() + b.size();
+}
+
+TEST_CASE("SV batch decodes as views into its record, as decode does", "[sv_batch]") {
+  std::vector<std::pair<SvBatch, SvBatchExpectation>> cases = {{makeBatch(), makeExpectation()},
+                                                                {makeBiasCoreBatch(), makeBiasCoreExpectation()},
+                                                                {SvBatch{}, SvBatchExpectation{}}};
+  for (const auto& [batch, expect] : cases) {
+    const auto record = std::make_shared<const Bytes>(encode(batch));
+    const SvBatchView view = decodeView(record, *record, expect);
+    CHECK(view.owner != nullptr);
+    REQUIRE(view.matrices.size() == batch.matrices.size());
+    if (!batch.matrices.empty()) {
+      // Read where they lie: no copy of the arrays.
+      CHECK(within(view.coeffs, *record));
+      CHECK(within(view.matrices[0].u, *record));
+      CHECK(within(view.matrices[0].vDense, *record));
+    }
+    // What the views say is the batch, bit for bit.
+    const SvBatch copied = toBatch(view);
+    CHECK(encode(copied) == *record);
+    CHECK(encode(decode(*record, expect)) == *record);
+    CHECK(encode(toBatch(viewOf(batch))) == *record);
+  }
+  // Sparse V: the values and row indices in the record, the column starts made.
+  const auto record = std::make_shared<const Bytes>(encode(makeBatch()));
+  const SvBatchView view = decodeView(record, *record, makeExpectation());
+  const SvMatrixView& sparse = view.matrices[1];
+  REQUIRE(sparse.sparseV);
+  CHECK(within(sparse.vValues, *record));
+  CHECK(within(sparse.vRowIndices, *record));
+  CHECK_FALSE(within(sparse.vStarts, *record));
+  CHECK(sparse.vSparseMap().nonZeros() == 4);
+  CHECK(sparse.vSparseMap().coeff(5, 2) == 3.25f);
+}
+
+TEST_CASE("SV batch views reject a record with any byte changed", "[sv_batch]") {
+  const Bytes good = encode(makeBatch());
+  REQUIRE_NOTHROW(decodeView(nullptr, good, makeExpectation()));
+  // The CRC covers every byte: header, table and every array of the payload.
+  for (size_t i = 0; i < good.size(); ++i) {
+    Bytes bad = good;
+    bad[i] ^= std::byte{0x04};
+    CHECK_THROWS_AS(decodeView(nullptr, bad, makeExpectation()), CorruptRecordError);
+  }
+}
+
+TEST_CASE("SV batch pieces of a layer are the encoding of that layer's batch", "[sv_batch]") {
+  const SvBatch whole = makeBatch();
+  for (size_t i = 0; i < whole.matrices.size(); ++i) {
+    SvBatch layer;
+    layer.header = whole.header;
+    layer.coeffs = whole.coeffs;
+    layer.matrices.push_back(whole.matrices[i]);
+    const SvMatrix* matrices[] = {&whole.matrices[i]};
+    SvBatchPieces p = encodePieces(whole.header, whole.coeffs, matrices, /*scanValues=*/true);
+    const Bytes expected = encode(layer);
+    CHECK(p.seal() == storedCrc(expected));
+    CHECK(joined(p) == expected);
+    const auto* u = reinterpret_cast<const std::byte*>(whole.matrices[i].u.data());
+    CHECK(std::any_of(p.pieces.begin(), p.pieces.end(), [&](const auto& piece) { return piece.data() == u; }));
+  }
+  // Scanning refuses what encode refuses.
+  SvBatch bad = makeBatch();
+  bad.matrices[0].u(1, 1) = std::numeric_limits<float>::infinity();
+  const SvMatrix* matrices[] = {&bad.matrices[0]};
+  CHECK_THROWS_AS(encodePieces(bad.header, bad.coeffs, matrices, /*scanValues=*/true), Error);
+  CHECK_NOTHROW(encodePieces(bad.header, bad.coeffs, matrices));
+}
+
+}  // namespace
+}  // namespace orpheus

@@ -9,7 +9,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -211,6 +213,72 @@ void pointToPointCase(Transport& t) {
   barrier(t);
 }
 
+// A message as pieces in separate allocations (an empty one among them), as an
+// SV batch goes out: its header, then the arrays where they lie.
+Pieces piecesOf(int sender, uint64_t seq, size_t size) {
+  const auto byteOf = [&](size_t i) {
+    return static_cast<std::byte>((static_cast<size_t>(sender) * 7 + i + seq) & 0xff);
+  };
+  auto parts = std::make_shared<std::vector<std::vector<std::byte>>>();
+  const size_t head = std::min<size_t>(size, 5);
+  const size_t middle = std::max(head, std::min(size, size / 2 + 5));
+  const size_t cuts[] = {0, head, head, middle, size};
+  for (size_t k = 0; k + 1 < std::size(cuts); ++k) {
+    std::vector<std::byte>& part = parts->emplace_back();
+    for (size_t i = cuts[k]; i < cuts[k + 1]; ++i) part.push_back(byteOf(i));
+  }
+  Pieces out;
+  for (const auto& part : *parts) out.pieces.emplace_back(part.data(), part.size());
+  out.owner = parts;
+  return out;
+}
+
+void piecesCase(Transport& t) {
+  const int p = t.size();
+  const auto sizeOf = [](int rank, uint64_t clock) {
+    return static_cast<size_t>(rank * 29 + static_cast<int>(clock) * 7) % 60 + (clock == 22 ? 90000 : 0);
+  };
+  const TrafficCounters before = t.counters();
+  TrafficCounters want;
+  for (uint64_t clock = 20; clock <= 22; ++clock) {
+    const Pieces mine = piecesOf(t.rank(), clock, sizeOf(t.rank(), clock));
+    const std::vector<std::byte> whole = mine.joined();
+    expect(whole.size() == mine.size(), t, "pieces of {} bytes joined to {}", mine.size(), whole.size());
+    const Gathered all = t.allgatherv(mine, clock);
+    for (int r = 0; r < p; ++r) {
+      const auto part = all.part(static_cast<size_t>(r));
+      const std::vector<std::byte> theirs = piecesOf(r, clock, sizeOf(r, clock)).joined();
+      expect(std::equal(part.begin(), part.end(), theirs.begin(), theirs.end()), t,
+             "clock {}: rank {}'s gathered pieces differ from their concatenation", clock, r);
+    }
+    want += {whole.size() * peers(t), peers(t)};
+    // Point to point: one message per peer, the concatenation of the pieces.
+    for (int peer = 0; peer < p; ++peer) {
+      if (peer == t.rank()) continue;
+      t.sendAsync(peer, std::make_shared<const Pieces>(piecesOf(t.rank(), clock + peer, sizeOf(t.rank(), clock))));
+      want += {whole.size(), 1};
+    }
+    size_t got = 0;
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (got < static_cast<size_t>(p - 1)) {
+      if (auto m = t.tryReceive()) {
+        const std::vector<std::byte> theirs =
+            piecesOf(m->peer, clock + static_cast<uint64_t>(t.rank()), sizeOf(m->peer, clock)).joined();
+        expect(m->bytes == theirs, t, "clock {}: the pieces rank {} sent arrived as {} other bytes", clock, m->peer,
+               m->bytes.size());
+        ++got;
+        continue;
+      }
+      expect(std::chrono::steady_clock::now() < deadline, t, "clock {}: {} of {} messages of pieces arrived", clock,
+             got, p - 1);
+      std::this_thread::sleep_for(100us);
+    }
+    t.flushSends();
+    barrier(t);
+  }
+  expectCounted(t, since(t, before), want, "allgatherv and sendAsync of pieces");
+}
+
 void controlCase(Transport& t) {
   const int p = t.size();
   const TrafficCounters before = t.counters();
@@ -364,6 +432,7 @@ std::vector<ConformanceCase> conformanceCases(const ConformanceTraits& traits) {
       {"allreduceSumIdentical is bitwise the same on every rank", allreduceSumIdenticalCase},
       {"shiftRing hands every rank its left neighbour's data", shiftRingCase},
       {"point-to-point messages keep their order per sender and plane", pointToPointCase},
+      {"pieces go out as one message, their concatenation", piecesCase},
       {"control sum, max and min agree and are not counted", controlCase},
       {"byte counters follow the documented formulas", countersCase},
       {"a rank that does not come ends the others' wait with a TimeoutError",
