@@ -8,6 +8,7 @@
 #include "engine/checkpoint.h"
 #include "engine/elastic.h"
 #include "engine/job_record.h"
+#include "engine/live.h"
 #include "engine/metrics.h"
 #include "engine/outputs.h"
 #include "engine/synthetic_data.h"
@@ -16,6 +17,7 @@
 #include "ops/loss_parser.h"
 #include "ops/mlr.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -24,6 +26,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -449,10 +452,11 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
   return static_cast<uint64_t>(shared[0]);
 }
 
-// --resume --elastic on a different number of ranks: the next membership epoch
-// starts at `resumeClock` from the average of the previous one (engine/elastic.h).
+// --resume --elastic on a different number of ranks, or a live membership change
+// (engine/live.h): the next membership epoch starts at `resumeClock` from the
+// average of the previous one (engine/elastic.h).
 void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
-                   const std::vector<Epoch>& epochs, uint64_t resumeClock) {
+                   const std::vector<Epoch>& epochs, uint64_t resumeClock, bool live = false) {
   ElasticStart start = redistribute(config, transport, model, epochs, resumeClock);
   worker.setEpoch(start.epoch.epoch);
   // Collective: rejoinAt agrees on the snapshot parts itself.
@@ -462,9 +466,9 @@ void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& t
     if (transport.rank() == 0) appendEpoch(config.ckptDir, start.epoch);
   });
   if (transport.rank() == 0) {
-    spdlog::info("resumed from clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
-                 resumeClock, config.ckptDir, transport.size(), epochAfter(epochs, resumeClock).ranks,
-                 start.epoch.epoch);
+    spdlog::info("{} clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
+                 live ? "continued after" : "resumed from", resumeClock, config.ckptDir, transport.size(),
+                 epochAfter(epochs, resumeClock).ranks, start.epoch.epoch);
   }
 }
 
@@ -555,22 +559,119 @@ void saveAndReport(const TrainConfig& config, const comm::Transport& transport, 
   std::fflush(stdout);
 }
 
+// Whether ranks may leave this job while it runs (engine/live.h); if so, SIGTERM on
+// a rank other than 0 is its notice, and a request left over from an earlier run of
+// the job is dropped.
+bool enableLive(const TrainConfig& config, comm::Transport& transport, const LiveGroup* live) {
+  if (live == nullptr || !config.ckptSv || config.sync != SyncMode::kSv || config.consistency != Consistency::kBsp ||
+      transport.size() < 2) {
+    return false;
+  }
+  if (transport.rank() != 0) {
+    installLeaveNotice();
+  } else {
+    std::error_code ec;
+    if (std::filesystem::remove(membershipRequestPath(config.ckptDir), ec)) {
+      spdlog::warn("dropped a membership request left in '{}' before the job started", config.ckptDir);
+    }
+  }
+  return true;
+}
+
+// The live membership change after `clock` (engine/live.h), once every rank of
+// `group` has drained the clock and made its log durable, and the leaving ranks
+// have freed their replica, data and buffers. One agreement over the old group
+// tells every rank the logs are on disk and carries each leaver's release latency
+// to rank 0, which records it (a `left` line in the metrics); then the ranks that
+// stay form the next group. Returns its transport; null on a leaving rank.
+std::unique_ptr<comm::Transport> changeMembership(comm::Transport& group, LiveGroup& live, const Leaving& leaving,
+                                                  uint64_t clock, MetricsWriter& metrics) {
+  const bool stays = !leaving.contains(group.rank());
+  const double released = stays ? 0.0 : wallSeconds() - leaving.noticeAt[static_cast<size_t>(group.rank())];
+  std::vector<double> latency(static_cast<size_t>(group.size()), 0.0);
+  latency[static_cast<size_t>(group.rank())] = released;
+  group.control().sum(latency);
+  const int remaining = group.size() - static_cast<int>(leaving.ranks.size());
+  if (group.rank() == 0) {
+    for (int r : leaving.ranks) {
+      JsonLine line;
+      line.add("left", true)
+          .add("rank", r)
+          .add("clock", clock)
+          .add("ranks", remaining)
+          .add("release_seconds", latency[static_cast<size_t>(r)]);
+      metrics.write(line);
+    }
+    spdlog::info("after clock {}: rank{} {} left ({} ranks remain)", clock, leaving.ranks.size() > 1 ? "s" : "",
+                 fmt::format("{}", fmt::join(leaving.ranks, ", ")), remaining);
+  }
+  std::unique_ptr<comm::Transport> next = live.split(stays, group.timeout());
+  if (!stays) {
+    spdlog::info("left after clock {}: replica, data and buffers freed {:.3f} s after the notice", clock, released);
+  }
+  return next;
+}
+
 }  // namespace
 
-int runTrain(const TrainConfig& config, comm::Transport& transport) {
+int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* live) {
   transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
   validateJob(config, transport);
-  Shards shards;
-  loadTrainShard(config, transport, shards);
-  loadTestShard(config, transport, shards);
-  const Outputs out = buildModelAndOutputs(config, transport, shards);
-  announce(config, transport, *out.model, shards);
-  const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, shards);
-  Worker worker(config, *out.model, transport, shards.train, shards.haveTest ? &shards.test : nullptr);
-  resume(worker, config, transport, *out.model, resumeClock);
-  runWorker(worker, *out.metrics, transport);
-  saveAndReport(config, transport, worker, *out.model, shards);
-  return 0;
+  auto shards = std::make_unique<Shards>();
+  loadTrainShard(config, transport, *shards);
+  loadTestShard(config, transport, *shards);
+  const Outputs out = buildModelAndOutputs(config, transport, *shards);
+  announce(config, transport, *out.model, *shards);
+  const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, *shards);
+  if (!enableLive(config, transport, live)) live = nullptr;
+
+  // One membership epoch per pass: `group` is its ranks' transport.
+  comm::Transport* group = &transport;
+  std::unique_ptr<comm::Transport> regrouped;  // after a live change
+  uint64_t changedAfter = 0;
+  double seconds = 0.0;
+  for (;;) {
+    std::optional<MembershipWatch> watch;
+    if (live != nullptr) watch.emplace(*live, *group, config.ckptDir, group->timeout());
+    {
+      Worker worker(config, *out.model, *group, shards->train, shards->haveTest ? &shards->test : nullptr);
+      if (changedAfter == 0) {
+        resume(worker, config, *group, *out.model, resumeClock);
+      } else {
+        std::vector<Epoch> epochs;
+        collectively(*group, [&] { epochs = readMembership(config.ckptDir); });
+        resumeElastic(worker, config, *group, *out.model, epochs, changedAfter, true);
+      }
+      worker.continueTiming(seconds);
+      worker.watchMembership(watch ? &*watch : nullptr);
+      runWorker(worker, *out.metrics, *group);
+      if (worker.changesAfter() == 0) {
+        if (watch) watch->settle();
+        saveAndReport(config, *group, worker, *out.model, *shards);
+        return 0;
+      }
+      changedAfter = worker.changesAfter();
+      seconds = worker.trainSeconds();
+    }
+    // The membership changes after `changedAfter`: the worker is gone; the data goes too.
+    const int64_t features = shards->features;
+    const int64_t classes = shards->classes;
+    shards.reset();
+    std::unique_ptr<comm::Transport> next = changeMembership(*group, *live, watch->leaving(), changedAfter, *out.metrics);
+    if (next == nullptr) return 0;  // this rank left
+    regrouped = std::move(next);
+    group = regrouped.get();
+    // The data resharded over the ranks that stay.
+    shards = std::make_unique<Shards>();
+    loadTrainShard(config, *group, *shards);
+    loadTestShard(config, *group, *shards);
+    collectively(*group, [&] {
+      if (shards->features != features || shards->classes != classes) {
+        throw Error(fmt::format("the resharded data has {} features and {} classes, the job's model {} and {}",
+                                shards->features, shards->classes, features, classes));
+      }
+    });
+  }
 }
 
 int runEval(const EvalConfig& config) {

@@ -8,7 +8,9 @@
 #include "ckpt/model_file.h"
 #include "engine/checkpoint.h"
 #include "engine/cli/flags.h"
+#include "engine/cli/live_mpi.h"
 #include "engine/job.h"
+#include "engine/live.h"
 #include "engine/outputs.h"
 #include "engine/sim/simulation.h"
 #include "orpheus/config.h"
@@ -530,6 +532,13 @@ int inspectMain(const std::string& dir) {
   return 0;
 }
 
+int ctlShrinkMain(const std::string& dir, const std::vector<int>& ranks) {
+  const std::vector<int> leaving = orpheus::engine::requestShrink(dir, ranks);
+  std::printf("requested: rank%s %s leave%s the job in %s at its next clock\n", leaving.size() > 1 ? "s" : "",
+              fmt::format("{}", fmt::join(leaving, ", ")).c_str(), leaving.size() > 1 ? "" : "s", dir.c_str());
+  return 0;
+}
+
 int trainMain(TrainConfig& config) {
   orpheus::comm::checkTransport(config.transport);
   int provided = 0;
@@ -541,8 +550,11 @@ int trainMain(TrainConfig& config) {
     orpheus::setupLogging(transport.rank(), config.logLevel);
     orpheus::engine::installTerminationReport(transport.rank(), config.timeoutSeconds);
     orpheus::setBlasThreads(config.blasThreads);
+    // Ranks may leave a job that logs its SV batches while it runs (engine/live.h).
+    std::optional<orpheus::engine::MpiLiveGroup> live;
+    if (config.ckptSv) live.emplace(MPI_COMM_WORLD);
     try {
-      code = orpheus::engine::runTrain(config, transport);
+      code = orpheus::engine::runTrain(config, transport, live ? &*live : nullptr);
     } catch (const orpheus::engine::JobFailed& e) {
       code = e.code();
     } catch (const std::exception& e) {
@@ -599,6 +611,15 @@ int main(int argc, char** argv) {
   restoreCmd->add_option("--clock", restoreArgs.clock, "Clock number, or 'latest'")->capture_default_str();
   restoreCmd->add_option("--replica", restoreArgs.replica, "Replica id")->capture_default_str()->check(integerIn(0, 1 << 30));
   restoreCmd->add_option("--out", restoreArgs.out, "HDF5 file to write the parameters to")->required();
+  // orpheus ctl DIR shrink R [R...]: asks a running job to let ranks go (engine/live.h).
+  std::string ctlDir;
+  std::vector<int> shrinkRanks;
+  CLI::App* ctlCmd = app.add_subcommand("ctl", "Change a running job's membership: ranks leave at the next clock");
+  ctlCmd->add_option("dir", ctlDir, "The running job's --ckpt-dir")->required();
+  ctlCmd->require_subcommand(1);
+  CLI::App* shrinkCmd =
+      ctlCmd->add_subcommand("shrink", "Ranks (of the current membership, not 0) leave the job at the next clock");
+  shrinkCmd->add_option("ranks", shrinkRanks, "Ranks to let go")->required();
   std::string inspectDir;
   CLI::App* inspectCmd = app.add_subcommand("inspect", "List a checkpoint's replicas, clocks, snapshots, bytes and damage");
   inspectCmd->add_option("dir", inspectDir, "Checkpoint directory")->required();
@@ -629,6 +650,7 @@ int main(int argc, char** argv) {
     orpheus::setupLogging(0, "warn");
     if (restoreCmd->parsed()) return restoreMain(restoreArgs);
     if (inspectCmd->parsed()) return inspectMain(inspectDir);
+    if (ctlCmd->parsed()) return ctlShrinkMain(ctlDir, shrinkRanks);
     eval.format = orpheus::data::parseFormat(evalFormat);
     return orpheus::engine::runEval(eval);
   } catch (const std::exception& e) {

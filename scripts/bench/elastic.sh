@@ -9,8 +9,13 @@
 #     (--resume --elastic): clocks lost, seconds from the kill to the resumed job's
 #     first clock (relaunch, data loading, restore, redistribution), total seconds and clocks to the
 #     target, ratio to static. Medians of $REPS runs.
-# Live scale-in (SIGTERM to one worker) and --balance are not implemented yet: their
-# rows are absent.
+#  3. live scale-in: the same job, SIGTERM to rank $((NP-1)) once $KILL_AT clocks are
+#     logged; it leaves at the next clock boundary and the job goes on with $((NP-1))
+#     ranks without a restart (engine/live.h): release latency (notice -> replica,
+#     data and buffers freed, the job's `left` line), notice -> the process ended
+#     (Open MPI's MPI_Finalize waits for the whole job: about the job's remaining
+#     time), total seconds and clocks to the target. Medians of $REPS runs.
+# --balance is not implemented yet: its rows are absent.
 #
 # Options (environment): NP=4 BATCH=100 TARGET=0.8 KILL_AT=100 REPS=3 CLOCKS=3000
 #   SMOKE=1 (tiny settings: a check that the script runs, not a measurement)
@@ -30,7 +35,12 @@ summary() { grep -o "\"$2\": [0-9.e+-]*" "$1" | tail -n 1 | awk '{print $2}'; }
 now() { date +%s.%N; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
-static_s=(); static_c=(); lost=(); gap=(); total_s=(); total_c=()
+static_s=(); static_c=(); lost=(); gap=(); total_s=(); total_c=(); release=(); exited=(); live_s=(); live_c=()
+rankPid() {
+  for p in $(pgrep -P "$1"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$p"; return; fi
+  done
+}
 for rep in $(seq "$REPS"); do
   d="$RAW/static-$rep"; rm -rf "$d"; mkdir -p "$d"
   t0=$(now)
@@ -60,6 +70,24 @@ for rep in $(seq "$REPS"); do
   lost+=("$((killedAt - from))"); gap+=("$(echo "$firstTime - $killTime" | bc -l)")
   total_s+=("$(echo "$(now) - $start" | bc -l)")
   total_c+=("$(summary "$d/m.jsonl" clocks)")
+
+  d="$RAW/live-$rep"; rm -rf "$d"; mkdir -p "$d"
+  start=$(now)
+  mpirun -n "$NP" --oversubscribe "$ORPHEUS" train "${flags[@]}" --ckpt-dir "$d/ckpt" --metrics "$d/m.jsonl" \
+    >"$d/run.log" 2>&1 &
+  job=$!
+  until [ "$(grep -o '"clock": [0-9]*' "$d/m.jsonl" 2>/dev/null | tail -n 1 | awk '{print $2}')" -ge "$KILL_AT" ] 2>/dev/null; do
+    kill -0 "$job" 2>/dev/null || { echo "elastic.sh: the job ended before clock $KILL_AT (raise TARGET)" >&2; exit 1; }
+    sleep 0.05
+  done
+  victim=$(rankPid "$job" $((NP - 1)))
+  noticeTime=$(now); kill -TERM "$victim"
+  while kill -0 "$victim" 2>/dev/null; do sleep 0.02; done
+  exited+=("$(echo "$(now) - $noticeTime" | bc -l)")
+  wait "$job"
+  live_s+=("$(echo "$(now) - $start" | bc -l)")
+  live_c+=("$(summary "$d/m.jsonl" clocks)")
+  release+=("$(summary "$d/m.jsonl" release_seconds)")
 done
 
 m() { printf '%s\n' "$@" | median; }
@@ -70,6 +98,10 @@ m() { printf '%s\n' "$@" | median; }
   echo "| --- | --- | --- | --- | --- | --- |"
   echo "| static | $NP | $(m "${static_c[@]}") | $(m "${static_s[@]}") | | |"
   echo "| kill one at ~$KILL_AT, resume on $((NP - 1)) | $NP → $((NP - 1)) | $(m "${total_c[@]}") | $(m "${total_s[@]}") | $(m "${lost[@]}") | $(m "${gap[@]}") |"
+  echo "| live: SIGTERM to one at ~$KILL_AT, it leaves | $NP → $((NP - 1)) | $(m "${live_c[@]}") | $(m "${live_s[@]}") | 0 | |"
+  echo
+  echo "live scale-in, notice → the leaving rank's replica, data and buffers freed (release latency): $(m "${release[@]}") s;"
+  echo "notice → its process ended: $(m "${exited[@]}") s (MPI_Finalize waits for the whole job)"
   echo
   echo "restart / static seconds: $(echo "$(m "${total_s[@]}") / $(m "${static_s[@]}")" | bc -l | cut -c1-5)"
 } | tee "$RES/elastic.md"

@@ -1,0 +1,36 @@
+// The live membership change over MPI (engine/live.h): the agreement is an
+// MPI_Iallreduce (MPI_MAX) on a communicator of its own, so it never matches the
+// transport's traffic; the next group is MPI_Comm_split of it.
+//
+// Open MPI 4's MPI_Finalize waits for every process of the job (a PMIx fence), so a
+// rank that left frees its replica, data and buffers at once, but its process ends
+// only when the job does: the release latency (notice -> freed) is what the job
+// reports, the exit latency is the job's remaining time.
+#pragma once
+
+#include "engine/live.h"
+
+#include <mpi.h>
+
+namespace orpheus::engine {
+
+class MpiLiveGroup final : public LiveGroup {
+ public:
+  // Spans `comm`'s ranks (collective over it).
+  explicit MpiLiveGroup(MPI_Comm comm);
+  ~MpiLiveGroup() override;
+
+  void beginMax(std::span<const double> values) override;
+  bool pending() const override { return request_ != MPI_REQUEST_NULL; }
+  std::vector<double> finishMax(std::chrono::milliseconds timeout) override;
+  std::unique_ptr<comm::Transport> split(bool stays, std::chrono::milliseconds timeout) override;
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  std::vector<double> send_;
+  std::vector<double> result_;
+  bool abandoned_ = false;  // a request timed out and may still be active
+};
+
+}  // namespace orpheus::engine

@@ -1,0 +1,160 @@
+#include "engine/live.h"
+
+#include "ckpt/durable.h"
+#include "ckpt/layout.h"
+#include "engine/base/error.h"
+#include "engine/elastic.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <time.h>
+
+namespace orpheus::engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int64_t> gLeaveNoticeNs{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+
+int64_t realtimeNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);  // async-signal-safe
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+void onLeaveNotice(int) {
+  const int savedErrno = errno;
+  int64_t none = 0;
+  gLeaveNoticeNs.compare_exchange_strong(none, realtimeNs());
+  errno = savedErrno;
+}
+
+// DIR's pending request: rank -> wall seconds of its notice. Lines "leave R T".
+std::map<int, double> readRequest(const fs::path& path) {
+  std::map<int, double> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string verb;
+    int rank = -1;
+    double at = 0.0;
+    words >> verb >> rank >> at;
+    if (!words || verb != "leave" || at <= 0) {
+      spdlog::warn("'{}': ignoring the line '{}' (expected 'leave RANK SECONDS')", path.string(), line);
+      continue;
+    }
+    out.emplace(rank, at);
+  }
+  return out;
+}
+
+}  // namespace
+
+void installLeaveNotice() {
+  struct sigaction action {};
+  action.sa_handler = onLeaveNotice;
+  action.sa_flags = SA_RESTART;  // the rank goes on to the clock boundary: no call fails with EINTR
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+double leaveNoticeTime() { return static_cast<double>(gLeaveNoticeNs.load()) * 1e-9; }
+
+double wallSeconds() { return static_cast<double>(realtimeNs()) * 1e-9; }
+
+fs::path membershipRequestPath(const std::string& dir) { return fs::path(dir) / "membership-request"; }
+
+std::vector<int> requestShrink(const std::string& dir, const std::vector<int>& ranks) {
+  std::error_code ec;
+  ORPHEUS_CHECK_INPUT(fs::exists(ckpt::jobPath(dir), ec),
+                      "ctl: '{}' holds no job checkpoint (no job.h5): give the running job's --ckpt-dir", dir);
+  const int members = readMembership(dir).back().ranks;
+  const fs::path path = membershipRequestPath(dir);
+  std::map<int, double> request = readRequest(path);
+  const double now = wallSeconds();
+  for (int r : ranks) {
+    ORPHEUS_CHECK_INPUT(r >= 0 && r < members, "ctl shrink: rank {} is not a rank of the job (ranks 0..{})", r,
+                        members - 1);
+    request.emplace(r, now);
+  }
+  ORPHEUS_CHECK_INPUT(static_cast<int>(request.size()) < members,
+                      "ctl shrink: the job has {} ranks; shrinking by {} would leave none", members, request.size());
+  ORPHEUS_CHECK_INPUT(!request.contains(0), "ctl shrink: rank 0 writes the job's outputs and cannot leave");
+  std::string text;
+  std::vector<int> out;
+  for (const auto& [r, at] : request) {
+    text += fmt::format("leave {} {:.6f}\n", r, at);
+    out.push_back(r);
+  }
+  ckpt::writeDurably(
+      path,
+      [&](const fs::path& tmp) {
+        std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
+        file << text;
+        file.flush();
+        if (!file) throw IoError(fmt::format("cannot write '{}'", tmp.string()));
+      },
+      false);
+  return out;
+}
+
+MembershipWatch::MembershipWatch(LiveGroup& group, const comm::Transport& transport, std::string dir,
+                                 std::chrono::milliseconds timeout)
+    : group_(group),
+      rank_(transport.rank()),
+      size_(transport.size()),
+      dir_(std::move(dir)),
+      timeout_(timeout),
+      notices_(static_cast<size_t>(transport.size()), 0.0) {}
+
+bool MembershipWatch::changesAfter(uint64_t) {
+  if (group_.pending()) {
+    const std::vector<double> agreed = group_.finishMax(timeout_);
+    if (std::any_of(agreed.begin(), agreed.end(), [](double t) { return t > 0; })) {
+      leaving_.noticeAt = agreed;
+      for (int r = 0; r < size_; ++r) {
+        if (agreed[static_cast<size_t>(r)] > 0) leaving_.ranks.push_back(r);
+      }
+      return true;
+    }
+  }
+  if (rank_ == 0) {
+    pollRequest();
+  } else if (const double t = leaveNoticeTime(); t > 0) {
+    notices_[static_cast<size_t>(rank_)] = t;
+  }
+  group_.beginMax(notices_);
+  return false;
+}
+
+void MembershipWatch::settle() {
+  if (group_.pending()) group_.finishMax(timeout_);
+}
+
+void MembershipWatch::pollRequest() {
+  const fs::path path = membershipRequestPath(dir_);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  for (const auto& [r, at] : readRequest(path)) {
+    if (r <= 0 || r >= size_) {
+      spdlog::warn("membership request: rank {} cannot leave a job of {} ranks (rank 0 stays); ignored", r, size_);
+      continue;
+    }
+    double& notice = notices_[static_cast<size_t>(r)];
+    notice = notice > 0 ? std::min(notice, at) : at;
+  }
+  fs::remove(path, ec);
+}
+
+}  // namespace orpheus::engine
