@@ -2,6 +2,7 @@
 
 #include "ckpt/durable.h"
 #include "ckpt/layout.h"
+#include "comm/stall.h"
 #include "engine/base/error.h"
 #include "engine/elastic.h"
 
@@ -109,18 +110,32 @@ std::vector<int> requestShrink(const std::string& dir, const std::vector<int>& r
   return out;
 }
 
-MembershipWatch::MembershipWatch(LiveGroup& group, const comm::Transport& transport, std::string dir,
+MembershipWatch::MembershipWatch(LiveGroup& group, comm::Transport& transport, std::string dir,
                                  std::chrono::milliseconds timeout)
     : group_(group),
+      transport_(transport),
       rank_(transport.rank()),
       size_(transport.size()),
       dir_(std::move(dir)),
       timeout_(timeout),
       notices_(static_cast<size_t>(transport.size()), 0.0) {}
 
-bool MembershipWatch::changesAfter(uint64_t) {
+std::vector<double> MembershipWatch::finish(uint64_t clock) {
+  try {
+    return group_.finishMax(timeout_);
+  } catch (const TimeoutError&) {
+    // As a collective of the data plane: the peers that timed out too stay silent.
+    const comm::StallVerdict v = comm::findStalled(transport_.control(), rank_, size_, clock);
+    std::string message = fmt::format("rank {}: the membership agreement at clock {} did not complete within {} s",
+                                      rank_, clock, timeout_.count() / 1000.0);
+    if (!v.silent.empty()) message += "; stalled or gone: " + comm::rankList(v.silent);
+    throw comm::StallError(message, v.reports);
+  }
+}
+
+bool MembershipWatch::changesAfter(uint64_t clock) {
   if (group_.pending()) {
-    const std::vector<double> agreed = group_.finishMax(timeout_);
+    const std::vector<double> agreed = finish(clock);
     if (std::any_of(agreed.begin(), agreed.end(), [](double t) { return t > 0; })) {
       leaving_.noticeAt = agreed;
       for (int r = 0; r < size_; ++r) {

@@ -83,10 +83,11 @@ struct Leaving {
 class MembershipWatch {
  public:
   // `group` spans the ranks of `transport`; `dir`: the job's --ckpt-dir.
-  MembershipWatch(LiveGroup& group, const comm::Transport& transport, std::string dir,
+  MembershipWatch(LiveGroup& group, comm::Transport& transport, std::string dir,
                   std::chrono::milliseconds timeout);
   // Completes the previous clock's agreement and begins this one's. True when the
   // membership changes after `clock` (the same on every rank); then none is under way.
+  // comm::StallError when a peer does not take part within the timeout.
   bool changesAfter(uint64_t clock);
   // The job ends: completes the agreement under way, if any (collective).
   void settle();
@@ -94,8 +95,10 @@ class MembershipWatch {
 
  private:
   void pollRequest();
+  std::vector<double> finish(uint64_t clock);
 
   LiveGroup& group_;
+  comm::Transport& transport_;
   int rank_;
   int size_;
   std::string dir_;
