@@ -9,7 +9,7 @@
 #     (--resume --elastic): clocks lost, seconds from the kill to the resumed job's
 #     first clock (relaunch, data loading, restore, redistribution), total seconds and clocks to the
 #     target, ratio to static. Medians of $REPS runs.
-#  3. live scale-in: the same job, SIGTERM to rank $((NP-1)) once $KILL_AT clocks are
+#  3. live scale-in: the same job, SIGTERM to rank $((NP-1)) once $LIVE_AT clocks are
 #     logged; it leaves at the next clock boundary and the job goes on with $((NP-1))
 #     ranks without a restart (engine/live.h): release latency (notice -> replica,
 #     data and buffers freed, the job's `left` line), notice -> the process ended
@@ -17,7 +17,7 @@
 #     time), total seconds and clocks to the target. Medians of $REPS runs.
 # --balance is not implemented yet: its rows are absent.
 #
-# Options (environment): NP=4 BATCH=100 TARGET=0.8 KILL_AT=100 REPS=3 CLOCKS=3000
+# Options (environment): NP=4 BATCH=100 TARGET=0.8 KILL_AT=100 LIVE_AT=$KILL_AT REPS=3 CLOCKS=3000
 #   SMOKE=1 (tiny settings: a check that the script runs, not a measurement)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -26,7 +26,8 @@ ORPHEUS=${ORPHEUS:-$ROOT/build-release/engine/orpheus}
 DATA=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 NP=${NP:-4}; BATCH=${BATCH:-100}; TARGET=${TARGET:-0.8}; KILL_AT=${KILL_AT:-100}; REPS=${REPS:-3}
 CLOCKS=${CLOCKS:-3000}
-if [ "${SMOKE:-0}" = 1 ]; then NP=3; BATCH=20; TARGET=0.76; KILL_AT=50; REPS=1; CLOCKS=1500; fi
+LIVE_AT=${LIVE_AT:-$KILL_AT}
+if [ "${SMOKE:-0}" = 1 ]; then NP=3; BATCH=20; TARGET=0.76; KILL_AT=50; LIVE_AT=5; REPS=1; CLOCKS=1500; fi
 RES=${RES:-$ROOT/scripts/bench/results}; RAW="$ROOT/build/bench-raw/elastic"
 mkdir -p "$RES" "$RAW"
 flags=(--train "$DATA/train-images-idx3-ubyte.gz" --test "$DATA/t10k-images-idx3-ubyte.gz" --batch "$BATCH"
@@ -76,8 +77,8 @@ for rep in $(seq "$REPS"); do
   mpirun -n "$NP" --oversubscribe "$ORPHEUS" train "${flags[@]}" --ckpt-dir "$d/ckpt" --metrics "$d/m.jsonl" \
     >"$d/run.log" 2>&1 &
   job=$!
-  until [ "$(grep -o '"clock": [0-9]*' "$d/m.jsonl" 2>/dev/null | tail -n 1 | awk '{print $2}')" -ge "$KILL_AT" ] 2>/dev/null; do
-    kill -0 "$job" 2>/dev/null || { echo "elastic.sh: the job ended before clock $KILL_AT (raise TARGET)" >&2; exit 1; }
+  until [ "$(grep -o '"clock": [0-9]*' "$d/m.jsonl" 2>/dev/null | tail -n 1 | awk '{print $2}')" -ge "$LIVE_AT" ] 2>/dev/null; do
+    kill -0 "$job" 2>/dev/null || { echo "elastic.sh: the job ended before clock $LIVE_AT (raise TARGET)" >&2; exit 1; }
     sleep 0.05
   done
   victim=$(rankPid "$job" $((NP - 1)))
@@ -87,7 +88,9 @@ for rep in $(seq "$REPS"); do
   wait "$job"
   live_s+=("$(echo "$(now) - $start" | bc -l)")
   live_c+=("$(summary "$d/m.jsonl" clocks)")
-  release+=("$(summary "$d/m.jsonl" release_seconds)")
+  r=$(summary "$d/m.jsonl" release_seconds || true)
+  [ -n "$r" ] || { echo "elastic.sh: the job ended before rank $((NP - 1)) left (raise TARGET)" >&2; exit 1; }
+  release+=("$r")
 done
 
 m() { printf '%s\n' "$@" | median; }
@@ -98,7 +101,7 @@ m() { printf '%s\n' "$@" | median; }
   echo "| --- | --- | --- | --- | --- | --- |"
   echo "| static | $NP | $(m "${static_c[@]}") | $(m "${static_s[@]}") | | |"
   echo "| kill one at ~$KILL_AT, resume on $((NP - 1)) | $NP → $((NP - 1)) | $(m "${total_c[@]}") | $(m "${total_s[@]}") | $(m "${lost[@]}") | $(m "${gap[@]}") |"
-  echo "| live: SIGTERM to one at ~$KILL_AT, it leaves | $NP → $((NP - 1)) | $(m "${live_c[@]}") | $(m "${live_s[@]}") | 0 | |"
+  echo "| live: SIGTERM to one at ~$LIVE_AT, it leaves | $NP → $((NP - 1)) | $(m "${live_c[@]}") | $(m "${live_s[@]}") | 0 | |"
   echo
   echo "live scale-in, notice → the leaving rank's replica, data and buffers freed (release latency): $(m "${release[@]}") s;"
   echo "notice → its process ended: $(m "${exited[@]}") s (MPI_Finalize waits for the whole job)"
