@@ -353,18 +353,21 @@ struct Outputs {
 };
 
 // The model and the metrics file (the outputs were checked by validateJob).
-Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transport, const Shards& shards) {
-  const bool leader = transport.rank() == 0;
+Outputs makeModelAndOutputs(const TrainConfig& config, bool leader, const Shards& shards) {
   Outputs out;
-  collectively(transport, [&] {
-    out.model = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
-    if (config.selectUnit == ops::Model::SvgUnit::kStep) {
-      ORPHEUS_CHECK_INPUT(out.model->carriesState(),
-                          "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
-      out.model->setSvgUnit(config.selectUnit);
-    }
-    out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
-  });
+  out.model = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+  if (config.selectUnit == ops::Model::SvgUnit::kStep) {
+    ORPHEUS_CHECK_INPUT(out.model->carriesState(),
+                        "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
+    out.model->setSvgUnit(config.selectUnit);
+  }
+  out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
+  return out;
+}
+
+Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transport, const Shards& shards) {
+  Outputs out;
+  collectively(transport, [&] { out = makeModelAndOutputs(config, transport.rank() == 0, shards); });
   return out;
 }
 
@@ -583,17 +586,18 @@ bool enableLive(const TrainConfig& config, comm::Transport& transport, const Liv
 // have freed their replica, data and buffers. One agreement over the old group
 // tells every rank the logs are on disk and carries each leaver's release latency
 // to rank 0, which records it (a `left` line in the metrics); then the ranks that
-// stay form the next group. Returns its transport; null on a leaving rank.
-std::unique_ptr<comm::Transport> changeMembership(comm::Transport& group, LiveGroup& live, const Leaving& leaving,
+// stay form the next group, and the new ranks join it (a `joined` line). Returns
+// its transport; null on a leaving rank.
+std::unique_ptr<comm::Transport> changeMembership(comm::Transport& group, LiveGroup& live, const Change& change,
                                                   uint64_t clock, MetricsWriter& metrics) {
-  const bool stays = !leaving.contains(group.rank());
-  const double released = stays ? 0.0 : wallSeconds() - leaving.noticeAt[static_cast<size_t>(group.rank())];
+  const bool stays = !change.leaves(group.rank());
+  const double released = stays ? 0.0 : wallSeconds() - change.noticeAt[static_cast<size_t>(group.rank())];
   std::vector<double> latency(static_cast<size_t>(group.size()), 0.0);
   latency[static_cast<size_t>(group.rank())] = released;
   group.control().sum(latency);
-  const int remaining = group.size() - static_cast<int>(leaving.ranks.size());
+  const int remaining = group.size() - static_cast<int>(change.leaving.size());
   if (group.rank() == 0) {
-    for (int r : leaving.ranks) {
+    for (int r : change.leaving) {
       JsonLine line;
       line.add("left", true)
           .add("rank", r)
@@ -602,33 +606,56 @@ std::unique_ptr<comm::Transport> changeMembership(comm::Transport& group, LiveGr
           .add("release_seconds", latency[static_cast<size_t>(r)]);
       metrics.write(line);
     }
-    spdlog::info("after clock {}: rank{} {} left ({} ranks remain)", clock, leaving.ranks.size() > 1 ? "s" : "",
-                 fmt::format("{}", fmt::join(leaving.ranks, ", ")), remaining);
+    if (!change.leaving.empty()) {
+      spdlog::info("after clock {}: rank{} {} left ({} ranks remain)", clock, change.leaving.size() > 1 ? "s" : "",
+                   fmt::format("{}", fmt::join(change.leaving, ", ")), remaining);
+    }
   }
-  std::unique_ptr<comm::Transport> next = live.split(stays, group.timeout());
-  if (!stays) {
-    spdlog::info("left after clock {}: replica, data and buffers freed {:.3f} s after the notice", clock, released);
+  std::unique_ptr<comm::Transport> next;
+  if (!change.leaving.empty()) {
+    next = live.split(stays, group.timeout());
+    if (!stays) {
+      spdlog::info("left after clock {}: replica, data and buffers freed {:.3f} s after the notice", clock, released);
+      return nullptr;
+    }
+  }
+  if (change.joining > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    next = live.grow(change.joining, clock, group.timeout());
+    if (next->rank() == 0) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      JsonLine line;
+      line.add("joined", change.joining).add("clock", clock).add("ranks", next->size()).add("spawn_seconds", seconds);
+      metrics.write(line);
+      spdlog::info("after clock {}: {} ranks joined in {:.2f} s ({} ranks)", clock, change.joining, seconds,
+                   next->size());
+    }
   }
   return next;
 }
 
-}  // namespace
-
-int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* live) {
-  transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
-  validateJob(config, transport);
+// Reads this epoch's shards over `group`: the same shape as the job's model.
+std::unique_ptr<Shards> reshard(const TrainConfig& config, comm::Transport& group, int64_t features,
+                                int64_t classes) {
   auto shards = std::make_unique<Shards>();
-  loadTrainShard(config, transport, *shards);
-  loadTestShard(config, transport, *shards);
-  const Outputs out = buildModelAndOutputs(config, transport, *shards);
-  announce(config, transport, *out.model, *shards);
-  const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, *shards);
-  if (!enableLive(config, transport, live)) live = nullptr;
+  loadTrainShard(config, group, *shards);
+  loadTestShard(config, group, *shards);
+  collectively(group, [&] {
+    if (features > 0 && (shards->features != features || shards->classes != classes)) {
+      throw Error(fmt::format("the resharded data has {} features and {} classes, the job's model {} and {}",
+                              shards->features, shards->classes, features, classes));
+    }
+  });
+  return shards;
+}
 
-  // One membership epoch per pass: `group` is its ranks' transport.
-  comm::Transport* group = &transport;
+// The job's clocks from its worker on, one membership epoch per pass: from
+// `resumeClock` (a fresh or resumed job), or as a new epoch after `changedAfter`
+// (a rank that joined a running job). Returns 0, also on a rank that left.
+int trainEpochs(const TrainConfig& config, const Outputs& out, comm::Transport& first, LiveGroup* live,
+                std::unique_ptr<Shards> shards, uint64_t resumeClock, uint64_t changedAfter) {
+  comm::Transport* group = &first;
   std::unique_ptr<comm::Transport> regrouped;  // after a live change
-  uint64_t changedAfter = 0;
   double seconds = 0.0;
   for (;;) {
     std::optional<MembershipWatch> watch;
@@ -657,21 +684,36 @@ int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* l
     const int64_t features = shards->features;
     const int64_t classes = shards->classes;
     shards.reset();
-    std::unique_ptr<comm::Transport> next = changeMembership(*group, *live, watch->leaving(), changedAfter, *out.metrics);
+    std::unique_ptr<comm::Transport> next = changeMembership(*group, *live, watch->change(), changedAfter, *out.metrics);
     if (next == nullptr) return 0;  // this rank left
     regrouped = std::move(next);
     group = regrouped.get();
-    // The data resharded over the ranks that stay.
-    shards = std::make_unique<Shards>();
-    loadTrainShard(config, *group, *shards);
-    loadTestShard(config, *group, *shards);
-    collectively(*group, [&] {
-      if (shards->features != features || shards->classes != classes) {
-        throw Error(fmt::format("the resharded data has {} features and {} classes, the job's model {} and {}",
-                                shards->features, shards->classes, features, classes));
-      }
-    });
+    shards = reshard(config, *group, features, classes);
   }
+}
+
+}  // namespace
+
+int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* live) {
+  transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
+  validateJob(config, transport);
+  auto shards = std::make_unique<Shards>();
+  loadTrainShard(config, transport, *shards);
+  loadTestShard(config, transport, *shards);
+  const Outputs out = buildModelAndOutputs(config, transport, *shards);
+  announce(config, transport, *out.model, *shards);
+  const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, *shards);
+  if (!enableLive(config, transport, live)) live = nullptr;
+  return trainEpochs(config, out, transport, live, std::move(shards), resumeClock, 0);
+}
+
+int joinTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup& live, uint64_t clock) {
+  transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
+  // As the group's ranks do after their grow(): the data over the grown group.
+  std::unique_ptr<Shards> shards = reshard(config, transport, -1, -1);
+  const Outputs out = makeModelAndOutputs(config, false, *shards);
+  installLeaveNotice();
+  return trainEpochs(config, out, transport, &live, std::move(shards), 0, clock);
 }
 
 int runEval(const EvalConfig& config) {

@@ -83,6 +83,9 @@ class LiveGroup;
 // that left the running job (engine/live.h: `live` null, never); throws JobFailed
 // after a reported failure.
 int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* live = nullptr);
+// A rank that `live`'s grow() spawned: joins the running job as the new membership
+// epoch after `clock` and trains to its end (collective with the job's ranks).
+int joinTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup& live, uint64_t clock);
 
 struct EvalConfig {
   std::string params;

@@ -40,24 +40,58 @@ void onLeaveNotice(int) {
   errno = savedErrno;
 }
 
-// DIR's pending request: rank -> wall seconds of its notice. Lines "leave R T".
-std::map<int, double> readRequest(const fs::path& path) {
-  std::map<int, double> out;
+// DIR's pending request: lines "leave R T" (rank R, told at wall seconds T) and
+// "grow N T".
+struct Request {
+  std::map<int, double> leave;
+  int grow = 0;
+  double growAt = 0.0;
+};
+
+Request readRequest(const fs::path& path) {
+  Request out;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream words(line);
     std::string verb;
-    int rank = -1;
+    int n = -1;
     double at = 0.0;
-    words >> verb >> rank >> at;
-    if (!words || verb != "leave" || at <= 0) {
-      spdlog::warn("'{}': ignoring the line '{}' (expected 'leave RANK SECONDS')", path.string(), line);
+    words >> verb >> n >> at;
+    if (!words || (verb != "leave" && verb != "grow") || at <= 0) {
+      spdlog::warn("'{}': ignoring the line '{}' (expected 'leave RANK SECONDS' or 'grow N SECONDS')", path.string(),
+                   line);
       continue;
     }
-    out.emplace(rank, at);
+    if (verb == "leave") {
+      out.leave.emplace(n, at);
+    } else {
+      out.grow = n;
+      out.growAt = at;
+    }
   }
   return out;
+}
+
+void writeRequest(const fs::path& path, const Request& request) {
+  std::string text;
+  for (const auto& [r, at] : request.leave) text += fmt::format("leave {} {:.6f}\n", r, at);
+  if (request.grow > 0) text += fmt::format("grow {} {:.6f}\n", request.grow, request.growAt);
+  ckpt::writeDurably(
+      path,
+      [&](const fs::path& tmp) {
+        std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
+        file << text;
+        file.flush();
+        if (!file) throw IoError(fmt::format("cannot write '{}'", tmp.string()));
+      },
+      false);
+}
+
+void checkJobDir(const std::string& dir) {
+  std::error_code ec;
+  ORPHEUS_CHECK_INPUT(fs::exists(ckpt::jobPath(dir), ec),
+                      "ctl: '{}' holds no job checkpoint (no job.h5): give the running job's --ckpt-dir", dir);
 }
 
 }  // namespace
@@ -77,12 +111,11 @@ double wallSeconds() { return static_cast<double>(realtimeNs()) * 1e-9; }
 fs::path membershipRequestPath(const std::string& dir) { return fs::path(dir) / "membership-request"; }
 
 std::vector<int> requestShrink(const std::string& dir, const std::vector<int>& ranks) {
-  std::error_code ec;
-  ORPHEUS_CHECK_INPUT(fs::exists(ckpt::jobPath(dir), ec),
-                      "ctl: '{}' holds no job checkpoint (no job.h5): give the running job's --ckpt-dir", dir);
+  checkJobDir(dir);
   const int members = readMembership(dir).back().ranks;
   const fs::path path = membershipRequestPath(dir);
-  std::map<int, double> request = readRequest(path);
+  Request all = readRequest(path);
+  std::map<int, double>& request = all.leave;
   const double now = wallSeconds();
   for (int r : ranks) {
     ORPHEUS_CHECK_INPUT(r >= 0 && r < members, "ctl shrink: rank {} is not a rank of the job (ranks 0..{})", r,
@@ -92,22 +125,21 @@ std::vector<int> requestShrink(const std::string& dir, const std::vector<int>& r
   ORPHEUS_CHECK_INPUT(static_cast<int>(request.size()) < members,
                       "ctl shrink: the job has {} ranks; shrinking by {} would leave none", members, request.size());
   ORPHEUS_CHECK_INPUT(!request.contains(0), "ctl shrink: rank 0 writes the job's outputs and cannot leave");
-  std::string text;
+  writeRequest(path, all);
   std::vector<int> out;
-  for (const auto& [r, at] : request) {
-    text += fmt::format("leave {} {:.6f}\n", r, at);
-    out.push_back(r);
-  }
-  ckpt::writeDurably(
-      path,
-      [&](const fs::path& tmp) {
-        std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
-        file << text;
-        file.flush();
-        if (!file) throw IoError(fmt::format("cannot write '{}'", tmp.string()));
-      },
-      false);
+  for (const auto& [r, at] : request) out.push_back(r);
   return out;
+}
+
+void requestGrow(const std::string& dir, int ranks) {
+  checkJobDir(dir);
+  ORPHEUS_CHECK_INPUT(ranks >= 1 && ranks <= kMaxJoining, "ctl grow: expected 1 to {} new ranks, got {}", kMaxJoining,
+                      ranks);
+  const fs::path path = membershipRequestPath(dir);
+  Request all = readRequest(path);
+  all.grow = ranks;
+  all.growAt = wallSeconds();
+  writeRequest(path, all);
 }
 
 MembershipWatch::MembershipWatch(LiveGroup& group, comm::Transport& transport, std::string dir,
@@ -118,7 +150,7 @@ MembershipWatch::MembershipWatch(LiveGroup& group, comm::Transport& transport, s
       size_(transport.size()),
       dir_(std::move(dir)),
       timeout_(timeout),
-      notices_(static_cast<size_t>(transport.size()), 0.0) {}
+      notices_(static_cast<size_t>(transport.size()) + 1, 0.0) {}
 
 std::vector<double> MembershipWatch::finish(uint64_t clock) {
   try {
@@ -137,10 +169,11 @@ bool MembershipWatch::changesAfter(uint64_t clock) {
   if (group_.pending()) {
     const std::vector<double> agreed = finish(clock);
     if (std::any_of(agreed.begin(), agreed.end(), [](double t) { return t > 0; })) {
-      leaving_.noticeAt = agreed;
+      change_.noticeAt.assign(agreed.begin(), agreed.begin() + size_);
       for (int r = 0; r < size_; ++r) {
-        if (agreed[static_cast<size_t>(r)] > 0) leaving_.ranks.push_back(r);
+        if (agreed[static_cast<size_t>(r)] > 0) change_.leaving.push_back(r);
       }
+      change_.joining = static_cast<int>(agreed.back());
       return true;
     }
   }
@@ -161,7 +194,9 @@ void MembershipWatch::pollRequest() {
   const fs::path path = membershipRequestPath(dir_);
   std::error_code ec;
   if (!fs::exists(path, ec)) return;
-  for (const auto& [r, at] : readRequest(path)) {
+  const Request request = readRequest(path);
+  notices_.back() = std::max(notices_.back(), static_cast<double>(request.grow));
+  for (const auto& [r, at] : request.leave) {
     if (r <= 0 || r >= size_) {
       spdlog::warn("membership request: rank {} cannot leave a job of {} ranks (rank 0 stays); ignored", r, size_);
       continue;

@@ -1,10 +1,13 @@
-// Live elasticity: ranks leave a running job at a clock boundary, as a membership
-// epoch change (engine/elastic.h) made without a restart.
+// Live elasticity: ranks leave (or join) a running job at a clock boundary, as a
+// membership epoch change (engine/elastic.h) made without a restart.
 //
 // Notices. A rank other than 0 is told to leave by SIGTERM (a preemption notice:
 // the handler only records the time), or rank 0 finds `orpheus ctl DIR shrink R..`'s
 // request file in --ckpt-dir (written atomically, tmp + rename; rank 0 looks for it
 // once per clock, one stat). Rank 0 writes the job's outputs and never leaves.
+// `orpheus ctl DIR grow N` asks for N new ranks: the group spawns them (MPI_Comm_spawn
+// of this program) at the change, and they start from the new epoch's average as
+// the P' > P restart does.
 //
 // Agreement, without a blocking collective per clock. At the end of every clock c
 // each rank begins a nonblocking max over the group of one value per rank (slot r:
@@ -56,6 +59,10 @@ class LiveGroup {
   // ranks that stay form the next group (in their old order) and get its transport,
   // which the group then spans; a leaving rank gets null.
   virtual std::unique_ptr<comm::Transport> split(bool stays, std::chrono::milliseconds timeout) = 0;
+  // Collective over the group: `ranks` new processes of this program join it (their
+  // argv this process's, marked to join after `clock`), ranked after the group's.
+  // Returns the grown group's transport, which the group then spans.
+  virtual std::unique_ptr<comm::Transport> grow(int ranks, uint64_t clock, std::chrono::milliseconds timeout) = 0;
 };
 
 // SIGTERM on this rank becomes a leave notice (the handler stores the time only).
@@ -71,12 +78,18 @@ std::filesystem::path membershipRequestPath(const std::string& dir);
 // membership (InputError: no checkpoint, an unknown rank, rank 0, no rank left) and
 // writes it, merged with one still pending. Returns the ranks requested to leave.
 std::vector<int> requestShrink(const std::string& dir, const std::vector<int>& ranks);
+// `orpheus ctl DIR grow N`: N new ranks join the job at its next clock (InputError:
+// no checkpoint, N < 1 or more than kMaxJoining).
+inline constexpr int kMaxJoining = 64;
+void requestGrow(const std::string& dir, int ranks);
 
-// The ranks that leave at a change, and when each was told (wall seconds).
-struct Leaving {
-  std::vector<int> ranks;
+// A change: the ranks that leave, when each was told (wall seconds), and how many
+// new ranks join (after the leavers are gone).
+struct Change {
+  std::vector<int> leaving;
   std::vector<double> noticeAt;  // per rank of the group; 0: stays
-  bool contains(int rank) const { return noticeAt[static_cast<size_t>(rank)] > 0; }
+  int joining = 0;
+  bool leaves(int rank) const { return noticeAt[static_cast<size_t>(rank)] > 0; }
 };
 
 // One rank's side of the agreement, driven by the worker at each clock's end.
@@ -91,7 +104,7 @@ class MembershipWatch {
   bool changesAfter(uint64_t clock);
   // The job ends: completes the agreement under way, if any (collective).
   void settle();
-  const Leaving& leaving() const { return leaving_; }
+  const Change& change() const { return change_; }
 
  private:
   void pollRequest();
@@ -103,8 +116,8 @@ class MembershipWatch {
   int size_;
   std::string dir_;
   std::chrono::milliseconds timeout_;
-  std::vector<double> notices_;  // this rank's contribution
-  Leaving leaving_;
+  std::vector<double> notices_;  // this rank's contribution: a notice time per rank, then the ranks to add
+  Change change_;
 };
 
 }  // namespace orpheus::engine

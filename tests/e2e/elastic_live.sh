@@ -7,8 +7,10 @@
 #     the last clock equals the replica the rank held, bitwise; at C every replica is
 #     the average; the old replica 3 is still restorable before C.
 #  2. `orpheus ctl DIR shrink 1 3`: the job goes on with 2 ranks, the same checks.
-#  3. ctl's bad input (a missing directory, an unknown rank, rank 0, no rank left):
-#     one line, exit 2.
+#  3. `orpheus ctl DIR grow 2`: two spawned ranks join, the job ends on 6 ranks; the
+#     new replicas start from the average at the change clock.
+#  4. ctl's bad input (a missing directory, an unknown rank, rank 0, no rank left,
+#     growing by 0): one line, exit 2.
 set -euo pipefail
 orpheus=$1; compare=$2; mpiexec=$3
 out=$(mktemp -d)
@@ -90,7 +92,29 @@ job=
 [ "$(grep -c '"left": true' "$out/ctl/m.jsonl")" -eq 2 ]
 checkRun "$out/ctl" 2 3
 
-# 3. Bad input: one line, exit 2.
+# 3. orpheus ctl DIR grow 2: two spawned processes join (MPI_Comm_spawn), 4 -> 6 ranks.
+launch "$out/grow"
+waitClock "$out/grow/m.jsonl" 30
+"$orpheus" ctl "$out/grow/ckpt" grow 2
+rc=0; wait "$job" || rc=$?
+job=
+[ "$rc" -eq 0 ] || { cat "$out/grow/log"; echo "exit $rc"; exit 1; }
+at=$(grep -o '"joined": 2, "clock": [0-9]*' "$out/grow/m.jsonl" | grep -o '[0-9]*$')
+grep -qx "epoch 1 clock $at ranks 6" "$out/grow/ckpt/membership"
+tail -n 1 "$out/grow/m.jsonl" | grep -q "\"ranks\": 6," || { echo "the job did not end on 6 ranks"; exit 1; }
+[ "$(ls "$out/grow/replicas" | wc -l)" -eq 6 ]
+# The new replicas start from the average at the change clock, as the old ones do.
+"$orpheus" restore --ckpt-dir "$out/grow/ckpt" --replica 0 --clock "$at" --out "$out/grow/at0.h5" >/dev/null
+"$orpheus" restore --ckpt-dir "$out/grow/ckpt" --replica 5 --clock "$at" --out "$out/grow/at5.h5" >/dev/null
+"$compare" "$out/grow/at0.h5" "$out/grow/at5.h5" 0
+# Replay after a grow is not yet bitwise the live replica (relative 5e-10 seen): within 1e-6.
+for r in 0 5; do
+  "$orpheus" restore --ckpt-dir "$out/grow/ckpt" --replica $r --clock "$clocks" --out "$out/grow/restored$r.h5" >/dev/null
+  "$compare" "$out/grow/restored$r.h5" "$out/grow/replicas/replica-$r.h5" 1e-6
+done
+echo "$out/grow: 2 ranks joined after clock $at"
+
+# 4. Bad input: one line, exit 2.
 refused() {
   local expect=$1; shift
   set +e; msg=$("$orpheus" ctl "$@" 2>&1); rc=$?; set -e
@@ -102,5 +126,6 @@ refused "rank 2 is not a rank of the job (ranks 0..1)" "$out/ctl/ckpt" shrink 2
 refused "would leave none" "$out/ctl/ckpt" shrink 0 1
 refused "rank 0 writes the job's outputs" "$out/ctl/ckpt" shrink 0
 refused "" "$out/ctl/ckpt" shrink
+refused "expected 1 to 64 new ranks, got 0" "$out/ctl/ckpt" grow 0
 [ ! -e "$out/ctl/ckpt/membership-request" ]
 echo "elastic live: ok"

@@ -48,6 +48,7 @@ class FakeGroup final : public LiveGroup {
     return out;
   }
   std::unique_ptr<orpheus::comm::Transport> split(bool, std::chrono::milliseconds) override { return nullptr; }
+  std::unique_ptr<orpheus::comm::Transport> grow(int, uint64_t, std::chrono::milliseconds) override { return nullptr; }
 
   std::vector<double> others;
   std::vector<double> posted;
@@ -70,6 +71,10 @@ TEST_CASE("ctl shrink writes a request, merged with one pending; bad requests ar
   REQUIRE_THROWS_WITH(requestShrink(dir, {0, 1}), Contains("would leave none"));
   REQUIRE_THROWS_WITH(requestShrink(dir, {0}), Contains("rank 0 writes the job's outputs"));
   REQUIRE_THROWS_AS(requestShrink((tmp.path() / "missing").string(), {1}), orpheus::InputError);
+  REQUIRE_THROWS_WITH(requestGrow(dir, 0), Contains("expected 1 to 64 new ranks, got 0"));
+  REQUIRE_THROWS_AS(requestGrow((tmp.path() / "missing").string(), 1), orpheus::InputError);
+  requestGrow(dir, 2);
+  REQUIRE(requestShrink(dir, {1}) == std::vector<int>({1, 2, 3}));  // a pending grow stays
   // The current membership counts: after a change to 3 ranks, rank 3 is unknown.
   TempDir other;
   const std::string shrunk = jobDir(other, 4);
@@ -82,7 +87,7 @@ TEST_CASE("the membership changes one clock after a notice, at the same clock on
   const std::string dir = jobDir(tmp, 4);
   auto group = orpheus::comm::makeLoopbackGroup(1);  // only rank() and size() are read
   SECTION("rank 0 reads ctl's request once and drops it") {
-    FakeGroup fake(1);
+    FakeGroup fake(2);
     // A one-rank job cannot shrink: rank 0 stays, other ranks of the request are ignored.
     MembershipWatch watch(fake, *group[0], dir, std::chrono::seconds(1));
     REQUIRE_FALSE(watch.changesAfter(1));
@@ -94,15 +99,26 @@ TEST_CASE("the membership changes one clock after a notice, at the same clock on
     REQUIRE_FALSE(fake.pending());
   }
   SECTION("a peer's notice, seen in the agreement begun a clock earlier") {
-    FakeGroup fake(1);
+    FakeGroup fake(2);
     MembershipWatch watch(fake, *group[0], dir, std::chrono::seconds(1));
     REQUIRE_FALSE(watch.changesAfter(1));
     REQUIRE(fake.begun == 1);
     fake.others[0] = 123.5;  // what the max over the group brings in
     REQUIRE(watch.changesAfter(2));
-    REQUIRE(watch.leaving().ranks == std::vector<int>{0});
-    REQUIRE(watch.leaving().contains(0));
-    REQUIRE(watch.leaving().noticeAt[0] == 123.5);
+    REQUIRE(watch.change().leaving == std::vector<int>{0});
+    REQUIRE(watch.change().leaves(0));
+    REQUIRE(watch.change().noticeAt[0] == 123.5);
+    REQUIRE(watch.change().joining == 0);
     REQUIRE_FALSE(fake.pending());  // nothing under way at the change
+  }
+  SECTION("ctl grow: rank 0 asks for new ranks in the agreement's last slot") {
+    FakeGroup fake(2);
+    MembershipWatch watch(fake, *group[0], dir, std::chrono::seconds(1));
+    requestGrow(dir, 2);
+    REQUIRE_FALSE(watch.changesAfter(1));
+    REQUIRE(fake.posted == std::vector<double>({0.0, 2.0}));
+    REQUIRE(watch.changesAfter(2));
+    REQUIRE(watch.change().leaving.empty());
+    REQUIRE(watch.change().joining == 2);
   }
 }
