@@ -8,6 +8,7 @@
 #include "engine/checkpoint.h"
 #include "engine/elastic.h"
 #include "engine/job_record.h"
+#include "engine/live.h"
 #include "engine/metrics.h"
 #include "engine/outputs.h"
 #include "engine/synthetic_data.h"
@@ -16,6 +17,7 @@
 #include "ops/loss_parser.h"
 #include "ops/mlr.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -24,6 +26,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -352,21 +355,24 @@ struct Outputs {
 };
 
 // The model and the metrics file (the outputs were checked by validateJob).
-Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transport, const Shards& shards) {
-  const bool leader = transport.rank() == 0;
+Outputs makeModelAndOutputs(const TrainConfig& config, bool leader, const Shards& shards) {
   Outputs out;
-  collectively(transport, [&] {
-    out.model = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
-    if (config.selectUnit == ops::Model::SvgUnit::kStep) {
-      ORPHEUS_CHECK_INPUT(out.model->carriesState(),
-                          "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
-      out.model->setSvgUnit(config.selectUnit);
-    }
-    ORPHEUS_CHECK_INPUT(!config.balance || !out.model->carriesState(),
-                        "--balance changes each rank's minibatch size, but model '{}' carries state from one "
-                        "minibatch to the next", config.model);
-    out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
-  });
+  out.model = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+  if (config.selectUnit == ops::Model::SvgUnit::kStep) {
+    ORPHEUS_CHECK_INPUT(out.model->carriesState(),
+                        "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
+    out.model->setSvgUnit(config.selectUnit);
+  }
+  ORPHEUS_CHECK_INPUT(!config.balance || !out.model->carriesState(),
+                      "--balance changes each rank's minibatch size, but model '{}' carries state from one "
+                      "minibatch to the next", config.model);
+  out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
+  return out;
+}
+
+Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transport, const Shards& shards) {
+  Outputs out;
+  collectively(transport, [&] { out = makeModelAndOutputs(config, transport.rank() == 0, shards); });
   return out;
 }
 
@@ -454,10 +460,11 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
   return static_cast<uint64_t>(shared[0]);
 }
 
-// --resume --elastic on a different number of ranks: the next membership epoch
-// starts at `resumeClock` from the average of the previous one (engine/elastic.h).
+// --resume --elastic on a different number of ranks, or a live membership change
+// (engine/live.h): the next membership epoch starts at `resumeClock` from the
+// average of the previous one (engine/elastic.h).
 void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
-                   const std::vector<Epoch>& epochs, uint64_t resumeClock) {
+                   const std::vector<Epoch>& epochs, uint64_t resumeClock, bool live = false) {
   ElasticStart start = redistribute(config, transport, model, epochs, resumeClock);
   worker.setEpoch(start.epoch.epoch);
   // Collective: rejoinAt agrees on the snapshot parts itself.
@@ -467,9 +474,9 @@ void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& t
     if (transport.rank() == 0) appendEpoch(config.ckptDir, start.epoch);
   });
   if (transport.rank() == 0) {
-    spdlog::info("resumed from clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
-                 resumeClock, config.ckptDir, transport.size(), epochAfter(epochs, resumeClock).ranks,
-                 start.epoch.epoch);
+    spdlog::info("{} clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
+                 live ? "continued after" : "resumed from", resumeClock, config.ckptDir, transport.size(),
+                 epochAfter(epochs, resumeClock).ranks, start.epoch.epoch);
   }
 }
 
@@ -560,22 +567,160 @@ void saveAndReport(const TrainConfig& config, const comm::Transport& transport, 
   std::fflush(stdout);
 }
 
+// Whether ranks may leave this job while it runs (engine/live.h); if so, SIGTERM on
+// a rank other than 0 is its notice, and a request left over from an earlier run of
+// the job is dropped.
+bool enableLive(const TrainConfig& config, comm::Transport& transport, const LiveGroup* live) {
+  // --balance lays its chunk ownership out over a fixed set of ranks (engine/balance.h):
+  // such a job keeps its membership.
+  if (live == nullptr || !config.ckptSv || config.sync != SyncMode::kSv || config.consistency != Consistency::kBsp ||
+      transport.size() < 2 || config.balance) {
+    return false;
+  }
+  if (transport.rank() != 0) {
+    installLeaveNotice();
+  } else {
+    std::error_code ec;
+    if (std::filesystem::remove(membershipRequestPath(config.ckptDir), ec)) {
+      spdlog::warn("dropped a membership request left in '{}' before the job started", config.ckptDir);
+    }
+  }
+  return true;
+}
+
+// The live membership change after `clock` (engine/live.h), once every rank of
+// `group` has drained the clock and made its log durable, and the leaving ranks
+// have freed their replica, data and buffers. One agreement over the old group
+// tells every rank the logs are on disk and carries each leaver's release latency
+// to rank 0, which records it (a `left` line in the metrics); then the ranks that
+// stay form the next group, and the new ranks join it (a `joined` line). Returns
+// its transport; null on a leaving rank.
+std::unique_ptr<comm::Transport> changeMembership(comm::Transport& group, LiveGroup& live, const Change& change,
+                                                  uint64_t clock, MetricsWriter& metrics) {
+  const bool stays = !change.leaves(group.rank());
+  const double released = stays ? 0.0 : wallSeconds() - change.noticeAt[static_cast<size_t>(group.rank())];
+  std::vector<double> latency(static_cast<size_t>(group.size()), 0.0);
+  latency[static_cast<size_t>(group.rank())] = released;
+  group.control().sum(latency);
+  const int remaining = group.size() - static_cast<int>(change.leaving.size());
+  if (group.rank() == 0) {
+    for (int r : change.leaving) {
+      JsonLine line;
+      line.add("left", true)
+          .add("rank", r)
+          .add("clock", clock)
+          .add("ranks", remaining)
+          .add("release_seconds", latency[static_cast<size_t>(r)]);
+      metrics.write(line);
+    }
+    if (!change.leaving.empty()) {
+      spdlog::info("after clock {}: rank{} {} left ({} ranks remain)", clock, change.leaving.size() > 1 ? "s" : "",
+                   fmt::format("{}", fmt::join(change.leaving, ", ")), remaining);
+    }
+  }
+  std::unique_ptr<comm::Transport> next;
+  if (!change.leaving.empty()) {
+    next = live.split(stays, group.timeout());
+    if (!stays) {
+      spdlog::info("left after clock {}: replica, data and buffers freed {:.3f} s after the notice", clock, released);
+      return nullptr;
+    }
+  }
+  if (change.joining > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    next = live.grow(change.joining, clock, group.timeout());
+    if (next->rank() == 0) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      JsonLine line;
+      line.add("joined", change.joining).add("clock", clock).add("ranks", next->size()).add("spawn_seconds", seconds);
+      metrics.write(line);
+      spdlog::info("after clock {}: {} ranks joined in {:.2f} s ({} ranks)", clock, change.joining, seconds,
+                   next->size());
+    }
+  }
+  return next;
+}
+
+// Reads this epoch's shards over `group`: the same shape as the job's model.
+std::unique_ptr<Shards> reshard(const TrainConfig& config, comm::Transport& group, int64_t features,
+                                int64_t classes) {
+  auto shards = std::make_unique<Shards>();
+  loadTrainShard(config, group, *shards);
+  loadTestShard(config, group, *shards);
+  collectively(group, [&] {
+    if (features > 0 && (shards->features != features || shards->classes != classes)) {
+      throw Error(fmt::format("the resharded data has {} features and {} classes, the job's model {} and {}",
+                              shards->features, shards->classes, features, classes));
+    }
+  });
+  return shards;
+}
+
+// The job's clocks from its worker on, one membership epoch per pass: from
+// `resumeClock` (a fresh or resumed job), or as a new epoch after `changedAfter`
+// (a rank that joined a running job). Returns 0, also on a rank that left.
+int trainEpochs(const TrainConfig& config, const Outputs& out, comm::Transport& first, LiveGroup* live,
+                std::unique_ptr<Shards> shards, uint64_t resumeClock, uint64_t changedAfter) {
+  comm::Transport* group = &first;
+  std::unique_ptr<comm::Transport> regrouped;  // after a live change
+  double seconds = 0.0;
+  for (;;) {
+    std::optional<MembershipWatch> watch;
+    if (live != nullptr) watch.emplace(*live, *group, config.ckptDir, group->timeout());
+    {
+      Worker worker(config, *out.model, *group, shards->train, shards->haveTest ? &shards->test : nullptr);
+      if (changedAfter == 0) {
+        resume(worker, config, *group, *out.model, resumeClock);
+      } else {
+        std::vector<Epoch> epochs;
+        collectively(*group, [&] { epochs = readMembership(config.ckptDir); });
+        resumeElastic(worker, config, *group, *out.model, epochs, changedAfter, true);
+      }
+      worker.continueTiming(seconds);
+      worker.watchMembership(watch ? &*watch : nullptr);
+      runWorker(worker, *out.metrics, *group);
+      if (worker.changesAfter() == 0) {
+        if (watch) watch->settle();
+        saveAndReport(config, *group, worker, *out.model, *shards);
+        return 0;
+      }
+      changedAfter = worker.changesAfter();
+      seconds = worker.trainSeconds();
+    }
+    // The membership changes after `changedAfter`: the worker is gone; the data goes too.
+    const int64_t features = shards->features;
+    const int64_t classes = shards->classes;
+    shards.reset();
+    std::unique_ptr<comm::Transport> next = changeMembership(*group, *live, watch->change(), changedAfter, *out.metrics);
+    if (next == nullptr) return 0;  // this rank left
+    regrouped = std::move(next);
+    group = regrouped.get();
+    shards = reshard(config, *group, features, classes);
+  }
+}
+
 }  // namespace
 
-int runTrain(const TrainConfig& config, comm::Transport& transport) {
+int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* live) {
   transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
   validateJob(config, transport);
-  Shards shards;
-  loadTrainShard(config, transport, shards);
-  loadTestShard(config, transport, shards);
-  const Outputs out = buildModelAndOutputs(config, transport, shards);
-  announce(config, transport, *out.model, shards);
-  const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, shards);
-  Worker worker(config, *out.model, transport, shards.train, shards.haveTest ? &shards.test : nullptr);
-  resume(worker, config, transport, *out.model, resumeClock);
-  runWorker(worker, *out.metrics, transport);
-  saveAndReport(config, transport, worker, *out.model, shards);
-  return 0;
+  auto shards = std::make_unique<Shards>();
+  loadTrainShard(config, transport, *shards);
+  loadTestShard(config, transport, *shards);
+  const Outputs out = buildModelAndOutputs(config, transport, *shards);
+  announce(config, transport, *out.model, *shards);
+  const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, *shards);
+  if (!enableLive(config, transport, live)) live = nullptr;
+  return trainEpochs(config, out, transport, live, std::move(shards), resumeClock, 0);
+}
+
+int joinTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup& live, uint64_t clock) {
+  transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
+  // As the group's ranks do after their grow(): the data over the grown group.
+  std::unique_ptr<Shards> shards = reshard(config, transport, -1, -1);
+  const Outputs out = makeModelAndOutputs(config, false, *shards);
+  installLeaveNotice();
+  return trainEpochs(config, out, transport, &live, std::move(shards), 0, clock);
 }
 
 int runEval(const EvalConfig& config) {

@@ -77,9 +77,15 @@ void createDirectories(const std::string& dir, const std::string& what);
 // would report it as a failing file operation.
 void checkInputExists(const std::string& path);
 
-// Runs `config` on this rank (collective). Returns 0 on success; throws JobFailed
+class LiveGroup;
+
+// Runs `config` on this rank (collective). Returns 0 on success, also on a rank
+// that left the running job (engine/live.h: `live` null, never); throws JobFailed
 // after a reported failure.
-int runTrain(const TrainConfig& config, comm::Transport& transport);
+int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* live = nullptr);
+// A rank that `live`'s grow() spawned: joins the running job as the new membership
+// epoch after `clock` and trains to its end (collective with the job's ranks).
+int joinTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup& live, uint64_t clock);
 
 struct EvalConfig {
   std::string params;

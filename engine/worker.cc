@@ -5,6 +5,7 @@
 #include "engine/data/sampler.h"
 #include "engine/exchange.h"
 #include "engine/job.h"
+#include "engine/live.h"
 #include "engine/progress.h"
 #include "engine/select.h"
 #include "ops/rebuild.h"
@@ -550,6 +551,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
   const EvalResult initialEval = test_ != nullptr ? evaluate() : EvalResult{};
 
   Tally tally;
+  tally.trainSeconds = trainSeconds_;  // the earlier membership epochs' (continueTiming)
   tally.last = static_cast<uint64_t>(config_.clocks);
   for (uint64_t clock = first; clock <= static_cast<uint64_t>(config_.clocks); ++clock) {
     if (runLoopClock(clock, sink, tally)) break;
@@ -560,15 +562,20 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
   drain(tally.last, sink);
   log_->flush();
   sink.finish(timeoutOf(config_));
-  if (test_ != nullptr) lastEval_ = evaluate();
   trainSeconds_ = tally.trainSeconds;
+  if (tally.membershipChanges) {
+    // The next epoch's ranks continue from here (engine/job.cc): nothing more on this group.
+    changesAfter_ = tally.last;
+    return replica_;
+  }
+  if (test_ != nullptr) lastEval_ = evaluate();
   if (transport_.rank() == 0) writeSummary(metrics, aggregator, tally, first, initialEval);
   return replica_;
 }
 
 // One clock of run(): the clock itself, the coordinator's barrier, the checkpoint
 // and failure injection, then this rank's record. True when the job stops here
-// (--target-accuracy reached).
+// (--target-accuracy reached) or its membership changes here (engine/live.h).
 bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   noteClock(clock);  // for the line a termination by the launcher prints
   const auto start = Clock::now();
@@ -624,7 +631,15 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   }
   if (observer_ != nullptr) observer_->reported(r);
   sink.report(r);
-  return reachedTarget;
+  if (reachedTarget) return true;
+  // Live elasticity: the ranks agree whether the membership changes at this boundary.
+  if (membership_ != nullptr && clock < static_cast<uint64_t>(config_.clocks) && membership_->changesAfter(clock)) {
+    tally.last = clock;
+    tally.membershipChanges = true;
+    sink.endAt(clock);
+    return true;
+  }
+  return false;
 }
 
 // After the barrier: the log's end of clock, a matrix checkpoint, a failure.

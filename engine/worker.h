@@ -27,6 +27,7 @@
 namespace orpheus::engine {
 
 class SvExchange;
+class MembershipWatch;
 
 // What one clock measured on this rank.
 struct ClockStats {
@@ -148,6 +149,16 @@ class Worker {
   // Tells `observer` (null: nobody) the phases of every clock from now on; it must
   // outlive the worker's clocks.
   void observeClocks(ClockObserver* observer) { observer_ = observer; }
+  // Live elasticity (engine/live.h): after each clock but the last, the loop asks
+  // `watch` (null: nobody) whether the membership changes there; it must outlive run().
+  void watchMembership(MembershipWatch* watch) { membership_ = watch; }
+  // The clock after which the membership changes: run() returned there with every
+  // batch applied and the log durable, without the final evaluation and summary
+  // (0: it ran to the end).
+  uint64_t changesAfter() const { return changesAfter_; }
+  // The training seconds of the job's earlier membership epochs: the clock records
+  // and the summary count on from there.
+  void continueTiming(double seconds) { trainSeconds_ = seconds; }
 
  private:
   // The batches a clock applies together, in rank order, with their records for the log.
@@ -167,6 +178,7 @@ class Worker {
     double trainSeconds = 0.0;
     uint64_t last = 0;
     bool reachedTarget = false;
+    bool membershipChanges = false;
   };
 
   // run(): the loop, one clock of it with its barrier, checkpoint and record, and the end.
@@ -235,6 +247,8 @@ class Worker {
   double trainSeconds_ = 0.0;
   uint64_t lastClock_ = 0;
   ClockObserver* observer_ = nullptr;
+  MembershipWatch* membership_ = nullptr;
+  uint64_t changesAfter_ = 0;
   std::unique_ptr<SvExchange> exchange_;  // --overlap on, broadcast, BSP; else null
   DataFeed feed_;  // the minibatches: the shard, or with --balance the chunks this rank owns
 };

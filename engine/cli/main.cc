@@ -9,7 +9,9 @@
 #include "ckpt/model_file.h"
 #include "engine/checkpoint.h"
 #include "engine/cli/flags.h"
+#include "engine/cli/live_mpi.h"
 #include "engine/job.h"
+#include "engine/live.h"
 #include "engine/outputs.h"
 #include "engine/sim/simulation.h"
 #include "orpheus/config.h"
@@ -551,19 +553,39 @@ int inspectMain(const std::string& dir) {
   return 0;
 }
 
-int trainMain(TrainConfig& config) {
+int ctlShrinkMain(const std::string& dir, const std::vector<int>& ranks) {
+  const std::vector<int> leaving = orpheus::engine::requestShrink(dir, ranks);
+  std::printf("requested: rank%s %s leave%s the job in %s at its next clock\n", leaving.size() > 1 ? "s" : "",
+              fmt::format("{}", fmt::join(leaving, ", ")).c_str(), leaving.size() > 1 ? "" : "s", dir.c_str());
+  return 0;
+}
+
+// `joinAfter`: this process was spawned to join a running job after that clock
+// (engine/live.h; `argv` carries the marker).
+int trainMain(TrainConfig& config, const std::vector<std::string>& argv, std::optional<uint64_t> joinAfter) {
   orpheus::comm::checkTransport(config.transport);
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   int code = 0;
   {
-    const auto owned = orpheus::comm::makeTransport(config.transport);
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
+    // Ranks may leave or join a job that logs its SV batches while it runs (engine/live.h).
+    std::unique_ptr<orpheus::engine::MpiLiveGroup> live;
+    std::unique_ptr<orpheus::comm::Transport> owned;
+    if (joinAfter) {
+      live = orpheus::engine::MpiLiveGroup::join(argv, timeout);
+      owned = live->joined();
+    } else {
+      owned = orpheus::comm::makeTransport(config.transport);
+      if (config.ckptSv) live = std::make_unique<orpheus::engine::MpiLiveGroup>(MPI_COMM_WORLD, argv);
+    }
     orpheus::comm::Transport& transport = *owned;
     orpheus::setupLogging(transport.rank(), config.logLevel);
     orpheus::engine::installTerminationReport(transport.rank(), config.timeoutSeconds);
     orpheus::setBlasThreads(config.blasThreads);
     try {
-      code = orpheus::engine::runTrain(config, transport);
+      code = joinAfter ? orpheus::engine::joinTrain(config, transport, *live, *joinAfter)
+                       : orpheus::engine::runTrain(config, transport, live.get());
     } catch (const orpheus::engine::JobFailed& e) {
       code = e.code();
     } catch (const std::exception& e) {
@@ -599,6 +621,8 @@ int main(int argc, char** argv) {
   std::string trainFormat = "auto";
   CLI::App* trainCmd = app.add_subcommand("train", "Train a model; launch with mpirun, one rank per worker");
   addTrainFlags(*trainCmd, train, trainFormat);
+  std::optional<uint64_t> joinAfter;  // hidden: a process a running job spawned (engine/live.h)
+  trainCmd->add_option(orpheus::engine::MpiLiveGroup::kJoinFlag, joinAfter)->group("");
 
   TrainConfig simTrain;
   std::string simFormat = "auto";
@@ -620,6 +644,18 @@ int main(int argc, char** argv) {
   restoreCmd->add_option("--clock", restoreArgs.clock, "Clock number, or 'latest'")->capture_default_str();
   restoreCmd->add_option("--replica", restoreArgs.replica, "Replica id")->capture_default_str()->check(integerIn(0, 1 << 30));
   restoreCmd->add_option("--out", restoreArgs.out, "HDF5 file to write the parameters to")->required();
+  // orpheus ctl DIR shrink R [R...]: asks a running job to let ranks go (engine/live.h).
+  std::string ctlDir;
+  std::vector<int> shrinkRanks;
+  CLI::App* ctlCmd = app.add_subcommand("ctl", "Change a running job's membership: ranks leave at the next clock");
+  ctlCmd->add_option("dir", ctlDir, "The running job's --ckpt-dir")->required();
+  ctlCmd->require_subcommand(1);
+  CLI::App* shrinkCmd =
+      ctlCmd->add_subcommand("shrink", "Ranks (of the current membership, not 0) leave the job at the next clock");
+  shrinkCmd->add_option("ranks", shrinkRanks, "Ranks to let go")->required();
+  int growRanks = 0;
+  CLI::App* growCmd = ctlCmd->add_subcommand("grow", "N new ranks (spawned processes) join the job at the next clock");
+  growCmd->add_option("n", growRanks, "How many ranks to add")->required();
   std::string inspectDir;
   CLI::App* inspectCmd = app.add_subcommand("inspect", "List a checkpoint's replicas, clocks, snapshots, bytes and damage");
   inspectCmd->add_option("dir", inspectDir, "Checkpoint directory")->required();
@@ -641,7 +677,7 @@ int main(int argc, char** argv) {
   try {
     if (trainCmd->parsed()) {
       train.format = orpheus::data::parseFormat(trainFormat);
-      return trainMain(train);
+      return trainMain(train, std::vector<std::string>(argv, argv + argc), joinAfter);
     }
     if (simulateCmd->parsed()) {
       simTrain.format = orpheus::data::parseFormat(simFormat);
@@ -650,6 +686,12 @@ int main(int argc, char** argv) {
     orpheus::setupLogging(0, "warn");
     if (restoreCmd->parsed()) return restoreMain(restoreArgs);
     if (inspectCmd->parsed()) return inspectMain(inspectDir);
+    if (growCmd->parsed()) {
+      orpheus::engine::requestGrow(ctlDir, growRanks);
+      std::printf("requested: %d new ranks join the job in %s at its next clock\n", growRanks, ctlDir.c_str());
+      return 0;
+    }
+    if (ctlCmd->parsed()) return ctlShrinkMain(ctlDir, shrinkRanks);
     eval.format = orpheus::data::parseFormat(evalFormat);
     return orpheus::engine::runEval(eval);
   } catch (const std::exception& e) {

@@ -14,9 +14,14 @@
 #     the second half, once decisions have settled) with and without --balance,
 #     against the unslowed job and the balanced ideal P / ((P-1)/t0 + 1/(t0 + d)),
 #     t0 the unslowed seconds per clock and d the delay. Medians of $REPS runs.
-# Live scale-in (SIGTERM to one worker) is not implemented yet: its row is absent.
+#  4. live scale-in (runs with part 2): the same job, SIGTERM to rank $((NP-1)) once
+#     $LIVE_AT clocks are logged; it leaves at the next clock boundary and the job goes on with $((NP-1))
+#     ranks without a restart (engine/live.h): release latency (notice -> replica,
+#     data and buffers freed, the job's `left` line), notice -> the process ended
+#     (Open MPI's MPI_Finalize waits for the whole job: about the job's remaining
+#     time), total seconds and clocks to the target. Medians of $REPS runs.
 #
-# Options (environment): NP=4 BATCH=100 TARGET=0.8 KILL_AT=100 REPS=3 CLOCKS=3000
+# Options (environment): NP=4 BATCH=100 TARGET=0.8 KILL_AT=100 LIVE_AT=$KILL_AT REPS=3 CLOCKS=3000
 #   ROWS="restart balance" (the parts to run) DELAY_MS=50 BAL_CLOCKS=400
 #   BALANCE_EVERY=20 CHUNK_ROWS=250
 #   SMOKE=1 (tiny settings: a check that the script runs, not a measurement)
@@ -28,9 +33,9 @@ DATA=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 NP=${NP:-4}; BATCH=${BATCH:-100}; TARGET=${TARGET:-0.8}; KILL_AT=${KILL_AT:-100}; REPS=${REPS:-3}
 CLOCKS=${CLOCKS:-3000}
 ROWS=${ROWS:-restart balance}; DELAY_MS=${DELAY_MS:-50}; BAL_CLOCKS=${BAL_CLOCKS:-400}
-BALANCE_EVERY=${BALANCE_EVERY:-20}; CHUNK_ROWS=${CHUNK_ROWS:-250}
+BALANCE_EVERY=${BALANCE_EVERY:-20}; CHUNK_ROWS=${CHUNK_ROWS:-250}; LIVE_AT=${LIVE_AT:-$KILL_AT}
 if [ "${SMOKE:-0}" = 1 ]; then
-  NP=3; BATCH=20; TARGET=0.76; KILL_AT=50; REPS=1; CLOCKS=1500; DELAY_MS=10; BAL_CLOCKS=40; BALANCE_EVERY=5
+  NP=3; BATCH=20; TARGET=0.76; KILL_AT=50; LIVE_AT=5; REPS=1; CLOCKS=1500; DELAY_MS=10; BAL_CLOCKS=40; BALANCE_EVERY=5
 fi
 runs() { [[ " $ROWS " == *" $1 "* ]]; }
 RES=${RES:-$ROOT/scripts/bench/results}; RAW="$ROOT/build/bench-raw/elastic"
@@ -41,7 +46,12 @@ summary() { grep -o "\"$2\": [0-9.e+-]*" "$1" | tail -n 1 | awk '{print $2}'; }
 now() { date +%s.%N; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
-static_s=(); static_c=(); lost=(); gap=(); total_s=(); total_c=()
+static_s=(); static_c=(); lost=(); gap=(); total_s=(); total_c=(); release=(); exited=(); live_s=(); live_c=()
+rankPid() {
+  for p in $(pgrep -P "$1"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$p"; return; fi
+  done
+}
 for rep in $(runs restart && seq "$REPS"); do
   d="$RAW/static-$rep"; rm -rf "$d"; mkdir -p "$d"
   t0=$(now)
@@ -71,6 +81,26 @@ for rep in $(runs restart && seq "$REPS"); do
   lost+=("$((killedAt - from))"); gap+=("$(echo "$firstTime - $killTime" | bc -l)")
   total_s+=("$(echo "$(now) - $start" | bc -l)")
   total_c+=("$(summary "$d/m.jsonl" clocks)")
+
+  d="$RAW/live-$rep"; rm -rf "$d"; mkdir -p "$d"
+  start=$(now)
+  mpirun -n "$NP" --oversubscribe "$ORPHEUS" train "${flags[@]}" --ckpt-dir "$d/ckpt" --metrics "$d/m.jsonl" \
+    >"$d/run.log" 2>&1 &
+  job=$!
+  until [ "$(grep -o '"clock": [0-9]*' "$d/m.jsonl" 2>/dev/null | tail -n 1 | awk '{print $2}')" -ge "$LIVE_AT" ] 2>/dev/null; do
+    kill -0 "$job" 2>/dev/null || { echo "elastic.sh: the job ended before clock $LIVE_AT (raise TARGET)" >&2; exit 1; }
+    sleep 0.05
+  done
+  victim=$(rankPid "$job" $((NP - 1)))
+  noticeTime=$(now); kill -TERM "$victim"
+  while kill -0 "$victim" 2>/dev/null; do sleep 0.02; done
+  exited+=("$(echo "$(now) - $noticeTime" | bc -l)")
+  wait "$job"
+  live_s+=("$(echo "$(now) - $start" | bc -l)")
+  live_c+=("$(summary "$d/m.jsonl" clocks)")
+  r=$(summary "$d/m.jsonl" release_seconds || true)
+  [ -n "$r" ] || { echo "elastic.sh: the job ended before rank $((NP - 1)) left (raise TARGET)" >&2; exit 1; }
+  release+=("$r")
 done
 
 m() { printf '%s\n' "$@" | median; }
@@ -81,6 +111,10 @@ runs restart && {
   echo "| --- | --- | --- | --- | --- | --- |"
   echo "| static | $NP | $(m "${static_c[@]}") | $(m "${static_s[@]}") | | |"
   echo "| kill one at ~$KILL_AT, resume on $((NP - 1)) | $NP → $((NP - 1)) | $(m "${total_c[@]}") | $(m "${total_s[@]}") | $(m "${lost[@]}") | $(m "${gap[@]}") |"
+  echo "| live: SIGTERM to one at ~$LIVE_AT, it leaves | $NP → $((NP - 1)) | $(m "${live_c[@]}") | $(m "${live_s[@]}") | 0 | |"
+  echo
+  echo "live scale-in, notice → the leaving rank's replica, data and buffers freed (release latency): $(m "${release[@]}") s;"
+  echo "notice → its process ended: $(m "${exited[@]}") s (MPI_Finalize waits for the whole job)"
   echo
   echo "restart / static seconds: $(echo "$(m "${total_s[@]}") / $(m "${static_s[@]}")" | bc -l | cut -c1-5)"
 } | tee "$RES/elastic.md"

@@ -20,7 +20,8 @@
 #   step     one rank's MLP step (dense and SV) against PyTorch's on the same shapes and
 #            BLAS, no network, at 1 and 2 threads (scripts/bench/step_vs_torch.sh;
 #            options as environment variables).
-#   elastic  elastic restart: a rank killed, the job relaunched on the ranks left
+#   elastic  elastic restart: a rank killed, the job relaunched on the ranks left;
+#            live scale-in: a rank leaves the running job on SIGTERM
 #            (scripts/bench/elastic.sh; options as environment variables).
 #   adapt    --adapt against the best hand-tuned setting and the defaults, np 4, MLP-2048,
 #            at 1 and 10 Gbit/s and with the rate dropped 10 -> 1 Gbit/s mid-run
