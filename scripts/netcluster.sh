@@ -24,7 +24,9 @@
 #   mpirun-args                  the extra mpirun options, on one line, space separated:
 #                                  mpirun -np 4 $(scripts/netcluster.sh mpirun-args) prog ...
 #                                (--host with one slot per host, the launch agent, TCP
-#                                transport restricted to 198.18.0.0/24, --oversubscribe)
+#                                transport restricted to 198.18.0.0/24, --oversubscribe, and
+#                                a launch that has not started within $NETCLUSTER_STARTUP_TIMEOUT
+#                                seconds, default 60, fails instead of hanging)
 #   exec I COMMAND...            run COMMAND inside host I's namespace
 #   tx-bytes                     total bytes sent so far by every host's eth0
 #   agent [OPTIONS] HOST CMD...  the remote-shell agent mpirun calls in place of ssh: skips
@@ -263,8 +265,11 @@ cmd_mpirun_args() {
   [ -x "$AGENT" ] || die "the launch agent $AGENT is missing (run up again)"
   local i hosts=""
   for i in $(existing_hosts); do hosts+="${hosts:+,}$(host_addr "$i"):1"; done
+  # A launch can stall with one host's daemon missing (seen about once in 40 launches):
+  # orte_startup_timeout makes mpirun fail then instead of waiting forever.
   echo "--host $hosts --oversubscribe --mca plm_rsh_agent $AGENT --mca plm_rsh_no_tree_spawn 1" \
-       "--mca btl tcp,self --mca btl_tcp_if_include $SUBNET --mca oob_tcp_if_include $SUBNET"
+       "--mca btl tcp,self --mca btl_tcp_if_include $SUBNET --mca oob_tcp_if_include $SUBNET" \
+       "--mca orte_startup_timeout ${NETCLUSTER_STARTUP_TIMEOUT:-60}"
 }
 
 cmd_status() {

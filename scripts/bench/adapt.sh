@@ -90,9 +90,17 @@ run() {
     watcher=$!
   fi
   say "$scenario $config"
-  # shellcheck disable=SC2086
-  mpirun -np "$NP" --oversubscribe "${launch[@]}" "$ORPHEUS" train "${common[@]}" ${FLAGS[$config]} \
-    --metrics "$dir/$config.jsonl" >"$dir/$config.log" 2>&1
+  # A launch in the emulated cluster that fails before any rank starts (no metrics
+  # file; netcluster.sh bounds it) is tried once more; a run that started and failed is not.
+  local try
+  for try in 1 2; do
+    rm -f "$dir/$config.jsonl"
+    # shellcheck disable=SC2086
+    if mpirun -np "$NP" --oversubscribe "${launch[@]}" "$ORPHEUS" train "${common[@]}" ${FLAGS[$config]} \
+      --metrics "$dir/$config.jsonl" >"$dir/$config.log" 2>&1; then break; fi
+    if [ "$try" = 2 ] || [ -e "$dir/$config.jsonl" ]; then say "$scenario $config failed: $dir/$config.log"; exit 1; fi
+    say "$scenario $config: the launch failed before any rank started; launching again"
+  done
   if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null || true; wait "$watcher" 2>/dev/null || true; fi
 }
 
