@@ -955,8 +955,21 @@ SvBatch toBatch(const SvBatchView& view) {
     m.u = x.uMap();
     m.sparseV = x.sparseV;
     if (x.sparseV) {
-      m.vSparse = x.vSparseMap();
-      m.vSparse.makeCompressed();
+      // The compressed arrays copied as they are: Eigen's sparse assignment would
+      // reserve room by the dimensions (2·max(rows, cols)), and V's rows come from
+      // the wire.
+      // (A view of a local, uncompressed batch is assigned.)
+      const Eigen::Map<const SparseMatrix> v = x.vSparseMap();
+      if (v.isCompressed()) {
+        m.vSparse.resize(v.rows(), v.cols());
+        m.vSparse.resizeNonZeros(v.nonZeros());
+        std::copy_n(v.outerIndexPtr(), v.cols() + 1, m.vSparse.outerIndexPtr());
+        std::copy_n(v.innerIndexPtr(), v.nonZeros(), m.vSparse.innerIndexPtr());
+        std::copy_n(v.valuePtr(), v.nonZeros(), m.vSparse.valuePtr());
+      } else {
+        m.vSparse = v;
+        m.vSparse.makeCompressed();
+      }
     } else {
       m.vDense = x.vDenseMap();
     }
