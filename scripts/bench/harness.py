@@ -142,8 +142,12 @@ def analytic_bytes_per_clock(config, workload, np_, batch):
 # --- configurations and networks ------------------------------------------------------
 
 class Config:
-    def __init__(self, key, label, kind, flags=(), note=""):
+    """One way to run a job. np and batch, when given, replace the suite's for this
+    configuration alone (the ranks-against-threads rows)."""
+
+    def __init__(self, key, label, kind, flags=(), note="", np_=None, batch=None):
         self.key, self.label, self.kind, self.flags, self.note = key, label, kind, list(flags), note
+        self.np, self.batch = np_, batch
 
     def describe(self):
         if self.kind == "ddp":
@@ -233,11 +237,13 @@ class Runner:
 
     def command(self, config, network, workload, np_, metrics, extra=()):
         a = self.args
+        np_ = config.np or np_
+        batch = config.batch or a.batch
         if config.kind == "orpheus":
             return [["mpirun", "-np", str(np_), "--oversubscribe", *network.mpirun_args, self.binary, "train",
-                     *self.common(workload, a.batch, a.clocks), *config.flags, *extra, "--metrics", metrics]]
+                     *self.common(workload, batch, a.clocks), *config.flags, *extra, "--metrics", metrics]]
         ddp = [PYTHON, os.path.join(HERE, "ddp_fmnist.py"), *workload.ddp_args, "--data", FMNIST,
-               "--batch", str(a.batch), "--lr", str(a.lr), "--clocks", str(a.clocks),
+               "--batch", str(batch), "--lr", str(a.lr), "--clocks", str(a.clocks),
                "--eval-every", str(a.eval_every), "--target-accuracy", str(workload.target), "--seed", "1",
                "--metrics", metrics]
         if not network.emulated:
@@ -483,7 +489,7 @@ def group_table(args, g, results):
             secs = f"> {min(r['seconds_run'] for r in runs):.1f}"
             ratio = (f"< {ref_seconds / min(r['seconds_run'] for r in runs):.2f}×" if ref_seconds else "—")
         measured = med([r["bytes_per_clock"] for r in runs])
-        analytic = analytic_bytes_per_clock(c, w, args.np, args.batch)
+        analytic = analytic_bytes_per_clock(c, w, c.np or args.np, c.batch or args.batch)
         fraction = f"{measured / analytic:.3f}" if measured and analytic else "—"
         row = (f"| {c.label} | {clocks} | {secs} | {ratio} | {spread([r['final_accuracy'] for r in runs], f4)} "
                f"| {fbytes(measured)} | {fbytes(analytic)} | {fraction} |")
@@ -573,10 +579,29 @@ def vs_ddp_groups(args):
                 Config("svb-ovl", "Orpheus SV broadcast, --overlap on", "orpheus",
                        ["--sync", "sv", "--overlap", "on"]),
             ]
+            if wname != "mlr":
+                configs.append(Config("best-ovl", "Orpheus best, --overlap on", "orpheus",
+                                      best[wname] + ["--overlap", "on"]))
             if wname == "mlr":
                 configs = [c for c in configs if c.key != "best"]  # dense is MLR's best (J = 10)
             groups.append(Group(f"{net_name}/{wname}", f"{w.name}, {network.name}, np {args.np}", network, w,
                                 configs, [("exchange ms (hidden)", exchange_column)]))
+            if net_name == "loopback" and args.threads_column and wname != "mlr":
+                # The machine's cores as ranks or as threads: the same 2 x batch examples
+                # per clock, from 2 ranks of 1 thread or 1 rank of 2 threads.
+                two = 2 * args.batch
+                threads = [
+                    Config("ddp-r2", "PyTorch DDP, 2 ranks", "ddp", np_=2),
+                    Config("dense-r2t1", "Orpheus dense, 2 ranks x 1 thread", "orpheus",
+                           ["--sync", "dense", "--threads", "1"], np_=2),
+                    Config("dense-r1t2", f"Orpheus, 1 rank x 2 threads (batch {two})", "orpheus",
+                           ["--sync", "dense", "--threads", "2"], np_=1, batch=two),
+                    Config("best-r2t1", "Orpheus best, 2 ranks x 1 thread", "orpheus",
+                           best[wname] + ["--threads", "1"], np_=2),
+                ]
+                groups.append(Group(f"{net_name}/{wname}-threads",
+                                    f"{w.name}, {network.name}: 2 ranks x 1 thread against 1 rank x 2 threads",
+                                    network, w, threads))
     return groups
 
 
@@ -784,6 +809,8 @@ def main():
                         "(killed and retried once)")
     p.add_argument("--networks", default="loopback,1gbit,10gbit")
     p.add_argument("--models", default="mlr,mlp-wide")
+    p.add_argument("--threads-column", type=int, default=1,
+                   help="vs-ddp: also run 2 ranks x 1 thread against 1 rank x 2 threads on loopback (0: not)")
     p.add_argument("--only", default="", help="comma-separated configuration keys to run (default: all)")
     p.add_argument("--skip", default="", help="comma-separated NETWORK/CONFIG pairs not to run, e.g. 10gbit/svb")
     p.add_argument("--ckpt-every", type=int, default=100)
