@@ -72,7 +72,7 @@ struct TrainConfig {
   std::pair<int64_t, int64_t> adaptStaleness{-1, -1};
   std::pair<int64_t, int64_t> adaptAverageEvery{-1, -1};
   double maxBytesPerClock = 0.0;
-  double adaptCommShare = 0.5;  // target: exposed comm at most this share of compute
+  double adaptCommShare = 0.5;  // slack: exposed comm under half this share of compute
   std::string adaptTrace;       // testing aid: timing from a recorded metrics file
   // --balance (engine/balance.h): every balanceEvery clocks the coordinator moves
   // chunks of chunkRows training rows from slow ranks to fast ones (BSP only).

@@ -62,6 +62,19 @@ class Residual {
   }
 
   int64_t rank() const { return rank_; }
+  // The rank once the first `picks` added columns were in: the basis of a prefix
+  // of the selection is a prefix of the basis (Gram-Schmidt is sequential).
+  int64_t rankAfter(size_t picks) const {
+    if (picks == 0 || ranks_.empty()) return 0;
+    return ranks_[std::min(picks, ranks_.size()) - 1];
+  }
+  // X^T X, B x B.
+  MatrixD gram() const {
+    if (isSparse_) return MatrixD(sparse_.transpose() * sparse_);
+    MatrixD g = MatrixD::Zero(dense_.cols(), dense_.cols());
+    g.selfadjointView<Eigen::Lower>().rankUpdate(dense_.transpose());
+    return MatrixD(g.selfadjointView<Eigen::Lower>());
+  }
   // No column adds a direction any more.
   bool exhausted() const { return exhausted_; }
   // Squared residual norm of every column, zero where the column lies in the span.
@@ -98,6 +111,7 @@ class Residual {
       }
     }
     residual_[i] = 0.0;
+    ranks_.push_back(rank_);
     refresh();
   }
 
@@ -141,6 +155,7 @@ class Residual {
   MatrixD& basis_;   // the first rank_ columns are orthonormal
   MatrixD& coords_;  // the first rank_ rows are Q^T X
   int64_t rank_ = 0;
+  std::vector<int64_t> ranks_;  // rank_ after each add
 };
 
 void checkShapes(const SvBatch& full) {
@@ -364,6 +379,52 @@ SvBatch assembleUniform(const SvBatch& full, std::span<const int64_t> columns) {
   return out;
 }
 
+// Squared Frobenius norms of one matrix's update U D V^T (D = diag(c), or its core)
+// and of its bias update U w, whole and as kept by the first k picks of a draw.
+class KeptNorms {
+ public:
+  KeptNorms(const SvMatrix& m, const Vector& coeffs, const Residual& u, const Residual& v) : u_(u), v_(v) {
+    const MatrixD gu = u.gram();
+    const MatrixD gv = v.gram();
+    const MatrixD wu = u.coordinates();
+    const MatrixD wv = v.coordinates();
+    if (hasCore(m)) {
+      const MatrixD a = m.core.cast<double>();
+      // ||U A V^T||^2 = trace(A^T G_U A G_V).
+      whole_ = ((a.transpose() * gu * a).array() * gv.array()).sum();
+      middle_.noalias() = wu * a * wv.transpose();
+    } else {
+      const VectorD d = coeffs.cast<double>();
+      whole_ = d.dot((gu.array() * gv.array()).matrix() * d);
+      middle_.noalias() = (wu * d.asDiagonal()) * wv.transpose();
+    }
+    if (m.biasId >= 0) {
+      const VectorD w = hasCore(m) ? VectorD(m.biasCoeffs.cast<double>()) : VectorD(coeffs.cast<double>());
+      whole_ += w.dot(gu * w);
+      bias_ = wu * w;
+    }
+  }
+
+  double whole() const { return whole_; }
+
+  // ||P_U dW P_V||^2 + ||P_U U w||^2 with P onto the first `picks` picks: the leading
+  // block of Q_U^T dW Q_V and the leading part of Q_U^T U w.
+  double kept(size_t picks) const {
+    const int64_t ru = u_.rankAfter(picks);
+    const int64_t rv = v_.rankAfter(picks);
+    double sum = middle_.topLeftCorner(ru, rv).squaredNorm();
+    if (bias_.size() > 0) sum += bias_.head(ru).squaredNorm();
+    return sum;
+  }
+
+ private:
+  const Residual& u_;
+  const Residual& v_;
+  double whole_ = 0.0;
+  MatrixD middle_;  // r_U x r_V
+  VectorD bias_;    // r_U, or empty without a bias
+};
+
 }  // namespace
 
 std::string toString(SelectionMethod method) { return method == SelectionMethod::kJmcss ? "jmcss" : "uniform"; }
@@ -427,6 +488,42 @@ std::optional<SvBatch> selectForPeers(const SvBatch& local, int64_t select, Sele
   if (select <= 0 || select >= local.numColumns()) return std::nullopt;
   CounterRng rng(seed, RngPurpose::kSelect, clock, static_cast<uint64_t>(rank));
   return selectSvgs(local, select, method, rng);
+}
+
+std::vector<double> selectionErrors(const SvBatch& local, std::span<const int64_t> counts, uint64_t seed,
+                                    uint64_t clock, int rank) {
+  checkShapes(local);
+  const int64_t n = local.numColumns();
+  int64_t most = 0;
+  for (const int64_t c : counts) {
+    ORPHEUS_ENFORCE(c >= 0, "a selection error was asked for {} SVGs", c);
+    if (c < n) most = std::max(most, c);  // c >= n sends everything: no draw needed
+  }
+  std::vector<Residual> res = residualsOf(local, std::max<int64_t>(1, most));
+  if (most > 0) {
+    CounterRng rng(seed, RngPurpose::kSelect, clock, static_cast<uint64_t>(rank));
+    drawJmcss(res, n, most, rng);  // leaves the bases and each prefix's rank in res
+  }
+  std::vector<KeptNorms> norms;
+  norms.reserve(local.matrices.size());
+  double whole = 0.0;
+  for (size_t p = 0; p < local.matrices.size(); ++p) {
+    norms.emplace_back(local.matrices[p], local.coeffs, res[2 * p], res[2 * p + 1]);
+    whole += norms.back().whole();
+  }
+  std::vector<double> errors(counts.size(), 0.0);
+  if (!(whole > 0.0)) return errors;  // no update: nothing to lose
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const int64_t c = counts[i];
+    if (c >= n) continue;  // everything is sent
+    double kept = 0.0;
+    if (c > 0) {
+      for (const KeptNorms& k : norms) kept += k.kept(static_cast<size_t>(c));
+    }
+    // An orthogonal projection: what is lost is the whole less what is kept.
+    errors[i] = std::sqrt(std::max(0.0, whole - kept) / whole);
+  }
+  return errors;
 }
 
 }  // namespace orpheus::engine

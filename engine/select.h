@@ -89,6 +89,20 @@ SvBatch selectSvgs(const SvBatch& full, int64_t c, SelectionMethod method, Count
 std::optional<SvBatch> selectForPeers(const SvBatch& local, int64_t select, SelectionMethod method, uint64_t seed,
                                       uint64_t clock, int rank);
 
+// --adapt's measure of what a smaller selection keeps (engine/adapt/policy.h, rule
+// goodput): for each c of `counts`, the relative error ||rebuilt_c - full||_F /
+// ||full||_F of the update, every matrix and bias together, where rebuilt_c is what
+// selectForPeers(local, c, kJmcss, seed, clock, rank) would send: 1 for c = 0, 0 for
+// c >= B. JMCSS is nested (the first c picks of a selection of C are the selection of
+// c), so one draw of the largest c gives them all, from the Gram-Schmidt coordinates
+// Q^T X it keeps: ||P_U dW P_V||^2 = ||Q_U^T U D V^T Q_V||^2 over the leading basis
+// vectors of each prefix, ||dW||^2 from the B x B Gram matrices U^T U and V^T V, never
+// a J x K matrix. The draw has a random stream of its own, keyed like selectForPeers's
+// (counter-based: no other stream moves), and `local` is only read, so a job selects,
+// sends and logs the same with and without the measurement.
+std::vector<double> selectionErrors(const SvBatch& local, std::span<const int64_t> counts, uint64_t seed,
+                                    uint64_t clock, int rank);
+
 // The columns `columns` (distinct, in range) of `full` with the least-squares cores
 // described above, whatever the columns: what kJmcss returns for the columns it
 // drew. Columns that add no direction to a matrix still appear in the result.

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <thread>
+#include <utility>
 
 namespace orpheus::engine {
 namespace {
@@ -110,10 +111,15 @@ void Worker::applyKnobs(const adapt::Knobs& knobs) {
   inbox_.resumeAt(clock_);
 }
 
-void Worker::adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordinationBytes,
-                        const Coordination& done) {
+void Worker::adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordinationBytes, const Coordination& done,
+                        double clockSeconds) {
+  const std::shared_ptr<const SvBatch> measured = std::exchange(measuredBatch_, nullptr);
   if (!adapt_.enabled()) return;
   adapt::ClockSample sample;
+  sample.clockSeconds = clockSeconds;
+  sample.selectSeconds = stats.selectSeconds;
+  // After the clock's own timing was taken, so that measuring shows in none of it.
+  if (measured != nullptr) adapt_.measure(clock, *measured, knobs_, sample);
   sample.computeSeconds = stats.computeSeconds;
   sample.commSeconds = stats.commSeconds;
   sample.waitSeconds = stats.waitSeconds;
@@ -208,6 +214,7 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   // S: compute_svg(W, x) for each x of the minibatch.
   const std::shared_ptr<SvBatch> local = computeSvgs(clock, examples, stats);
   if (local == nullptr) return;  // the loss is not finite: runClock reports it
+  if (adapt_.measuresAt(clock)) measuredBatch_ = local;
   // The C SVGs of S worth sending (all of S when selection is off).
   std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
   const std::shared_ptr<const SvBatch> sent =
@@ -243,6 +250,7 @@ void Worker::overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples
   if (!std::isfinite(stats.loss)) return;
   ops::scaleCoefficients(*local, updater_.coefficientScale(clock, heard_));
   local->header = header(clock);
+  if (adapt_.measuresAt(clock)) measuredBatch_ = local;
   if (selects) {
     std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
     exchange_->sendAll(selected ? std::make_shared<const SvBatch>(std::move(*selected)) : local);
@@ -586,7 +594,7 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   const uint64_t bytesBefore = transport_.counters().bytesSent;
   const Coordination coordination = coordinate(clock, sink);
   const uint64_t coordinationBytes = transport_.counters().bytesSent - bytesBefore;  // averaging, rotation
-  adaptAfter(clock, stats, coordinationBytes, coordination);
+  adaptAfter(clock, stats, coordinationBytes, coordination, secondsSince(start));
   // --balance: this clock's busy time and, every --balance-every clocks, chunk moves.
   feed_.afterClock(clock, stats.computeSeconds +
                               static_cast<double>(injectedDelayMs(config_, transport_.rank(), batch.size())) / 1000.0);

@@ -213,7 +213,8 @@ class Worker {
 
   // --adapt: this clock's measurements to the controller and, at a decision
   // barrier, the knobs it announces (logged, then in force from the next clock).
-  void adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordinationBytes, const Coordination& done);
+  void adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordinationBytes, const Coordination& done,
+                  double clockSeconds);
   void applyKnobs(const adapt::Knobs& knobs);
 
   SvBatchHeader header(uint64_t clock) const;
@@ -235,6 +236,9 @@ class Worker {
   // C, Q, s and R as they are now: read here, never from config_ (engine/adapt/knobs.h).
   adapt::Controller adapt_;
   adapt::Knobs knobs_;
+  // This rank's whole batch of a clock the controller measures (measuresAt), kept
+  // from the clock to adaptAfter.
+  std::shared_ptr<const SvBatch> measuredBatch_;
   std::unique_ptr<ClockLog> log_;  // the incremental SV checkpoint, or a log that does nothing
   Inbox inbox_;
   Coordinator coordinator_;

@@ -3,8 +3,10 @@
 #include "ckpt/log_reader.h"
 #include "engine/base/error.h"
 #include "engine/metrics.h"
+#include "engine/select.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -48,6 +50,8 @@ Trace Trace::parse(const std::string& text, const std::string& source) {
     t.computeSeconds = *compute;
     t.commSeconds = numberField(line, "comm_seconds").value_or(0.0);
     t.waitSeconds = numberField(line, "wait_seconds").value_or(0.0);
+    t.clockSeconds = numberField(line, "clock_seconds").value_or(0.0);
+    t.selectSeconds = numberField(line, "select_seconds").value_or(0.0);
     trace.byClock_[static_cast<uint64_t>(*clock)] = t;
   }
   ORPHEUS_CHECK_INPUT(!trace.byClock_.empty(), "--adapt-trace '{}' holds no per-clock metrics line", source);
@@ -113,6 +117,18 @@ bool Controller::decidesAfter(uint64_t clock) const {
          clock % static_cast<uint64_t>(config_.adaptEvery) == 0 && clock < static_cast<uint64_t>(config_.clocks);
 }
 
+bool Controller::measuresAt(uint64_t clock) const {
+  return decidesAfter(clock) && config_.selectMethod == SelectionMethod::kJmcss;
+}
+
+void Controller::measure(uint64_t clock, const SvBatch& local, const Knobs& current, ClockSample& sample) const {
+  const auto start = std::chrono::steady_clock::now();
+  const std::array<int64_t, 3> counts = errorCounts(current, bounds_, config_.batch);
+  const std::vector<double> errors = selectionErrors(local, counts, config_.seed, clock, transport_.rank());
+  std::copy(errors.begin(), errors.end(), sample.errors.begin());
+  sample.measureSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 void Controller::observe(uint64_t clock, const ClockSample& s) {
   if (!config_.adapt) return;
   ++clocks_;
@@ -122,10 +138,19 @@ void Controller::observe(uint64_t clock, const ClockSample& s) {
     compute_ += t.computeSeconds;
     comm_ += t.commSeconds;
     wait_ += t.waitSeconds;
+    clock_ += t.clockSeconds;
+    select_ += t.selectSeconds;
   } else {
     compute_ += s.computeSeconds;
     comm_ += s.commSeconds;
     wait_ += s.waitSeconds;
+    clock_ += s.clockSeconds;
+    select_ += s.selectSeconds;
+  }
+  if (s.errors[0] >= 0.0) {
+    for (size_t i = 0; i < errorSums_.size(); ++i) errorSums_[i] += s.errors[i];
+    measured_ += 1.0;
+    if (!trace_) measureSeconds_ += s.measureSeconds;
   }
   svBytes_ += s.svBytes;
   if (s.averaged) {
@@ -139,7 +164,8 @@ void Controller::observe(uint64_t clock, const ClockSample& s) {
 // bytes; divergence is the same on every rank (Coordinator::average).
 Window Controller::pooled() {
   const double n = std::max<double>(1.0, static_cast<double>(clocks_));
-  double sums[3] = {compute_ / n, comm_ / n, wait_ / n};
+  double sums[10] = {compute_ / n,   comm_ / n,      wait_ / n, clock_ / n, select_ / n, errorSums_[0],
+                     errorSums_[1], errorSums_[2], measured_, measureSeconds_};
   double maxima[2] = {svBytes_ / n, averageBytes_};
   transport_.control().sum(sums);
   transport_.control().max(maxima);
@@ -149,6 +175,12 @@ Window Controller::pooled() {
   w.computeSeconds = sums[0] / p;
   w.commSeconds = sums[1] / p;
   w.waitSeconds = sums[2] / p;
+  w.clockSeconds = sums[3] / p;
+  w.selectSeconds = sums[4] / p;
+  if (sums[8] > 0.0) {
+    for (size_t i = 0; i < w.errors.size(); ++i) w.errors[i] = sums[5 + i] / sums[8];
+    w.measureSeconds = sums[9] / sums[8];
+  }
   w.svBytes = maxima[0];
   w.averageBytes = maxima[1];
   // Two averagings in one window show a trend; one shows a level; none, nothing.
@@ -161,11 +193,14 @@ Decision Controller::decide(uint64_t clock, const Knobs& current) {
   const Window w = pooled();
   clocks_ = 0;
   compute_ = comm_ = wait_ = svBytes_ = averageBytes_ = 0.0;
+  clock_ = select_ = measured_ = measureSeconds_ = 0.0;
+  errorSums_ = {};
   firstDivergence_ = lastDivergence_ = -1.0;
   averagings_ = 0;
 
   // Rank 0 decides; the others take its knobs (a sum of integers with zeros: exact).
   const bool leader = transport_.rank() == 0;
+  const std::array<int64_t, 3> counts = errorCounts(current, bounds_, config_.batch);
   Decision d;
   if (leader) d = adapt::decide(current, w, bounds_, bytes_, config_.consistency == Consistency::kSsp);
   double knobs[4] = {0, 0, 0, 0};
@@ -195,7 +230,12 @@ Decision Controller::decide(uint64_t clock, const Knobs& current) {
         .add("window_compute_seconds", w.computeSeconds)
         .add("window_comm_seconds", w.commSeconds)
         .add("window_wait_seconds", w.waitSeconds)
-        .add("window_sv_bytes", w.svBytes);
+        .add("window_sv_bytes", w.svBytes)
+        .add("window_clock_seconds", w.clockSeconds)
+        .add("window_select_seconds", w.selectSeconds)
+        .add("error_counts", std::vector<int64_t>(counts.begin(), counts.end()))
+        .add("errors", std::vector<double>(w.errors.begin(), w.errors.end()))
+        .add("window_measure_seconds", w.measureSeconds);
     aggregator_->addAfter(clock, line);
   }
   return d;

@@ -15,8 +15,10 @@
 
 #include "comm/transport.h"
 #include "engine/adapt/policy.h"
+#include "engine/base/sv_batch.h"
 #include "engine/config.h"
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -39,10 +41,16 @@ struct ClockSample {
   double coordinationBytes = 0.0;  // averaging and rotation at its barrier
   bool averaged = false;
   double divergence = 0.0;         // at that averaging (max over replicas)
+  double clockSeconds = 0.0;       // wall time of the clock, its barrier included
+  double selectSeconds = 0.0;      // SV selection, a part of computeSeconds
+  // On the clocks measuresAt() names (else -1): e(c) at errorCounts(knobs), from the
+  // clock's own batch (Controller::measure), and what measuring took.
+  std::array<double, 3> errors{-1.0, -1.0, -1.0};
+  double measureSeconds = 0.0;
 };
 
-// Timing recorded by an earlier run (its metrics lines): compute, comm and wait
-// seconds by clock. --adapt-trace replays it in place of the clocks' own timing,
+// Timing recorded by an earlier run (its metrics lines): compute, comm, wait,
+// clock and selection seconds by clock. --adapt-trace replays it in place of the clocks' own timing,
 // so decisions become a function of the trace and the job (tests, what-if runs).
 class Trace {
  public:
@@ -50,6 +58,8 @@ class Trace {
     double computeSeconds = 0.0;
     double commSeconds = 0.0;
     double waitSeconds = 0.0;
+    double clockSeconds = 0.0;   // 0 where the line has none
+    double selectSeconds = 0.0;
   };
   // The per-clock lines of a metrics file (others are skipped); InputError when
   // it cannot be read or holds no clock line.
@@ -83,7 +93,15 @@ class Controller {
   // Whether the ranks decide after `clock` (never after the last clock).
   bool decidesAfter(uint64_t clock) const;
 
-  // Adds this rank's clock to the window.
+  // Whether the clock's errors e(c) are measured: the last clock of each window
+  // (the one before a decision), under JMCSS selection. One clock a window keeps
+  // the cost small (a JMCSS draw of C or B/2 SVGs and the Gram matrices).
+  bool measuresAt(uint64_t clock) const;
+  // sample.errors and sample.measureSeconds from `local`, this rank's whole batch of
+  // `clock`, under `current` (engine/select.h, selectionErrors: nothing else changes).
+  void measure(uint64_t clock, const SvBatch& local, const Knobs& current, ClockSample& sample) const;
+  // Adds this rank's clock to the window. With --adapt-trace, the timing comes from
+  // the trace (measuring's cost counts as 0); the errors are the job's own.
   void observe(uint64_t clock, const ClockSample& sample);
   // The decision after `clock` under `current` (collective: every rank calls it
   // when decidesAfter(clock)); the same knobs on every rank, the reason on rank 0.
@@ -106,6 +124,9 @@ class Controller {
   int64_t clocks_ = 0;
   uint64_t lastClock_ = 0;
   double compute_ = 0.0, comm_ = 0.0, wait_ = 0.0, svBytes_ = 0.0, averageBytes_ = 0.0;
+  double clock_ = 0.0, select_ = 0.0;
+  std::array<double, 3> errorSums_{};  // over the measured clocks
+  double measured_ = 0.0, measureSeconds_ = 0.0;
   int64_t averagings_ = 0;
   double firstDivergence_ = -1.0, lastDivergence_ = -1.0;
 };

@@ -3,15 +3,19 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace orpheus::engine::adapt {
 namespace {
 
 // Rule thresholds (README, "Adaptive consistency").
-constexpr double kWaitShare = 0.5;      // waits above this share of compute + comm dominate
+constexpr double kGoodputMargin = 0.05;  // a candidate C must beat the current one by more
+constexpr double kWaitShare = 0.2;       // waits above this share of compute + comm + wait dominate
 constexpr double kDivergenceGrowth = 1.5;  // divergence grew by half or more
-constexpr double kSlackShare = 0.5;     // comm below this part of the target share is slack
+constexpr double kSlackShare = 0.5;      // comm below this part of the target share is slack
 
 int64_t effectiveSelect(int64_t select, int64_t batch) { return select <= 0 || select >= batch ? batch : select; }
 // C = B is no selection at all: stored as 0, as --select 0 means.
@@ -72,11 +76,90 @@ std::optional<Knobs> step(const Knobs& current, const Bounds& b, const ByteModel
   return next;
 }
 
+std::string selectText(int64_t select, int64_t batch) {
+  return select >= batch ? std::string("all") : std::to_string(select);
+}
+
+// One candidate C of the goodput rule: its predicted error and seconds per clock.
+struct Candidate {
+  int64_t select = 0;  // effective: B for all
+  double error = 0.0;
+  double seconds = 0.0;
+  double goodput() const { return (1.0 - error) / std::max(seconds, 1e-9); }
+  std::string text(int64_t batch) const {
+    return fmt::format("C={} {:.2f}/{:.0f}ms", selectText(select, batch), 1.0 - error, 1e3 * seconds);
+  }
+};
+
+// Rule 1. Progress per clock is 1 - e(c), the share of the update the c sent SVGs
+// rebuild; seconds per clock are the measured clock with its selection and exposed
+// comm scaled to c (selection by c, comm by the bytes of a batch of c), the rest
+// (forward/backward, rebuild, waits, barriers) taken as it is. e(2C) is not
+// measured: it is extrapolated as e(C) times the ratio e(C)/e(C/2) of the last
+// halving, but never below half of e(C), and interpolated linearly when the bounds
+// stop short of 2C; e = 0 when the candidate is all B.
+// `held` gets the comparison when C stays.
+std::optional<Knobs> goodput(const Knobs& current, const Window& w, const Bounds& b, const ByteModel& m,
+                             std::string& held, std::string& why) {
+  for (const double e : w.errors) {
+    if (e < 0.0) return std::nullopt;  // not measured (uniform selection, dense sync, no SV clock)
+  }
+  const int64_t batch = m.batch;
+  const int64_t c = effectiveSelect(current.select, batch);
+  const std::array<int64_t, 3> counts = errorCounts(current, b, batch);
+  const double clock =
+      w.clockSeconds > 0.0 ? w.clockSeconds : w.computeSeconds + w.commSeconds + w.waitSeconds;
+  const double select = c < batch ? w.selectSeconds : 0.0;
+  const double fixed = std::max(0.0, clock - w.commSeconds - select);
+  // Selection seconds per SVG: measured at C, or, with all sent, the probe's (an upper bound).
+  const double perColumn = c < batch ? w.selectSeconds / static_cast<double>(c)
+                                     : w.measureSeconds / static_cast<double>(std::max<int64_t>(1, counts[1]));
+  const auto candidate = [&](int64_t k, double error) {
+    const double selecting = k < batch ? perColumn * static_cast<double>(k) : 0.0;
+    const double comm = w.commSeconds * m.batchBytes(storedSelect(k, batch)) / m.batchBytes(current.select);
+    return Candidate{k, k >= batch ? 0.0 : error, fixed + selecting + comm};
+  };
+  const double errorC = c >= batch ? 0.0 : w.errors[2];
+  const Candidate now = candidate(c, errorC);
+  std::vector<Candidate> others;
+  if (counts[0] < c) others.push_back(candidate(counts[0], w.errors[0]));
+  const int64_t up = b.select.clamp(std::min(2 * c, batch));
+  if (up > c) {
+    double error = 0.0;
+    if (up < batch) {
+      const double ratio = w.errors[1] > 0.0 ? errorC / w.errors[1] : 0.0;
+      const double doubled = errorC * std::clamp(ratio, 0.5, 1.0);
+      error = errorC + (doubled - errorC) * static_cast<double>(up - c) / static_cast<double>(c);
+    }
+    Knobs next = current;
+    next.select = storedSelect(up, batch);
+    if (fits(m, b, next)) others.push_back(candidate(up, error));
+  }
+  const Candidate* best = &now;
+  for (const Candidate& k : others) {
+    if (k.goodput() > best->goodput()) best = &k;
+  }
+  if (best != &now && best->goodput() > (1.0 + kGoodputMargin) * now.goodput()) {
+    why = fmt::format("goodput {} > {}", best->text(batch), now.text(batch));
+    return step(current, b, m, Knobs{storedSelect(best->select, batch), current.fanout, current.staleness,
+                                     current.averageEvery});
+  }
+  std::string rest;
+  for (const Candidate& k : others) rest += (rest.empty() ? "" : ", ") + k.text(batch);
+  held = fmt::format("goodput holds {}{}", now.text(batch), rest.empty() ? "" : " (" + rest + ")");
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string toString(const Knobs& k) {
   return fmt::format("C={} Q={} s={} R={}", k.select == 0 ? std::string("all") : std::to_string(k.select), k.fanout,
                      k.staleness, k.averageEvery);
+}
+
+std::array<int64_t, 3> errorCounts(const Knobs& current, const Bounds& b, int64_t batch) {
+  const int64_t c = effectiveSelect(current.select, batch);
+  return {std::min(c, b.select.clamp(std::max<int64_t>(1, c / 2))), c / 2, c};
 }
 
 double ByteModel::batchBytes(int64_t select) const {
@@ -133,7 +216,7 @@ Decision decide(const Knobs& current, const Window& w, const Bounds& b, const By
   const int64_t c = effectiveSelect(current.select, m.batch);
   const double compute = std::max(w.computeSeconds, 1e-9);
   const double share = w.commSeconds / compute;
-  const double busy = w.computeSeconds + w.commSeconds;
+  const double measured = w.computeSeconds + w.commSeconds + w.waitSeconds;
   const auto moved = [&](const char* rule, const std::string& why, const Knobs& next) {
     return made(next, m, rule, fmt::format("{}: {} -> {}", why, toString(current), toString(next)));
   };
@@ -142,48 +225,41 @@ Decision decide(const Knobs& current, const Window& w, const Bounds& b, const By
     edit(next);
     return step(current, b, m, next);
   };
-  std::string held;  // a rule that fired but could move nothing
+  std::string held;     // a rule that fired but could move nothing
+  std::string goodputs; // the goodput comparison, when C stays
 
-  // 1. Waits dominate: let workers run further ahead, else wait on fewer peers.
-  if (w.waitSeconds > kWaitShare * busy && w.waitSeconds > 0.0) {
-    const std::string why = fmt::format("waits {:.0f}% of compute+comm", 100.0 * w.waitSeconds / std::max(busy, 1e-9));
+  // 1. C where progress per second is highest.
+  {
+    std::string why;
+    if (auto k = goodput(current, w, b, m, goodputs, why)) return moved("goodput", why, *k);
+  }
+  // 2. Waits dominate: let workers run further ahead, else wait on fewer peers.
+  if (w.waitSeconds > kWaitShare * measured && w.waitSeconds > 0.0) {
+    const std::string why =
+        fmt::format("waits {:.0f}% of compute+comm+wait", 100.0 * w.waitSeconds / std::max(measured, 1e-9));
     if (ssp) {
       if (auto k = change([](Knobs& n) { ++n.staleness; })) return moved("waits", why + ", raise s", *k);
     }
     if (auto k = change([](Knobs& n) { --n.fanout; })) return moved("waits", why + ", fewer peers", *k);
     held = why;
   }
-  // 2. Exposed comm above its share: send less, to fewer, average less often.
-  if (held.empty() && share > b.commShare) {
-    const std::string why = fmt::format("comm {:.2f} of compute > {:.2f}", share, b.commShare);
-    if (auto k = change([&](Knobs& n) { n.select = std::max<int64_t>(1, c / 2); })) return moved("comm", why, *k);
-    if (auto k = change([](Knobs& n) { --n.fanout; })) return moved("comm", why, *k);
-    if (current.averageEvery > 0) {
-      if (auto k = change([](Knobs& n) { n.averageEvery *= 2; })) return moved("comm", why, *k);
-    }
-    held = why;
-  }
-  // 3. Replicas drift apart between averagings: send more, or average sooner.
+  // 3. Replicas drift apart between averagings: average sooner, or send more.
   if (held.empty() && w.divergence >= 0.0 && w.previousDivergence > 0.0 &&
       w.divergence >= kDivergenceGrowth * w.previousDivergence) {
     const std::string why =
         fmt::format("divergence at averaging {:.3g} -> {:.3g}", w.previousDivergence, w.divergence);
-    if (auto k = change([&](Knobs& n) { n.select = 2 * c; })) return moved("diverge", why, *k);
     if (current.averageEvery > 0) {
       if (auto k = change([](Knobs& n) { n.averageEvery = std::max<int64_t>(1, n.averageEvery / 2); })) {
         return moved("diverge", why, *k);
       }
     }
+    if (auto k = change([&](Knobs& n) { n.select = 2 * c; })) return moved("diverge", why, *k);
     held = why;
   }
-  // 4. Slack: comm well under its share buys progress per clock.
+  // 4. Slack: comm well under its share buys consistency: more peers, then averaging sooner.
   if (held.empty() && share < kSlackShare * b.commShare) {
     const std::string why = fmt::format("comm {:.2f} of compute < {:.2f}", share, kSlackShare * b.commShare);
-    if (auto k = change([&](Knobs& n) { n.select = 2 * c; })) return moved("slack", why, *k);
     if (auto k = change([](Knobs& n) { ++n.fanout; })) return moved("slack", why, *k);
-    if (ssp) {
-      if (auto k = change([](Knobs& n) { --n.staleness; })) return moved("slack", why, *k);
-    }
     if (current.averageEvery > 0) {
       if (auto k = change([](Knobs& n) { n.averageEvery = std::max<int64_t>(1, n.averageEvery / 2); })) {
         return moved("slack", why, *k);
@@ -191,10 +267,11 @@ Decision decide(const Knobs& current, const Window& w, const Bounds& b, const By
     }
     held = why;
   }
-  if (!held.empty()) return made(current, m, "keep", held + ", but its knobs are at their bounds or the budget");
+  const std::string tail = goodputs.empty() ? "" : "; " + goodputs;
+  if (!held.empty()) return made(current, m, "keep", held + ", but its knobs are at their bounds or the budget" + tail);
   return made(current, m, "keep",
-              fmt::format("comm {:.2f} of compute within [{:.2f}, {:.2f}]", share, kSlackShare * b.commShare,
-                          b.commShare));
+              fmt::format("comm {:.2f} of compute, waits {:.0f}% of compute+comm+wait{}", share,
+                          100.0 * w.waitSeconds / std::max(measured, 1e-9), tail));
 }
 
 }  // namespace orpheus::engine::adapt

@@ -7,13 +7,17 @@
 // decision. The rules are written out in the README ("Adaptive consistency"):
 //   0. budget   predicted bytes per rank per clock above --max-bytes-per-clock:
 //               lower C, then Q, then R-averaging traffic, until it fits;
-//   1. waits    waits above half of compute + comm: raise s (SSP), else lower Q;
-//   2. comm     exposed comm above --adapt-comm-share of compute: halve C, else
-//               lower Q, else double R;
-//   3. diverge  replica divergence at averaging grew by half or more: double C,
-//               else halve R;
-//   4. slack    comm below half the share: double C, else raise Q, else lower s,
-//               else halve R (each only within the budget);
+//   1. goodput  C moves to the candidate of {C/2, C, 2C} with the most progress per
+//               second, (1 - e(c)) / t(c), when it beats C's by more than 5%:
+//               e(c) is the measured relative error of the update c SVGs rebuild,
+//               t(c) the clock's measured time with its selection and exposed comm
+//               scaled to c;
+//   2. waits    waits above a fifth of compute + comm + wait: raise s (SSP), else
+//               lower Q;
+//   3. diverge  replica divergence at averaging grew by half or more: halve R,
+//               else double C;
+//   4. slack    comm below half of --adapt-comm-share of compute: raise Q, else
+//               halve R (each only within the budget);
 //   5. keep.
 // One rule fires per decision, and it moves one knob one step, so a run's
 // decisions read as a sequence of small, named steps.
@@ -21,6 +25,7 @@
 
 #include "engine/adapt/knobs.h"
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -42,7 +47,7 @@ struct Bounds {
   Range staleness;     // s; fixed at its start value unless SSP
   Range averageEvery;  // R; fixed at 0 when averaging is off
   double maxBytesPerClock = 0.0;  // per rank; 0 = no budget
-  double commShare = 0.5;         // target: exposed comm at most this share of compute
+  double commShare = 0.5;         // slack: exposed comm below half this share of compute
 };
 
 // What the knobs cost in bytes sent per rank per clock, from the model's shapes
@@ -74,11 +79,22 @@ struct Window {
   double averageBytes = 0.0; // max over ranks of bytes one averaging sent (0: none in the window)
   double divergence = -1.0;          // at the last averaging in the window (-1: none)
   double previousDivergence = -1.0;  // at the averaging before it (-1: none)
+  double clockSeconds = 0.0;   // wall time of a clock (0: taken as compute + comm + wait)
+  double selectSeconds = 0.0;  // SV selection, a part of computeSeconds
+  // e(c): the relative error of the update when c of the B SVGs are sent
+  // (engine/select.h, selectionErrors), at the counts errorCounts() names; means over
+  // the measured clocks of every rank, -1 where none was measured.
+  std::array<double, 3> errors{-1.0, -1.0, -1.0};
+  double measureSeconds = 0.0;  // what measuring the errors took, per measured clock
 };
+
+// Where the goodput rule needs e(c) under `current`: {the lower candidate (C/2 within
+// the bounds), C/2 (0 for C = 1: e(0) = 1), C (B when all are sent: e(B) = 0)}.
+std::array<int64_t, 3> errorCounts(const Knobs& current, const Bounds& bounds, int64_t batch);
 
 struct Decision {
   Knobs knobs;
-  std::string rule;    // budget, waits, comm, diverge, slack, keep
+  std::string rule;    // budget, goodput, waits, diverge, slack, keep
   std::string reason;  // one line: the measurement and the step
   double predictedBytes = 0.0;  // per rank per clock, for the new knobs
 };

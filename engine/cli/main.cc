@@ -366,7 +366,8 @@ void addAdaptFlags(CLI::App& cmd, TrainConfig& c) {
   addRangeOption(cmd, "--adapt-average-every", c.adaptAverageEvery,
                  "With --adapt and --average-every R: bounds of R (default R/4:4R)");
   cmd.add_option("--adapt-comm-share", c.adaptCommShare,
-                 "With --adapt: keep exposed communication under this share of compute")
+                 "With --adapt: exposed communication under half this share of compute is slack (more peers, "
+                 "averaging sooner)")
       ->capture_default_str()
       ->check(numberIn(0, std::numeric_limits<double>::infinity(), true));
   cmd.add_option("--max-bytes-per-clock", c.maxBytesPerClock,

@@ -7,24 +7,28 @@
 #   10gbit   every link at 10 Gbit/s;
 #   drop     10 Gbit/s, dropped to 1 Gbit/s (`netcluster.sh rate 1gbit`) DROP_AT seconds into
 #            each run (default: a third of the hand-tuned run's time to target at 10gbit).
-# Reports seconds and clocks to the target per scenario and setting, and the ratios
-# adapt/hand and adapt/defaults, in scripts/bench/results/adapt.md (also printed), and
-# adapt.png: the knobs --adapt chose over time against the link rate, per scenario.
+# Every setting runs REPS times, interleaved (rep 1 of every scenario and setting, then
+# rep 2, ...), so that a slow spell of the machine does not fall on one setting alone.
+# Reports the median seconds and clocks to the target [min-max over the reps] per
+# scenario and setting, and the ratios of the medians adapt/hand and adapt/defaults, in
+# scripts/bench/results/adapt.md (also printed), and adapt.png: the knobs --adapt chose
+# over time against the link rate, per scenario (every rep).
 #
 # Usage: scripts/bench/adapt.sh [1gbit] [10gbit] [drop]   (none: all three)
-# Environment (defaults in brackets): NP [4], CLOCKS [3000] at most, TARGET [0.85],
+# Environment (defaults in brackets): REPS [2], NP [4], CLOCKS [3000] at most, TARGET [0.85],
 #   EVAL_EVERY [50], BATCH [100], ADAPT_EVERY [25],
 #   DEFAULTS ["--sync sv"], HAND ["--sync sv --select 25 --consistency ssp --staleness 4
 #   --average-every 50"] (the vs-ddp suite's best), ADAPT ["--adapt --consistency ssp --multicast
 #   random --fanout 3 --average-every 50"], DROP_AT [see above] seconds,
 #   LOOPBACK [0]: 1 runs on shared memory without the cluster (no root; for a smoke run, the
 #   rate changes are then only recorded), BUILD_DIR [build], FASHION_MNIST, OUT_DIR
-#   [scripts/bench/results], RAW_DIR [build/bench-raw/adapt_raw].
+#   [scripts/bench/results], RAW_DIR [build/bench-raw/adapt_raw] (rep N under RAW_DIR/repN).
 set -euo pipefail
 
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"  # ROOT, mpirun environment
 cd "$ROOT"
 
+REPS="${REPS:-2}"
 NP="${NP:-4}"
 CLOCKS="${CLOCKS:-3000}"
 TARGET="${TARGET:-0.85}"
@@ -78,10 +82,11 @@ cluster_rate() { [ "$LOOPBACK" = 1 ] || "$NETCLUSTER" rate "$1" >&2; }
 cluster_down() { [ "$LOOPBACK" = 1 ] || "$NETCLUSTER" down >&2 || true; }
 trap cluster_down EXIT
 
-# One run: SCENARIO CONFIG START_RATE [DROP_AT]; the rate's changes go to CONFIG.rates
+# One run: REP SCENARIO CONFIG START_RATE [DROP_AT]; the rate's changes go to CONFIG.rates
 # as "seconds rate" lines, from the run's start.
 run() {
-  local scenario=$1 config=$2 rate=$3 drop=${4-} dir="$RAW_DIR/$1" watcher=""
+  local rep=$1; shift
+  local scenario=$1 config=$2 rate=$3 drop=${4-} dir="$RAW_DIR/rep$rep/$1" watcher=""
   mkdir -p "$dir"
   cluster_rate "$rate"
   echo "0 $rate" >"$dir/$config.rates"
@@ -89,7 +94,7 @@ run() {
     (sleep "$drop"; cluster_rate 1gbit; echo "$drop 1gbit" >>"$dir/$config.rates") &
     watcher=$!
   fi
-  say "$scenario $config"
+  say "rep $rep: $scenario $config"
   # A launch in the emulated cluster that fails before any rank starts (no metrics
   # file; netcluster.sh bounds it) is tried once more; a run that started and failed is not.
   local try
@@ -112,24 +117,29 @@ print(last["seconds"] if last.get("reached_target") else "")
 PY
 }
 
-for scenario in "${SCENARIOS[@]}"; do
-  case "$scenario" in
-    1gbit) cluster_up 1gbit; for c in defaults hand adapt; do run 1gbit "$c" 1gbit; done ;;
-    10gbit) cluster_up 10gbit; for c in defaults hand adapt; do run 10gbit "$c" 10gbit; done ;;
-    drop)
-      cluster_up 10gbit
-      drop="${DROP_AT:-}"
-      if [ -z "$drop" ]; then
-        [ -f "$RAW_DIR/10gbit/hand.jsonl" ] || run 10gbit hand 10gbit
-        t=$(seconds_to_target "$RAW_DIR/10gbit/hand.jsonl")
-        drop=$("$PYTHON" -c "print(round(float('${t:-60}') / 3, 1))")
-      fi
-      say "drop: 10gbit -> 1gbit after ${drop}s"
-      for c in defaults hand adapt; do run drop "$c" 10gbit "$drop"; done
-      ;;
-  esac
-  cluster_down
+[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || { say "REPS must be a positive integer, not '$REPS'"; exit 2; }
+drop="${DROP_AT:-}"
+for rep in $(seq "$REPS"); do
+  for scenario in "${SCENARIOS[@]}"; do
+    case "$scenario" in
+      1gbit) cluster_up 1gbit; for c in defaults hand adapt; do run "$rep" 1gbit "$c" 1gbit; done ;;
+      10gbit) cluster_up 10gbit; for c in defaults hand adapt; do run "$rep" 10gbit "$c" 10gbit; done ;;
+      drop)
+        cluster_up 10gbit
+        if [ -z "$drop" ]; then
+          # A third of the hand-tuned time to target at 10gbit, from rep 1 (measured once).
+          hand="$RAW_DIR/rep1/10gbit/hand.jsonl"
+          [ -f "$hand" ] || run 1 10gbit hand 10gbit
+          t=$(seconds_to_target "$hand")
+          drop=$("$PYTHON" -c "print(round(float('${t:-60}') / 3, 1))")
+        fi
+        say "drop: 10gbit -> 1gbit after ${drop}s"
+        for c in defaults hand adapt; do run "$rep" drop "$c" 10gbit "$drop"; done
+        ;;
+    esac
+    cluster_down
+  done
 done
 
 "$PYTHON" "$ROOT/scripts/bench/plot_adapt.py" --raw "$RAW_DIR" --out "$OUT_DIR" --target "$TARGET" --np "$NP" \
-  --scenarios "$(IFS=,; echo "${SCENARIOS[*]}")"
+  --scenarios "$(IFS=,; echo "${SCENARIOS[*]}")" --reps "$REPS"

@@ -1,8 +1,10 @@
-"""The adapt suite's report: time to target per scenario and setting, the ratios,
-and the knobs --adapt chose over time against the link rate (scripts/bench/adapt.sh)."""
+"""The adapt suite's report: time to target per scenario and setting (median [min-max]
+over the reps), the ratios of the medians, and the knobs --adapt chose over time against
+the link rate (scripts/bench/adapt.sh)."""
 import argparse
 import json
 import os
+import statistics
 
 import matplotlib
 
@@ -30,6 +32,22 @@ def rates(path):
     return [(float(t), RATE_BITS.get(r, 0.0)) for t, r in (l.split() for l in open(path) if l.strip())]
 
 
+def rep_dirs(raw, reps):
+    """RAW/rep1 .. RAW/repN; a RAW without rep folders (one run each) is its own rep."""
+    dirs = [os.path.join(raw, f"rep{r}") for r in range(1, reps + 1)]
+    dirs = [d for d in dirs if os.path.isdir(d)]
+    return dirs or [raw]
+
+
+def spread(values, fmt):
+    if not values:
+        return "—"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return fmt.format(med)
+    return f"{fmt.format(med)} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--raw", required=True)
@@ -37,56 +55,74 @@ def main():
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--scenarios", default="1gbit,10gbit,drop")
     ap.add_argument("--np", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
     scenarios = [s for s in args.scenarios.split(",") if s]
+    reps = rep_dirs(args.raw, args.reps)
 
     rows = ["| scenario | setting | reached | seconds to target | clocks | bytes/clock | adapt / this |",
             "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
     for s in scenarios:
-        runs = {c: load(os.path.join(args.raw, s, f"{c}.jsonl")) for c in CONFIGS}
-        adapt_s = (runs["adapt"] or {}).get("summary", {}).get("seconds")
+        summaries = {}
         for c in CONFIGS:
-            r = runs[c]
-            if r is None:
+            runs = [load(os.path.join(d, s, f"{c}.jsonl")) for d in reps]
+            summaries[c] = [r["summary"] for r in runs if r is not None]
+        reached = {c: [sm for sm in summaries[c] if sm.get("reached_target") and sm.get("seconds")]
+                   for c in CONFIGS}
+        adapt_s = statistics.median([sm["seconds"] for sm in reached["adapt"]]) if reached["adapt"] else None
+        for c in CONFIGS:
+            sms = summaries[c]
+            if not sms:
                 continue
-            sm = r["summary"]
-            ok = sm.get("reached_target", False)
-            ratio = f"{adapt_s / sm['seconds']:.2f}" if ok and adapt_s and sm.get("seconds") else "—"
-            rows.append(f"| {s} | {c} | {'yes' if ok else 'no'} | {sm.get('seconds', float('nan')):.1f} | "
-                        f"{sm.get('clocks', '')} | {sm.get('bytes_per_clock', float('nan')):.0f} | {ratio} |")
+            ok = reached[c]
+            seconds = [sm["seconds"] for sm in ok]
+            ratio = f"{adapt_s / statistics.median(seconds):.2f}" if adapt_s and seconds else "—"
+            rows.append(f"| {s} | {c} | {len(ok)}/{len(sms)} | {spread(seconds, '{:.1f}')} | "
+                        f"{spread([sm['clocks'] for sm in ok if 'clocks' in sm], '{:.0f}')} | "
+                        f"{spread([sm['bytes_per_clock'] for sm in sms if 'bytes_per_clock' in sm], '{:.0f}')} | "
+                        f"{ratio} |")
     report = [f"# --adapt against hand-tuned and default settings (np {args.np}, MLP-2048, target {args.target})", "",
+              f"Median [min-max] over {len(reps)} rep(s), run interleaved; 'reached' counts the reps that reached "
+              "the target, and the seconds and clocks are theirs.", "",
               *rows, "",
-              "Ratios below 1 mean --adapt reached the target sooner. The knobs over time are in adapt.png."]
+              "Ratios (of the medians) below 1 mean --adapt reached the target sooner. The knobs over time are in "
+              "adapt.png."]
     with open(os.path.join(args.out, "adapt.md"), "w") as f:
         f.write("\n".join(report) + "\n")
     print("\n".join(report))
 
     fig, axes = plt.subplots(len(scenarios), 1, figsize=(9, 3.2 * len(scenarios)), squeeze=False)
     for ax, s in zip(axes[:, 0], scenarios):
-        r = load(os.path.join(args.raw, s, "adapt.jsonl"))
-        ax.set_title(f"{s}: knobs chosen by --adapt")
-        if r is None:
-            continue
-        seconds = {l["clock"]: l["seconds"] for l in r["clocks"]}
-        sm = r["summary"]
-        batch = sm.get("batch_per_rank", 0)
-        # From the start (the flags, as the summary records them) through every decision;
-        # C = 0 means all B columns.
-        start = {"clock": 0, "select": sm.get("select", 0), "fanout": r["decisions"][0]["fanout"]
-                 if r["decisions"] else sm.get("fanout", 0), "staleness": sm.get("staleness", 0),
-                 "average_every": sm.get("average_every", 0)}
-        points = [start] + r["decisions"]
-        for knob, style in (("select", "-"), ("fanout", "--"), ("staleness", ":"), ("average_every", "-.")):
-            xs = [seconds.get(d["clock"], 0.0) for d in points]
-            ys = [(d[knob] or batch) if knob == "select" else d[knob] for d in points]
-            if xs:
-                ax.step(xs, ys, style, where="post", label=knob)
+        ax.set_title(f"{s}: knobs chosen by --adapt" + (f" ({len(reps)} reps)" if len(reps) > 1 else ""))
+        end = 0.0
+        for i, d in enumerate(reps):
+            r = load(os.path.join(d, s, "adapt.jsonl"))
+            if r is None:
+                continue
+            seconds = {l["clock"]: l["seconds"] for l in r["clocks"]}
+            end = max(end, max(seconds.values(), default=0.0))
+            sm = r["summary"]
+            batch = sm.get("batch_per_rank", 0)
+            # From the start (the flags, as the summary records them) through every decision;
+            # C = 0 means all B columns.
+            start = {"clock": 0, "select": sm.get("select", 0), "fanout": r["decisions"][0]["fanout"]
+                     if r["decisions"] else sm.get("fanout", 0), "staleness": sm.get("staleness", 0),
+                     "average_every": sm.get("average_every", 0)}
+            points = [start] + r["decisions"]
+            for knob, color in (("select", "C0"), ("fanout", "C1"), ("staleness", "C2"),
+                                ("average_every", "C3")):
+                xs = [seconds.get(p["clock"], 0.0) for p in points]
+                ys = [(p[knob] or batch) if knob == "select" else p[knob] for p in points]
+                style = ["-", "--", ":", "-."][i % 4]
+                if xs:
+                    ax.step(xs, ys, style, color=color, where="post", alpha=1.0 if i == 0 else 0.5,
+                            label=f"{knob} (rep {i + 1})" if len(reps) > 1 else knob)
         ax.set_xlabel("seconds")
         ax.set_ylabel("knob value")
-        ax.legend(loc="upper left", fontsize=8)
-        rt = rates(os.path.join(args.raw, s, "adapt.rates"))
+        ax.legend(loc="upper left", fontsize=7, ncol=2)
+        rt = rates(os.path.join(reps[0], s, "adapt.rates"))
         if rt:
-            end = max(seconds.values(), default=rt[-1][0])
+            end = max(end, rt[-1][0])
             xs = [t for t, _ in rt] + [end]
             ys = [b for _, b in rt] + [rt[-1][1]]
             ax2 = ax.twinx()

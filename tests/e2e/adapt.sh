@@ -2,7 +2,8 @@
 # adapt.sh ORPHEUS COMPARE MPIEXEC: --adapt at np 3 (BSP, MLR on Fashion-MNIST,
 # random multicast, averaging), its timing replayed from a recorded trace
 # (--adapt-trace) so that the decisions repeat run after run:
-#  - C, Q and R change during the run, each decision a metrics line with its reason;
+#  - C, Q and R change during the run, each decision a metrics line with its reason
+#    and the errors e(c) measured for it (C moves by goodput);
 #  - no clock sends more than --max-bytes-per-clock per rank (averaging clocks
 #    amortized: over the run, the mean stays under it too);
 #  - restore --clock T equals, bitwise, a run of T clocks, and latest equals every
@@ -37,6 +38,11 @@ changed = [d for d in decisions if d["changed"]]
 for knob in ("select", "fanout", "average_every"):
     assert len({d[knob] for d in decisions}) >= 2, f"{knob} never changed"
 assert all(d["predicted_bytes_per_clock"] <= budget for d in decisions)
+# The goodput rule moves C on the errors measured at each decision's clock.
+assert any(d["rule"] == "goodput" and d["changed"] for d in decisions)
+for d in decisions:
+    assert len(d["errors"]) == 3 and all(0.0 <= e <= 1.0 for e in d["errors"]), d
+    assert d["errors"][0] >= d["errors"][2], d  # fewer SVGs never keep more
 for l in clocks:
     if not l.get("averaged"):
         assert l["bytes_sent"] / ranks <= budget, l

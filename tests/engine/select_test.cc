@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -396,4 +397,54 @@ TEST_CASE("selection refuses bad requests", "[select]") {
   CHECK(engine::parseSelectionMethod("jmcss") == SelectionMethod::kJmcss);
   CHECK(engine::parseSelectionMethod("uniform") == SelectionMethod::kUniform);
   CHECK_THROWS_AS(engine::parseSelectionMethod("best"), InputError);
+}
+
+TEST_CASE("selectionErrors is the error of the selection selectForPeers would send", "[select]") {
+  const uint64_t seed = 21, clock = 7;
+  const int rank = 2;
+  for (const double decay : {0.0, 0.7}) {
+    const SvBatch full = makeBatch(30 + static_cast<uint64_t>(10 * decay), 24, decay);
+    const std::vector<int64_t> counts = {0, 1, 3, 6, 12, 23, 24, 30};
+    const std::vector<double> errors = engine::selectionErrors(full, counts, seed, clock, rank);
+    REQUIRE(errors.size() == counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const int64_t c = counts[i];
+      INFO("decay " << decay << ", C = " << c << ": " << errors[i]);
+      double expected = 1.0;  // nothing sent
+      if (c > 0) {
+        const std::optional<SvBatch> sent =
+            engine::selectForPeers(full, c, SelectionMethod::kJmcss, seed, clock, rank);
+        expected = sent ? relativeError(*sent, full) : 0.0;
+      }
+      CHECK(errors[i] == Approx(expected).margin(5e-5));
+    }
+    // Sending more never loses more (nested selections, orthogonal projections).
+    for (size_t i = 1; i < counts.size(); ++i) CHECK(errors[i] <= errors[i - 1] + 1e-12);
+    CHECK(errors[1] > 0.05);  // one SVG of 24 does lose something
+    CHECK(errors.back() == 0.0);
+  }
+  // The same from a batch that carries cores: the error against that batch's update.
+  const SvBatch full = makeBatch(44, 15, 0.8);
+  const std::optional<SvBatch> once = engine::selectForPeers(full, 9, SelectionMethod::kJmcss, 3, 4, 0);
+  REQUIRE(once);
+  const std::vector<int64_t> counts = {2, 5};
+  const std::vector<double> errors = engine::selectionErrors(*once, counts, 3, 5, 1);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const std::optional<SvBatch> again = engine::selectForPeers(*once, counts[i], SelectionMethod::kJmcss, 3, 5, 1);
+    CHECK(errors[i] == Approx(relativeError(*again, *once)).margin(5e-5));
+  }
+}
+
+TEST_CASE("a JMCSS selection of c is the first c picks of a larger one", "[select]") {
+  // What makes one draw measure every smaller C (selectionErrors).
+  const SvBatch full = makeBatch(9, 30, 0.6);
+  CounterRng big(5, RngPurpose::kSelect, 3, 1);
+  SelectionStats most;
+  engine::selectSvgs(full, 16, SelectionMethod::kJmcss, big, &most);
+  for (int64_t c : {1, 4, 8, 15}) {
+    CounterRng rng(5, RngPurpose::kSelect, 3, 1);
+    SelectionStats fewer;
+    engine::selectSvgs(full, c, SelectionMethod::kJmcss, rng, &fewer);
+    CHECK(fewer.indices == std::vector<int64_t>(most.indices.begin(), most.indices.begin() + c));
+  }
 }
