@@ -11,7 +11,7 @@
 # Each: exit 0 after its clocks, one membership epoch per change, `restore` of every
 # replica at the last clock (after the last change) equals the replica the rank
 # held, bitwise; at each change clock every replica of the new epoch is the same
-# average.
+# average; the summary's traffic covers every epoch.
 set -euo pipefail
 orpheus=$1; compare=$2; mpiexec=$3; model=$4; runs=$5
 out=$(mktemp -d)
@@ -61,6 +61,14 @@ waitLine() {
   done
   echo "no '$2' within 60 s" >&2; exit 1
 }
+checkTotals() {
+  local k want got
+  for k in bytes_sent messages; do
+    want=$(grep '^{"clock"' "$1" | grep -o "\"$k\": [0-9]*" | awk '{s += $2} END {printf "%d", s}')
+    got=$(grep '"summary": true' "$1" | grep -o "\"$k\": [0-9]*" | awk '{print $2}')
+    [ -n "$got" ] && [ "$got" = "$want" ] || { echo "$1: the summary's $k is $got, the clocks' sum $want"; exit 1; }
+  done
+}
 # checkEnd DIR RANKS: the job ended on RANKS ranks after its clocks, and every
 # replica restores, at the last clock, to what its rank held.
 checkEnd() {
@@ -68,6 +76,7 @@ checkEnd() {
   tail -n 1 "$d/m.jsonl" | grep -q "\"clocks\": $clocks," || { echo "$d: the job did not finish its clocks"; exit 1; }
   tail -n 1 "$d/m.jsonl" | grep -q "\"ranks\": $ranks," || { echo "$d: the job did not end on $ranks ranks"; exit 1; }
   [ "$(ls "$d/replicas" | wc -l)" -eq "$ranks" ]
+  checkTotals "$d/m.jsonl"
   for r in $(seq 0 $((ranks - 1))); do
     "$orpheus" restore --ckpt-dir "$d/ckpt" --replica "$r" --clock "$clocks" --out "$d/restored$r.h5" >/dev/null
     "$compare" "$d/restored$r.h5" "$d/replicas/replica-$r.h5" 0
