@@ -663,7 +663,7 @@ int trainEpochs(const TrainConfig& config, const Outputs& out, comm::Transport& 
                 std::unique_ptr<Shards> shards, uint64_t resumeClock, uint64_t changedAfter) {
   comm::Transport* group = &first;
   std::unique_ptr<comm::Transport> regrouped;  // after a live change
-  double seconds = 0.0;
+  Worker::RunTotals totals;  // the earlier epochs'
   for (;;) {
     std::optional<MembershipWatch> watch;
     if (live != nullptr) watch.emplace(*live, *group, config.ckptDir, group->timeout());
@@ -676,7 +676,7 @@ int trainEpochs(const TrainConfig& config, const Outputs& out, comm::Transport& 
         collectively(*group, [&] { epochs = readMembership(config.ckptDir); });
         resumeElastic(worker, config, *group, *out.model, epochs, changedAfter, true);
       }
-      worker.continueTiming(seconds);
+      worker.continueRun(totals);
       worker.watchMembership(watch ? &*watch : nullptr);
       runWorker(worker, *out.metrics, *group);
       if (worker.changesAfter() == 0) {
@@ -685,7 +685,7 @@ int trainEpochs(const TrainConfig& config, const Outputs& out, comm::Transport& 
         return 0;
       }
       changedAfter = worker.changesAfter();
-      seconds = worker.trainSeconds();
+      totals = worker.runTotals();
     }
     // The membership changes after `changedAfter`: the worker is gone; the data goes too.
     const int64_t features = shards->features;

@@ -559,7 +559,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
   const EvalResult initialEval = test_ != nullptr ? evaluate() : EvalResult{};
 
   Tally tally;
-  tally.trainSeconds = trainSeconds_;  // the earlier membership epochs' (continueTiming)
+  tally.trainSeconds = trainSeconds_;  // the earlier membership epochs' (continueRun)
   tally.last = static_cast<uint64_t>(config_.clocks);
   for (uint64_t clock = first; clock <= static_cast<uint64_t>(config_.clocks); ++clock) {
     if (runLoopClock(clock, sink, tally)) break;
@@ -571,13 +571,21 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
   log_->flush();
   sink.finish(timeoutOf(config_));
   trainSeconds_ = tally.trainSeconds;
+  if (totals_.firstClock == 0) totals_.firstClock = first;
+  totals_.trainSeconds = tally.trainSeconds;
+  totals_.bytesSent += aggregator.totalBytes();
+  totals_.messages += aggregator.totalMessages();
+  totals_.failures += aggregator.totalFailures();
+  totals_.lostClocks += aggregator.totalLostClocks();
+  totals_.maxGap = std::max(totals_.maxGap, aggregator.maxGap());
+  totals_.bestAccuracy = std::max(totals_.bestAccuracy, aggregator.bestAccuracy());
   if (tally.membershipChanges) {
     // The next epoch's ranks continue from here (engine/job.cc): nothing more on this group.
     changesAfter_ = tally.last;
     return replica_;
   }
   if (test_ != nullptr) lastEval_ = evaluate();
-  if (transport_.rank() == 0) writeSummary(metrics, aggregator, tally, first, initialEval);
+  if (transport_.rank() == 0) writeSummary(metrics, tally, initialEval);
   return replica_;
 }
 
@@ -675,9 +683,10 @@ bool Worker::evaluateAt(uint64_t clock, ClockRecord& record) {
   return v[1] > 0 && v[0] / v[1] >= config_.targetAccuracy;
 }
 
-void Worker::writeSummary(MetricsWriter& metrics, const MetricsAggregator& aggregator, const Tally& tally,
-                          uint64_t first, const EvalResult& initialEval) const {
-  const auto clocksRun = static_cast<double>(std::max<uint64_t>(1, tally.last + 1 - first));
+void Worker::writeSummary(MetricsWriter& metrics, const Tally& tally, const EvalResult& initialEval) const {
+  // The whole run's, over its membership epochs (runTotals()).
+  const RunTotals& run = totals_;
+  const auto clocksRun = static_cast<double>(std::max<uint64_t>(1, tally.last + 1 - run.firstClock));
   JsonLine summary;
   summary.add("summary", true)
       .add("clocks", tally.last)
@@ -685,14 +694,14 @@ void Worker::writeSummary(MetricsWriter& metrics, const MetricsAggregator& aggre
       .add("reached_target", tally.reachedTarget);
   addJobSettings(summary, config_, model_, transport_.size(), schedule_.fanout());
   summary.add("seconds", tally.trainSeconds)
-      .add("bytes_sent", aggregator.totalBytes())
-      .add("messages", aggregator.totalMessages())
-      .add("bytes_per_clock", static_cast<double>(aggregator.totalBytes()) / clocksRun)
-      .add("max_clock_gap", static_cast<int64_t>(aggregator.maxGap()))
+      .add("bytes_sent", run.bytesSent)
+      .add("messages", run.messages)
+      .add("bytes_per_clock", static_cast<double>(run.bytesSent) / clocksRun)
+      .add("max_clock_gap", static_cast<int64_t>(run.maxGap))
       .add("average_every", config_.averageEvery)
       .add("rotate_every", config_.rotateEvery)
-      .add("failures", aggregator.totalFailures())
-      .add("lost_clocks", aggregator.totalLostClocks())
+      .add("failures", run.failures)
+      .add("lost_clocks", run.lostClocks)
       .add("replica", static_cast<int64_t>(replicaId_));
   if (config_.adapt) {
     summary.add("adapt", true)
@@ -707,7 +716,7 @@ void Worker::writeSummary(MetricsWriter& metrics, const MetricsAggregator& aggre
     if (model_.reportsPerplexity()) summary.add("test_perplexity", std::exp(lastEval_.loss));
     if (model_.hasAccuracy()) {
       summary.add("test_accuracy", lastEval_.accuracy);
-      summary.add("best_test_accuracy", std::max(aggregator.bestAccuracy(), lastEval_.accuracy));
+      summary.add("best_test_accuracy", std::max(run.bestAccuracy, lastEval_.accuracy));
     }
   }
   metrics.write(summary);

@@ -156,9 +156,26 @@ class Worker {
   // batch applied and the log durable, without the final evaluation and summary
   // (0: it ran to the end).
   uint64_t changesAfter() const { return changesAfter_; }
-  // The training seconds of the job's earlier membership epochs: the clock records
-  // and the summary count on from there.
-  void continueTiming(double seconds) { trainSeconds_ = seconds; }
+  // What a run adds up to over its membership epochs (engine/live.h): each epoch's
+  // worker continues from the totals of the epochs before it, so the clock records
+  // and the summary cover the whole run. Rank 0's are the job's; elsewhere only the
+  // seconds count.
+  struct RunTotals {
+    double trainSeconds = 0.0;
+    uint64_t bytesSent = 0;
+    uint64_t messages = 0;
+    int64_t failures = 0;
+    int64_t lostClocks = 0;
+    double maxGap = 0.0;
+    double bestAccuracy = -1.0;
+    uint64_t firstClock = 0;  // the run's first clock; 0: this epoch's
+  };
+  void continueRun(const RunTotals& earlier) {
+    totals_ = earlier;
+    trainSeconds_ = earlier.trainSeconds;
+  }
+  // After run() returned at a membership change: the totals through this epoch.
+  const RunTotals& runTotals() const { return totals_; }
 
  private:
   // The batches a clock applies together, in rank order, with their records for the log.
@@ -186,8 +203,7 @@ class Worker {
   bool runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally);
   Recovery::Failure afterClock(uint64_t clock);
   bool evaluateAt(uint64_t clock, ClockRecord& record);
-  void writeSummary(MetricsWriter& metrics, const MetricsAggregator& aggregator, const Tally& tally, uint64_t first,
-                    const EvalResult& initialEval) const;
+  void writeSummary(MetricsWriter& metrics, const Tally& tally, const EvalResult& initialEval) const;
 
   // --sync sv, Algorithm 1: compute_svg, select, send S, receive T, compute_update(S ∪ T), log.
   void svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats, MetricsSink& metrics);
@@ -249,6 +265,7 @@ class Worker {
   ReplicaUpdater updater_;
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
+  RunTotals totals_;  // the earlier epochs' (continueRun), then through this one
   uint64_t lastClock_ = 0;
   ClockObserver* observer_ = nullptr;
   MembershipWatch* membership_ = nullptr;

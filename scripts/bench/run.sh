@@ -21,7 +21,9 @@
 #            BLAS, no network, at 1 and 2 threads (scripts/bench/step_vs_torch.sh;
 #            options as environment variables).
 #   elastic  elastic restart: a rank killed, the job relaunched on the ranks left;
-#            live scale-in: a rank leaves the running job on SIGTERM
+#            live scale-in: a rank leaves the running job on SIGTERM; --balance with a
+#            slowed rank; Litz's scale-out 4 -> 8 at 30% against its ideal (MLR, MLP);
+#            half the ranks preempted at clock 100 and back at 200
 #            (scripts/bench/elastic.sh; options as environment variables).
 #   adapt    --adapt against the best hand-tuned setting and the defaults, np 4, MLP-2048,
 #            at 1 and 10 Gbit/s and with the rate dropped 10 -> 1 Gbit/s mid-run
