@@ -97,12 +97,20 @@ run() {
   say "rep $rep: $scenario $config"
   # A launch in the emulated cluster that fails before any rank starts (no metrics
   # file; netcluster.sh bounds it) is tried once more; a run that started and failed is not.
-  local try
+  # orte_startup_timeout does not cover every stall: a launch with no metrics after
+  # LAUNCH_TIMEOUT seconds is killed here, and counts as one that never started.
+  local try guard ok
   for try in 1 2; do
     rm -f "$dir/$config.jsonl"
+    (sleep "${LAUNCH_TIMEOUT:-150}"; [ -e "$dir/$config.jsonl" ] || pkill -f -- "--metrics $dir/$config.jsonl") &
+    guard=$!
+    ok=0
     # shellcheck disable=SC2086
-    if mpirun -np "$NP" --oversubscribe "${launch[@]}" "$ORPHEUS" train "${common[@]}" ${FLAGS[$config]} \
-      --metrics "$dir/$config.jsonl" >"$dir/$config.log" 2>&1; then break; fi
+    mpirun -np "$NP" --oversubscribe "${launch[@]}" "$ORPHEUS" train "${common[@]}" ${FLAGS[$config]} \
+      --metrics "$dir/$config.jsonl" >"$dir/$config.log" 2>&1 && ok=1
+    kill "$guard" 2>/dev/null || true
+    wait "$guard" 2>/dev/null || true
+    [ "$ok" = 1 ] && break
     if [ "$try" = 2 ] || [ -e "$dir/$config.jsonl" ]; then say "$scenario $config failed: $dir/$config.log"; exit 1; fi
     say "$scenario $config: the launch failed before any rank started; launching again"
   done
