@@ -240,7 +240,10 @@ class Runner:
         np_ = config.np or np_
         batch = config.batch or a.batch
         if config.kind == "orpheus":
-            return [["mpirun", "-np", str(np_), "--oversubscribe", *network.mpirun_args, self.binary, "train",
+            # Open MPI binds each rank to one core when np <= 2: a rank with threads
+            # needs the cores it is given.
+            bind = ["--bind-to", "none"] if "--threads" in config.flags else []
+            return [["mpirun", "-np", str(np_), "--oversubscribe", *bind, *network.mpirun_args, self.binary, "train",
                      *self.common(workload, batch, a.clocks), *config.flags, *extra, "--metrics", metrics]]
         ddp = [PYTHON, os.path.join(HERE, "ddp_fmnist.py"), *workload.ddp_args, "--data", FMNIST,
                "--batch", str(batch), "--lr", str(a.lr), "--clocks", str(a.clocks),
@@ -848,6 +851,7 @@ def main():
     for g in groups:
         g.configs = [c for c in g.configs
                      if (not only or c.key in only) and f"{g.network.name}/{c.key}" not in skip]
+    groups = [g for g in groups if g.configs]
     if any(g.network.emulated for g in groups) and os.geteuid() != 0:
         say("the emulated cluster needs root: running on loopback only")
         groups = [g for g in groups if not g.network.emulated]
