@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/bench/elastic.sh: elastic restart (README: elastic runs), MLR on
 # Fashion-MNIST, BSP, batch $BATCH per rank, to $TARGET test accuracy. Writes
-# scripts/bench/results/elastic.md.
+# scripts/bench/results/elastic.md (and elastic.png, plot_elastic.py).
 #
 #  1. static: $NP ranks, uninterrupted: seconds and clocks to the target.
 #  2. restart: the same job, one rank killed (kill -9) once $KILL_AT clocks are
@@ -297,4 +297,9 @@ PY
     echo "| --- | --- | --- |"
     curve "$RAW/preempt-1/static.jsonl" "$RAW/preempt-1/pre.jsonl"
   } | tee -a "$RES/elastic.md"
+fi
+
+# The accuracy around the preemption and the scale-out seconds, from the report.
+if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+  /usr/bin/python3 "$ROOT/scripts/bench/plot_elastic.py" "$RES/elastic.md" "$RES/elastic.png"
 fi
