@@ -39,16 +39,8 @@ waitClock() {
   done
   echo "no clock $2 within 30 s"; exit 1
 }
-# checkTotals METRICS: the summary counts the traffic of the whole run, over its
-# membership epochs: the sum of every clock's line.
-checkTotals() {
-  local k want got
-  for k in bytes_sent messages; do
-    want=$(grep '^{"clock"' "$1" | grep -o "\"$k\": [0-9]*" | awk '{s += $2} END {printf "%d", s}')
-    got=$(grep '"summary": true' "$1" | grep -o "\"$k\": [0-9]*" | awk '{print $2}')
-    [ -n "$got" ] && [ "$got" = "$want" ] || { echo "$1: the summary's $k is $got, the clocks' sum $want"; exit 1; }
-  done
-}
+# checkTotals METRICS (tests/e2e/summary_totals.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/summary_totals.sh"
 # checkRun DIR RANKS_LEFT OLD_RANK: the checks every live change passes.
 checkRun() {
   local d=$1 ranks=$2 old=$3

@@ -61,14 +61,8 @@ waitLine() {
   done
   echo "no '$2' within 60 s" >&2; exit 1
 }
-checkTotals() {
-  local k want got
-  for k in bytes_sent messages; do
-    want=$(grep '^{"clock"' "$1" | grep -o "\"$k\": [0-9]*" | awk '{s += $2} END {printf "%d", s}')
-    got=$(grep '"summary": true' "$1" | grep -o "\"$k\": [0-9]*" | awk '{print $2}')
-    [ -n "$got" ] && [ "$got" = "$want" ] || { echo "$1: the summary's $k is $got, the clocks' sum $want"; exit 1; }
-  done
-}
+# checkTotals METRICS (tests/e2e/summary_totals.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/summary_totals.sh"
 # checkEnd DIR RANKS: the job ended on RANKS ranks after its clocks, and every
 # replica restores, at the last clock, to what its rank held.
 checkEnd() {
