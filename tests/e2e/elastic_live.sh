@@ -39,8 +39,8 @@ waitClock() {
   done
   echo "no clock $2 within 30 s"; exit 1
 }
-# checkTotals METRICS (tests/e2e/summary_totals.sh).
-source "$(dirname "${BASH_SOURCE[0]}")/summary_totals.sh"
+# checkTotals METRICS and checkEnd DIR RANKS (tests/e2e/live_checks.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/live_checks.sh"
 # checkRun DIR RANKS_LEFT OLD_RANK: the checks every live change passes.
 checkRun() {
   local d=$1 ranks=$2 old=$3
@@ -48,15 +48,7 @@ checkRun() {
   [ -n "$at" ] || { echo "no left record in $d/m.jsonl"; exit 1; }
   grep -q '"release_seconds": ' "$d/m.jsonl"
   grep -qx "epoch 1 clock $at ranks $ranks" "$d/ckpt/membership" || { echo "membership: $(cat "$d/ckpt/membership")"; exit 1; }
-  tail -n 1 "$d/m.jsonl" | grep -q "\"clocks\": $clocks," || { echo "the job did not finish its clocks"; exit 1; }
-  tail -n 1 "$d/m.jsonl" | grep -q "\"ranks\": $ranks," || { echo "the job did not end on $ranks ranks"; exit 1; }
-  [ "$(ls "$d/replicas" | wc -l)" -eq "$ranks" ]
-  checkTotals "$d/m.jsonl"
-  for r in $(seq 0 $((ranks - 1))); do
-    "$orpheus" restore --ckpt-dir "$d/ckpt" --replica "$r" --clock "$clocks" --out "$d/restored$r.h5" >/dev/null
-    "$compare" "$d/restored$r.h5" "$d/replicas/replica-$r.h5" 0
-  done
-  "$compare" "$d/restored0.h5" "$d/final.h5" 0
+  checkEnd "$d" "$ranks"
   # At the change clock every replica of the new epoch is the average; before it the old ones stay.
   "$orpheus" restore --ckpt-dir "$d/ckpt" --replica 0 --clock "$at" --out "$d/at0.h5" >/dev/null
   "$orpheus" restore --ckpt-dir "$d/ckpt" --replica $((ranks - 1)) --clock "$at" --out "$d/atlast.h5" >/dev/null

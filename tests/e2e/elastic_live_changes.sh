@@ -61,22 +61,8 @@ waitLine() {
   done
   echo "no '$2' within 60 s" >&2; exit 1
 }
-# checkTotals METRICS (tests/e2e/summary_totals.sh).
-source "$(dirname "${BASH_SOURCE[0]}")/summary_totals.sh"
-# checkEnd DIR RANKS: the job ended on RANKS ranks after its clocks, and every
-# replica restores, at the last clock, to what its rank held.
-checkEnd() {
-  local d=$1 ranks=$2
-  tail -n 1 "$d/m.jsonl" | grep -q "\"clocks\": $clocks," || { echo "$d: the job did not finish its clocks"; exit 1; }
-  tail -n 1 "$d/m.jsonl" | grep -q "\"ranks\": $ranks," || { echo "$d: the job did not end on $ranks ranks"; exit 1; }
-  [ "$(ls "$d/replicas" | wc -l)" -eq "$ranks" ]
-  checkTotals "$d/m.jsonl"
-  for r in $(seq 0 $((ranks - 1))); do
-    "$orpheus" restore --ckpt-dir "$d/ckpt" --replica "$r" --clock "$clocks" --out "$d/restored$r.h5" >/dev/null
-    "$compare" "$d/restored$r.h5" "$d/replicas/replica-$r.h5" 0
-  done
-  "$compare" "$d/restored0.h5" "$d/final.h5" 0
-}
+# checkTotals METRICS and checkEnd DIR RANKS (tests/e2e/live_checks.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/live_checks.sh"
 # checkAverage DIR CLOCK RANKS: at the change clock every replica of the new epoch is the same.
 checkAverage() {
   "$orpheus" restore --ckpt-dir "$1/ckpt" --replica 0 --clock "$2" --out "$1/at$2-first.h5" >/dev/null
