@@ -62,6 +62,9 @@ struct TrafficCounters {
 struct Gathered {
   std::vector<std::byte> data;
   std::vector<size_t> offsets;  // size() + 1 entries
+  // Seconds this rank waited for the last rank to join the call, where the backend
+  // can tell it from the transfer (MPI: the exchange of record sizes); else 0.
+  double waitSeconds = 0.0;
 
   size_t count() const { return offsets.empty() ? 0 : offsets.size() - 1; }
   std::span<const std::byte> part(size_t rank) const {

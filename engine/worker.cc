@@ -69,6 +69,19 @@ ops::EvalSums evaluateOn(const ops::Model& model, const ParamSet& params, const 
   return sums;
 }
 
+// A clock whose batches every rank gets, applied in the same clock, is a broadcast
+// under BSP whatever the schedule is called: random, fixed or ring multicast with
+// Q = P - 1, or SSP with staleness 0. It goes through the allgather, which moves the
+// same bytes in one collective call (no rank stalls a transfer while it computes).
+// Knobs change only at a barrier where every batch sent so far is applied, so a job
+// may move between the two paths there.
+bool sendsPointToPoint(const TrainConfig& config, const comm::MulticastSchedule& schedule, const adapt::Knobs& knobs) {
+  if (config.sync != SyncMode::kSv) return false;
+  const bool everyPeer = schedule.fanout() == schedule.ranks() - 1;
+  const bool inClock = config.consistency == Consistency::kBsp || knobs.staleness == 0;
+  return !everyPeer || !inClock || config.dropLinks > 0.0;
+}
+
 Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transport& transport,
                const data::Dataset& train, const data::Dataset* test)
     : config_(config),
@@ -78,9 +91,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       test_(test),
       replica_(model.initParams(config.seed)),
       replicaId_(transport.rank()),
-      pointToPoint_(config.sync == SyncMode::kSv &&
-                    (config.multicast != comm::MulticastKind::kAll || config.consistency == Consistency::kSsp ||
-                     config.dropLinks > 0.0)),
+      pointToPoint_(true),
       schedule_(scheduleConfig(config, transport.size())),
       adapt_(config, transport, model.paramShapes(), schedule_.fanout()),
       knobs_(adapt_.initial().knobs),
@@ -94,7 +105,10 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
       updater_(optimizerSettings(config), model),
       feed_(config, transport, train) {
-  if (SvExchange::serves(config, model, pointToPoint_)) exchange_ = std::make_unique<SvExchange>(config, model, transport);
+  // Built when a BSP clock of this job can go through the collective; used on those clocks.
+  if (SvExchange::serves(config, model, config.dropLinks > 0.0 || config.consistency == Consistency::kSsp)) {
+    exchange_ = std::make_unique<SvExchange>(config, model, transport);
+  }
   applyKnobs(knobs_);
 }
 
@@ -106,6 +120,7 @@ void Worker::applyKnobs(const adapt::Knobs& knobs) {
   if (sc.kind != comm::MulticastKind::kAll) sc.fanout = static_cast<int>(knobs.fanout);
   schedule_ = comm::MulticastSchedule(sc);
   heard_ = static_cast<double>(config_.batch) * (schedule_.fanout() + 1);
+  pointToPoint_ = sendsPointToPoint(config_, schedule_, knobs_);
   // Every clock up to here is complete; later ones may have been judged complete
   // under the old schedule (no sender for this rank): judge them again.
   inbox_.resumeAt(clock_);
@@ -207,7 +222,7 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSin
 
 // Algorithm 1: one clock of --sync sv.
 void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats, MetricsSink& metrics) {
-  if (exchange_) {
+  if (exchange_ && !pointToPoint_) {
     overlappedSvClock(clock, examples, stats, metrics);
     return;
   }
@@ -335,7 +350,9 @@ Worker::Group Worker::exchangeWithAll(uint64_t clock, const std::shared_ptr<SvBa
     const SvBatchHeader header = batch.header;
     group.add(std::move(batch), log_->received(header, ckpt::Record::part(all, part, true)));
   }
-  stats.commSeconds = secondsSince(t);
+  // Waiting for the slowest rank is wait, as it is on the point-to-point path.
+  stats.waitSeconds += all->waitSeconds;
+  stats.commSeconds = secondsSince(t) - all->waitSeconds;
   return group;
 }
 

@@ -140,7 +140,7 @@ class Worker {
   double trainSeconds() const { return trainSeconds_; }
   // The last clock run: config.clocks, or the clock that reached --target-accuracy.
   uint64_t lastClock() const { return lastClock_; }
-  // True when batches travel point to point (multicast, SSP, link failures).
+  // True when this clock's batches travel point to point (sendsPointToPoint).
   bool pointToPoint() const { return pointToPoint_; }
   // The knobs in force (--adapt changes them at decision barriers).
   const adapt::Knobs& knobs() const { return knobs_; }
@@ -270,11 +270,17 @@ class Worker {
   ClockObserver* observer_ = nullptr;
   MembershipWatch* membership_ = nullptr;
   uint64_t changesAfter_ = 0;
-  std::unique_ptr<SvExchange> exchange_;  // --overlap on, broadcast, BSP; else null
+  std::unique_ptr<SvExchange> exchange_;  // --overlap on, clocks through the collective; else null
   DataFeed feed_;  // the minibatches: the shard, or with --balance the chunks this rank owns
 };
 
 ops::ExampleBatch view(const data::Batch& batch);
+
+// Whether a clock under these knobs sends its batch point to point (Inbox, SSP
+// arrival order) or through the broadcast collective: point to point unless every
+// rank gets every batch within the clock (Q = P - 1, BSP or staleness 0, no broken
+// links). --sync dense: never.
+bool sendsPointToPoint(const TrainConfig& config, const comm::MulticastSchedule& schedule, const adapt::Knobs& knobs);
 
 // The job's settings in a summary line (train's and simulate's): ranks, sync, model,
 // batch, selection, multicast, fanout, consistency, staleness, broken links.

@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace orpheus::comm::mpi {
 namespace {
@@ -62,10 +63,13 @@ Gathered MpiTransport::gatherRecords(const void* buffer, int count, MPI_Datatype
   s.localSize = static_cast<long long>(bytes);
   s.sizes.assign(p, 0);
   MPI_Request req;
+  // A few bytes from each rank: this takes as long as the last rank takes to come.
+  const auto joined = std::chrono::steady_clock::now();
   ORPHEUS_MPI_CHECK(MPI_Iallgather(&s.localSize, 1, MPI_LONG_LONG, s.sizes.data(), 1, MPI_LONG_LONG, comm_, &req));
   wait(req, "allgatherv of SV batches (record sizes)", clock);
 
   Gathered out;
+  out.waitSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - joined).count();
   out.offsets.assign(p + 1, 0);
   s.counts.resize(p);
   s.displs.resize(p);

@@ -205,7 +205,7 @@ TEST_CASE("run() writes a metrics line per clock and a summary with traffic tota
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("with C = B, Q = P-1 and BSP, point-to-point multicast equals the broadcast bit for bit", "[engine]") {
+TEST_CASE("with C = B, Q = P-1 and BSP, multicast equals the broadcast bit for bit, on either path", "[engine]") {
   engine::TrainConfig config;
   config.batch = 12;
   config.clocks = 15;
@@ -213,8 +213,44 @@ TEST_CASE("with C = B, Q = P-1 and BSP, point-to-point multicast equals the broa
   config.multicast = comm::MulticastKind::kRandom;
   config.fanout = 3;
   config.select = 12;  // C = B
-  const auto multicast = train(config, 4, 15);
-  for (int r = 0; r < 4; ++r) CHECK(bitwiseEqual(broadcast[static_cast<size_t>(r)], multicast[static_cast<size_t>(r)]));
+  // Every peer, within the clock: through the allgather.
+  const auto collective = train(config, 4, 15);
+  // A link-failure rate that breaks none of the 12 links keeps the point-to-point path.
+  config.dropLinks = 0.01;
+  REQUIRE(engine::sendsPointToPoint(config, comm::MulticastSchedule(engine::scheduleConfig(config, 4)), {0, 3, 0, 0}));
+  REQUIRE(comm::MulticastSchedule(engine::scheduleConfig(config, 4)).brokenLinksPerClock() == 0);
+  const auto pointToPoint = train(config, 4, 15);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(bitwiseEqual(broadcast[static_cast<size_t>(r)], collective[static_cast<size_t>(r)]));
+    CHECK(bitwiseEqual(broadcast[static_cast<size_t>(r)], pointToPoint[static_cast<size_t>(r)]));
+  }
+}
+
+TEST_CASE("a clock goes point to point unless every rank gets every batch within it", "[engine]") {
+  engine::TrainConfig config;
+  config.multicast = comm::MulticastKind::kRandom;
+  config.fanout = 3;
+  const auto pointToPoint = [&](int ranks, int64_t fanout, int64_t staleness) {
+    config.fanout = static_cast<int>(fanout);
+    return engine::sendsPointToPoint(config, comm::MulticastSchedule(engine::scheduleConfig(config, ranks)),
+                                     {0, fanout, staleness, 0});
+  };
+  CHECK_FALSE(pointToPoint(4, 3, 0));  // Q = P - 1, BSP: the collective
+  CHECK(pointToPoint(4, 2, 0));
+  CHECK(pointToPoint(8, 3, 0));
+  config.consistency = engine::Consistency::kSsp;
+  CHECK_FALSE(pointToPoint(4, 3, 0));  // SSP with s = 0 waits for the whole clock anyway
+  CHECK(pointToPoint(4, 3, 1));
+  config.consistency = engine::Consistency::kBsp;
+  config.dropLinks = 0.2;
+  CHECK(pointToPoint(4, 3, 0));  // a broken link drops one message, not a collective
+  config.dropLinks = 0.0;
+  config.multicast = comm::MulticastKind::kAll;
+  config.fanout = 0;
+  CHECK_FALSE(engine::sendsPointToPoint(config, comm::MulticastSchedule(engine::scheduleConfig(config, 4)), {}));
+  config.sync = engine::SyncMode::kDense;
+  config.multicast = comm::MulticastKind::kRandom;
+  CHECK_FALSE(pointToPoint(4, 2, 0));
 }
 
 TEST_CASE("random multicast with selection sends C SVGs to Q peers: bytes match the analytic count", "[engine]") {
