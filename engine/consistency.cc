@@ -53,13 +53,18 @@ void Inbox::accept(comm::Message message) {
 void Inbox::advanceComplete() {
   while (completeThrough_ < static_cast<uint64_t>(config_.clocks)) {
     const uint64_t next = completeThrough_ + 1;
-    const size_t expected = schedule_.senders(next, transport_.rank()).size();
+    const size_t expected = expectedAt(next);
     const auto it = arrived_.find(next);
     const size_t got = it == arrived_.end() ? 0 : it->second.size();
     if (got < expected) return;
     if (it != arrived_.end()) arrived_.erase(it);
     completeThrough_ = next;
   }
+}
+
+size_t Inbox::expectedAt(uint64_t clock) {
+  if (expected_.first != clock) expected_ = {clock, schedule_.senders(clock, transport_.rank()).size()};
+  return expected_.second;
 }
 
 std::vector<int> Inbox::missingSenders(uint64_t clock) const {

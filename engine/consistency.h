@@ -59,12 +59,18 @@ class Inbox {
   std::map<int, ReceivedBatch> takeClock(uint64_t clock);
   // SSP: the batches that arrived since the last call, in arrival order.
   std::vector<ReceivedBatch> takeReady();
-  // Resume: the clocks up to `clock` are done.
-  void resumeAt(uint64_t clock) { completeThrough_ = clock; }
+  // Resume: the clocks up to `clock` are done. Also after the schedule changed.
+  void resumeAt(uint64_t clock) {
+    completeThrough_ = clock;
+    expected_ = {0, 0};
+  }
 
  private:
   void accept(comm::Message message);
   void advanceComplete();
+  // How many senders address this rank at `clock`: schedule_.senders() costs O(P)
+  // receivers() calls, so it is taken once per clock, not once per arrival.
+  size_t expectedAt(uint64_t clock);
   std::vector<int> missingSenders(uint64_t clock) const;
   comm::StallError timedOut(uint64_t at) const;
 
@@ -77,6 +83,7 @@ class Inbox {
   std::vector<ReceivedBatch> ready_;                          // SSP: to apply now
   std::map<uint64_t, std::set<int>> arrived_;                 // senders heard from, by clock
   uint64_t completeThrough_ = 0;
+  std::pair<uint64_t, size_t> expected_{0, 0};  // (clock, senders); clock 0: none yet
 };
 
 }  // namespace orpheus::engine

@@ -260,12 +260,28 @@ void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatch* const> 
 void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params) {
   if (optimizer_.settings().foldsLearningRate()) {
     model_.computeUpdate(batches, params, rebuild_);
+    trimBuffers(params);
     return;
   }
   if (pendingClock_ != 0 && pendingClock_ != clock) finishClock(params);
   model_.computeUpdate(batches, gradient_, rebuild_);
+  trimBuffers(params);
   if (!touched_.empty()) noteTouched(batches);
   pendingClock_ = clock;
+}
+
+// The rebuild's operands grow with the SVGs of a group (B (Q + 1) columns) and are
+// kept for the next clock, unless they outgrow the parameters and kRebuildKeepBytes:
+// then they go, so that a process running many workers (simulate, P in the
+// thousands under broadcast) holds one group's operands per running worker, not P.
+void ReplicaUpdater::trimBuffers(const ParamSet& params) {
+  constexpr size_t kRebuildKeepBytes = size_t{8} << 20;
+  size_t kept = static_cast<size_t>(rebuild_.v.size());
+  for (const Matrix& u : rebuild_.u) kept += static_cast<size_t>(u.size());
+  size_t weights = 0;
+  for (const Param& p : params.params) weights += static_cast<size_t>(p.value.size());
+  kept *= sizeof(float);
+  if (kept > kRebuildKeepBytes && kept > weights * sizeof(float)) rebuild_ = {};
 }
 
 void ReplicaUpdater::applyDense(uint64_t clock, ParamSet& gradient, float scale, ParamSet& params) {

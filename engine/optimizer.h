@@ -164,6 +164,7 @@ class ReplicaUpdater {
 
  private:
   void noteTouched(std::span<const SvBatchView* const> batches);
+  void trimBuffers(const ParamSet& params);
   void clearGradient();
 
   const ops::Model& model_;

@@ -432,6 +432,11 @@ void addSimulateFlags(CLI::App& cmd, orpheus::engine::sim::SimConfig& s, double&
                  "bisection)")
       ->capture_default_str()
       ->check(numberIn(0, 1e9));
+  cmd.add_option("--sim-stack-gbps", s.network.stackGbps,
+                 "Network model: the host's network stack, Gbit/s of a core it copies per byte sent or received "
+                 "(kernel TCP; 0: free)")
+      ->capture_default_str()
+      ->check(numberIn(0, 1e9));
   cmd.add_flag("--sim-multicast", s.network.multicast,
                "Network model: IP/IB multicast, one send reaches all of a message's receivers");
   cmd.add_option("--sim-compute-ms", s.computeMs,

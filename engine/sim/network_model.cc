@@ -18,10 +18,15 @@ double NetworkModel::sendBytesPerSecond() const {
 
 double NetworkModel::receiveBytesPerSecond() const { return sendBytesPerSecond(); }
 
+double NetworkModel::stackSeconds(double bytes) const {
+  return stackGbps > 0.0 ? bytes / bytesPerSecond(stackGbps) : 0.0;
+}
+
 void NetworkModel::validate() const {
   ORPHEUS_CHECK_INPUT(linkGbps > 0.0, "--sim-link-gbps {} must be positive", linkGbps);
   ORPHEUS_CHECK_INPUT(nicGbps >= 0.0, "--sim-nic-gbps {} must be positive (0: the link's)", nicGbps);
   ORPHEUS_CHECK_INPUT(coreGbps >= 0.0, "--sim-core-gbps {} must be positive (0: full bisection)", coreGbps);
+  ORPHEUS_CHECK_INPUT(stackGbps >= 0.0, "--sim-stack-gbps {} must be positive (0: free)", stackGbps);
   ORPHEUS_CHECK_INPUT(latencySeconds >= 0.0, "--sim-latency-us {} must not be negative", latencySeconds * 1e6);
 }
 

@@ -13,6 +13,9 @@
 //    equally, each sending at most core / senders.
 //  - Multicast (IP or IB multicast): one copy per message reaches every receiver.
 //  - NICs stay busy across calls: a Network carries each NIC's free time on.
+//  - The host's network stack (stack > 0): each byte a worker sends or receives
+//    costs CPU at `stack` Gbit/s of a core (kernel TCP copies), on top of its
+//    computation and slowed as that is where workers share cores (VirtualClock).
 //
 // Collectives the engine runs as a library call (dense allreduce, replica averaging,
 // rotation) cost what the bandwidth-optimal algorithms cost on this model, as
@@ -31,6 +34,10 @@ struct NetworkModel {
   double nicGbps = 0.0;         // each NIC's limit, each direction; 0: the link's
   double coreGbps = 0.0;        // the fabric's aggregate; 0: full bisection
   bool multicast = false;       // one send reaches all of a message's receivers
+  double stackGbps = 0.0;       // CPU per byte sent or received, Gbit/s of a core; 0: free
+
+  // Seconds of a core the network stack spends on `bytes`; 0 when it is free.
+  double stackSeconds(double bytes) const;
 
   double sendBytesPerSecond() const;
   double receiveBytesPerSecond() const;

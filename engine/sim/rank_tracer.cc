@@ -66,6 +66,7 @@ void RankTracer::phase(ClockPhase phase, uint64_t clock) {
 }
 
 void RankTracer::reported(const ClockRecord& record) {
+  current_.slowdown = slowdown_;
   if (computeSeconds_ > 0.0) {
     current_.compute = computeSeconds_ * slowdown_;
     current_.receive = 0.0;

@@ -358,6 +358,7 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
       .add("network_nic_gbps", sim.network.nicGbps)
       .add("network_core_gbps", sim.network.coreGbps)
       .add("network_multicast", sim.network.multicast)
+      .add("network_stack_gbps", sim.network.stackGbps)
       .add("sim_cores", sim.cpu.cores)
       .add("sim_hosts", sim.cpu.hosts)
       .add("cpu_slowdown_max", sim.cpu.slowdown(0, p))

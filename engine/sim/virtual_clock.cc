@@ -20,12 +20,13 @@ std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<Ra
   const auto p = static_cast<size_t>(ranks_);
   std::vector<RankTiming> out(p);
   std::vector<Transfer> transfers;
+  const NetworkModel& model = network_.model();
+  const auto stack = [&](size_t r, double bytes) { return ranks[r].slowdown * model.stackSeconds(bytes); };
   for (size_t r = 0; r < p; ++r) {
     out[r].start = start_[r];
     out[r].sends = start_[r] + ranks[r].compute;
     Transfer t;
     t.sender = static_cast<int>(r);
-    t.ready = out[r].sends;
     t.bytes = ranks[r].messageBytes;
     if (ranks[r].toAllPeers) {
       for (int q = 0; q < ranks_; ++q)
@@ -33,13 +34,19 @@ std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<Ra
     } else {
       t.receivers = ranks[r].receivers;
     }
+    // Every copy passes through the sender's stack before it can leave (multicast: one).
+    const size_t copies = model.multicast ? std::min<size_t>(1, t.receivers.size()) : t.receivers.size();
+    out[r].sends += stack(r, static_cast<double>(t.bytes) * static_cast<double>(copies));
+    t.ready = out[r].sends;
     if (!t.receivers.empty()) transfers.push_back(std::move(t));
   }
   const std::vector<std::vector<double>> in = network_.deliver(transfers);
   std::vector<double> lastIn(p, 0.0);
+  std::vector<double> bytesIn(p, 0.0);
   for (size_t i = 0; i < transfers.size(); ++i) {
     for (size_t k = 0; k < transfers[i].receivers.size(); ++k) {
       const auto to = static_cast<size_t>(transfers[i].receivers[k]);
+      bytesIn[to] += static_cast<double>(transfers[i].bytes);
       lastIn[to] = std::max(lastIn[to], in[i][k]);
       ++out[to].inDegree;
       if (recordArrivals_) out[to].arrivals.emplace_back(transfers[i].sender, in[i][k]);
@@ -62,7 +69,7 @@ std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<Ra
       case Mode::kSsp: t.exchanged = t.sends; break;
       case Mode::kDense: t.exchanged = denseDone; break;
     }
-    t.end = t.exchanged + ranks[r].receive + ranks[r].update;
+    t.end = t.exchanged + stack(r, bytesIn[r]) + ranks[r].receive + ranks[r].update;
   }
 
   lastIn_.push_back(std::move(lastIn));

@@ -3,11 +3,13 @@
 // and the network model (engine/sim/network_model.h).
 //
 // Per rank r and clock t, with S the clock's start:
-//   sends at      S + compute                     (SVs computed and selected)
+//   sends at      S + compute + stack(out)        (SVs computed and selected, copies handed to the stack)
 //   exchanged at  BSP: max(sends, last batch of clock t addressed to r is in)
 //                 SSP: sends (nothing waited for inside the clock)
 //                 dense: every rank's sends, then the ring all-reduce of the gradient
-//   ends at       exchanged + receive + update    (decoding, rebuild, log)
+//   ends at       exchanged + stack(in) + receive + update    (taken off the stack, decoded, rebuilt, logged)
+//   where stack(bytes) is the network stack's CPU time for the bytes the rank sends
+//   or receives in the clock's batches, times the rank's CPU slowdown (NetworkModel).
 //   next start    BSP: the end; SSP: max(end, every batch addressed to r from the
 //                 clocks <= t+1-s-1 is in); after a coordinator barrier (averaging,
 //                 rotation): the last rank's end (and every batch in), plus the ring
@@ -30,6 +32,7 @@ struct RankClock {
   double compute = 0.0;  // CPU seconds before the exchange
   double receive = 0.0;  // CPU seconds of the exchange itself (decoding what came)
   double update = 0.0;   // CPU seconds after it (rebuild, log, coordinator)
+  double slowdown = 1.0;  // the rank's CPU share: how much longer CPU work takes than measured
   uint64_t messageBytes = 0;  // bytes of each message sent
   std::vector<int> receivers;  // point to point: each send's peer
   bool toAllPeers = false;     // an allgather: every other rank

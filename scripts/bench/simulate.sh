@@ -8,7 +8,11 @@
 #     side, and the ratio (the issue asks for within 15%). The real cluster is P
 #     processes on this machine's $CAL_CORES cores, so the simulation is told so
 #     (--sim-cores $CAL_CORES --sim-hosts 1); the column with a core per worker shows
-#     what the CPU-share model corrects.
+#     what the CPU-share model corrects. The last column adds the host's network
+#     stack (--sim-stack-gbps): the CPU the kernel spends per byte sent and received,
+#     on the same shared cores. Its rate is measured first, apart from any training
+#     run: one TCP stream between two emulated hosts with no rate limit, sender and
+#     receiver each on a core (scripts/bench/stack_probe.py), unless STACK_GBPS is given.
 #  2. Scaling: P in $PS on a $GBPS Gbit/s model, MLR on Fashion-MNIST, for broadcast,
 #     random (Q = 4), fixed and ring multicast, each without and with selection
 #     (--select $SELECT) and averaging (--average-every $AVERAGE): simulated time to
@@ -25,7 +29,10 @@
 # Options (environment): PS="8 32 128 512 1000" GBPS=10 CLOCKS=400 BATCH=10 TARGET=0.75
 #   SELECT=5 AVERAGE=50 KINDS="all random fixed ring" CAL_PS="4 8" CAL_CLOCKS=200
 #   CAL_CORES=$(nproc) BCAST_CAP_P=512 BCAST_CLOCKS=10 MLP_P=1000 MLP_CLOCKS=20
+#   STACK_GBPS (measured) PARTS="calibration scaling mlp"
 #   SMOKE=1 (tiny settings: a check that the script runs, not a measurement)
+#   REUSE=1 (keep a scaling run whose metrics file already ends in a summary: continues
+#   a table that was cut off, with the same settings)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$ROOT/scripts/common.sh"
@@ -34,6 +41,7 @@ DATA=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 PS=${PS:-8 32 128 512 1000}; GBPS=${GBPS:-10}; CLOCKS=${CLOCKS:-400}; BATCH=${BATCH:-10}
 TARGET=${TARGET:-0.75}; SELECT=${SELECT:-5}; AVERAGE=${AVERAGE:-50}; KINDS=${KINDS:-all random fixed ring}
 CAL_PS=${CAL_PS:-4 8}; CAL_CLOCKS=${CAL_CLOCKS:-200}; CAL_CORES=${CAL_CORES:-$(nproc)}
+PARTS=${PARTS:-calibration scaling mlp}; STACK_GBPS=${STACK_GBPS:-}
 BCAST_CAP_P=${BCAST_CAP_P:-512}; BCAST_CLOCKS=${BCAST_CLOCKS:-10}; MLP_P=${MLP_P:-1000}; MLP_CLOCKS=${MLP_CLOCKS:-20}
 if [ "${SMOKE:-0}" = 1 ]; then
   PS="8 16"; CLOCKS=4; KINDS="all random"; CAL_PS="4"; CAL_CLOCKS=4; TARGET=0.99; BCAST_CAP_P=16; BCAST_CLOCKS=2
@@ -53,13 +61,38 @@ print((rows[-1]["seconds"] - rows[0]["seconds"]) / max(1, len(rows) - 1))
 PY
 }
 
-{
-echo "# orpheus simulate: calibration and scaling"
-echo
+has_part() { [[ " $PARTS " == *" $1 "* ]]; }
+
+# The network stack's rate: one TCP stream between two emulated hosts, no rate
+# limit; the median of three.
+measure_stack() {
+  "$ROOT/scripts/netcluster.sh" up 2 --rate 100gbit --delay 0ms >/dev/null
+  trap '"$ROOT/scripts/netcluster.sh" down >/dev/null' EXIT
+  local out="$RAW/stack_probe.txt"
+  : >"$out"
+  for _ in 1 2 3; do
+    "$ROOT/scripts/netcluster.sh" exec 0 /usr/bin/python3 "$ROOT/scripts/bench/stack_probe.py" recv 198.18.0.1 >>"$out" &
+    local server=$!
+    sleep 1
+    "$ROOT/scripts/netcluster.sh" exec 1 /usr/bin/python3 "$ROOT/scripts/bench/stack_probe.py" send 198.18.0.1
+    wait "$server"
+  done
+  "$ROOT/scripts/netcluster.sh" down >/dev/null
+  sort -n "$out" | sed -n 2p
+}
+
+calibration() {
+if [ -z "$STACK_GBPS" ]; then
+  if [ "$(id -u)" = 0 ] && [ "${SMOKE:-0}" != 1 ]; then STACK_GBPS=$(measure_stack); else STACK_GBPS=0; fi
+fi
 echo "## Calibration: simulated vs real on the emulated 1 Gbit/s cluster (MLR, batch 100, broadcast, BSP)"
 echo
-echo "| P | simulated s/clock, a core per worker | simulated s/clock, P on $CAL_CORES cores | real s/clock | simulated ($CAL_CORES cores) / real |"
-echo "| --- | --- | --- | --- | --- |"
+echo "The host's network stack moved $STACK_GBPS Gbit/s on a core (one TCP stream between two emulated hosts, no"
+echo "rate limit, median of 3: $(paste -sd' ' "$RAW/stack_probe.txt" 2>/dev/null); scripts/bench/stack_probe.py); the"
+echo "last simulation charges that CPU per byte sent and received."
+echo
+echo "| P | simulated s/clock, a core per worker | P on $CAL_CORES cores | P on $CAL_CORES cores + stack | real s/clock | simulated (last) / real |"
+echo "| --- | --- | --- | --- | --- | --- |"
 for p in $CAL_PS; do
   flags=(--clocks "$CAL_CLOCKS" --batch 100 --eval-every 0)
   "$ORPHEUS" simulate --ranks "$p" "${data[@]}" "${flags[@]}" --sim-link-gbps 1 --sim-latency-us 100 \
@@ -67,21 +100,30 @@ for p in $CAL_PS; do
   own=$(field "$RAW/cal_sim_own_$p.jsonl" seconds_per_clock)
   "$ORPHEUS" simulate --ranks "$p" "${data[@]}" "${flags[@]}" --sim-link-gbps 1 --sim-latency-us 100 \
     --sim-cores "$CAL_CORES" --sim-hosts 1 --metrics "$RAW/cal_sim_$p.jsonl" >/dev/null
-  sim=$(field "$RAW/cal_sim_$p.jsonl" seconds_per_clock)
+  shared=$(field "$RAW/cal_sim_$p.jsonl" seconds_per_clock)
+  "$ORPHEUS" simulate --ranks "$p" "${data[@]}" "${flags[@]}" --sim-link-gbps 1 --sim-latency-us 100 \
+    --sim-cores "$CAL_CORES" --sim-hosts 1 --sim-stack-gbps "$STACK_GBPS" --metrics "$RAW/cal_sim_stack_$p.jsonl" >/dev/null
+  sim=$(field "$RAW/cal_sim_stack_$p.jsonl" seconds_per_clock)
   real="n/a"; ratio="n/a"
   if [ "$(id -u)" = 0 ] && [ "${SMOKE:-0}" != 1 ]; then
     "$ROOT/scripts/netcluster.sh" up "$p" --rate 1gbit --delay 0.1ms >/dev/null
     trap '"$ROOT/scripts/netcluster.sh" down >/dev/null' EXIT
-    # shellcheck disable=SC2046
-    mpirun -np "$p" $("$ROOT/scripts/netcluster.sh" mpirun-args) "$ORPHEUS" train "${data[@]}" "${flags[@]}" \
-      --metrics "$RAW/cal_real_$p.jsonl" >/dev/null
+    # A launch can hang before any rank starts (past orte_startup_timeout): bounded, tried again.
+    for attempt in 1 2 3; do
+      # shellcheck disable=SC2046
+      timeout "${RUN_TIMEOUT:-300}" mpirun -np "$p" $("$ROOT/scripts/netcluster.sh" mpirun-args) "$ORPHEUS" train \
+        "${data[@]}" "${flags[@]}" --metrics "$RAW/cal_real_$p.jsonl" >/dev/null && break
+      echo "simulate.sh: the real P = $p run failed or hung (attempt $attempt)" >&2
+    done
     "$ROOT/scripts/netcluster.sh" down >/dev/null
     real=$(real_per_clock "$RAW/cal_real_$p.jsonl")
     ratio=$(/usr/bin/python3 -c "print(f'{$sim/$real:.3f}')")
   fi
-  echo "| $p | $own | $sim | $real | $ratio |"
+  echo "| $p | $own | $shared | $sim | $real | $ratio |"
 done
-echo
+}
+
+scaling() {
 echo "## Scaling on a $GBPS Gbit/s model (MLR, batch $BATCH per worker, target accuracy $TARGET)"
 echo
 echo "| P | multicast | select | average | clocks | simulated s to target | s/clock | bytes/worker/clock | dense ring all-reduce s/clock | real s | peak MB |"
@@ -103,6 +145,7 @@ for p in $PS; do
       sel=0; avg=0
       [ "$variant" = selavg ] && { flags+=(--select "$SELECT" --average-every "$AVERAGE"); sel=$SELECT; avg=$AVERAGE; }
       m="$RAW/scale_${p}_${kind}_${variant}.jsonl"
+      [ "${REUSE:-0}" = 1 ] && tail -1 "$m" 2>/dev/null | grep -q '"summary"' ||
       "$ORPHEUS" simulate --ranks "$p" "${data[@]}" "${flags[@]}" --metrics "$m" >/dev/null
       clocks=$(field "$m" clocks); secs=$(field "$m" seconds); per=$(field "$m" seconds_per_clock)
       bpw=$(field "$m" bytes_per_worker_per_clock); comp=$(field "$m" compute_seconds_per_worker_per_clock)
@@ -126,7 +169,9 @@ done
 echo
 echo "Broadcast at P >= $BCAST_CAP_P ran $BCAST_CLOCKS clocks (every replica applies every batch: P^2 work per"
 echo "clock in real time); its clocks and time to target (~) are extrapolated from the largest P run in full."
-echo
+}
+
+mlp() {
 echo "## The small MLP at P = $MLP_P (scripts/bench/mlp_small.loss, random multicast Q = 4, batch $BATCH)"
 echo
 m="$RAW/mlp_$MLP_P.jsonl"
@@ -136,7 +181,19 @@ echo "| P | clocks | simulated s/clock | bytes/worker/clock | test accuracy | re
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 echo "| $MLP_P | $(field "$m" clocks) | $(field "$m" seconds_per_clock) | $(field "$m" bytes_per_worker_per_clock) |" \
   "$(field "$m" test_accuracy) | $(printf %.0f "$(field "$m" real_seconds)") | $(printf %.0f "$(field "$m" peak_rss_mb)") |"
-} | tee "$RES/simulate.md"
+}
+
+# Each part writes its section; simulate.md is the sections there are, so a part can be rerun alone.
+for part in calibration scaling mlp; do
+  if has_part "$part"; then "$part" | tee "$RES/simulate_$part.md"; fi
+done
+{
+  echo "# orpheus simulate: calibration and scaling"
+  for part in calibration scaling mlp; do
+    [ -f "$RES/simulate_$part.md" ] && { echo; cat "$RES/simulate_$part.md"; }
+  done
+} >"$RES/simulate.md"
+has_part scaling || exit 0
 
 /usr/bin/python3 - "$RES/simulate_scaling.csv" "$RES/simulate.png" <<'PY' || echo "simulate.sh: no plot (matplotlib missing?)" >&2
 import csv, sys

@@ -165,6 +165,34 @@ TEST_CASE("a coordinator barrier waits for the last rank, then the collective", 
   for (const auto& r : t) CHECK(r.nextStart == Approx(0.020 + 2 * (kLat + kWire)));
 }
 
+TEST_CASE("the network stack's CPU per byte delays the sends and the end, times the CPU share", "[sim]") {
+  NetworkModel m = gigabit();
+  m.stackGbps = 8.0;  // 1e9 bytes/s of a core: 1 MB costs 1 ms
+  VirtualClock clock(m, 3, VirtualClock::Mode::kBsp, 0);
+  std::vector<RankClock> ranks(3);
+  for (auto& r : ranks) {
+    r.compute = 0.010;
+    r.messageBytes = static_cast<uint64_t>(kMb);
+  }
+  ranks[0].receivers = {1, 2};  // two copies through rank 0's stack: 2 ms
+  ranks[0].slowdown = 2.0;      // on a shared core: 4 ms
+  const auto t = clock.place(1, ranks);
+  CHECK(t[0].sends == Approx(0.010 + 0.004));
+  CHECK(t[1].sends == Approx(0.010));  // sends nothing
+  // Rank 1's copy leaves at 14 ms, is on the wire 8 ms; taking it off the stack costs 1 ms.
+  CHECK(t[1].exchanged == Approx(0.014 + kWire + kLat));
+  CHECK(t[1].end == Approx(0.014 + kWire + kLat + 0.001));
+  // Rank 2 gets the second copy, after the first on rank 0's NIC.
+  CHECK(t[2].end == Approx(0.014 + 2 * kWire + kLat + 0.001));
+  // Rank 0 receives nothing: no stack time on its way in.
+  CHECK(t[0].end == Approx(t[0].exchanged));
+  // Free by default.
+  CHECK(NetworkModel{}.stackSeconds(kMb) == 0.0);
+  NetworkModel bad;
+  bad.stackGbps = -1.0;
+  CHECK_THROWS_AS(bad.validate(), orpheus::InputError);
+}
+
 TEST_CASE("the network model refuses impossible settings", "[sim]") {
   NetworkModel m;
   m.linkGbps = 0.0;
