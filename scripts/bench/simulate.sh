@@ -128,7 +128,7 @@ echo "## Scaling on a $GBPS Gbit/s model (MLR, batch $BATCH per worker, target a
 echo
 echo "| P | multicast | select | average | clocks | simulated s to target | s/clock | bytes/worker/clock | dense ring all-reduce s/clock | real s | peak MB |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-echo "P,multicast,select,average,clocks,seconds,per_clock,bytes_per_worker,dense_per_clock,extrapolated" >"$RES/simulate_scaling.csv"
+echo "P,multicast,select,average,clocks,seconds,per_clock,bytes_per_worker,dense_per_clock,extrapolated,reached" >"$RES/simulate_scaling.csv"
 declare -A full_clocks  # variant -> clocks to target of broadcast at the largest P run in full
 for p in $PS; do
   for kind in $KINDS; do
@@ -150,6 +150,8 @@ for p in $PS; do
       clocks=$(field "$m" clocks); secs=$(field "$m" seconds); per=$(field "$m" seconds_per_clock)
       bpw=$(field "$m" bytes_per_worker_per_clock); comp=$(field "$m" compute_seconds_per_worker_per_clock)
       realsec=$(field "$m" real_seconds); rss=$(field "$m" peak_rss_mb)
+      reached=1
+      [ "$(field "$m" reached_target)" = true ] || reached=0
       extra=0
       if [ $capped = 1 ]; then
         # The clocks to target of the largest P run in full, at this P's seconds per clock.
@@ -159,10 +161,13 @@ for p in $PS; do
       elif [ "$kind" = all ]; then
         full_clocks[$variant]=$clocks
       fi
+      [ $capped = 1 ] && reached=1
+      shown=$clocks
+      [ $reached = 1 ] || shown="$clocks, not reached (accuracy $(field "$m" test_accuracy))"
       # MLR on Fashion-MNIST: n = 10 x 784 floats; ring all-reduce on the same model (5 us latency).
       dense=$(/usr/bin/python3 -c "p=$p; n=7840*4; bw=$GBPS*1e9/8; print(f'{$comp + 2*(p-1)*(5e-6 + n/p/bw):.3g}')")
-      echo "| $p | $kind | $sel | $avg | $clocks | $secs | $per | $bpw | $dense | $(printf %.0f "$realsec") | $(printf %.0f "$rss") |"
-      echo "$p,$kind,$sel,$avg,${clocks#\~},${secs#\~},$per,$bpw,$dense,$extra" >>"$RES/simulate_scaling.csv"
+      echo "| $p | $kind | $sel | $avg | $shown | $secs | $per | $bpw | $dense | $(printf %.0f "$realsec") | $(printf %.0f "$rss") |"
+      echo "$p,$kind,$sel,$avg,${clocks#\~},${secs#\~},$per,$bpw,$dense,$extra,$reached" >>"$RES/simulate_scaling.csv"
     done
   done
 done
@@ -207,12 +212,16 @@ for kind in sorted({r["multicast"] for r in rows}):
         rs = [r for r in rows if r["multicast"] == kind and r["select"] == sel]
         label = f"{kind}" + (f", select {sel} + avg" if sel != "0" else "")
         line, = ax[0].plot([int(r["P"]) for r in rs], [float(r["seconds"]) for r in rs], marker="o", label=label)
-        # Extrapolated points (broadcast at large P) hollow.
+        # Extrapolated points (broadcast at large P) hollow; runs that missed the target crossed.
         ex = [r for r in rs if r.get("extrapolated") == "1"]
         ax[0].plot([int(r["P"]) for r in ex], [float(r["seconds"]) for r in ex], linestyle="none", marker="o",
                    markerfacecolor="white", color=line.get_color())
+        missed = [r for r in rs if r.get("reached") == "0"]
+        ax[0].plot([int(r["P"]) for r in missed], [float(r["seconds"]) for r in missed], linestyle="none",
+                   marker="X", markersize=9, color=line.get_color())
         ax[1].plot([int(r["P"]) for r in rs], [float(r["bytes_per_worker"]) for r in rs], marker="o", label=label)
-ax[0].set(xscale="log", yscale="log", xlabel="P", ylabel="simulated seconds to target (hollow: extrapolated)")
+ax[0].set(xscale="log", yscale="log", xlabel="P", ylabel="simulated seconds to target")
+ax[0].set_title("hollow: extrapolated; X: target not reached (seconds of all clocks)", fontsize=9)
 ax[1].set(xscale="log", yscale="log", xlabel="P", ylabel="bytes per worker per clock")
 ax[0].legend(fontsize=7)
 fig.tight_layout()
