@@ -77,9 +77,10 @@ struct Replica {
 // Rebuilds one replica's states by the replays ckpt/restorable.h describes.
 class Replayer {
  public:
-  Replayer(const std::string& dir, const ops::Model& model, uint64_t seed, const OptimizerSettings& settings,
-           int replica, const ckpt::ReplicaRestorability& restorable)
-      : dir_(dir), model_(model), seed_(seed), settings_(settings), replica_(replica), restorable_(restorable) {
+  Replayer(const std::string& dir, const ops::Model& model, ops::Backend& backend, uint64_t seed,
+           const OptimizerSettings& settings, int replica, const ckpt::ReplicaRestorability& restorable)
+      : dir_(dir), model_(model), backend_(backend), seed_(seed), settings_(settings), replica_(replica),
+        restorable_(restorable) {
     expect_.paramShapes = model.paramShapes();
   }
 
@@ -90,7 +91,7 @@ class Replayer {
   Replica at(uint64_t clock, uint64_t* from) {
     const uint64_t start = restorable_.startFor(clock);
     ParamSet params = model_.initParams(seed_);
-    ReplicaUpdater updater(settings_, model_);
+    ReplicaUpdater updater(settings_, model_, backend_);
     if (start > 0) {
       auto snap = ckpt::readSnapshot(dir_, start, shapesOf(model_, seed_, settings_));
       if (!snap) {
@@ -184,6 +185,7 @@ class Replayer {
 
   const std::string& dir_;
   const ops::Model& model_;
+  ops::Backend& backend_;
   uint64_t seed_;
   OptimizerSettings settings_;
   int replica_;
@@ -193,12 +195,13 @@ class Replayer {
   size_t groups_ = 0;
 };
 
-Restored replay(const std::string& dir, const ops::Model& model, uint64_t seed, const OptimizerSettings& settings,
-                int replica, uint64_t clock, const ckpt::ReplicaRestorability& restorable) {
+Restored replay(const std::string& dir, const ops::Model& model, ops::Backend& backend, uint64_t seed,
+                const OptimizerSettings& settings, int replica, uint64_t clock,
+                const ckpt::ReplicaRestorability& restorable) {
   Restored out;
   out.replica = replica;
   out.clock = clock;
-  Replayer replayer(dir, model, seed, settings, replica, restorable);
+  Replayer replayer(dir, model, backend, seed, settings, replica, restorable);
   Replica r = replayer.at(clock, &out.fromSnapshot);
   out.params = std::move(r.params);
   out.optimizerState = std::move(r.optimizerState);
@@ -209,11 +212,11 @@ Restored replay(const std::string& dir, const ops::Model& model, uint64_t seed, 
 // A replay that finds a batch it references unreadable (a damaged sender log,
 // which a scoped inventory does not look at) is refused like any clock that is
 // not restorable.
-Restored replayOrExplain(const std::string& dir, const ops::Model& model, uint64_t seed,
+Restored replayOrExplain(const std::string& dir, const ops::Model& model, ops::Backend& backend, uint64_t seed,
                          const OptimizerSettings& settings, int replica, uint64_t clock,
                          const ckpt::ReplicaRestorability& restorable, const ParamSet& shapes) {
   try {
-    return replay(dir, model, seed, settings, replica, clock, restorable);
+    return replay(dir, model, backend, seed, settings, replica, clock, restorable);
   } catch (const ckpt::BatchUnavailable& e) {
     throwNotRestorable(dir, replica, clock, shapes, e.what());
   }
@@ -240,7 +243,7 @@ CheckpointView inspectCheckpoint(const std::string& dir) {
 }
 
 Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, const OptimizerSettings& settings,
-                 int replica, uint64_t clock) {
+                 int replica, uint64_t clock, ops::Backend& backend) {
   ORPHEUS_CHECK_INPUT(clock > 0, "cannot restore replica {} to clock 0: that is W0", replica);
   const ParamSet shapes = shapesOf(model, seed, settings);
   // Usually all a restore needs to read is the newest usable snapshot and the log
@@ -248,10 +251,10 @@ Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed,
   ckpt::ReplicaRestorability restorable = restorableOf(dir, replica, clock, shapes, /*newest=*/true);
   if (!restorable.covers(clock)) restorable = restorableOf(dir, replica, clock, shapes);
   if (!restorable.covers(clock)) throwNotRestorable(dir, replica, clock, shapes);
-  return replayOrExplain(dir, model, seed, settings, replica, clock, restorable, shapes);
+  return replayOrExplain(dir, model, backend, seed, settings, replica, clock, restorable, shapes);
 }
 
-Restored restore(const std::string& dir, int replica, uint64_t clock) {
+Restored restore(const std::string& dir, int replica, uint64_t clock, ops::Backend& backend) {
   requireCheckpointDir(dir);
   const ckpt::JobInfo job = ckpt::readJobInfo(dir);
   const int replicas = replicaCount(readMembership(dir));
@@ -259,7 +262,7 @@ Restored restore(const std::string& dir, int replica, uint64_t clock) {
                       replica, replicas);
   const auto model = modelOfJob(job);
   const OptimizerSettings settings = settingsOfJob(job);
-  if (clock > 0) return restore(dir, *model, job.seed, settings, replica, clock);
+  if (clock > 0) return restore(dir, *model, job.seed, settings, replica, clock, backend);
   const ParamSet shapes = shapesOf(*model, job.seed, settings);
   // Every replica's whole log: the newest clock depends on the batches the replica
   // references too (a damaged sender log ends it sooner).
@@ -267,7 +270,7 @@ Restored restore(const std::string& dir, int replica, uint64_t clock) {
   scope.shapes = &shapes;
   const ckpt::ReplicaRestorability restorable = ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
   if (restorable.latest() == 0) throwNotRestorable(dir, replica, 1, shapes);
-  return replayOrExplain(dir, *model, job.seed, settings, replica, restorable.latest(), restorable, shapes);
+  return replayOrExplain(dir, *model, backend, job.seed, settings, replica, restorable.latest(), restorable, shapes);
 }
 
 uint64_t resumableClock(const ckpt::Inventory& inv) { return resumableClock("", inv, 0, -1); }

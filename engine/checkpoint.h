@@ -42,10 +42,12 @@ CheckpointView inspectCheckpoint(const std::string& dir);
 // calls restorable restore; any other is an InputError that says why (the damaged
 // or missing segment, the unusable snapshot part, the failure, the end of the log)
 // and lists the restorable clocks.
-Restored restore(const std::string& dir, int replica, uint64_t clock);
+// The rebuilds run on `backend` (a job's own, or `restore --device`'s): bitwise
+// what the replica held when it is the backend the job trained on.
+Restored restore(const std::string& dir, int replica, uint64_t clock, ops::Backend& backend);
 // The same for a model at hand (recovery inside a job): `seed` gives W0, `settings` the optimizer.
 Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed, const OptimizerSettings& settings,
-                 int replica, uint64_t clock);
+                 int replica, uint64_t clock, ops::Backend& backend);
 
 // The newest clock a killed job can resume from: one that every replica's log ends a
 // segment at and that is restorable for every replica (ckpt/restorable.h); 0 when

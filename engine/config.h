@@ -99,6 +99,7 @@ struct TrainConfig {
   std::string save;
   double timeoutSeconds = 300.0;
   std::string transport = "mpi";  // comm/factory.h
+  std::string device = "cpu";     // ops/backends.h: cpu, cuda, cuda:N, strict
   bool overwrite = false;         // a fresh job may replace the checkpoint in --ckpt-dir
   int blasThreads = 1;
   std::string logLevel = "info";

@@ -104,6 +104,7 @@ void zero(ParamSet& set) {
 }  // namespace
 
 ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+                          ops::Backend& backend,
                           const std::vector<Epoch>& epochs, uint64_t clock) {
   const Epoch& previous = epochAfter(epochs, clock);
   ElasticStart start;
@@ -137,7 +138,7 @@ ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport,
   zero(stateSum);
   collectively(transport, [&] {
     for (int id = transport.rank(); id < previous.ranks; id += transport.size()) {
-      Restored r = restore(config.ckptDir, id, clock);
+      Restored r = restore(config.ckptDir, id, clock, backend);
       addInto(sum, r.params);
       addInto(stateSum, r.optimizerState);
     }

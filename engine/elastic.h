@@ -62,6 +62,7 @@ struct ElasticStart {
 // equals it), else every old replica restored by one new rank (replica i by rank i
 // mod P') and summed across ranks, bitwise the same on every rank.
 ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+                          ops::Backend& backend,
                           const std::vector<Epoch>& epochs, uint64_t clock);
 
 }  // namespace orpheus::engine

@@ -269,7 +269,7 @@ std::vector<SvExchange::PeerBatch> SvExchange::finish(const SvBatch& own, const 
 ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, const ops::ExampleBatch& x,
                                  double* meanLoss, comm::Transport& transport, uint64_t clock,
                                  std::chrono::steady_clock::time_point start, OverlapTimes& times,
-                                 double& exposedSeconds) {
+                                 double& exposedSeconds, ops::Backend& backend, ops::RebuildBuffers& buffers) {
   using Clock = std::chrono::steady_clock;
   const auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - start).count(); };
   times = {};
@@ -280,7 +280,6 @@ ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, con
   std::vector<size_t> missing(units.count());
   for (size_t u = 0; u < units.count(); ++u) missing[u] = units.members(u).size();
   Vector ones;
-  ops::RebuildBuffers buffers;
   const auto beginSum = [&](uint32_t param) {
     Matrix& g = grad[param];
     transport.beginAllreduceSum({g.data(), static_cast<size_t>(g.size())}, clock);
@@ -298,7 +297,7 @@ ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, con
     b.coeffs = ones.data();
     for (size_t s : units.members(unit)) b.matrices.push_back(viewOf(*ready[s]));
     const SvBatchView* one[] = {&b};
-    ops::applySvBatches(one, grad, buffers);
+    ops::applySvBatches(one, grad, backend, buffers);
     const auto t = Clock::now();
     if (times.firstSend < 0) times.firstSend = since(t);
     for (uint32_t param : units.params(unit)) beginSum(param);

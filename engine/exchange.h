@@ -159,6 +159,6 @@ class SvExchange {
 ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, const ops::ExampleBatch& x,
                                  double* meanLoss, comm::Transport& transport, uint64_t clock,
                                  std::chrono::steady_clock::time_point start, OverlapTimes& times,
-                                 double& exposedSeconds);
+                                 double& exposedSeconds, ops::Backend& backend, ops::RebuildBuffers& buffers);
 
 }  // namespace orpheus::engine

@@ -6,6 +6,7 @@
 #include "engine/base/error.h"
 #include "engine/base/memory.h"
 #include "engine/checkpoint.h"
+#include "ops/backends.h"
 #include "engine/elastic.h"
 #include "engine/job_record.h"
 #include "engine/live.h"
@@ -319,7 +320,8 @@ void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards
 }
 
 // Rank 0's log lines about the job (the example counts are a collective).
-void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards) {
+void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards,
+              const ops::Backend& backend) {
   const bool leader = transport.rank() == 0;
   double counts[2] = {static_cast<double>(shards.train.size()), static_cast<double>(shards.test.size())};
   transport.control().sum(counts);
@@ -327,6 +329,8 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
                transport.size(), model.spec(), transport.name(), static_cast<int64_t>(counts[0]),
                static_cast<int64_t>(counts[1]), toString(config.sync), config.clocks, config.batch);
+  spdlog::info("device {} (rank 0; the rebuild and the dense gradient run there, the rest of a clock on the host)",
+               backend.describe());
   if (config.sync == SyncMode::kSv && transport.size() > 1) {
     spdlog::info("{}; {} consistency{}; {}", comm::MulticastSchedule(scheduleConfig(config, transport.size())).describe(),
                  toString(config.consistency),
@@ -347,6 +351,14 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   if (transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {
     spdlog::warn("one rank: --average-every and --rotate-every have nothing to do");
   }
+}
+
+// This rank's backend, the job's one (--device), made once and handed down
+// (collective: a rank that cannot make it reports, none hangs).
+std::unique_ptr<ops::Backend> makeJobBackend(const TrainConfig& config, comm::Transport& transport) {
+  std::unique_ptr<ops::Backend> backend;
+  collectively(transport, [&] { backend = ops::makeBackend(config.device); });
+  return backend;
 }
 
 struct Outputs {
@@ -465,7 +477,7 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
 // average of the previous one (engine/elastic.h).
 void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
                    const std::vector<Epoch>& epochs, uint64_t resumeClock, bool live = false) {
-  ElasticStart start = redistribute(config, transport, model, epochs, resumeClock);
+  ElasticStart start = redistribute(config, transport, model, worker.backend(), epochs, resumeClock);
   worker.setEpoch(start.epoch.epoch);
   // Collective: rejoinAt agrees on the snapshot parts itself.
   worker.rejoinAt(resumeClock, std::move(start.params), start.optimizerState, transport.rank(), start.writeSnapshot);
@@ -491,7 +503,7 @@ void resume(Worker& worker, const TrainConfig& config, comm::Transport& transpor
   }
   collectively(transport, [&] {
     const int id = replicaHeldAt(transport.rank(), epochs, resumeClock, config.rotateEvery);
-    Restored r = restore(config.ckptDir, id, resumeClock);
+    Restored r = restore(config.ckptDir, id, resumeClock, worker.backend());
     // What the log does not hold: the states a sequence model carries from one
     // segment of a stream to the next, this rank's own (its data).
     const bool states = std::filesystem::exists(ckpt::statesPath(config.ckptDir, resumeClock, transport.rank()));
@@ -659,8 +671,8 @@ std::unique_ptr<Shards> reshard(const TrainConfig& config, comm::Transport& grou
 // The job's clocks from its worker on, one membership epoch per pass: from
 // `resumeClock` (a fresh or resumed job), or as a new epoch after `changedAfter`
 // (a rank that joined a running job). Returns 0, also on a rank that left.
-int trainEpochs(const TrainConfig& config, const Outputs& out, comm::Transport& first, LiveGroup* live,
-                std::unique_ptr<Shards> shards, uint64_t resumeClock, uint64_t changedAfter) {
+int trainEpochs(const TrainConfig& config, const Outputs& out, ops::Backend& backend, comm::Transport& first,
+                LiveGroup* live, std::unique_ptr<Shards> shards, uint64_t resumeClock, uint64_t changedAfter) {
   comm::Transport* group = &first;
   std::unique_ptr<comm::Transport> regrouped;  // after a live change
   Worker::RunTotals totals;  // the earlier epochs'
@@ -668,7 +680,7 @@ int trainEpochs(const TrainConfig& config, const Outputs& out, comm::Transport& 
     std::optional<MembershipWatch> watch;
     if (live != nullptr) watch.emplace(*live, *group, config.ckptDir, group->timeout());
     {
-      Worker worker(config, *out.model, *group, shards->train, shards->haveTest ? &shards->test : nullptr);
+      Worker worker(config, *out.model, backend, *group, shards->train, shards->haveTest ? &shards->test : nullptr);
       if (changedAfter == 0) {
         resume(worker, config, *group, *out.model, resumeClock);
       } else {
@@ -708,10 +720,11 @@ int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* l
   loadTrainShard(config, transport, *shards);
   loadTestShard(config, transport, *shards);
   const Outputs out = buildModelAndOutputs(config, transport, *shards);
-  announce(config, transport, *out.model, *shards);
+  const std::unique_ptr<ops::Backend> backend = makeJobBackend(config, transport);
+  announce(config, transport, *out.model, *shards, *backend);
   const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, *shards);
   if (!enableLive(config, transport, live)) live = nullptr;
-  return trainEpochs(config, out, transport, live, std::move(shards), resumeClock, 0);
+  return trainEpochs(config, out, *backend, transport, live, std::move(shards), resumeClock, 0);
 }
 
 int joinTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup& live, uint64_t clock) {
@@ -719,8 +732,11 @@ int joinTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup& 
   // As the group's ranks do after their grow(): the data over the grown group.
   std::unique_ptr<Shards> shards = reshard(config, transport, -1, -1);
   const Outputs out = makeModelAndOutputs(config, false, *shards);
+  // Not collectively: the running ranks made theirs at the start, and a collective
+  // here would be one they do not take part in.
+  const std::unique_ptr<ops::Backend> backend = ops::makeBackend(config.device);
   installLeaveNotice();
-  return trainEpochs(config, out, transport, &live, std::move(shards), 0, clock);
+  return trainEpochs(config, out, *backend, transport, &live, std::move(shards), 0, clock);
 }
 
 int runEval(const EvalConfig& config) {

@@ -186,8 +186,9 @@ void Optimizer::importState(const ParamSet& state) {
   steps_ = static_cast<int64_t>(state[static_cast<size_t>(i)](0, 0));
 }
 
-ReplicaUpdater::ReplicaUpdater(const OptimizerSettings& settings, const ops::Model& model)
-    : model_(model), optimizer_(settings, model.zeroParams()) {
+ReplicaUpdater::ReplicaUpdater(const OptimizerSettings& settings, const ops::Model& model, ops::Backend& backend)
+    : model_(model), backend_(backend), optimizer_(settings, model.zeroParams()) {
+  for (const auto& [rows, cols] : model.paramShapes()) weightBytes_ += static_cast<size_t>(rows * cols) * sizeof(float);
   if (!settings.foldsLearningRate()) gradient_ = model.zeroParams();
   if (settings.stepsTouchedColumns()) {
     touched_.assign(gradient_.size(), Optimizer::Columns{false, {}});
@@ -259,13 +260,13 @@ void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatch* const> 
 
 void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params) {
   if (optimizer_.settings().foldsLearningRate()) {
-    model_.computeUpdate(batches, params, rebuild_);
-    trimBuffers(params);
+    model_.computeUpdate(batches, params, backend_, rebuild_);
+    trimBuffers();
     return;
   }
   if (pendingClock_ != 0 && pendingClock_ != clock) finishClock(params);
-  model_.computeUpdate(batches, gradient_, rebuild_);
-  trimBuffers(params);
+  model_.computeUpdate(batches, gradient_, backend_, rebuild_);
+  trimBuffers();
   if (!touched_.empty()) noteTouched(batches);
   pendingClock_ = clock;
 }
@@ -274,14 +275,16 @@ void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatchView* con
 // kept for the next clock, unless they outgrow the parameters and kRebuildKeepBytes:
 // then they go, so that a process running many workers (simulate, P in the
 // thousands under broadcast) holds one group's operands per running worker, not P.
-void ReplicaUpdater::trimBuffers(const ParamSet& params) {
+void ReplicaUpdater::trimBuffers() {
   constexpr size_t kRebuildKeepBytes = size_t{8} << 20;
   size_t kept = static_cast<size_t>(rebuild_.v.size());
   for (const Matrix& u : rebuild_.u) kept += static_cast<size_t>(u.size());
-  size_t weights = 0;
-  for (const Param& p : params.params) weights += static_cast<size_t>(p.value.size());
   kept *= sizeof(float);
-  if (kept > kRebuildKeepBytes && kept > weights * sizeof(float)) rebuild_ = {};
+  if (kept > kRebuildKeepBytes && kept > weightBytes_) {
+    ops::DeviceOperands device = std::move(rebuild_.device);  // a device's buffers stay: no allocation per clock
+    rebuild_ = {};
+    rebuild_.device = std::move(device);
+  }
 }
 
 void ReplicaUpdater::applyDense(uint64_t clock, ParamSet& gradient, float scale, ParamSet& params) {

@@ -140,7 +140,8 @@ class Optimizer {
 //    rotation, a reset, a snapshot, at the end).
 class ReplicaUpdater {
  public:
-  ReplicaUpdater(const OptimizerSettings& settings, const ops::Model& model);
+  // The rebuilds run on `backend`, the job's (ops/backends.h), which must outlive the updater.
+  ReplicaUpdater(const OptimizerSettings& settings, const ops::Model& model, ops::Backend& backend);
 
   // The factor the SV coefficients of a batch computed at `clock` carry, for
   // updates averaged over `heard` examples: -lr(clock)/heard when folding, else 1/heard.
@@ -160,17 +161,20 @@ class ReplicaUpdater {
   ParamSet peek(const ParamSet& params) const;
 
   Optimizer& optimizer() { return optimizer_; }
+  ops::Backend& backend() const { return backend_; }
   const Optimizer& optimizer() const { return optimizer_; }
 
  private:
   void noteTouched(std::span<const SvBatchView* const> batches);
-  void trimBuffers(const ParamSet& params);
+  void trimBuffers();
   void clearGradient();
 
   const ops::Model& model_;
+  ops::Backend& backend_;
   Optimizer optimizer_;
   ParamSet gradient_;  // empty when folding
-  ops::RebuildBuffers rebuild_;  // the rebuild's operands, reused every clock
+  ops::RebuildBuffers rebuild_;  // the rebuild's operands, reused every clock (trimBuffers)
+  size_t weightBytes_ = 0;       // the model's parameters, in bytes
   uint64_t pendingClock_ = 0;
   // stepsTouchedColumns(): the columns the pending clock's groups touched.
   std::vector<Optimizer::Columns> touched_;

@@ -219,7 +219,8 @@ Recovery::Failure Recovery::maybeFail(uint64_t clock, ParamSet& replica, Replica
       replica = model_.initParams(config_.seed);
       updater.optimizer().importState(freshState);
     } else {
-      Restored r = restore(config_.ckptDir, model_, config_.seed, updater.optimizer().settings(), replicaId, recovered);
+      Restored r = restore(config_.ckptDir, model_, config_.seed, updater.optimizer().settings(), replicaId, recovered,
+                           updater.backend());
       replica = std::move(r.params);
       updater.optimizer().importState(r.optimizerState);
     }

@@ -82,8 +82,8 @@ bool sendsPointToPoint(const TrainConfig& config, const comm::MulticastSchedule&
   return !everyPeer || !inClock || config.dropLinks > 0.0;
 }
 
-Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transport& transport,
-               const data::Dataset& train, const data::Dataset* test)
+Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend& backend,
+               comm::Transport& transport, const data::Dataset& train, const data::Dataset* test)
     : config_(config),
       model_(model),
       transport_(transport),
@@ -91,7 +91,6 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       test_(test),
       replica_(model.initParams(config.seed)),
       replicaId_(transport.rank()),
-      pointToPoint_(true),
       schedule_(scheduleConfig(config, transport.size())),
       adapt_(config, transport, model.paramShapes(), schedule_.fanout()),
       knobs_(adapt_.initial().knobs),
@@ -103,7 +102,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, comm::Transpo
       // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
       // and dense sync), so --lr means the same step whatever the fanout.
       heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
-      updater_(optimizerSettings(config), model),
+      updater_(optimizerSettings(config), model, backend),
       feed_(config, transport, train) {
   // Built when a BSP clock of this job can go through the collective; used on those clocks.
   if (SvExchange::serves(config, model, config.dropLinks > 0.0 || config.consistency == Consistency::kSsp)) {
@@ -422,7 +421,8 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
     OverlapTimes times;
     double exposed = 0.0;
     ParamSet grad =
-        overlappedDenseGradient(model_, replica_, examples, &stats.loss, transport_, clock, start, times, exposed);
+        overlappedDenseGradient(model_, replica_, examples, &stats.loss, transport_, clock, start, times, exposed,
+                                updater_.backend(), gradientBuffers_);
     stats.commSeconds = exposed + times.sendSeconds;
     stats.computeSeconds = secondsSince(start) - stats.commSeconds;
     stats.exchangeSeconds = std::max(0.0, times.lastArrival - std::max(0.0, times.firstSend));
@@ -436,7 +436,7 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
     return;
   }
   auto t = Clock::now();
-  ParamSet grad = model_.denseGradient(replica_, examples, &stats.loss);
+  ParamSet grad = model_.denseGradient(replica_, examples, &stats.loss, updater_.backend(), gradientBuffers_);
   stats.computeSeconds = secondsSince(t);
   notePhase(ClockPhase::kExchange, clock);
 
@@ -710,6 +710,7 @@ void Worker::writeSummary(MetricsWriter& metrics, const Tally& tally, const Eval
       .add("clocks_planned", config_.clocks)
       .add("reached_target", tally.reachedTarget);
   addJobSettings(summary, config_, model_, transport_.size(), schedule_.fanout());
+  summary.add("device", updater_.backend().describe());
   summary.add("seconds", tally.trainSeconds)
       .add("bytes_sent", run.bytesSent)
       .add("messages", run.messages)

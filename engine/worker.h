@@ -74,8 +74,10 @@ class ClockObserver {
 class Worker {
  public:
   // All references must outlive the worker. `test` may be null (no evaluation).
-  Worker(const TrainConfig& config, const ops::Model& model, comm::Transport& transport, const data::Dataset& train,
-         const data::Dataset* test);
+  // `backend` is the job's (ops/backends.h, --device): the rebuild and the dense
+  // gradient run on it.
+  Worker(const TrainConfig& config, const ops::Model& model, ops::Backend& backend, comm::Transport& transport,
+         const data::Dataset& train, const data::Dataset* test);
   ~Worker();
 
   // Runs config.clocks clocks, writing metrics on rank 0, and returns the replica
@@ -123,6 +125,7 @@ class Worker {
   void setEpoch(uint32_t epoch) { epoch_ = epoch; }
   // The optimizer of the replica this rank holds (its state travels with it).
   const Optimizer& optimizer() const { return updater_.optimizer(); }
+  ops::Backend& backend() const { return updater_.backend(); }
   // Seconds the compute thread waited for the checkpoint writer, in all.
   double checkpointWaitSeconds() const { return log_->waitSeconds(); }
   int64_t failures() const { return recovery_.failures(); }
@@ -247,7 +250,7 @@ class Worker {
   int replicaId_ = 0;
   uint32_t epoch_ = 0;
   uint64_t clock_ = 0;
-  bool pointToPoint_;
+  bool pointToPoint_ = true;  // set from the knobs by applyKnobs
   comm::MulticastSchedule schedule_;
   // C, Q, s and R as they are now: read here, never from config_ (engine/adapt/knobs.h).
   adapt::Controller adapt_;
@@ -263,6 +266,7 @@ class Worker {
   double heard_ = 0.0;
   // The optimizer and its state, and the pending clock's gradient (engine/optimizer.h).
   ReplicaUpdater updater_;
+  ops::RebuildBuffers gradientBuffers_;  // --sync dense: the gradient's products, reused every clock
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
   RunTotals totals_;  // the earlier epochs' (continueRun), then through this one

@@ -35,6 +35,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -42,21 +43,37 @@
 
 namespace orpheus::ops {
 
-enum class Device { kCpu, kCuda };
+// kStrict: host memory that host code cannot touch outside backend calls
+// (ops/strict/strict_backend.h), the device CI proves residency on.
+enum class Device { kCpu, kCuda, kStrict };
 
-inline const char* deviceName(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+inline const char* deviceName(Device d) {
+  switch (d) {
+    case Device::kCpu: return "cpu";
+    case Device::kCuda: return "cuda";
+    case Device::kStrict: return "strict";
+  }
+  return "unknown";
+}
+
+// Bumped whenever Backend's virtual interface or Tensor's layout changes: a
+// backend plugin (liborpheus_cuda.so) built against another version is refused.
+inline constexpr int kBackendAbiVersion = 2;
 
 class Tensor {
  public:
-  using Deleter = void (*)(float*);
+  // Releases owned memory; must not throw. May hold state (a strict device's
+  // allocation registry), so it is a function object, not a plain pointer.
+  using Deleter = std::function<void(float*)>;
 
   Tensor() = default;
   // Owns `data`, released with `deleter` (which must not throw).
   Tensor(Device device, float* data, int64_t rows, int64_t cols, Deleter deleter)
-      : device_(device), rows_(rows), cols_(cols), data_(data, deleter ? deleter : &noDelete) {}
+      : device_(device), rows_(rows), cols_(cols), owning_(static_cast<bool>(deleter)),
+        data_(data, deleter ? std::move(deleter) : Deleter(&noDelete)) {}
   // A view of memory owned elsewhere.
   static Tensor view(Device device, float* data, int64_t rows, int64_t cols) {
-    return Tensor(device, data, rows, cols, &noDelete);
+    return Tensor(device, data, rows, cols, Deleter());
   }
   // Views of host memory. The const overload is for operands the backend only
   // reads; writing through it is undefined.
@@ -70,7 +87,7 @@ class Tensor {
   int64_t cols() const { return cols_; }
   int64_t size() const { return rows_ * cols_; }
   float* data() const { return data_.get(); }
-  bool owning() const { return data_.get_deleter() != &noDelete; }
+  bool owning() const { return owning_; }
   // Columns [first, first + count) as a view (contiguous in column-major storage).
   Tensor middleCols(int64_t first, int64_t count) const {
     ORPHEUS_ENFORCE(first >= 0 && count >= 0 && first + count <= cols_, "columns {}+{} of a {}x{} tensor", first,
@@ -84,7 +101,8 @@ class Tensor {
   Device device_ = Device::kCpu;
   int64_t rows_ = 0;
   int64_t cols_ = 0;
-  std::unique_ptr<float, Deleter> data_{nullptr, &noDelete};
+  bool owning_ = false;
+  std::unique_ptr<float, Deleter> data_{nullptr, Deleter(&noDelete)};
 };
 
 // A rows x cols sparse matrix, compressed by columns (CSC: `outer` has cols + 1
@@ -101,6 +119,13 @@ struct SparseTensor {
   const int32_t* outer = nullptr;
   const int32_t* inner = nullptr;
   const float* values = nullptr;
+  // The same matrix compressed the other way (the CSR arrays of a CSC matrix and
+  // back), or null. The CUDA backend's copySparse adds them, so that products with
+  // s and with s^T both run one output element per thread, with no scattered
+  // (atomic) sums: deterministic, run after run.
+  const int32_t* otherOuter = nullptr;
+  const int32_t* otherInner = nullptr;
+  const float* otherValues = nullptr;
 };
 
 // A sparse matrix copied to a backend's device: `view` stays valid while `storage` lives.
@@ -136,6 +161,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual Device device() const = 0;
+  // One line for the start-up line and the metrics summary: the backend, and for
+  // a GPU its index, name and memory ("cuda:0 NVIDIA H100 80GB HBM3, 79.1 GiB").
+  virtual std::string describe() const { return name(); }
 
   // A rows x cols tensor on this backend's device. Contents undefined.
   virtual Tensor allocate(int64_t rows, int64_t cols) = 0;

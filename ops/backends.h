@@ -1,5 +1,10 @@
-// Which compute backends this build has, and how to get one. The only file that
-// knows about ORPHEUS_HAVE_CUDA (after ggml's backend registry).
+// Which compute backends there are, and how to get one (after ggml's backend
+// registry): "cpu" (Eigen), "strict" (the CPU backend behind memory that host code
+// cannot touch between calls: the test device, ops/strict/strict_backend.h) and
+// "cuda" (a plugin, liborpheus_cuda.so, loaded at run time, so the orpheus binary
+// links no CUDA library and runs where CUDA is absent). The only file that knows
+// how each backend is made. makeBackend is called once per rank (per worker
+// thread in `simulate`) and the backend is handed down; nothing else makes one.
 #pragma once
 
 #include "ops/backend.h"
@@ -10,16 +15,28 @@
 
 namespace orpheus::ops {
 
-// Names makeBackend accepts in this build: "cpu", and "cuda" when it was built.
-std::vector<std::string> builtBackends();
+// Device names --device accepts: "cpu", "strict", "cuda" and "cuda:N".
+std::vector<std::string> deviceNames();
 
-// A backend for `device` ("cpu" or "cuda"). The CUDA device is this process's
-// local rank (OMPI_COMM_WORLD_LOCAL_RANK, 0 when unset) modulo the number of
-// visible devices, so several ranks may share one GPU. Throws InputError with one
-// line naming --device when the build lacks the backend, no GPU is visible, or
-// the name is unknown.
-std::unique_ptr<Backend> makeBackend(const std::string& device);
-// The same with an explicit local rank.
+// Empty when `device` is one of deviceNames(), else why not ("unknown device 'x'
+// (expected ...)"): checked when flags are parsed; whether the device exists is
+// makeBackend's part. checkDeviceName throws it as an InputError naming --device.
+std::string deviceNameProblem(const std::string& device);
+void checkDeviceName(const std::string& device);
+
+// This process's rank among the ranks of its host: Open MPI's
+// OMPI_COMM_WORLD_LOCAL_RANK, Slurm's SLURM_LOCALID, MPICH's MPI_LOCALRANKID, else 0.
+int localRankFromEnvironment();
+
+// A backend for `device`. "cuda" picks GPU localRank modulo the visible GPUs, so
+// several ranks may share one; "cuda:N" picks GPU N. Throws InputError with one
+// line naming --device and why when the plugin is missing or cannot load (its
+// CUDA libraries absent), no GPU is visible, N is out of range, or the name is
+// unknown.
 std::unique_ptr<Backend> makeBackend(const std::string& device, int localRank);
+std::unique_ptr<Backend> makeBackend(const std::string& device);
+
+// Where the CUDA plugin was found ("" when it was not), and why not.
+std::string cudaPluginPath(std::string* why = nullptr);
 
 }  // namespace orpheus::ops

@@ -348,9 +348,12 @@ SvBatch GraphModel::svgs(const ParamSet& w, const ExampleBatch& x, double* meanL
   return batch;
 }
 
-ParamSet GraphModel::denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
+ParamSet GraphModel::denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss, Backend& backend,
+                                   RebuildBuffers& buffers) const {
   // (The sparse products take compressed data only.)
-  if (!oneSitePerMatrix_ || (x.sparse && !x.sparse->isCompressed())) return Model::denseGradient(w, x, meanLoss);
+  if (!oneSitePerMatrix_ || (x.sparse && !x.sparse->isCompressed())) {
+    return Model::denseGradient(w, x, meanLoss, backend, buffers);
+  }
   const std::vector<const Matrix*> params = paramPointers(w);
   std::vector<Matrix> locals = initialLocals(x, true);
   const double loss = runBatch(params, x, locals);
@@ -362,17 +365,12 @@ ParamSet GraphModel::denseGradient(const ParamSet& w, const ExampleBatch& x, dou
   std::vector<bool> written(w.size(), false);
   // The rebuild's products (beta 0 here, onto zeros there: the same sums), and its
   // bias update U diag(1) 1 = U 1.
-  cpu::CpuBackend backend;
   for (const SvSite& site : exec_->sites()) {
     const Matrix& u = exec_->grad(site.matvecNode);
     if (u.size() == 0) continue;  // the loss does not depend on it: zero
-    Tensor target = cpu::view(grad[static_cast<size_t>(site.param)]);
     const SiteV v = siteV(site, x, locals);
-    if (v.sparse) {
-      backend.gemmSparse(1.0f, cpu::view(u), cpu::view(*v.sparse), Trans::kYes, 0.0f, target);
-    } else {
-      backend.gemm(Trans::kNo, Trans::kYes, 1.0f, cpu::view(u), cpu::view(*v.dense), 0.0f, target);
-    }
+    outerProduct(backend, buffers.device, static_cast<size_t>(site.param), u, v.dense, v.sparse,
+                 grad[static_cast<size_t>(site.param)]);
     written[static_cast<size_t>(site.param)] = true;
     if (site.bias >= 0) {
       grad[static_cast<size_t>(site.bias)].col(0) = u.rowwise().sum();

@@ -35,7 +35,9 @@ class GraphModel final : public Model {
   // Where every matrix has one SV site (no recurrence), each gradient is one GEMM
   // U V^T written straight into the result, bitwise what the default's rebuild of
   // the batch gives, without the batch's copies of U and V; else the default.
-  ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const override;
+  ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss, Backend& backend,
+                         RebuildBuffers& buffers) const override;
+  using Model::denseGradient;
   std::vector<SvSiteInfo> svSites() const override;
   // Each site's matrix is handed out from inside the backward pass, as soon as
   // its U is final (GraphExecutor::backward).

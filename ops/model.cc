@@ -1,11 +1,13 @@
 #include "ops/model.h"
 
+#include "ops/cpu/cpu_backend.h"
 #include "ops/rebuild.h"
 
 namespace orpheus::ops {
 
-void Model::computeUpdate(std::span<const SvBatchView* const> batches, ParamSet& w, RebuildBuffers& buffers) const {
-  applySvBatches(batches, w, buffers);
+void Model::computeUpdate(std::span<const SvBatchView* const> batches, ParamSet& w, Backend& backend,
+                          RebuildBuffers& buffers) const {
+  applySvBatches(batches, w, backend, buffers);
 }
 
 void Model::computeUpdate(std::span<const SvBatch* const> batches, ParamSet& w) const {
@@ -15,7 +17,8 @@ void Model::computeUpdate(std::span<const SvBatch* const> batches, ParamSet& w) 
   for (const SvBatch* b : batches) views.push_back(viewOf(*b));
   for (const SvBatchView& v : views) pointers.push_back(&v);
   RebuildBuffers buffers;
-  computeUpdate(pointers, w, buffers);
+  cpu::CpuBackend backend;
+  computeUpdate(pointers, w, backend, buffers);
 }
 
 SvBatch Model::computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
@@ -25,12 +28,20 @@ SvBatch Model::computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, doub
   return batch;
 }
 
-ParamSet Model::denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
+ParamSet Model::denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss, Backend& backend,
+                              RebuildBuffers& buffers) const {
   const SvBatch svg = computeSvg(w, x, meanLoss);
   ParamSet grad = zeroParams();
-  const SvBatch* one[] = {&svg};
-  applySvBatches(one, grad);
+  const SvBatchView view = viewOf(svg);
+  const SvBatchView* one[] = {&view};
+  applySvBatches(one, grad, backend, buffers);
   return grad;
+}
+
+ParamSet Model::denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
+  cpu::CpuBackend backend;
+  RebuildBuffers buffers;
+  return denseGradient(w, x, meanLoss, backend, buffers);
 }
 
 std::vector<std::pair<int64_t, int64_t>> Model::paramShapes() const {

@@ -78,15 +78,20 @@ class Model {
 
   // compute_update for a set of SV batches applied together: W += U diag(c) V^T,
   // on views of the batches (a received batch where it arrived). The default
-  // rebuilds every matrix with one GEMM over all batches' columns, in `buffers`.
-  virtual void computeUpdate(std::span<const SvBatchView* const> batches, ParamSet& w,
+  // rebuilds every matrix with one GEMM over all batches' columns on the job's
+  // `backend`, in `buffers` (kept by the caller from clock to clock).
+  virtual void computeUpdate(std::span<const SvBatchView* const> batches, ParamSet& w, Backend& backend,
                              RebuildBuffers& buffers) const;
-  // The same on whole batches.
+  // The same on whole batches, on a CPU backend (tests and tools).
   void computeUpdate(std::span<const SvBatch* const> batches, ParamSet& w) const;
 
   // Dense gradient of the summed per-example loss (the baseline's message), shaped
-  // like the parameters. The default rebuilds it from the batch's own SVGs.
-  virtual ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const;
+  // like the parameters, its products on the job's `backend`. The default
+  // rebuilds it from the batch's own SVGs.
+  virtual ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss, Backend& backend,
+                                 RebuildBuffers& buffers) const;
+  // The same on a CPU backend (tests and tools).
+  ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const;
 
   virtual EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const = 0;
   // False for models without a predicted class (e.g. topic models): no accuracy.

@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 #include "ops/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace orpheus::ops {
@@ -20,59 +21,42 @@ void weightColumns(const SvMatrixView& m, const float* coeffs, Dst&& dst) {
   }
 }
 
-// A host operand as the backend sees it: a view on the CPU, a device copy elsewhere.
-Tensor staged(Backend& backend, const Tensor& host) {
-  if (backend.device() == Device::kCpu) return Tensor::view(Device::kCpu, host.data(), host.rows(), host.cols());
-  Tensor t = backend.allocate(host.rows(), host.cols());
-  backend.copy(host, t);
-  return t;
-}
-
-SparseCopy staged(Backend& backend, const SparseTensor& host) {
-  if (backend.device() == Device::kCpu) return SparseCopy{host, nullptr};
-  return backend.copySparse(host);
-}
-
 // W += [U_1 C_1, ...] [V_1, ...]^T: one GEMM for the dense V's, one sparse product for
 // the sparse ones. `u` holds the weighted columns, the dense pieces' first. Gathering
 // the V's costs O(K n) copies against the O(J K n) product; a single dense piece's V
 // is used where it lies.
-void applyToParam(const std::vector<Piece>& pieces, const Matrix& u, int64_t denseCols, Matrix& w, Backend& backend,
-                  Matrix& gathered) {
-  int64_t densePieces = 0;
-  for (const auto& p : pieces) densePieces += p.m->sparseV ? 0 : 1;
-  const int64_t sparseCols = u.cols() - denseCols;
-  const int64_t rows = w.rows();
-  Tensor target = staged(backend, cpu::view(w));
-  const auto uPart = [&](int64_t first, int64_t cols) {
-    return Tensor::host(u.data() + rows * first, rows, cols);
-  };
-  if (denseCols > 0) {
-    Tensor v;
+class ParamRebuild {
+ public:
+  ParamRebuild(const std::vector<Piece>& pieces, const Matrix& u, int64_t denseCols, Matrix& gathered)
+      : pieces_(pieces), u_(u), denseCols_(denseCols), gathered_(gathered) {}
+
+  // The dense pieces' V (K x denseCols), gathered when there are several.
+  Tensor denseV(int64_t k) {
+    int64_t densePieces = 0;
+    for (const auto& p : pieces_) densePieces += p.m->sparseV ? 0 : 1;
     if (densePieces == 1) {
-      for (const auto& p : pieces) {
-        if (!p.m->sparseV) v = Tensor::host(p.m->vDense, w.cols(), denseCols);
+      for (const auto& p : pieces_) {
+        if (!p.m->sparseV) return Tensor::host(p.m->vDense, k, denseCols_);
       }
-    } else {
-      gathered.resize(w.cols(), denseCols);
-      for (const auto& p : pieces) {
-        if (!p.m->sparseV) gathered.middleCols(p.at, p.m->columns) = p.m->vDenseMap();
-      }
-      v = cpu::view(gathered);
     }
-    backend.gemm(Trans::kNo, Trans::kYes, 1.0f, staged(backend, uPart(0, denseCols)), staged(backend, v), 1.0f,
-                 target);
+    gathered_.resize(k, denseCols_);
+    for (const auto& p : pieces_) {
+      if (!p.m->sparseV) gathered_.middleCols(p.at, p.m->columns) = p.m->vDenseMap();
+    }
+    return cpu::view(gathered_);
   }
-  if (sparseCols > 0) {
-    SparseMatrix v(w.cols(), sparseCols);
+
+  // The sparse pieces' V (K x sparseCols), compressed by columns.
+  SparseMatrix sparseV(int64_t k) const {
+    SparseMatrix v(k, u_.cols() - denseCols_);
     int64_t nnz = 0;
-    for (const auto& p : pieces) {
+    for (const auto& p : pieces_) {
       if (p.m->sparseV) nnz += p.m->vSparseMap().nonZeros();
     }
     v.reserve(nnz);
-    for (const auto& p : pieces) {
+    for (const auto& p : pieces_) {
       if (!p.m->sparseV) continue;
-      const int64_t at = p.at - denseCols;
+      const int64_t at = p.at - denseCols_;
       const Eigen::Map<const SparseMatrix> pv = p.m->vSparseMap();
       for (int64_t j = 0; j < p.m->columns; ++j) {
         v.startVec(static_cast<int32_t>(at + j));
@@ -83,13 +67,76 @@ void applyToParam(const std::vector<Piece>& pieces, const Matrix& u, int64_t den
     }
     v.finalize();
     v.makeCompressed();
-    const SparseCopy sv = staged(backend, cpu::view(v));
-    backend.gemmSparse(1.0f, staged(backend, uPart(denseCols, sparseCols)), sv.view, Trans::kYes, 1.0f, target);
+    return v;
   }
-  if (backend.device() != Device::kCpu) {
-    Tensor host = cpu::view(w);
-    backend.copy(target, host);
+
+  Tensor uPart(int64_t first, int64_t cols) const {
+    return Tensor::host(u_.data() + u_.rows() * first, u_.rows(), cols);
   }
+  int64_t denseCols() const { return denseCols_; }
+  int64_t sparseCols() const { return u_.cols() - denseCols_; }
+
+ private:
+  const std::vector<Piece>& pieces_;
+  const Matrix& u_;
+  int64_t denseCols_;
+  Matrix& gathered_;
+};
+
+// On the CPU backend: the products run on the operands where they lie.
+void applyOnHost(ParamRebuild& r, Matrix& w, Backend& backend) {
+  Tensor target = cpu::view(w);
+  if (r.denseCols() > 0) {
+    backend.gemm(Trans::kNo, Trans::kYes, 1.0f, r.uPart(0, r.denseCols()), r.denseV(w.cols()), 1.0f, target);
+  }
+  if (r.sparseCols() > 0) {
+    const SparseMatrix v = r.sparseV(w.cols());
+    backend.gemmSparse(1.0f, r.uPart(r.denseCols(), r.sparseCols()), cpu::view(v), Trans::kYes, 1.0f, target);
+  }
+}
+
+// `store` as a rows x cols tensor on the backend's device, grown when too small.
+Tensor deviceBuffer(Backend& backend, Tensor& store, int64_t rows, int64_t cols) {
+  if (store.size() < rows * cols || store.device() != backend.device()) {
+    store = backend.allocate(1, std::max<int64_t>(rows * cols, 1));
+  }
+  return Tensor::view(backend.device(), store.data(), rows, cols);
+}
+
+// `host` copied into `store` on the backend's device.
+Tensor uploaded(Backend& backend, Tensor& store, const Tensor& host) {
+  Tensor t = deviceBuffer(backend, store, host.rows(), host.cols());
+  backend.copy(host, t);
+  return t;
+}
+
+// `param`'s W slot on the device, (re)allocated at W's shape.
+Tensor& deviceParam(Backend& backend, DeviceOperands& d, size_t param, const Matrix& w) {
+  if (d.w.size() <= param) d.w.resize(param + 1);
+  Tensor& t = d.w[param];
+  if (t.rows() != w.rows() || t.cols() != w.cols() || t.device() != backend.device()) {
+    t = backend.allocate(w.rows(), w.cols());
+  }
+  return t;
+}
+
+// On a device: W, U and V in the persistent buffers, the products there, W back.
+void applyOnDevice(ParamRebuild& r, Matrix& w, size_t param, Backend& backend, DeviceOperands& d) {
+  Tensor& target = deviceParam(backend, d, param, w);
+  Tensor host = cpu::view(w);
+  backend.copy(host, target);
+  if (r.denseCols() > 0) {
+    const Tensor v = uploaded(backend, d.v, r.denseV(w.cols()));
+    const Tensor u = uploaded(backend, d.u, r.uPart(0, r.denseCols()));
+    backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, v, 1.0f, target);
+  }
+  if (r.sparseCols() > 0) {
+    const SparseMatrix host = r.sparseV(w.cols());
+    const SparseCopy v = backend.copySparse(cpu::view(host));
+    const Tensor u = uploaded(backend, d.u, r.uPart(r.denseCols(), r.sparseCols()));
+    backend.gemmSparse(1.0f, u, v.view, Trans::kYes, 1.0f, target);
+  }
+  backend.copy(target, host);
 }
 
 std::vector<SvBatchView> viewsOf(std::span<const SvBatch* const> batches, std::vector<const SvBatchView*>& pointers) {
@@ -172,8 +219,37 @@ void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Ba
     }
   }
   for (size_t i = 0; i < params; ++i) {
-    if (!byParam[i].empty()) applyToParam(byParam[i], buffers.u[i], denseCols[i], w[i], backend, buffers.v);
+    if (byParam[i].empty()) continue;
+    ParamRebuild r(byParam[i], buffers.u[i], denseCols[i], buffers.v);
+    if (backend.device() == Device::kCpu) {
+      applyOnHost(r, w[i], backend);
+    } else {
+      applyOnDevice(r, w[i], i, backend, buffers.device);
+    }
   }
+}
+
+void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const Matrix& u, const Matrix* vDense,
+                  const SparseMatrix* vSparse, Matrix& target) {
+  ORPHEUS_ENFORCE((vDense == nullptr) != (vSparse == nullptr), "outerProduct: V must be dense or sparse");
+  Tensor host = cpu::view(target);
+  if (backend.device() == Device::kCpu) {
+    if (vSparse != nullptr) {
+      backend.gemmSparse(1.0f, cpu::view(u), cpu::view(*vSparse), Trans::kYes, 0.0f, host);
+    } else {
+      backend.gemm(Trans::kNo, Trans::kYes, 1.0f, cpu::view(u), cpu::view(*vDense), 0.0f, host);
+    }
+    return;
+  }
+  Tensor& t = deviceParam(backend, device, param, target);
+  const Tensor du = uploaded(backend, device.u, cpu::view(u));
+  if (vSparse != nullptr) {
+    const SparseCopy v = backend.copySparse(cpu::view(*vSparse));
+    backend.gemmSparse(1.0f, du, v.view, Trans::kYes, 0.0f, t);
+  } else {
+    backend.gemm(Trans::kNo, Trans::kYes, 1.0f, du, uploaded(backend, device.v, cpu::view(*vDense)), 0.0f, t);
+  }
+  backend.copy(t, host);
 }
 
 void scaleCoefficients(SvBatch& batch, float factor) {

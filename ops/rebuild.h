@@ -21,9 +21,20 @@ struct RebuildPiece {
   int64_t at = 0;
 };
 
+// A rebuild's operands on a backend's device (not used on the CPU backend, which
+// reads them where they lie): each parameter's W, and U and V in buffers that grow
+// to the largest clock seen and are reused, so a clock allocates nothing on the
+// device but the sparse V's copy.
+struct DeviceOperands {
+  std::vector<Tensor> w;  // per parameter, its shape
+  Tensor u;               // flat, at least the largest U of a clock
+  Tensor v;               // flat, at least the largest dense V of a clock
+};
+
 // What a rebuild works in, kept by a caller that rebuilds every clock so the
 // operands of its GEMMs are allocated once, not per clock.
 struct RebuildBuffers {
+  DeviceOperands device;
   std::vector<Matrix> u;  // per parameter: the weighted columns U C of every batch
   Matrix v;               // the gathered dense V's of one parameter
   std::vector<std::vector<RebuildPiece>> pieces;
@@ -35,16 +46,24 @@ struct RebuildBuffers {
 // Applies all batches to `w`. Matrix and bias ids index into `w`; shapes must match
 // (checked: Error on mismatch, since received batches were validated on decode).
 void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w);
-// The same with the GEMMs run by `backend`. The parameters stay in host memory: a
-// backend on another device gets copies of W and the SVs and copies W back, so
-// this is correct on every backend and fast only on the CPU one. The weighting
-// U C and the bias updates (O(J n) each) run on the host in Eigen.
+// The same with the GEMMs run by `backend`: the job's backend (ops/backends.h).
+// The parameters stay in host memory: a backend on another device gets W, the
+// weighted U and the V's in its persistent buffers (buffers.device), runs the
+// products there and copies W back: the same operations as on the CPU backend, so
+// the strict device (ops/strict) gives the CPU's bits.
+// The weighting U C and the bias updates (O(J n) each) run on the host in Eigen.
 void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w, Backend& backend);
 // The same on views: a received batch is read in its receive buffer. Bitwise the
 // result of the SvBatch calls on the same batches.
 void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, RebuildBuffers& buffers);
 void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Backend& backend,
                     RebuildBuffers& buffers);
+
+// target = U V^T (V dense or sparse, K x n; the old contents of target are never
+// read) on `backend`: one parameter's dense gradient from its SVs. On a device,
+// the operands go through `device`'s buffers, target's W slot being `param`'s.
+void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const Matrix& u, const Matrix* vDense,
+                  const SparseMatrix* vSparse, Matrix& target);
 
 // Scales every batch column's coefficient (or core and bias coefficients) by `factor`.
 void scaleCoefficients(SvBatch& batch, float factor);

@@ -14,6 +14,7 @@
 #include "engine/live.h"
 #include "engine/outputs.h"
 #include "engine/sim/simulation.h"
+#include "ops/backends.h"
 #include "orpheus/config.h"
 
 #include <CLI/CLI.hpp>
@@ -32,6 +33,9 @@
 #include <utility>
 
 namespace {
+
+// CLI11's check for --device: empty when the name is one ops::makeBackend knows.
+std::string deviceName(const std::string& device) { return orpheus::ops::deviceNameProblem(device); }
 
 using orpheus::engine::EvalConfig;
 using orpheus::engine::NamedValues;
@@ -316,6 +320,11 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--transport", c.transport,
                  fmt::format("How ranks talk: {} (launch with mpirun)", fmt::join(orpheus::comm::availableTransports(), ", ")))
       ->capture_default_str();
+  cmd.add_option("--device", c.device,
+                 "Where the rebuild and the dense gradient run: cpu, cuda (GPU = local rank modulo the GPUs; "
+                 "ranks may share one), cuda:N, or strict (the CPU behind memory host code cannot touch; for tests)")
+      ->capture_default_str()
+      ->check(deviceName);
   // One knob for a rank's compute threads: the GEMMs run in OpenBLAS, everything
   // else in one thread. --blas-threads is its earlier name.
   cmd.add_option("--threads,--blas-threads", c.blasThreads,
@@ -473,6 +482,7 @@ struct RestoreArgs {
   std::string clock = "latest";
   int replica = 0;
   std::string out;
+  std::string device = "cpu";
 };
 
 int restoreMain(const RestoreArgs& a) {
@@ -487,7 +497,8 @@ int restoreMain(const RestoreArgs& a) {
     clock = static_cast<uint64_t>(parsed);
   }
   orpheus::engine::checkOutputs({{"--out", a.out, orpheus::engine::OutputPath::Kind::kFile}}, {});
-  const auto r = orpheus::engine::restore(a.dir, a.replica, clock);
+  const auto backend = orpheus::ops::makeBackend(a.device);
+  const auto r = orpheus::engine::restore(a.dir, a.replica, clock, *backend);
   const auto job = orpheus::ckpt::readJobInfo(a.dir);
   orpheus::ckpt::ModelFileInfo info;
   info.modelSpec = job.modelSpec;
@@ -650,6 +661,10 @@ int main(int argc, char** argv) {
   restoreCmd->add_option("--clock", restoreArgs.clock, "Clock number, or 'latest'")->capture_default_str();
   restoreCmd->add_option("--replica", restoreArgs.replica, "Replica id")->capture_default_str()->check(integerIn(0, 1 << 30));
   restoreCmd->add_option("--out", restoreArgs.out, "HDF5 file to write the parameters to")->required();
+  restoreCmd->add_option("--device", restoreArgs.device,
+                         "Where the replay's rebuilds run (the training job's device restores bitwise)")
+      ->capture_default_str()
+      ->check(deviceName);
   // orpheus ctl DIR shrink R [R...]: asks a running job to let ranks go (engine/live.h).
   std::string ctlDir;
   std::vector<int> shrinkRanks;

@@ -8,6 +8,7 @@
 #include "engine/metrics.h"
 #include "engine/outputs.h"
 #include "engine/progress.h"
+#include "ops/backends.h"
 #include "engine/sim/rank_tracer.h"
 #include "engine/sim/trace.h"
 #include "engine/synthetic_data.h"
@@ -201,7 +202,8 @@ void runRank(int rank, const TrainConfig& config, const SimConfig& sim, const op
     TracingTransport transport(std::move(loopback), tracer, book, schedule);
     transport.setTimeout(timeout);
     const Dataset* test = shards.test.empty() ? nullptr : &shards.test[static_cast<size_t>(rank)];
-    Worker worker(config, model, transport, shards.train[static_cast<size_t>(rank)], test);
+    const std::unique_ptr<ops::Backend> backend = ops::makeBackend(config.device, rank);  // this rank's, once
+    Worker worker(config, model, *backend, transport, shards.train[static_cast<size_t>(rank)], test);
     worker.observeClocks(&tracer);
     MetricsWriter discard("");
     worker.run(discard);

@@ -5,6 +5,9 @@
 #include "ops/cuda/kernels.h"
 
 #include <climits>
+#include <vector>
+#include <cstdlib>
+#include <string>
 
 namespace orpheus::ops::cuda {
 namespace {
@@ -23,6 +26,27 @@ cublasOperation_t blasOp(Trans t) { return t == Trans::kNo ? CUBLAS_OP_N : CUBLA
 // because a deleter must not throw.
 void freeDevice(float* p) { static_cast<void>(cudaFree(p)); }
 
+// The other compression of src (CSR arrays of a CSC matrix, or CSC of a CSR one):
+// a counting sort by inner index, stable, so each new outer run keeps the old
+// outer order.
+void transposeCompression(const SparseTensor& src, int64_t otherOuterCount, std::vector<int32_t>& outer,
+                          std::vector<int32_t>& inner, std::vector<float>& values) {
+  const int64_t outerCount = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows);
+  outer.assign(static_cast<size_t>(otherOuterCount) + 1, 0);
+  inner.resize(static_cast<size_t>(src.nonZeros));
+  values.resize(static_cast<size_t>(src.nonZeros));
+  for (int64_t q = 0; q < src.nonZeros; ++q) ++outer[static_cast<size_t>(src.inner[q]) + 1];
+  for (int64_t k = 0; k < otherOuterCount; ++k) outer[static_cast<size_t>(k) + 1] += outer[static_cast<size_t>(k)];
+  std::vector<int32_t> next(outer.begin(), outer.end() - 1);
+  for (int64_t j = 0; j < outerCount; ++j) {
+    for (int32_t q = src.outer[j]; q < src.outer[j + 1]; ++q) {
+      const auto at = static_cast<size_t>(next[static_cast<size_t>(src.inner[q])]++);
+      inner[at] = static_cast<int32_t>(j);
+      values[at] = src.values[q];
+    }
+  }
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -34,6 +58,11 @@ class CudaBackend final : public Backend {
       ORPHEUS_CUBLAS_CHECK(status);
     }
     ORPHEUS_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+    // FP32 products in FP32 (no TF32 tensor-core math): set here, not left to
+    // cuBLAS's default, so results match the CPU backend's to FP32 rounding.
+    ORPHEUS_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+    const char* sync = std::getenv("ORPHEUS_CUDA_SYNC");
+    syncEveryCall_ = sync != nullptr && std::string(sync) == "1";
   }
 
   ~CudaBackend() override {
@@ -48,6 +77,13 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
+  std::string describe() const override {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return fmt::format("cuda:{}", device_);
+    return fmt::format("cuda:{} {}, {:.1f} GiB, sm_{}{}{}", device_, prop.name,
+                       static_cast<double>(prop.totalGlobalMem) / double(1 << 30), prop.major, prop.minor,
+                       syncEveryCall_ ? ", ORPHEUS_CUDA_SYNC=1" : "");
+  }
 
   Tensor allocate(int64_t rows, int64_t cols) override {
     ORPHEUS_ENFORCE(rows >= 0 && cols >= 0, "allocate: shape {}x{}", rows, cols);
@@ -66,25 +102,43 @@ class CudaBackend final : public Backend {
     if (src.device() == Device::kCpu || dst.device() == Device::kCpu) synchronize();
   }
 
+  // The arrays go to the device in one block: src's compression and, when src is
+  // in host memory, the other one (SparseTensor::otherOuter), built here.
   SparseCopy copySparse(const SparseTensor& src) override {
     activate();
-    const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
-    const size_t indexBytes = static_cast<size_t>(outerSize + src.nonZeros) * sizeof(int32_t);
-    const size_t valueBytes = static_cast<size_t>(src.nonZeros) * sizeof(float);
+    const bool csc = src.layout == SparseTensor::Layout::kCsc;
+    const int64_t outerSize = (csc ? src.cols : src.rows) + 1;
+    const int64_t otherSize = (csc ? src.rows : src.cols) + 1;
+    const bool other = src.device == Device::kCpu;
+    std::vector<int32_t> otherOuter, otherInner;
+    std::vector<float> otherValues;
+    if (other) transposeCompression(src, otherSize - 1, otherOuter, otherInner, otherValues);
+    const size_t nnz = static_cast<size_t>(src.nonZeros);
+    const size_t ints = static_cast<size_t>(outerSize) + nnz + (other ? static_cast<size_t>(otherSize) + nnz : 0);
+    const size_t floats = nnz * (other ? 2 : 1);
     void* block = nullptr;
-    ORPHEUS_CUDA_CHECK(cudaMalloc(&block, indexBytes + valueBytes + sizeof(float)));
+    ORPHEUS_CUDA_CHECK(cudaMalloc(&block, (ints + floats + 1) * sizeof(float)));
     std::shared_ptr<void> storage(block, [](void* p) { static_cast<void>(cudaFree(p)); });
+    // Indices first, values after them (both are 4 bytes wide, so values stay aligned).
     auto* outer = static_cast<int32_t*>(block);
     int32_t* inner = outer + outerSize;
-    // Values after the indices, aligned for float (both are 4 bytes wide).
-    auto* values = reinterpret_cast<float*>(inner + src.nonZeros);
-    ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(outer, src.outer, static_cast<size_t>(outerSize) * sizeof(int32_t),
-                                       cudaMemcpyDefault, stream_));
-    ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(inner, src.inner, static_cast<size_t>(src.nonZeros) * sizeof(int32_t),
-                                       cudaMemcpyDefault, stream_));
-    ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(values, src.values, valueBytes, cudaMemcpyDefault, stream_));
-    synchronize();
+    int32_t* oOuter = inner + nnz;
+    int32_t* oInner = oOuter + (other ? otherSize : 0);
+    auto* values = reinterpret_cast<float*>(oInner + (other ? nnz : 0));
+    float* oValues = values + nnz;
+    upload(outer, src.outer, static_cast<size_t>(outerSize) * sizeof(int32_t));
+    upload(inner, src.inner, nnz * sizeof(int32_t));
+    upload(values, src.values, nnz * sizeof(float));
     SparseCopy copy{src, std::move(storage)};
+    if (other) {
+      upload(oOuter, otherOuter.data(), otherOuter.size() * sizeof(int32_t));
+      upload(oInner, otherInner.data(), nnz * sizeof(int32_t));
+      upload(oValues, otherValues.data(), nnz * sizeof(float));
+      copy.view.otherOuter = oOuter;
+      copy.view.otherInner = oInner;
+      copy.view.otherValues = oValues;
+    }
+    synchronize();
     copy.view.device = Device::kCuda;
     copy.view.outer = outer;
     copy.view.inner = inner;
@@ -118,9 +172,12 @@ class CudaBackend final : public Backend {
                                              c.data(), stream_));
       return;
     }
-    scaleOrZero(beta, c);
-    ORPHEUS_CUDA_CHECK(launchDenseTimesCscTransposed(alpha, a.data(), a.rows(), s.outer, s.inner, s.values, o.cols,
-                                                     c.data(), stream_));
+    // a M^T, M the CSC matrix of s's arrays: M^T's CSC arrays are s's other compression.
+    ORPHEUS_ENFORCE(s.otherOuter != nullptr,
+                    "backend cuda: a product with a transposed sparse operand needs its other compression "
+                    "(copySparse of host data adds it)");
+    ORPHEUS_CUDA_CHECK(launchDenseTimesCsc(alpha, a.data(), a.rows(), s.otherOuter, s.otherInner, s.otherValues,
+                                           o.rows, beta, c.data(), stream_));
   }
 
   void elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
@@ -204,15 +261,17 @@ class CudaBackend final : public Backend {
  private:
   // cudaSetDevice is per host thread: set it on every entry, so a backend works
   // from whichever thread uses it (one at a time).
-  void activate() const { ORPHEUS_CUDA_CHECK(cudaSetDevice(device_)); }
+  void upload(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+  }
 
-  // c = beta * c, with beta == 0 writing zeros (old NaNs do not survive).
-  void scaleOrZero(float beta, Tensor& c) {
-    if (beta == 1.0f || c.size() == 0) return;
-    if (beta == 0.0f) {
-      ORPHEUS_CUDA_CHECK(cudaMemsetAsync(c.data(), 0, static_cast<size_t>(c.size()) * sizeof(float), stream_));
-    } else {
-      ORPHEUS_CUBLAS_CHECK(cublasSscal(blas_, blasInt(c.size()), &beta, c.data(), 1));
+  void activate() const {
+    ORPHEUS_CUDA_CHECK(cudaSetDevice(device_));
+    // ORPHEUS_CUDA_SYNC=1: the previous call's kernels are finished and checked
+    // before the next one starts, so an error names the call that caused it.
+    if (syncEveryCall_) {
+      ORPHEUS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      ORPHEUS_CUDA_CHECK(cudaGetLastError());
     }
   }
 
@@ -243,6 +302,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_ = 0;
+  bool syncEveryCall_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
 };

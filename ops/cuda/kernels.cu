@@ -171,18 +171,6 @@ __global__ void denseTimesCsc(float alpha, const float* a, int64_t m, const int3
   }
 }
 
-// Column j of s scatters into the columns of c named by its row indices.
-__global__ void denseTimesCscTransposed(float alpha, const float* a, int64_t m, const int32_t* outer,
-                                        const int32_t* inner, const float* values, int64_t n, float* c) {
-  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < m;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const float x = alpha * a[i + j * m];
-      for (int32_t q = outer[j]; q < outer[j + 1]; ++q) atomicAdd(&c[i + static_cast<int64_t>(inner[q]) * m], x * values[q]);
-    }
-  }
-}
-
 }  // namespace
 
 cudaError_t launchChainForward(const ChainArgs& args, cudaStream_t stream) {
@@ -231,13 +219,5 @@ cudaError_t launchDenseTimesCsc(float alpha, const float* a, int64_t m, const in
   return cudaGetLastError();
 }
 
-cudaError_t launchDenseTimesCscTransposed(float alpha, const float* a, int64_t m, const int32_t* outer,
-                                          const int32_t* inner, const float* values, int64_t n, float* c,
-                                          cudaStream_t stream) {
-  if (m == 0 || n == 0) return cudaSuccess;
-  denseTimesCscTransposed<<<dim3(blocksFor(m), gridY(n)), kThreads, 0, stream>>>(alpha, a, m, outer, inner, values,
-                                                                                 n, c);
-  return cudaGetLastError();
-}
 
 }  // namespace orpheus::ops::cuda

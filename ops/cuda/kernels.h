@@ -54,9 +54,5 @@ cudaError_t launchSumRows(const float* a, float beta, float* out, int64_t rows, 
 // c (m x n) = alpha a (m x k) s + beta c, s a k x n CSC matrix.
 cudaError_t launchDenseTimesCsc(float alpha, const float* a, int64_t m, const int32_t* outer, const int32_t* inner,
                                 const float* values, int64_t n, float beta, float* c, cudaStream_t stream);
-// c (m x k) += alpha a (m x n) s^T, s a k x n CSC matrix (c already scaled by beta).
-cudaError_t launchDenseTimesCscTransposed(float alpha, const float* a, int64_t m, const int32_t* outer,
-                                          const int32_t* inner, const float* values, int64_t n, float* c,
-                                          cudaStream_t stream);
 
 }  // namespace orpheus::ops::cuda

@@ -5,6 +5,7 @@
 #include "ckpt/layout.h"
 #include "ckpt/restorable.h"
 #include "ckpt/sv_log.h"
+#include "ops/backends.h"
 #include "engine/base/error.h"
 #include "engine/checkpoint.h"
 
@@ -135,18 +136,18 @@ void requireAgreement(const std::string& dir, const std::map<uint64_t, ParamSet>
   for (uint64_t t = 1; t <= kClocks + 2; ++t) {
     INFO("clock " << t << ", restorable " << rangesOf(*r));
     if (r->covers(t)) {
-      const engine::Restored got = engine::restore(dir, 0, t);
+      const engine::Restored got = engine::restore(dir, 0, t, *ops::makeBackend("cpu"));
       CHECK(got.clock == t);
       CHECK(got.fromSnapshot == r->startFor(t));
       CHECK(bitwiseEqual(got.params, states.at(t)));
     } else {
       CHECK_FALSE(r->whyNot(t).empty());
-      CHECK_THROWS_AS(engine::restore(dir, 0, t), InputError);
+      CHECK_THROWS_AS(engine::restore(dir, 0, t, *ops::makeBackend("cpu")), InputError);
     }
   }
   // latest is the newest restorable clock.
   if (r->latest() > 0) {
-    const engine::Restored latest = engine::restore(dir, 0, 0);
+    const engine::Restored latest = engine::restore(dir, 0, 0, *ops::makeBackend("cpu"));
     CHECK(latest.clock == r->latest());
     CHECK(bitwiseEqual(latest.params, states.at(r->latest())));
   }
@@ -154,7 +155,7 @@ void requireAgreement(const std::string& dir, const std::map<uint64_t, ParamSet>
 
 std::string restoreError(const std::string& dir, uint64_t clock) {
   try {
-    engine::restore(dir, 0, clock);
+    engine::restore(dir, 0, clock, *ops::makeBackend("cpu"));
   } catch (const InputError& e) {
     return e.what();
   }
@@ -287,5 +288,5 @@ TEST_CASE("a directory without job.h5 is not a checkpoint directory", "[ckpt][re
   CHECK_THROWS_WITH(engine::inspectCheckpoint((dir.path() / "afile").string()),
                     Catch::Contains("is not a checkpoint directory (no job.h5)"));
   CHECK_THROWS_WITH(engine::inspectCheckpoint(dir.str()), Catch::Contains("is not a checkpoint directory (no job.h5)"));
-  CHECK_THROWS_AS(engine::restore(dir.str(), 0, 0), InputError);
+  CHECK_THROWS_AS(engine::restore(dir.str(), 0, 0, *ops::makeBackend("cpu")), InputError);
 }

@@ -3,6 +3,7 @@
 // and the top layer leaves before the backward pass ends. Ranks are threads over
 // the loopback transport.
 #include "comm/loopback/loopback_transport.h"
+#include "ops/backends.h"
 #include "engine/data/sampler.h"
 #include "engine/exchange.h"
 #include "engine/synthetic_data.h"
@@ -50,7 +51,8 @@ Run train(engine::TrainConfig config, int ranks, int64_t clocks) {
         const data::Dataset shard = engine::makeSyntheticShard(
             fmt::format("synthetic:examples=600,features={},classes={}", kFeatures, kClasses), config.seed, r, ranks);
         const auto model = mlp();
-        engine::Worker worker(config, *model, t, shard, nullptr);
+        const auto backend = ops::makeBackend(config.device);
+        engine::Worker worker(config, *model, *backend, t, shard, nullptr);
         data::MinibatchSampler sampler(shard.size(), config.batch, config.seed, r);
         for (int64_t c = 1; c <= clocks; ++c) {
           run.stats[static_cast<size_t>(r)].push_back(

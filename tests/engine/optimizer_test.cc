@@ -2,6 +2,7 @@
 // reference of the same formulas, schedules, state import/export, SV == dense for
 // every optimizer, and the state travelling with its replica (rotation, averaging).
 #include "comm/loopback/loopback_transport.h"
+#include "ops/backends.h"
 #include "engine/config.h"
 #include "engine/data/sampler.h"
 #include "engine/job_record.h"
@@ -255,7 +256,8 @@ std::vector<RankResult> train(const engine::TrainConfig& config, int ranks, int6
         const data::Dataset shard = engine::makeSyntheticShard(
             fmt::format("synthetic:examples=1000,features={},classes={}", kFeatures, kClasses), config.seed, r, ranks);
         ops::MultinomialLogisticRegression model(kFeatures, kClasses);
-        engine::Worker worker(config, model, t, shard, nullptr);
+        const auto backend = ops::makeBackend(config.device);
+        engine::Worker worker(config, model, *backend, t, shard, nullptr);
         data::MinibatchSampler sampler(shard.size(), config.batch, config.seed, r);
         for (int64_t c = 1; c <= clocks; ++c) {
           worker.runClock(static_cast<uint64_t>(c), data::gather(shard, sampler.next()));
@@ -327,7 +329,8 @@ TEST_CASE("optimizer state travels with its replica: rotation moves it, averagin
         const data::Dataset shard = engine::makeSyntheticShard(
             fmt::format("synthetic:examples=600,features={},classes={}", kFeatures, kClasses), config.seed, r, ranks);
         ops::MultinomialLogisticRegression model(kFeatures, kClasses);
-        engine::Worker worker(config, model, t, shard, nullptr);
+        const auto backend = ops::makeBackend(config.device);
+        engine::Worker worker(config, model, *backend, t, shard, nullptr);
         data::MinibatchSampler sampler(shard.size(), config.batch, config.seed, r);
         // Each rank hears one peer per clock: the replicas and their states differ.
         for (uint64_t c = 1; c <= 4; ++c) worker.runClock(c, data::gather(shard, sampler.next()));

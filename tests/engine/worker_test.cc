@@ -1,5 +1,6 @@
 // The worker's clock loop run as threads over the loopback transport.
 #include "comm/loopback/loopback_transport.h"
+#include "ops/backends.h"
 #include "engine/base/error.h"
 #include "engine/data/sampler.h"
 #include "engine/synthetic_data.h"
@@ -76,7 +77,8 @@ std::vector<ParamSet> train(engine::TrainConfig config, int ranks, int64_t clock
         const data::Dataset shard = engine::makeSyntheticShard(
             fmt::format("synthetic:examples=2000,features={},classes={}", kFeatures, kClasses), config.seed, r, ranks);
         ops::MultinomialLogisticRegression model(kFeatures, kClasses);
-        engine::Worker worker(config, model, t, shard, nullptr);
+        const auto backend = ops::makeBackend(config.device);
+        engine::Worker worker(config, model, *backend, t, shard, nullptr);
         data::MinibatchSampler sampler(shard.size(), config.batch, config.seed, r);
         for (int64_t c = 1; c <= clocks; ++c) {
           const engine::ClockStats stats = worker.runClock(static_cast<uint64_t>(c), data::gather(shard, sampler.next()));
@@ -149,7 +151,8 @@ TEST_CASE("a corrupted SV batch is an error naming its sender and clock", "[engi
       const data::Dataset shard =
           engine::makeSyntheticShard("synthetic:examples=300,features=40,classes=5", config.seed, r, ranks);
       ops::MultinomialLogisticRegression model(kFeatures, kClasses);
-      engine::Worker worker(config, model, t, shard, nullptr);
+      const auto backend = ops::makeBackend(config.device);
+      engine::Worker worker(config, model, *backend, t, shard, nullptr);
       data::MinibatchSampler sampler(shard.size(), config.batch, config.seed, r);
       try {
         for (uint64_t c = 1; c <= 3; ++c) worker.runClock(c, data::gather(shard, sampler.next()));
@@ -184,7 +187,8 @@ TEST_CASE("run() writes a metrics line per clock and a summary with traffic tota
       const data::Dataset shard = engine::makeSyntheticShard(spec, config.seed, r, ranks);
       const data::Dataset test = engine::makeSyntheticShard(spec, config.seed + 1, r, ranks);
       ops::MultinomialLogisticRegression model(kFeatures, kClasses);
-      engine::Worker worker(config, model, t, shard, &test);
+      const auto backend = ops::makeBackend(config.device);
+      engine::Worker worker(config, model, *backend, t, shard, &test);
       engine::MetricsWriter metrics(r == 0 ? path : std::string());
       worker.run(metrics);
       bytes[static_cast<size_t>(r)] = t.counters().bytesSent;
@@ -356,7 +360,8 @@ TEST_CASE("rotation moves each replica and its id one rank along the ring; P rot
       const data::Dataset shard =
           engine::makeSyntheticShard("synthetic:examples=40,features=40,classes=5", config.seed, r, ranks);
       ops::MultinomialLogisticRegression model(kFeatures, kClasses);
-      engine::Worker worker(config, model, t, shard, nullptr);
+      const auto backend = ops::makeBackend(config.device);
+      engine::Worker worker(config, model, *backend, t, shard, nullptr);
       for (auto& p : worker.mutableReplica().params) p.value.setConstant(static_cast<float>(r) + 0.25f);
       const ParamSet mine = worker.replica();
       worker.rotateReplica(1);

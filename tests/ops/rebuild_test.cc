@@ -1,11 +1,13 @@
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
+#include "ops/backends.h"
 #include "ops/mlr.h"
 #include "ops/rebuild.h"
 
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 
 using namespace orpheus;
 
@@ -236,4 +238,78 @@ TEST_CASE("MLR refuses bad shapes and labels", "[ops][mlr]") {
   labels << 0, 3;
   ops::ExampleBatch b4{&x4, nullptr, &labels};
   CHECK_THROWS_WITH(model.computeSvg(w, b4, nullptr), Catch::Contains("label 3"));
+}
+
+TEST_CASE("rebuild on the strict device: bitwise the cpu rebuild, device buffers kept from clock to clock",
+          "[ops][rebuild][strict]") {
+  const auto strict = ops::makeBackend("strict");
+  const auto cpu = ops::makeBackend("cpu");
+  ParamSet onCpu;
+  onCpu.params.push_back({"A", randomMatrix(6, 9, 101)});
+  onCpu.params.push_back({"a", randomMatrix(6, 1, 102)});
+  onCpu.params.push_back({"B", randomMatrix(5, 12, 103)});
+  ParamSet onStrict = onCpu;
+  ops::RebuildBuffers cpuBuffers;
+  ops::RebuildBuffers strictBuffers;
+  std::vector<const float*> deviceW;
+  for (int clock = 0; clock < 3; ++clock) {
+    // Two batches per clock: dense V with a bias, sparse V, one of them with cores.
+    std::vector<SvBatch> batches(2);
+    for (size_t k = 0; k < batches.size(); ++k) {
+      SvBatch& b = batches[k];
+      const int64_t n = 4 - static_cast<int64_t>(k);
+      const uint64_t key = 200 + 20 * static_cast<uint64_t>(clock) + 10 * k;
+      b.coeffs = randomMatrix(n, 1, key).col(0);
+      SvMatrix dense;
+      dense.paramId = 0;
+      dense.biasId = 1;
+      dense.u = randomMatrix(6, n, key + 1);
+      dense.vDense = randomMatrix(9, n, key + 2);
+      SvMatrix sparse;
+      sparse.paramId = 2;
+      sparse.u = randomMatrix(5, n, key + 3);
+      sparse.sparseV = true;
+      sparse.vSparse = randomSparse(12, n, 0.3, key + 4);
+      if (k == 1) {
+        for (SvMatrix* m : {&dense, &sparse}) m->core = randomMatrix(n, n, key + 5 + m->paramId);
+        dense.biasCoeffs = randomMatrix(n, 1, key + 8).col(0);
+      }
+      b.matrices = {dense, sparse};
+    }
+    std::vector<SvBatchView> views;
+    for (const SvBatch& b : batches) views.push_back(viewOf(b));
+    std::vector<const SvBatchView*> ptrs;
+    for (const SvBatchView& v : views) ptrs.push_back(&v);
+    ops::applySvBatches(ptrs, onCpu, *cpu, cpuBuffers);
+    ops::applySvBatches(ptrs, onStrict, *strict, strictBuffers);
+    for (size_t i = 0; i < onCpu.size(); ++i) {
+      INFO("clock " << clock << ", parameter " << onCpu.params[i].name);
+      CHECK(std::memcmp(onCpu[i].data(), onStrict[i].data(), static_cast<size_t>(onCpu[i].size()) * sizeof(float)) ==
+            0);
+    }
+    // The device's W buffers are made once, at the first clock.
+    std::vector<const float*> now;
+    for (const ops::Tensor& t : strictBuffers.device.w) now.push_back(t.data());
+    if (clock == 0) deviceW = now;
+    CHECK(now == deviceW);
+    CHECK(cpuBuffers.device.w.empty());
+  }
+}
+
+TEST_CASE("the dense gradient on the strict device is bitwise the cpu one", "[ops][rebuild][strict]") {
+  ops::MultinomialLogisticRegression model(12, 4);
+  const ParamSet w = model.initParams(5);
+  const Matrix x = randomMatrix(12, 7, 301);
+  Eigen::VectorXi labels(7);
+  labels << 0, 1, 2, 3, 0, 1, 2;
+  ops::ExampleBatch batch;
+  batch.dense = &x;
+  batch.labels = &labels;
+  const auto strict = ops::makeBackend("strict");
+  ops::RebuildBuffers buffers;
+  const ParamSet onStrict = model.denseGradient(w, batch, nullptr, *strict, buffers);
+  const ParamSet onCpu = model.denseGradient(w, batch, nullptr);
+  for (size_t i = 0; i < onCpu.size(); ++i) {
+    CHECK(std::memcmp(onCpu[i].data(), onStrict[i].data(), static_cast<size_t>(onCpu[i].size()) * sizeof(float)) == 0);
+  }
 }

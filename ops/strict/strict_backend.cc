@@ -1,0 +1,321 @@
+#include "ops/strict/strict_backend.h"
+
+#include "ops/backend_checks.h"
+#include "ops/cpu/cpu_backend.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace orpheus::ops::strict {
+namespace {
+
+size_t pageSize() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// The mappings one backend made: start -> length. Shared with the deleters, so a
+// tensor may outlive its backend.
+struct Registry {
+  std::mutex mutex;
+  std::map<uintptr_t, size_t> regions;
+
+  void* map(size_t bytes) {
+    const size_t page = pageSize();
+    const size_t length = bytes == 0 ? page : (bytes + page - 1) / page * page;
+    void* p = mmap(nullptr, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw Error(fmt::format("backend strict: mmap of {} bytes failed: {}", length, strerror(errno)));
+    std::lock_guard lock(mutex);
+    regions[reinterpret_cast<uintptr_t>(p)] = length;
+    return p;
+  }
+
+  void unmap(void* p) {
+    size_t length = 0;
+    {
+      std::lock_guard lock(mutex);
+      auto it = regions.find(reinterpret_cast<uintptr_t>(p));
+      if (it == regions.end()) return;
+      length = it->second;
+      regions.erase(it);
+    }
+    static_cast<void>(munmap(p, length));
+  }
+
+  // The mapping that holds `p`: {start, length}, or {0, 0}.
+  std::pair<uintptr_t, size_t> find(const void* p) {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard lock(mutex);
+    auto it = regions.upper_bound(at);
+    if (it == regions.begin()) return {0, 0};
+    --it;
+    if (at >= it->first + it->second) return {0, 0};
+    return {it->first, it->second};
+  }
+};
+
+// The mappings of one operation's operands, readable and writable while it lives.
+class Opened {
+ public:
+  Opened(Registry& registry, const char* op) : registry_(registry), op_(op) {}
+  ~Opened() {
+    for (const auto& [start, length] : open_) {
+      static_cast<void>(mprotect(reinterpret_cast<void*>(start), length, PROT_NONE));
+    }
+  }
+  Opened(const Opened&) = delete;
+  Opened& operator=(const Opened&) = delete;
+
+  void open(const void* p) {
+    if (p == nullptr) return;
+    const auto region = registry_.find(p);
+    ORPHEUS_ENFORCE(region.second > 0, "backend strict: an operand of {} is not memory of this strict device", op_);
+    for (const auto& o : open_) {
+      if (o.first == region.first) return;
+    }
+    if (mprotect(reinterpret_cast<void*>(region.first), region.second, PROT_READ | PROT_WRITE) != 0) {
+      throw Error(fmt::format("backend strict: mprotect failed: {}", strerror(errno)));
+    }
+    open_.push_back(region);
+  }
+  // The operand as the CPU backend sees it (its mapping opened when it is strict).
+  Tensor host(const Tensor& t) {
+    if (t.device() == Device::kStrict && t.size() > 0) open(t.data());
+    return Tensor::view(Device::kCpu, t.data(), t.rows(), t.cols());
+  }
+  SparseTensor host(const SparseTensor& s) {
+    if (s.device == Device::kStrict) {
+      open(s.outer);
+      if (s.nonZeros > 0) {
+        open(s.inner);
+        open(s.values);
+      }
+    }
+    SparseTensor h = s;
+    h.device = Device::kCpu;
+    return h;
+  }
+
+ private:
+  Registry& registry_;
+  const char* op_;
+  std::vector<std::pair<uintptr_t, size_t>> open_;
+};
+
+class StrictBackend final : public Backend {
+ public:
+  StrictBackend() : registry_(std::make_shared<Registry>()) { installFaultReport(); }
+
+  const char* name() const override { return "strict"; }
+  Device device() const override { return Device::kStrict; }
+  std::string describe() const override { return "strict (host memory closed to host code between backend calls)"; }
+
+  Tensor allocate(int64_t rows, int64_t cols) override {
+    ORPHEUS_ENFORCE(rows >= 0 && cols >= 0, "allocate: shape {}x{}", rows, cols);
+    auto* p = static_cast<float*>(registry_->map(static_cast<size_t>(rows * cols) * sizeof(float)));
+    std::shared_ptr<Registry> registry = registry_;
+    return Tensor(Device::kStrict, p, rows, cols, [registry](float* q) { registry->unmap(q); });
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    checks::sameShape("copy", src, dst);
+    ORPHEUS_ENFORCE(src.device() != Device::kCuda && dst.device() != Device::kCuda,
+                    "backend strict: copy from {} to {} memory", deviceName(src.device()), deviceName(dst.device()));
+    Opened o(*registry_, "copy");
+    const Tensor s = o.host(src);
+    Tensor d = o.host(dst);
+    if (s.size() > 0 && s.data() != d.data()) {
+      std::memmove(d.data(), s.data(), static_cast<size_t>(s.size()) * sizeof(float));
+    }
+  }
+
+  SparseCopy copySparse(const SparseTensor& src) override {
+    ORPHEUS_ENFORCE(src.device != Device::kCuda, "backend strict: a sparse copy from cuda memory");
+    const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
+    const size_t indexBytes = static_cast<size_t>(outerSize + src.nonZeros) * sizeof(int32_t);
+    void* block = registry_->map(indexBytes + static_cast<size_t>(src.nonZeros) * sizeof(float));
+    std::shared_ptr<Registry> registry = registry_;
+    std::shared_ptr<void> storage(block, [registry](void* p) { registry->unmap(p); });
+    auto* outer = static_cast<int32_t*>(block);
+    int32_t* inner = outer + outerSize;
+    auto* values = reinterpret_cast<float*>(inner + src.nonZeros);
+    {
+      Opened o(*registry_, "copySparse");
+      const SparseTensor s = o.host(src);
+      o.open(block);
+      std::memcpy(outer, s.outer, static_cast<size_t>(outerSize) * sizeof(int32_t));
+      if (src.nonZeros > 0) {
+        std::memcpy(inner, s.inner, static_cast<size_t>(src.nonZeros) * sizeof(int32_t));
+        std::memcpy(values, s.values, static_cast<size_t>(src.nonZeros) * sizeof(float));
+      }
+    }
+    SparseCopy copy{src, storage};
+    copy.view.device = Device::kStrict;
+    copy.view.outer = outer;
+    copy.view.inner = inner;
+    copy.view.values = values;
+    return copy;
+  }
+
+  void synchronize() override {}
+
+  void gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) override {
+    on("gemm", {&a, &b, &c});
+    Opened o(*registry_, "gemm");
+    Tensor hc = o.host(c);
+    cpu_.gemm(ta, tb, alpha, o.host(a), o.host(b), beta, hc);
+  }
+
+  void gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) override {
+    on("gemmSparse", {&a, &c});
+    ORPHEUS_ENFORCE(s.device == Device::kStrict, "backend strict: the sparse operand lives in {} memory",
+                    deviceName(s.device));
+    Opened o(*registry_, "gemmSparse");
+    Tensor hc = o.host(c);
+    cpu_.gemmSparse(alpha, o.host(a), o.host(s), ts, beta, hc);
+  }
+
+  void elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
+                   std::span<Tensor* const> outputs) override {
+    checks::forward(*this, chain, inputs, outputs);
+    Opened o(*registry_, "elementwise");
+    HostList in(o, inputs);
+    HostList out(o, outputs);
+    cpu_.elementwise(chain, in.constPtrs, out.ptrs);
+  }
+
+  void elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
+                           std::span<const Tensor* const> values, const Tensor& upstream,
+                           std::span<Tensor* const> inputGrads) override {
+    checks::backward(*this, chain, inputs, values, upstream, inputGrads);
+    Opened o(*registry_, "elementwiseBackward");
+    HostList in(o, inputs);
+    HostList val(o, values);
+    HostList grads(o, inputGrads);
+    cpu_.elementwiseBackward(chain, in.constPtrs, val.constPtrs, o.host(upstream), grads.ptrs);
+  }
+
+  void softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) override {
+    on("softmaxCrossEntropy", {&z, &t, &p, &loss});
+    Opened o(*registry_, "softmaxCrossEntropy");
+    Tensor hp = o.host(p);
+    Tensor hl = o.host(loss);
+    cpu_.softmaxCrossEntropy(o.host(z), o.host(t), hp, hl);
+  }
+
+  void softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
+                                   Tensor& dz) override {
+    on("softmaxCrossEntropyBackward", {&p, &t, &upstream, &dz});
+    Opened o(*registry_, "softmaxCrossEntropyBackward");
+    Tensor hd = o.host(dz);
+    cpu_.softmaxCrossEntropyBackward(o.host(p), o.host(t), o.host(upstream), beta, hd);
+  }
+
+  void sumColumns(const Tensor& a, float beta, Tensor& out) override {
+    on("sumColumns", {&a, &out});
+    Opened o(*registry_, "sumColumns");
+    Tensor h = o.host(out);
+    cpu_.sumColumns(o.host(a), beta, h);
+  }
+
+  void sumRows(const Tensor& a, float beta, Tensor& out) override {
+    on("sumRows", {&a, &out});
+    Opened o(*registry_, "sumRows");
+    Tensor h = o.host(out);
+    cpu_.sumRows(o.host(a), beta, h);
+  }
+
+  void axpy(float alpha, const Tensor& x, Tensor& y) override {
+    on("axpy", {&x, &y});
+    Opened o(*registry_, "axpy");
+    Tensor h = o.host(y);
+    cpu_.axpy(alpha, o.host(x), h);
+  }
+
+  void scale(float alpha, Tensor& x) override {
+    on("scale", {&x});
+    Opened o(*registry_, "scale");
+    Tensor h = o.host(x);
+    cpu_.scale(alpha, h);
+  }
+
+ private:
+  // Host views of a list of operands (null entries stay null).
+  struct HostList {
+    std::vector<Tensor> views;
+    std::vector<const Tensor*> constPtrs;
+    std::vector<Tensor*> ptrs;
+    template <typename T>
+    HostList(Opened& o, std::span<T* const> ts) {
+      views.reserve(ts.size());
+      for (const Tensor* t : ts) views.push_back(t ? o.host(*t) : Tensor());
+      for (size_t i = 0; i < ts.size(); ++i) {
+        constPtrs.push_back(ts[i] ? &views[i] : nullptr);
+        ptrs.push_back(ts[i] ? &views[i] : nullptr);
+      }
+    }
+  };
+
+  void on(const char* op, std::initializer_list<const Tensor*> ts) const {
+    for (const Tensor* t : ts) checks::onDevice(*this, op, *t);
+  }
+
+  std::shared_ptr<Registry> registry_;
+  cpu::CpuBackend cpu_;
+};
+
+void appendHex(char*& at, uintptr_t v) {
+  *at++ = '0';
+  *at++ = 'x';
+  char digits[16];
+  int n = 0;
+  do {
+    digits[n++] = "0123456789abcdef"[v & 15];
+    v >>= 4;
+  } while (v != 0 && n < 16);
+  while (n > 0) *at++ = digits[--n];
+}
+
+struct sigaction previousAction;
+
+// Async-signal-safe: one line, then the previous disposition runs on the fault's
+// retry (the default one ends the process with SIGSEGV).
+void onFault(int, siginfo_t* info, void*) {
+  char line[200];
+  char* at = line;
+  const char* text = "orpheus: segmentation fault at ";
+  for (const char* c = text; *c != '\0'; ++c) *at++ = *c;
+  appendHex(at, reinterpret_cast<uintptr_t>(info->si_addr));
+  const char* why =
+      " (with --device strict: host code touched device memory outside a backend call)\n";
+  for (const char* c = why; *c != '\0'; ++c) *at++ = *c;
+  static_cast<void>(write(STDERR_FILENO, line, static_cast<size_t>(at - line)));
+  sigaction(SIGSEGV, &previousAction, nullptr);
+}
+
+}  // namespace
+
+void installFaultReport() {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  struct sigaction current {};
+  sigaction(SIGSEGV, nullptr, &current);
+  // Installed again when someone replaced it since (a test framework's handler).
+  if ((current.sa_flags & SA_SIGINFO) != 0 && current.sa_sigaction == &onFault) return;
+  struct sigaction action {};
+  action.sa_sigaction = &onFault;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGSEGV, &action, &previousAction);
+}
+
+std::unique_ptr<Backend> makeStrictBackend() { return std::make_unique<StrictBackend>(); }
+
+}  // namespace orpheus::ops::strict

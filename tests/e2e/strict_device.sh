@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# strict_device.sh ORPHEUS COMPARE MPIEXEC NP CASE: the same job on --device cpu and
+# on --device strict (ops/strict: the CPU backend behind memory that host code
+# cannot touch between backend calls) ends with the same parameters, bit for bit:
+# every rebuild and dense gradient reaches its operands through the backend seam,
+# as a GPU needs. A stray host access would end the strict run with SIGSEGV.
+# CASE: mlr (SV, broadcast, sgd; restore --device strict equals the cpu restore),
+# mlp (selection, random multicast, averaging and rotation, adam), lstm (adagrad),
+# dense (--sync dense with and without --overlap), sparse (LIBSVM rows, sparse V).
+set -euo pipefail
+orpheus=$1; compare=$2; mpiexec=$3; np=$4; case=$5
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+fmnist=(--train "$data/train-images-idx3-ubyte.gz")
+
+# run NAME DEVICE FLAGS...: one training job, its parameters in $out/NAME-DEVICE.h5.
+run() {
+  local name=$1 device=$2; shift 2
+  "$mpiexec" -n "$np" --oversubscribe "$orpheus" train --device "$device" --seed 7 --progress off --log-level warn \
+    --save "$out/$name-$device.h5" --metrics "$out/$name-$device.jsonl" "$@"
+  # The summary names the device the job ran on.
+  grep -q "\"device\": *\"$device" "$out/$name-$device.jsonl" ||
+    { echo "strict_device.sh: the $name job's summary does not name device $device" >&2; exit 1; }
+}
+# same NAME FLAGS...: the job on both devices, compared bitwise.
+same() {
+  local name=$1; shift
+  for device in cpu strict; do run "$name" "$device" "$@"; done
+  "$compare" "$out/$name-cpu.h5" "$out/$name-strict.h5" 0
+}
+
+case "$case" in
+  mlr)
+    for device in cpu strict; do
+      run mlr "$device" "${fmnist[@]}" --clocks 30 --batch 50 --lr 0.1 --ckpt sv --ckpt-dir "$out/ck-$device"
+      "$orpheus" restore --ckpt-dir "$out/ck-$device" --clock 20 --device "$device" --out "$out/r20-$device.h5"
+    done
+    "$compare" "$out/mlr-cpu.h5" "$out/mlr-strict.h5" 0
+    "$compare" "$out/r20-cpu.h5" "$out/r20-strict.h5" 0
+    # A strict restore of the cpu job's log gives the cpu restore's bits too.
+    "$orpheus" restore --ckpt-dir "$out/ck-cpu" --clock 20 --device strict --out "$out/r20-cross.h5"
+    "$compare" "$out/r20-cpu.h5" "$out/r20-cross.h5" 0
+    ;;
+  mlp)
+    sed -e 's/^dim hidden1 = .*/dim hidden1 = 64/' -e 's/^dim hidden2 = .*/dim hidden2 = 32/' \
+      "$here/../../examples/mlp.loss" >"$out/mlp.loss"
+    same mlp "${fmnist[@]}" --model "$out/mlp.loss" --clocks 30 --batch 40 --select 10 --multicast random --fanout 1 \
+      --average-every 10 --rotate-every 7 --optimizer adam
+    ;;
+  lstm)
+    awk 'BEGIN { print "#orpheus-tokens vocabulary=40 steps=6"; s = 12345; prev = 0
+      for (i = 0; i < 6000; i++) { s = (s * 1103515245 + 12345) % 2147483648
+        t = (s % 4 == 0) ? int(s / 7) % 40 : (prev + 1) % 40; prev = t
+        printf "%d%s", t, (i % 12 == 11) ? "\n" : " " } }' >"$out/tokens"
+    sed -e 's/^dim embed = .*/dim embed = 8/' -e 's/^dim hidden = .*/dim hidden = 8/' \
+      "$here/../../examples/lstm.loss" >"$out/lstm.loss"
+    same lstm --model "$out/lstm.loss" --train "$out/tokens" --clocks 20 --batch 4 --lr 0.05 --optimizer adagrad
+    ;;
+  dense)
+    same dense "${fmnist[@]}" --clocks 20 --batch 50 --lr 0.1 --sync dense --overlap off
+    sed -e 's/^dim hidden1 = .*/dim hidden1 = 48/' -e 's/^dim hidden2 = .*/dim hidden2 = 24/' \
+      "$here/../../examples/mlp.loss" >"$out/mlp.loss"
+    same dense-overlap "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.1 --sync dense --overlap on
+    ;;
+  sparse)
+    # 900 rows of 300 features, about 12 nonzeros each, 6 classes.
+    awk 'BEGIN { s = 99; for (r = 0; r < 900; r++) { s = (s * 1103515245 + 12345) % 2147483648
+        line = (s % 6) ""; f = 0
+        for (k = 0; k < 12; k++) { s = (s * 1103515245 + 12345) % 2147483648; f += 1 + s % 24
+          if (f > 300) break; line = line " " f ":" (s % 1000) / 1000 }
+        print line } }' >"$out/rows.libsvm"
+    same sparse --train "$out/rows.libsvm" --clocks 30 --batch 30 --lr 1.0
+    ;;
+  *) echo "strict_device.sh: unknown case '$case'" >&2; exit 2 ;;
+esac
