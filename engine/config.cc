@@ -131,8 +131,9 @@ void validateOptimizer(const TrainConfig& c) {
   ORPHEUS_CHECK_INPUT(c.lrGamma < 0.0 || (c.lrGamma > 0.0 && c.lrGamma <= 1.0), "--lr-gamma {} must be in (0, 1]",
                       c.lrGamma);
   ORPHEUS_CHECK_INPUT(c.warmup >= 0, "--warmup {} must be >= 0", c.warmup);
-  ORPHEUS_CHECK_INPUT(c.lrSchedule != LrScheduleKind::kCosine || c.warmup < c.clocks,
-                      "--warmup {} must be shorter than --clocks {} for --lr-schedule cosine", c.warmup, c.clocks);
+  ORPHEUS_CHECK_INPUT(c.warmup < c.clocks || c.warmup == 0,
+                      "--warmup {} must be shorter than --clocks {}: the learning rate would never reach --lr",
+                      c.warmup, c.clocks);
 }
 
 void checkRange(const std::pair<int64_t, int64_t>& r, const char* flag, int64_t low, int64_t high) {

@@ -374,7 +374,15 @@ Outputs makeModelAndOutputs(const TrainConfig& config, bool leader, const Shards
     ORPHEUS_CHECK_INPUT(out.model->carriesState(),
                         "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
     out.model->setSvgUnit(config.selectUnit);
+    const int64_t svgs = config.batch * shards.train.steps;
+    ORPHEUS_CHECK_INPUT(config.select <= svgs,
+                        "--select {} must be at most B*T = {} with --select-unit step ({} examples of {} steps)",
+                        config.select, svgs, config.batch, shards.train.steps);
   }
+  // A token stream is a sequence model's data; any other model would read its encoding as features.
+  ORPHEUS_CHECK_INPUT(shards.train.steps == 0 || out.model->carriesState(),
+                      "--train '{}' is a token stream, but model '{}' takes feature vectors (token streams are for "
+                      "sequence models such as examples/lstm.loss)", config.train, config.model);
   ORPHEUS_CHECK_INPUT(!config.balance || !out.model->carriesState(),
                       "--balance changes each rank's minibatch size, but model '{}' carries state from one "
                       "minibatch to the next", config.model);
@@ -720,6 +728,10 @@ int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* l
   loadTrainShard(config, transport, *shards);
   loadTestShard(config, transport, *shards);
   const Outputs out = buildModelAndOutputs(config, transport, *shards);
+  collectively(transport, [&] {
+    const int fanout = comm::MulticastSchedule(scheduleConfig(config, transport.size())).fanout();
+    adapt::Controller::checkBudget(config, transport.size(), out.model->paramShapes(), fanout);
+  });
   const std::unique_ptr<ops::Backend> backend = makeJobBackend(config, transport);
   announce(config, transport, *out.model, *shards, *backend);
   const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, *shards);

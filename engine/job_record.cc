@@ -3,6 +3,7 @@
 #include "engine/base/crc32c.h"
 #include "engine/base/error.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -145,6 +146,17 @@ OptimizerSettings recordedOptimizer(const ComputationRecord& record) {
 }
 
 void checkResume(const ComputationRecord& recorded, const ComputationRecord& now, const std::string& dir) {
+  // Settings recorded only while a feature is on: on one side only, the feature was
+  // turned on or off.
+  const auto has = [](const ComputationRecord& r, const std::string& flag) {
+    return std::any_of(r.begin(), r.end(), [&](const auto& entry) { return entry.first == flag; });
+  };
+  for (const std::string flag : {"--adapt"}) {
+    if (has(recorded, flag) == has(now, flag)) continue;
+    throw InputError(fmt::format("--resume: {} differs from the job in '{}' (it was {} and is now {}); a resumed job "
+                                 "continues the same computation (start a new job in another --ckpt-dir to change it)",
+                                 flag, dir, has(recorded, flag) ? "on" : "off", has(now, flag) ? "on" : "off"));
+  }
   for (const auto& [flag, value] : now) {
     for (const auto& [was, wasValue] : recorded) {
       if (was != flag || wasValue == value) continue;

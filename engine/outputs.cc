@@ -131,14 +131,18 @@ void checkOutputs(const std::vector<OutputPath>& outputs, const std::vector<Inpu
         throw InputError(fmt::format("{} '{}' is the same file as {} '{}': an output never replaces an input", out.flag,
                                      out.path, in.flag, in.path));
       }
+      if (in.directory && inside(target, source)) {
+        throw InputError(fmt::format("{} '{}' is inside {} '{}', which this command reads: write it elsewhere",
+                                     out.flag, out.path, in.flag, in.path));
+      }
     }
     for (const Resolved& other : seen) {
       if (other.path == target || (id && other.id && *id == *other.id)) {
         throw InputError(fmt::format("{} '{}' and {} '{}' are the same path: give each output its own", other.out->flag,
                                      other.out->path, out.flag, out.path));
       }
-      const bool fileInDir = out.kind == OutputPath::Kind::kFile && other.out->kind == OutputPath::Kind::kDirectory;
-      const bool dirHoldsFile = out.kind == OutputPath::Kind::kDirectory && other.out->kind == OutputPath::Kind::kFile;
+      const bool fileInDir = other.out->kind == OutputPath::Kind::kDirectory;
+      const bool dirHoldsFile = out.kind == OutputPath::Kind::kDirectory;
       if ((fileInDir && inside(target, other.path)) || (dirHoldsFile && inside(other.path, target))) {
         const Resolved& file = fileInDir ? Resolved{&out, target, id} : other;
         const Resolved& dir = fileInDir ? other : Resolved{&out, target, id};

@@ -8,8 +8,10 @@
 //    (a stream such as the metrics may go to a character device or a pipe).
 //  - A symlink is followed: the file it points to is what gets written (atomically,
 //    in that file's directory); the link itself stays.
-//  - No output is an input of the same job, and no two outputs are the same file
-//    (compared after following symlinks, and by inode for hard links).
+//  - No output is an input of the same job, or inside a directory the job reads
+//    (restore's --ckpt-dir), and no two outputs are the same file (compared after
+//    following symlinks, and by inode for hard links); no output lies inside an
+//    output directory, whose files belong to the engine.
 //  - Every output can be written: its directory exists and a file can be created
 //    there (probed by creating and removing a temporary file), and an existing
 //    output file is writable.
@@ -33,6 +35,7 @@ struct OutputPath {
 struct InputPath {
   std::string flag;  // e.g. "--train"
   std::string path;  // empty: none
+  bool directory = false;  // a directory read whole (a checkpoint): nothing is written inside it
 };
 
 // Throws InputError naming the flag and path on the first output that breaks a

@@ -97,6 +97,18 @@ Bounds boundsFor(const TrainConfig& c, int ranks, int startFanout) {
   return b;
 }
 
+void Controller::checkBudget(const TrainConfig& config, int ranks,
+                             const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout) {
+  if (!config.adapt || config.maxBytesPerClock <= 0.0) return;
+  const Bounds bounds = boundsFor(config, ranks, startFanout);
+  const ByteModel bytes = byteModelFor(shapes, config.batch);
+  const Decision d = initialKnobs(startKnobs(config, startFanout), bounds, bytes, config.consistency == Consistency::kSsp);
+  ORPHEUS_CHECK_INPUT(d.predictedBytes <= bounds.maxBytesPerClock,
+                      "--max-bytes-per-clock {}: even with every knob at its bound ({}) a rank sends about {:.0f} "
+                      "bytes per clock; raise the budget or widen the --adapt-* bounds",
+                      bounds.maxBytesPerClock, toString(d.knobs), d.predictedBytes);
+}
+
 Controller::Controller(const TrainConfig& config, comm::Transport& transport,
                        const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout)
     : config_(config),
@@ -109,6 +121,7 @@ Controller::Controller(const TrainConfig& config, comm::Transport& transport,
     return;
   }
   initial_ = initialKnobs(start, bounds_, bytes_, config.consistency == Consistency::kSsp);
+  checkBudget(config, transport.size(), shapes, startFanout);
   if (!config.adaptTrace.empty()) trace_ = Trace::read(config.adaptTrace);
 }
 

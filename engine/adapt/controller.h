@@ -87,6 +87,12 @@ class Controller {
   Controller(const TrainConfig& config, comm::Transport& transport,
              const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout);
 
+  // Throws InputError naming --max-bytes-per-clock when no setting within the
+  // bounds meets the budget (a promise the job cannot keep). The constructor
+  // checks it too; a job checks it first on all ranks together, so it is said once.
+  static void checkBudget(const TrainConfig& config, int ranks, const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                          int startFanout);
+
   bool enabled() const { return config_.adapt; }
   // The knobs to start from: the flags, inside the bounds and the budget.
   const Decision& initial() const { return initial_; }

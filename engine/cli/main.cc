@@ -496,7 +496,8 @@ int restoreMain(const RestoreArgs& a) {
     if (parsed == 0) throw orpheus::InputError("--clock 0 is the initial state; give a clock >= 1");
     clock = static_cast<uint64_t>(parsed);
   }
-  orpheus::engine::checkOutputs({{"--out", a.out, orpheus::engine::OutputPath::Kind::kFile}}, {});
+  orpheus::engine::checkOutputs({{"--out", a.out, orpheus::engine::OutputPath::Kind::kFile}},
+                                {{"--ckpt-dir", a.dir, /*directory=*/true}});
   const auto backend = orpheus::ops::makeBackend(a.device);
   const auto r = orpheus::engine::restore(a.dir, a.replica, clock, *backend);
   const auto job = orpheus::ckpt::readJobInfo(a.dir);

@@ -16,6 +16,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -126,6 +127,18 @@ void checkSimulable(const TrainConfig& config, const SimConfig& sim) {
   ORPHEUS_CHECK_INPUT(!config.ckptSv && !config.ckptMatrix && !config.resume,
                       "simulate does not checkpoint: leave out --ckpt and --resume");
   ORPHEUS_CHECK_INPUT(config.failProb == 0.0, "simulate does not inject failures: leave out --fail-prob");
+  ORPHEUS_CHECK_INPUT(!config.elastic, "simulate has no membership changes to continue: leave out --elastic");
+  // Every simulated worker runs in this one process: under mpirun, each rank would
+  // run the whole simulation into the same outputs.
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0' || std::string(v) == "1") continue;
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr) rank = std::getenv("PMI_RANK");
+    if (rank != nullptr && std::atoi(rank) > 0) std::_Exit(2);  // rank 0 says why, once
+    throw InputError(fmt::format("simulate runs every worker in one process: start it without mpirun ({}={} ranks)",
+                                 name, v));
+  }
   checkInputExists(config.train);
   checkInputExists(config.test);
   OutputPath metrics{"--metrics", config.metrics, OutputPath::Kind::kFile};

@@ -52,6 +52,12 @@ TEST_CASE("a resumed job refuses every flag that changes the computation, naming
   changed([](TrainConfig& d) { d.fanout = 2; }, "--fanout");
   changed([](TrainConfig& d) { d.averageEvery = 10; }, "--average-every");
   changed([](TrainConfig& d) { d.rotateEvery = 10; }, "--rotate-every");
+  // --adapt records its settings only when on: turning it on (or off) is a change too.
+  changed([](TrainConfig& d) { d.adapt = true; }, "--adapt");
+  TrainConfig adaptive = c;
+  adaptive.adapt = true;
+  REQUIRE_THROWS_WITH(checkResume(computationRecord(adaptive, 4, 784, 10, "", "1:2"), base, "ck"),
+                      Contains("--adapt differs") && Contains("it was on and is now off"));
   // The model's text, not its path, identifies it.
   const ComputationRecord loss = computationRecord(c, 4, 784, 10, "loss softmax_ce(W x, t)", "1:2");
   REQUIRE_THROWS_WITH(checkResume(loss, computationRecord(c, 4, 784, 10, "loss softmax_ce(W x, y)", "1:2"), "ck"),

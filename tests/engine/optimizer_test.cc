@@ -231,6 +231,13 @@ TEST_CASE("optimizer flags: defaults per optimizer, and combinations that do not
     d.lrSchedule = LrScheduleKind::kCosine;
     d.warmup = d.clocks;
   }, "--warmup");
+  // Whatever the schedule: a warmup as long as the job never reaches --lr.
+  refused([](engine::TrainConfig& d) { d.warmup = 2000000000; }, "--warmup");
+  refused([](engine::TrainConfig& d) {
+    d.lrSchedule = LrScheduleKind::kStep;
+    d.lrStepEvery = 10;
+    d.warmup = d.clocks;
+  }, "--warmup");
 }
 
 namespace {

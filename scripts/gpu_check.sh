@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# gpu_check.sh: everything a GPU run of Orpheus must show, as one time-boxed script.
+#
+#   source bundle/env.sh && scripts/gpu_check.sh      # on a GPU host, from a bundle
+#   BUILD_DIR=build scripts/gpu_check.sh              # from a build tree
+#   DEVICE=strict scripts/gpu_check.sh                # dry run: the strict device
+#                                                       stands in for the GPU
+# BUDGET (seconds, default 300) bounds the whole run: every step has a timeout, and
+# a step that would not fit in what is left is skipped, not overrun. Everything goes
+# to $OUT (default ./gpu_check_out): summary.md (one PASS/FAIL/SKIP line per check,
+# with its figure) and a log per step. Exits 1 when a check failed, else 0.
+#
+# The checks (against --device cpu on the same host, same flags):
+#   gpu         nvidia-smi; the `gpu` test tier (CUDA backend against CPU, op by op)
+#   memcheck    compute-sanitizer memcheck on a short training run (where present)
+#   mlr, mlp    parameters after 200 clocks within 1e-4 (MLR) and 1e-3 (MLP)
+#   accuracy    MLP test accuracy after ACC_CLOCKS clocks within 0.01 of the CPU's
+#   lstm        LSTM validation perplexity within 2% of the CPU's
+#   shared      4 ranks sharing the GPU train examples/mlp.loss to >= 0.85
+#   sv_dense    --sync sv equals --sync dense on the GPU (<= 1e-5 after 50 clocks)
+#   bitwise     two GPU runs (dense and sparse V) bitwise equal
+#   restore     restore(T) of a GPU job bitwise equal to the live replica
+#   speed       seconds per clock, MLP-1024, GPU against CPU (a figure, not a check)
+set -uo pipefail
+
+BUDGET=${BUDGET:-300}
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-$PWD/gpu_check_out}
+ACC_CLOCKS=${ACC_CLOCKS:-1000}
+THREADS=${THREADS:-8}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mkdir -p "$OUT"
+summary=$OUT/summary.md
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+start=$(date +%s)
+failed=0
+
+# Binaries: the bundle's (env.sh sourced), else a build tree's.
+if [ -n "${ORPHEUS_BUNDLE:-}" ]; then
+  bin=$ORPHEUS_BUNDLE/bin; tests=$bin; examples=$ORPHEUS_BUNDLE/examples; mpirun=$bin/mpirun
+else
+  build=${BUILD_DIR:-$here/build}
+  bin=$build/engine; tests=$build/tests; examples=$here/examples; mpirun=$(command -v mpirun || echo mpirun)
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+fi
+orpheus=$bin/orpheus
+compare=$tests/compare_params
+data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+fmnist=(--train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3-ubyte.gz")
+python=$(command -v python3 || echo /usr/bin/python3)
+
+left() { echo $((BUDGET - ($(date +%s) - start))); }
+record() { echo "$*" | tee -a "$summary"; }
+
+# step NAME LIMIT FUNCTION: runs FUNCTION under a timeout of LIMIT seconds (cut to
+# what the budget has left), its output in $OUT/NAME.log. FUNCTION returns 0 (PASS),
+# 77 (SKIP, its reason in $work/why) or anything else (FAIL); its figure, if any, in
+# $work/figure.
+step() {
+  local name=$1 limit=$2 fn=$3 rc
+  rm -f "$work/why" "$work/figure"
+  if [ "$(left)" -lt 15 ]; then
+    record "- SKIP $name: the budget of ${BUDGET}s is spent"
+    return
+  fi
+  [ "$limit" -gt "$(left)" ] && limit=$(left)
+  local t0=$(date +%s)
+  timeout --kill-after=5 "$limit" bash -c "$(declare -f); $(declare -p orpheus compare tests examples mpirun data fmnist \
+    python work DEVICE ACC_CLOCKS THREADS OUT 2>/dev/null); $fn" >"$OUT/$name.log" 2>&1
+  rc=$?
+  local took=$(($(date +%s) - t0)) figure=""
+  [ -f "$work/figure" ] && figure=": $(cat "$work/figure")"
+  case $rc in
+    0) record "- PASS $name (${took}s)$figure" ;;
+    77) record "- SKIP $name: $(cat "$work/why" 2>/dev/null || echo skipped)" ;;
+    124|137) record "- FAIL $name: timed out after ${limit}s (log: $name.log)"; failed=1 ;;
+    *) record "- FAIL $name (exit $rc, ${took}s)$figure (log: $name.log)"; failed=1 ;;
+  esac
+}
+
+skip() { echo "$*" >"$work/why"; exit 77; }
+figure() { echo "$*" >"$work/figure"; }
+# train DEVICE NP NAME FLAGS...: a job whose parameters go to $work/NAME.h5 and metrics to $work/NAME.jsonl.
+train() {
+  local device=$1 np=$2 name=$3; shift 3
+  "$mpirun" -n "$np" --oversubscribe "$orpheus" train --device "$device" --seed 7 --progress off --log-level warn \
+    --threads "$THREADS" --save "$work/$name.h5" --metrics "$work/$name.jsonl" "$@"
+}
+# summary FILE KEY: a field of a metrics file's summary line.
+summaryField() { "$python" -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1]).get(sys.argv[2], ""))' "$1" "$2"; }
+# diff A B: the relative Frobenius difference compare_params prints.
+relDiff() { "$compare" "$1" "$2" 1e300 | awk '{print $4}'; }
+within() { "$python" -c 'import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)' "$1" "$2"; }
+
+check_gpu() {
+  if [ "$DEVICE" != cuda ]; then skip "DEVICE=$DEVICE: a dry run"; fi
+  command -v nvidia-smi >/dev/null || skip "no nvidia-smi: no NVIDIA driver on this host"
+  nvidia-smi || exit 1
+  figure "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+  "$tests/test_backend_cuda"
+}
+check_device() {
+  # Whether the job's device can be made at all: otherwise every later check skips.
+  "$orpheus" train --device "$DEVICE" "${fmnist[@]}" --clocks 1 --progress off --log-level info 2>&1 | tee "$work/dev.log"
+  grep -q "device " "$work/dev.log" || exit 1
+  figure "$(grep -o 'device [^(]*' "$work/dev.log" | head -1)"
+}
+check_memcheck() {
+  command -v compute-sanitizer >/dev/null || skip "no compute-sanitizer on this host"
+  [ "$DEVICE" = cuda ] || skip "DEVICE=$DEVICE"
+  "$mpirun" -n 1 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+    "$orpheus" train --device cuda "${fmnist[@]}" --clocks 5 --batch 50 --progress off --eval-every 0
+}
+check_mlr() {
+  train "$DEVICE" 1 mlr-dev "${fmnist[@]}" --clocks 200 --batch 100 --lr 0.1 --eval-every 0
+  train cpu 1 mlr-cpu "${fmnist[@]}" --clocks 200 --batch 100 --lr 0.1 --eval-every 0
+  local d; d=$(relDiff "$work/mlr-dev.h5" "$work/mlr-cpu.h5"); figure "relative difference $d (goal <= 1e-4)"
+  within "$d" 1e-4
+}
+check_mlp() {
+  train "$DEVICE" 1 mlp-dev "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 200 --batch 100 --lr 0.1 --eval-every 0
+  train cpu 1 mlp-cpu "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 200 --batch 100 --lr 0.1 --eval-every 0
+  local d; d=$(relDiff "$work/mlp-dev.h5" "$work/mlp-cpu.h5")
+  local sd sc; sd=$(summaryField "$work/mlp-dev.jsonl" seconds); sc=$(summaryField "$work/mlp-cpu.jsonl" seconds)
+  figure "relative difference $d (goal <= 1e-3); 200 clocks in ${sd}s on $DEVICE, ${sc}s on cpu"
+  within "$d" 1e-3
+}
+check_accuracy() {
+  for device in "$DEVICE" cpu; do
+    train "$device" 1 acc-$device "${fmnist[@]}" --model "$examples/mlp.loss" --clocks "$ACC_CLOCKS" --batch 100 \
+      --lr 0.1 --eval-every "$ACC_CLOCKS"
+  done
+  local a b; a=$(summaryField "$work/acc-$DEVICE.jsonl" test_accuracy); b=$(summaryField "$work/acc-cpu.jsonl" test_accuracy)
+  figure "test accuracy $a on $DEVICE, $b on cpu after $ACC_CLOCKS clocks (goal: within 0.01)"
+  "$python" -c 'import sys; sys.exit(0 if abs(float(sys.argv[1]) - float(sys.argv[2])) <= 0.01 else 1)' "$a" "$b"
+}
+tokens() {
+  awk 'BEGIN { print "#orpheus-tokens vocabulary=60 steps=8"; s = 12345; prev = 0
+    for (i = 0; i < 40000; i++) { s = (s * 1103515245 + 12345) % 2147483648
+      t = (s % 4 == 0) ? int(s / 7) % 60 : (prev + 1) % 60; prev = t
+      printf "%d%s", t, (i % 16 == 15) ? "\n" : " " } }' >"$1"
+}
+check_lstm() {
+  tokens "$work/tokens"
+  head -n 1 "$work/tokens" >"$work/valid"; tail -n 300 "$work/tokens" >>"$work/valid"
+  for device in "$DEVICE" cpu; do
+    train "$device" 1 lstm-$device --model "$examples/lstm.loss" --train "$work/tokens" --test "$work/valid" \
+      --clocks 1000 --batch 16 --optimizer adam --lr 0.003 --eval-every 1000
+  done
+  local a b; a=$(summaryField "$work/lstm-$DEVICE.jsonl" test_perplexity); b=$(summaryField "$work/lstm-cpu.jsonl" test_perplexity)
+  figure "validation perplexity $a on $DEVICE, $b on cpu (goal: within 2%)"
+  "$python" -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 0.02 * b else 1)' "$a" "$b"
+}
+check_shared() {
+  train "$DEVICE" 4 shared "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 3000 --batch 100 --lr 0.1 \
+    --eval-every 100 --target-accuracy 0.85
+  local acc clocks; acc=$(summaryField "$work/shared.jsonl" best_test_accuracy); clocks=$(summaryField "$work/shared.jsonl" clocks)
+  figure "4 ranks on one device: best accuracy $acc at clock $clocks (goal >= 0.85)"
+  [ "$(summaryField "$work/shared.jsonl" reached_target)" = True ]
+}
+check_sv_dense() {
+  for sync in sv dense; do
+    train "$DEVICE" 2 sync-$sync "${fmnist[@]}" --clocks 50 --batch 100 --lr 0.1 --sync "$sync" --eval-every 0
+  done
+  local d; d=$(relDiff "$work/sync-sv.h5" "$work/sync-dense.h5"); figure "relative difference $d (goal <= 1e-5)"
+  within "$d" 1e-5
+}
+check_bitwise() {
+  awk 'BEGIN { s = 99; for (r = 0; r < 3000; r++) { s = (s * 1103515245 + 12345) % 2147483648
+      line = (s % 8) ""; f = 0
+      for (k = 0; k < 20; k++) { s = (s * 1103515245 + 12345) % 2147483648; f += 1 + s % 40
+        if (f > 700) break; line = line " " f ":" (s % 1000) / 1000 }
+      print line } }' >"$work/rows.libsvm"
+  for run in 1 2; do
+    train "$DEVICE" 2 dense-$run "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 60 --batch 100 --lr 0.1 \
+      --select 25 --eval-every 0
+    train "$DEVICE" 2 sparse-$run --train "$work/rows.libsvm" --clocks 60 --batch 50 --lr 1.0 --eval-every 0
+  done
+  local a b; a=$(relDiff "$work/dense-1.h5" "$work/dense-2.h5"); b=$(relDiff "$work/sparse-1.h5" "$work/sparse-2.h5")
+  figure "two runs differ by $a (MLP, selection) and $b (sparse V) (goal: 0)"
+  within "$a" 0 && within "$b" 0
+}
+check_restore() {
+  train "$DEVICE" 2 live "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 60 --batch 100 --lr 0.1 --eval-every 0 \
+    --optimizer adam --ckpt sv --ckpt-dir "$work/ckpt"
+  "$orpheus" restore --ckpt-dir "$work/ckpt" --clock 60 --device "$DEVICE" --out "$work/restored.h5"
+  local d; d=$(relDiff "$work/live.h5" "$work/restored.h5"); figure "restore(60) differs from the live replica by $d (goal: 0)"
+  within "$d" 0
+}
+
+: >"$summary"
+record "# gpu_check $(date -u +%FT%TZ), device $DEVICE, budget ${BUDGET}s, $(cat "${ORPHEUS_BUNDLE:-$here}/VERSION" 2>/dev/null || git -C "$here" rev-parse --short HEAD 2>/dev/null)"
+step gpu 90 check_gpu
+step device 60 check_device
+if ! grep -q "PASS device" "$summary"; then
+  record "- SKIP the training checks: --device $DEVICE cannot be made here (device.log)"
+else
+  step memcheck 90 check_memcheck
+  step mlr 60 check_mlr
+  step mlp 90 check_mlp
+  step sv_dense 60 check_sv_dense
+  step bitwise 90 check_bitwise
+  step restore 60 check_restore
+  step lstm 90 check_lstm
+  step accuracy 180 check_accuracy
+  step shared 240 check_shared
+fi
+record "total $(($(date +%s) - start))s of ${BUDGET}s"
+exit $failed

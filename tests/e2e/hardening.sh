@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# hardening.sh ORPHEUS MPIEXEC: inputs that must be refused before any work, with one
+# line naming the cause and exit 2, and files that must survive it:
+#  - restore --out inside the checkpoint it reads (job.h5, a log segment): refused,
+#    the checkpoint unchanged and still restorable to the same clock;
+#  - an output inside an output directory (--save inside --save-replicas);
+#  - --adapt with a --max-bytes-per-clock no setting can meet;
+#  - a token stream given to a model of feature vectors;
+#  - --select-unit step with --select above B*T;
+#  - a --warmup as long as the job, whatever the schedule;
+#  - simulate with --elastic, and simulate under mpirun.
+set -uo pipefail
+orpheus=$1; mpiexec=$2
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+fix=$here/../data/e2e
+fail=0
+
+# refused PATTERN -- COMMAND...: exit 2 and exactly one "orpheus:" line matching PATTERN.
+refused() {
+  local pattern=$1; shift 2
+  "$here/expect_error.sh" "$pattern" - -- "$@" || { echo "FAIL: $*"; fail=1; }
+}
+
+"$orpheus" train --train "$fix/small.libsvm" --clocks 12 --batch 2 --ckpt sv --ckpt-dir "$out/ck" --progress off \
+  --log-level warn --transport mpi >/dev/null || { echo "FAIL: the job that writes the checkpoint"; exit 1; }
+before=$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)
+segment=$(cd "$out/ck" && find . -path './replica-*' -name '*.h5' -type f | head -1)
+[ -n "$segment" ] || { echo "FAIL: no log segment in the checkpoint"; exit 1; }
+refused "--out '.*job.h5' is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/ck/job.h5"
+refused "--out .* is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/ck/$segment"
+refused "--out .* is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/ck/" --clock 12 --out "$out/ck/new.h5"
+after=$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)
+[ "$before" = "$after" ] || { echo "FAIL: the checkpoint changed"; fail=1; }
+"$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/r12.h5" >/dev/null || { echo "FAIL: restore after"; fail=1; }
+
+refused "--save .* is inside --save-replicas" -- "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
+  --save-replicas "$out/reps" --save "$out/reps/model.h5"
+refused "--max-bytes-per-clock 1: even with every knob at its bound" -- "$mpiexec" -n 2 --oversubscribe "$orpheus" \
+  train --train "$fix/small.libsvm" --clocks 20 --batch 2 --adapt --adapt-every 5 --max-bytes-per-clock 1
+printf '#orpheus-tokens vocabulary=10 steps=3\n1 2 3 4 5 6 7 8 9 0 1 2\n3 4 5 6 7 8 9 0 1 2 3 4\n' >"$out/tokens"
+refused "is a token stream, but model 'mlr' takes feature vectors" -- "$orpheus" train --train "$out/tokens" \
+  --clocks 2 --batch 2
+sed -e 's/^dim embed = .*/dim embed = 4/' -e 's/^dim hidden = .*/dim hidden = 4/' \
+  "$here/../../examples/lstm.loss" >"$out/lstm.loss"
+refused "--select 1000 must be at most B\*T = 6" -- "$orpheus" train --model "$out/lstm.loss" --train "$out/tokens" \
+  --clocks 2 --batch 2 --select-unit step --select 1000
+for schedule in constant step; do
+  refused "--warmup 2000000000 must be shorter than --clocks 10" -- "$orpheus" train --train "$fix/small.libsvm" \
+    --clocks 10 --batch 2 --lr-schedule "$schedule" $([ "$schedule" = step ] && echo --lr-step-every 5) \
+    --warmup 2000000000
+done
+refused "simulate has no membership changes to continue: leave out --elastic" -- "$orpheus" simulate --ranks 2 \
+  --train "$fix/small.libsvm" --clocks 2 --batch 2 --elastic
+refused "simulate runs every worker in one process: start it without mpirun" -- "$mpiexec" -n 2 --oversubscribe \
+  "$orpheus" simulate --ranks 2 --train "$fix/small.libsvm" --clocks 2 --batch 2
+exit $fail
