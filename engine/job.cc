@@ -604,6 +604,7 @@ bool enableLive(const TrainConfig& config, comm::Transport& transport, const Liv
     if (std::filesystem::remove(membershipRequestPath(config.ckptDir), ec)) {
       spdlog::warn("dropped a membership request left in '{}' before the job started", config.ckptDir);
     }
+    markLive(config.ckptDir);
   }
   return true;
 }
@@ -701,6 +702,7 @@ int trainEpochs(const TrainConfig& config, const Outputs& out, ops::Backend& bac
       runWorker(worker, *out.metrics, *group);
       if (worker.changesAfter() == 0) {
         if (watch) watch->settle();
+        if (live != nullptr && group->rank() == 0) endLive(config.ckptDir);
         saveAndReport(config, *group, worker, *out.model, *shards);
         return 0;
       }

@@ -16,7 +16,9 @@
 #include <map>
 #include <sstream>
 
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 namespace orpheus::engine {
 
@@ -73,10 +75,7 @@ Request readRequest(const fs::path& path) {
   return out;
 }
 
-void writeRequest(const fs::path& path, const Request& request) {
-  std::string text;
-  for (const auto& [r, at] : request.leave) text += fmt::format("leave {} {:.6f}\n", r, at);
-  if (request.grow > 0) text += fmt::format("grow {} {:.6f}\n", request.grow, request.growAt);
+void writeText(const fs::path& path, const std::string& text) {
   ckpt::writeDurably(
       path,
       [&](const fs::path& tmp) {
@@ -88,10 +87,41 @@ void writeRequest(const fs::path& path, const Request& request) {
       false);
 }
 
+void writeRequest(const fs::path& path, const Request& request) {
+  std::string text;
+  for (const auto& [r, at] : request.leave) text += fmt::format("leave {} {:.6f}\n", r, at);
+  if (request.grow > 0) text += fmt::format("grow {} {:.6f}\n", request.grow, request.growAt);
+  writeText(path, text);
+}
+
+fs::path livePath(const std::string& dir) { return fs::path(dir) / "live"; }
+
+std::string hostName() {
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
 void checkJobDir(const std::string& dir) {
   std::error_code ec;
   ORPHEUS_CHECK_INPUT(fs::exists(ckpt::jobPath(dir), ec),
                       "ctl: '{}' holds no job checkpoint (no job.h5): give the running job's --ckpt-dir", dir);
+}
+
+// A job runs in `dir` and reads membership requests (checked last: a request that
+// is wrong in itself says so first).
+void checkRunning(const std::string& dir) {
+  std::ifstream in(livePath(dir));
+  ORPHEUS_CHECK_INPUT(static_cast<bool>(in),
+                      "ctl: no job is running in '{}' (it finished, or it takes no membership requests: that needs "
+                      "--ckpt sv, --sync sv, bsp, 2 or more ranks and no --balance); nothing requested",
+                      dir);
+  long pid = 0;
+  std::string host;
+  in >> pid >> host;
+  ORPHEUS_CHECK_INPUT(host != hostName() || pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM,
+                      "ctl: no job is running in '{}' (its rank 0, pid {} on this host, is gone); nothing requested",
+                      dir, pid);
 }
 
 }  // namespace
@@ -110,6 +140,18 @@ double wallSeconds() { return static_cast<double>(realtimeNs()) * 1e-9; }
 
 fs::path membershipRequestPath(const std::string& dir) { return fs::path(dir) / "membership-request"; }
 
+void markLive(const std::string& dir) {
+  writeText(livePath(dir), fmt::format("{} {}\n", static_cast<long>(getpid()), hostName()));
+}
+
+void endLive(const std::string& dir) {
+  std::error_code ec;
+  fs::remove(livePath(dir), ec);
+  if (fs::remove(membershipRequestPath(dir), ec)) {
+    spdlog::warn("a membership request for '{}' came after the job's last clock: dropped", dir);
+  }
+}
+
 std::vector<int> requestShrink(const std::string& dir, const std::vector<int>& ranks) {
   checkJobDir(dir);
   const int members = readMembership(dir).back().ranks;
@@ -125,6 +167,7 @@ std::vector<int> requestShrink(const std::string& dir, const std::vector<int>& r
   ORPHEUS_CHECK_INPUT(static_cast<int>(request.size()) < members,
                       "ctl shrink: the job has {} ranks; shrinking by {} would leave none", members, request.size());
   ORPHEUS_CHECK_INPUT(!request.contains(0), "ctl shrink: rank 0 writes the job's outputs and cannot leave");
+  checkRunning(dir);
   writeRequest(path, all);
   std::vector<int> out;
   for (const auto& [r, at] : request) out.push_back(r);
@@ -139,6 +182,7 @@ void requestGrow(const std::string& dir, int ranks) {
   Request all = readRequest(path);
   all.grow = ranks;
   all.growAt = wallSeconds();
+  checkRunning(dir);
   writeRequest(path, all);
 }
 

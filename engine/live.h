@@ -74,12 +74,19 @@ double wallSeconds();
 // DIR's request file of `orpheus ctl`.
 std::filesystem::path membershipRequestPath(const std::string& dir);
 
+// A job that takes membership requests marks DIR while it runs (rank 0's pid and
+// host in DIR/live), so `ctl` can refuse a request no job will read. markLive at
+// the start; endLive at the end, which also drops a request that came too late
+// (said on the console).
+void markLive(const std::string& dir);
+void endLive(const std::string& dir);
+
 // `orpheus ctl DIR shrink R [R...]`: checks the request against the job's current
-// membership (InputError: no checkpoint, an unknown rank, rank 0, no rank left) and
-// writes it, merged with one still pending. Returns the ranks requested to leave.
+// membership (InputError: no checkpoint, no job running there, an unknown rank,
+// rank 0, no rank left) and writes it, merged with one still pending. Returns the ranks requested to leave.
 std::vector<int> requestShrink(const std::string& dir, const std::vector<int>& ranks);
 // `orpheus ctl DIR grow N`: N new ranks join the job at its next clock (InputError:
-// no checkpoint, N < 1 or more than kMaxJoining).
+// no checkpoint, no job running there, N < 1 or more than kMaxJoining).
 inline constexpr int kMaxJoining = 64;
 void requestGrow(const std::string& dir, int ranks);
 

@@ -796,6 +796,20 @@ def ab_section(args, runner, work):
 
 # --- main -------------------------------------------------------------------------------
 
+def check_out_dir(out, name):
+    if not os.path.isdir(out):
+        sys.exit(f"bench: --out '{out}' is not a directory (create it first)")
+    for suffix in (".md", ".png", "_raw.tar.xz"):
+        path = os.path.join(out, name + suffix)
+        if os.path.exists(path) and (not os.path.isfile(path) or not os.access(path, os.W_OK)):
+            sys.exit(f"bench: cannot write '{path}'")
+    try:
+        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".probe-")
+        probe.close()
+    except OSError as e:
+        sys.exit(f"bench: cannot write into --out '{out}': {e.strerror}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("suite", choices=["vs-ddp", "table4"])
@@ -838,6 +852,9 @@ def main():
     if not os.access(args.orpheus, os.X_OK):
         sys.exit(f"bench: missing {args.orpheus} (scripts/run.sh builds it)")
     name = args.name or args.suite
+    # The outputs are checked before the first run, so minutes of benchmark are never
+    # lost to a report that cannot be written.
+    check_out_dir(args.out, name)
     # Raw runs stay out of the source tree; one compressed archive per suite is kept
     # beside its report.
     args.raw = os.path.join(os.path.dirname(os.path.dirname(HERE)), "build", "bench-raw", f"{name}_raw")

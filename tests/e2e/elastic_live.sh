@@ -121,6 +121,10 @@ refused() {
 }
 refused "holds no job checkpoint" "$out/missing" shrink 1
 refused "rank 2 is not a rank of the job (ranks 0..1)" "$out/ctl/ckpt" shrink 2
+# A finished job takes no requests: refused, and no request file is left behind.
+refused "no job is running in '$out/ctl/ckpt' (it finished" "$out/ctl/ckpt" shrink 1
+refused "no job is running in '$out/ctl/ckpt' (it finished" "$out/ctl/ckpt" grow 1
+[ ! -e "$out/ctl/ckpt/membership-request" ] || { echo "ctl left a request file in a finished job"; exit 1; }
 refused "would leave none" "$out/ctl/ckpt" shrink 0 1
 refused "rank 0 writes the job's outputs" "$out/ctl/ckpt" shrink 0
 refused "" "$out/ctl/ckpt" shrink
