@@ -2,7 +2,7 @@
 // output path costs a second, not a training run, and no user file is replaced by
 // mistake.
 //
-// The rules (the README's "Which files Orpheus writes"):
+// The rules (examples/README.md, "Which files Orpheus writes"):
 //  - An output is a regular file or a path that does not exist yet. A device, a
 //    pipe, a socket or a directory where a file is wanted is refused, never replaced
 //    (a stream such as the metrics may go to a character device or a pipe).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bundle.sh DIR: a self-contained Orpheus in DIR (and DIR.tar.xz beside it) that
+# bundle.sh DIR: a self-contained Orpheus in DIR (and DIR.tar.xz and DIR-data.tar beside it) that
 # runs `orpheus`, the CUDA plugin and the GPU tests on any x86-64 Linux with glibc
 # >= 2.36, an NVIDIA driver and the CUDA 13 libraries, and nothing else installed:
 # no MPI, HDF5 or BLAS. What it holds:
@@ -36,7 +36,7 @@ fi
 build "$build_dir" Release -DORPHEUS_WITH_CUDA=AUTO
 [ -f "$build_dir/engine/liborpheus_cuda.so" ] || echo "bundle.sh: note: this build has no CUDA backend (no nvcc?)" >&2
 
-rm -rf "$dest" "$dest.tar.xz"
+rm -rf "$dest" "$dest.tar.xz" "$dest-data.tar"
 mkdir -p "$dest"/{bin,lib,mpi,data/fashion-mnist,examples}
 binaries=("$build_dir/engine/orpheus" "$build_dir/tests/compare_params" "$build_dir/tests/check_metrics"
   "$build_dir/tests/test_backend" "$build_dir/tests/test_backend_cuda" "$build_dir/tests/test_strict_backend"
@@ -137,7 +137,10 @@ chmod +x "$dest/bin/mpirun"
 cp "$dest/bin/mpirun" "$dest/bin/mpiexec"
 git -C "$ROOT" rev-parse --short HEAD >"$dest/VERSION" 2>/dev/null || echo unknown >"$dest/VERSION"
 
-tar -C "$(dirname "$dest")" -cJf "$dest.tar.xz" "$(basename "$dest")"
-echo "bundle: $dest ($(du -sh "$dest" | cut -f1)), $dest.tar.xz ($(du -h "$dest.tar.xz" | cut -f1))"
+# Two archives: the programs (xz), and the data (already gzip-compressed) to unpack beside them.
+tar -C "$(dirname "$dest")" -cJf "$dest.tar.xz" --exclude="$(basename "$dest")/data" "$(basename "$dest")"
+tar -C "$(dirname "$dest")" -cf "$dest-data.tar" "$(basename "$dest")/data"
+echo "bundle: $dest ($(du -sh "$dest" | cut -f1)); $dest.tar.xz ($(du -h "$dest.tar.xz" | cut -f1), the programs)" \
+  "and $dest-data.tar ($(du -h "$dest-data.tar" | cut -f1), Fashion-MNIST): tar -xJf, tar -xf, source env.sh"
 echo "newest glibc symbol needed: $(for b in "$dest"/bin/* "$dest"/lib/*; do objdump -T "$b" 2>/dev/null; done |
   grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2 -n -u | tail -1)"

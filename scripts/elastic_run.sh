@@ -4,7 +4,7 @@
 # killed or lost), relaunches it on the ranks that are left with --resume --elastic:
 # the job continues from its --ckpt-dir (the flags must include --ckpt sv and
 # --ckpt-dir DIR) on N minus the ranks mpirun reported dead, every replica starting
-# from the average of the killed job's (README: elastic runs). At most K relaunches
+# from the average of the killed job's (engine/README.md: elastic runs). At most K relaunches
 # (default 3), never below M ranks (default 1). Bad input (exit 2) is not retried.
 # Environment: ORPHEUS (the binary; default build/engine/orpheus), MPIRUN (mpirun).
 # Exit: the last attempt's status.

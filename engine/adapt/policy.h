@@ -4,7 +4,7 @@
 // Pure and deterministic: the same window, knobs, bounds and byte model give the
 // same decision on any machine. Nothing here reads a clock or a file; the
 // controller (engine/adapt/controller.h) gathers the window and announces the
-// decision. The rules are written out in the README ("Adaptive consistency"):
+// decision. The rules are written out in engine/adapt/README.md:
 //   0. budget   predicted bytes per rank per clock above --max-bytes-per-clock:
 //               lower C, then Q, then R-averaging traffic, until it fits;
 //   1. goodput  C moves to the candidate of {C/2, C, 2C} with the most progress per

@@ -290,7 +290,7 @@ void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
       "Continue a killed job from the newest clock its --ckpt-dir reaches (same flags, BSP)");
   cmd.add_flag("--elastic", c.elastic,
                "With --resume: continue on however many ranks this launch has; every replica restarts from the "
-               "average of the killed job's (README: elastic runs)");
+               "average of the killed job's (engine/README.md: elastic runs)");
   cmd.add_flag("--overwrite", c.overwrite,
                "Let a new job replace the checkpoint an earlier job left in --ckpt-dir (only the engine's own files "
                "are removed)");
@@ -365,7 +365,7 @@ void addAdaptFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_flag("--adapt", c.adapt,
                "Adaptive consistency: every --adapt-every clocks the coordinator sets C, Q, s and R from what it "
                "measured, within the --adapt-* bounds (starting from --select, --fanout, --staleness, "
-               "--average-every); see the README");
+               "--average-every); see engine/adapt/README.md");
   cmd.add_option("--adapt-every", c.adaptEvery, "With --adapt: clocks between decisions")
       ->capture_default_str()
       ->check(integerIn(1));
@@ -392,7 +392,7 @@ void addBalanceFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_flag("--balance", c.balance,
                "Load balancing (BSP): every --balance-every clocks the coordinator moves chunks of training rows from "
                "slow ranks to fast ones, and each rank's minibatch follows the rows it owns (the global batch stays "
-               "P*B); see the README");
+               "P*B); see engine/README.md");
   cmd.add_option("--balance-every", c.balanceEvery,
                  "With --balance: clocks between decisions (each on the median time per example since the last)")
       ->capture_default_str()
