@@ -4,7 +4,9 @@
 //
 // Data. A Tensor is a dense, column-major float matrix (like Eigen's default
 // storage) that lives on one device. It either owns its memory (made by
-// Backend::allocate, freed by the backend's deleter when the tensor dies) or views
+// Backend::allocate, freed by the backend's deleter when the tensor dies, which
+// must happen before the backend itself is destroyed: a GPU's memory is freed on
+// the backend's stream) or views
 // memory someone else owns (Tensor::view: the caller keeps that memory alive and
 // unmoved while the view is used). Columns are contiguous: the element (i, j) is at
 // data()[i + j * rows()]. A SparseTensor is a view of compressed sparse columns or

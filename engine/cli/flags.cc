@@ -31,10 +31,11 @@ bool parseInteger(const std::string& text, int64_t min, int64_t max, int64_t* ou
   return true;
 }
 
-bool parseNumber(const std::string& text, double min, double max, bool minExclusive, double* out, std::string* error) {
+bool parseNumber(const std::string& text, double min, double max, bool minExclusive, double* out, std::string* error,
+                 bool maxExclusive) {
   const auto range = [&] {
     const std::string low = minExclusive ? fmt::format("> {}", min) : fmt::format(">= {}", min);
-    return std::isinf(max) ? "a number " + low : fmt::format("a number {} and <= {}", low, max);
+    return std::isinf(max) ? "a number " + low : fmt::format("a number {} and {} {}", low, maxExclusive ? "<" : "<=", max);
   };
   char* end = nullptr;
   errno = 0;
@@ -43,7 +44,7 @@ bool parseNumber(const std::string& text, double min, double max, bool minExclus
     *error = fmt::format("expected {}, got '{}'", range(), text);
     return false;
   }
-  if (v < min || (minExclusive && v == min) || v > max) {
+  if (v < min || (minExclusive && v == min) || v > max || (maxExclusive && v == max)) {
     *error = fmt::format("must be {}, got {}", range(), text);
     return false;
   }
@@ -62,12 +63,12 @@ CLI::Validator integerIn(int64_t min, int64_t max) {
       "");
 }
 
-CLI::Validator numberIn(double min, double max, bool minExclusive) {
+CLI::Validator numberIn(double min, double max, bool minExclusive, bool maxExclusive) {
   return CLI::Validator(
-      [min, max, minExclusive](std::string& s) -> std::string {
+      [min, max, minExclusive, maxExclusive](std::string& s) -> std::string {
         double v = 0;
         std::string error;
-        return parseNumber(s, min, max, minExclusive, &v, &error) ? std::string() : error;
+        return parseNumber(s, min, max, minExclusive, &v, &error, maxExclusive) ? std::string() : error;
       },
       "");
 }

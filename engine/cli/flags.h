@@ -16,14 +16,17 @@ namespace orpheus::engine::cli {
 bool parseInteger(const std::string& text, int64_t min, int64_t max, int64_t* out, std::string* error);
 // Parses all of `text` as a finite number in [min, max] (`min` excluded when
 // `minExclusive`).
-bool parseNumber(const std::string& text, double min, double max, bool minExclusive, double* out, std::string* error);
+bool parseNumber(const std::string& text, double min, double max, bool minExclusive, double* out, std::string* error,
+                 bool maxExclusive = false);
 
 // CLI11 validators over the parsers above.
 CLI::Validator integerIn(int64_t min, int64_t max = std::numeric_limits<int64_t>::max());
-CLI::Validator numberIn(double min, double max, bool minExclusive = false);
+CLI::Validator numberIn(double min, double max, bool minExclusive = false, bool maxExclusive = false);
 
 // The longest any wait may be told to last (--timeout): a week, so deadlines never
 // overflow a clock's range.
 constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
+// The shortest: deadlines count milliseconds, so a shorter wait would be none.
+constexpr double kMinTimeoutSeconds = 0.001;
 
 }  // namespace orpheus::engine::cli

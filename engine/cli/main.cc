@@ -171,13 +171,13 @@ void addOptimizerFlags(CLI::App& cmd, TrainConfig& c) {
                 "nesterov, adagrad, adam")
       ->group(group);
   cmd.add_option("--momentum", c.momentum, "momentum, nesterov: the momentum factor, in [0, 1); default 0.9")
-      ->check(numberIn(0, 1))
+      ->check(numberIn(0, 1, false, true))
       ->group(group);
   cmd.add_option("--beta1", c.beta1, "adam: decay of the first moment, in [0, 1); default 0.9")
-      ->check(numberIn(0, 1))
+      ->check(numberIn(0, 1, false, true))
       ->group(group);
   cmd.add_option("--beta2", c.beta2, "adam: decay of the second moment, in [0, 1); default 0.999")
-      ->check(numberIn(0, 1))
+      ->check(numberIn(0, 1, false, true))
       ->group(group);
   cmd.add_option("--eps", c.eps, "adam, adagrad: added to the denominator; default adam 1e-8, adagrad 1e-10")
       ->check(numberIn(0, 1, true))
@@ -316,7 +316,7 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--save", c.save, "Save the final parameters to this HDF5 file (rank 0)");
   cmd.add_option("--timeout", c.timeoutSeconds, "Seconds any wait for a peer may take before the job fails")
       ->capture_default_str()
-      ->check(numberIn(0, orpheus::engine::cli::kMaxTimeoutSeconds, true));
+      ->check(numberIn(orpheus::engine::cli::kMinTimeoutSeconds, orpheus::engine::cli::kMaxTimeoutSeconds));
   cmd.add_option("--transport", c.transport,
                  fmt::format("How ranks talk: {} (launch with mpirun)", fmt::join(orpheus::comm::availableTransports(), ", ")))
       ->capture_default_str();

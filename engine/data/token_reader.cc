@@ -41,7 +41,7 @@ int64_t headerValue(const std::string& header, const std::string& key, const std
   const char* end = header.data() + header.size();
   int64_t v = 0;
   const auto [stop, ec] = std::from_chars(begin, end, v);
-  ORPHEUS_CHECK_INPUT(ec == std::errc() && v > 0 && (stop == end || *stop == ' '),
+  ORPHEUS_CHECK_INPUT(ec == std::errc() && v > 0 && (stop == end || *stop == ' ' || *stop == '\t'),
                       "{}:1: '{}' must be a positive integer", path, key);
   return v;
 }
@@ -63,6 +63,7 @@ Dataset readTokens(const std::string& path, const ReadOptions& options) {
   if (!in) throwFileError(path, "cannot open", errno);
   std::string header;
   std::getline(in, header);
+  if (!header.empty() && header.back() == '\r') header.pop_back();  // CRLF line ends (the lines' \r is whitespace)
   ORPHEUS_CHECK_INPUT(header.rfind(kMagic, 0) == 0, "{}:1: not a token stream (expected '{}')", path, kMagic);
   const int64_t vocabulary = headerValue(header, "vocabulary", path);
   ORPHEUS_CHECK_INPUT(vocabulary > 0 && vocabulary < (int64_t{1} << 24),

@@ -5,6 +5,8 @@
 #include "ops/cuda/kernels.h"
 
 #include <climits>
+#include <cstdint>
+#include <functional>
 #include <vector>
 #include <cstdlib>
 #include <string>
@@ -22,9 +24,6 @@ int leading(const Tensor& t) { return blasInt(t.rows() > 0 ? t.rows() : 1); }
 
 cublasOperation_t blasOp(Trans t) { return t == Trans::kNo ? CUBLAS_OP_N : CUBLAS_OP_T; }
 
-// cudaFree waits for queued work on the memory first; its status is ignored
-// because a deleter must not throw.
-void freeDevice(float* p) { static_cast<void>(cudaFree(p)); }
 
 // The other compression of src (CSR arrays of a CSC matrix, or CSC of a CSR one):
 // a counting sort by inner index, stable, so each new outer run keeps the old
@@ -58,6 +57,10 @@ class CudaBackend final : public Backend {
       ORPHEUS_CUBLAS_CHECK(status);
     }
     ORPHEUS_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+    cudaMemPool_t pool = nullptr;
+    ORPHEUS_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t keep = UINT64_MAX;
+    ORPHEUS_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     // FP32 products in FP32 (no TF32 tensor-core math): set here, not left to
     // cuBLAS's default, so results match the CPU backend's to FP32 rounding.
     ORPHEUS_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
@@ -89,8 +92,8 @@ class CudaBackend final : public Backend {
     ORPHEUS_ENFORCE(rows >= 0 && cols >= 0, "allocate: shape {}x{}", rows, cols);
     activate();
     void* p = nullptr;
-    if (rows * cols > 0) ORPHEUS_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(rows * cols) * sizeof(float)));
-    return Tensor(Device::kCuda, static_cast<float*>(p), rows, cols, &freeDevice);
+    if (rows * cols > 0) p = deviceAlloc(static_cast<size_t>(rows * cols) * sizeof(float));
+    return Tensor(Device::kCuda, static_cast<float*>(p), rows, cols, deviceFree());
   }
 
   void copy(const Tensor& src, Tensor& dst) override {
@@ -116,9 +119,8 @@ class CudaBackend final : public Backend {
     const size_t nnz = static_cast<size_t>(src.nonZeros);
     const size_t ints = static_cast<size_t>(outerSize) + nnz + (other ? static_cast<size_t>(otherSize) + nnz : 0);
     const size_t floats = nnz * (other ? 2 : 1);
-    void* block = nullptr;
-    ORPHEUS_CUDA_CHECK(cudaMalloc(&block, (ints + floats + 1) * sizeof(float)));
-    std::shared_ptr<void> storage(block, [](void* p) { static_cast<void>(cudaFree(p)); });
+    void* block = deviceAlloc((ints + floats + 1) * sizeof(float));
+    std::shared_ptr<void> storage(block, [free = deviceFree()](void* p) { free(static_cast<float*>(p)); });
     // Indices first, values after them (both are 4 bytes wide, so values stay aligned).
     auto* outer = static_cast<int32_t*>(block);
     int32_t* inner = outer + outerSize;
@@ -261,6 +263,25 @@ class CudaBackend final : public Backend {
  private:
   // cudaSetDevice is per host thread: set it on every entry, so a backend works
   // from whichever thread uses it (one at a time).
+  // Stream-ordered memory from the device's pool, which keeps what it gets (the
+  // release threshold is raised once): a freed buffer is reused by later
+  // allocations of this stream without a cudaFree that would synchronise the device,
+  // and never while work queued before the free still uses it.
+  void* deviceAlloc(size_t bytes) {
+    activate();
+    void* p = nullptr;
+    ORPHEUS_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
+    return p;
+  }
+  // Frees on the backend's stream; the status is ignored because a deleter must not
+  // throw. Tensors must not outlive their backend (its stream).
+  std::function<void(float*)> deviceFree() const {
+    return [device = device_, stream = stream_](float* p) {
+      static_cast<void>(cudaSetDevice(device));
+      static_cast<void>(cudaFreeAsync(p, stream));
+    };
+  }
+
   void upload(void* dst, const void* src, size_t bytes) {
     if (bytes > 0) ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   }

@@ -8,7 +8,9 @@
 #  - a token stream given to a model of feature vectors;
 #  - --select-unit step with --select above B*T;
 #  - a --warmup as long as the job, whatever the schedule;
-#  - simulate with --elastic, and simulate under mpirun.
+#  - simulate with --elastic, and simulate under mpirun;
+#  - CRLF token files read; a sequence model on other data, open range ends and a
+#    sub-millisecond --timeout named as such.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,6 +52,16 @@ for schedule in constant step; do
     --clocks 10 --batch 2 --lr-schedule "$schedule" $([ "$schedule" = step ] && echo --lr-step-every 5) \
     --warmup 2000000000
 done
+# A token file with CRLF line ends reads as with LF; a sequence model on other data is named as such.
+printf '#orpheus-tokens vocabulary=10 steps=3\r\n1 2 3 4 5 6 7 8 9 0 1 2\r\n3 4 5 6 7 8 9 0 1 2 3 4\r\n' >"$out/crlf"
+"$orpheus" train --model "$out/lstm.loss" --train "$out/crlf" --clocks 2 --batch 2 --progress off --log-level warn \
+  >/dev/null || { echo "FAIL: a CRLF token file"; fail=1; }
+refused "model '.*lstm.loss' is a sequence model: it reads token streams" -- "$orpheus" train --model "$out/lstm.loss" \
+  --train "$fix/small.libsvm" --clocks 2 --batch 2
+# Ranges say their open ends; a timeout shorter than a millisecond cannot be kept.
+refused "--beta2: must be a number >= 0 and < 1, got 1" -- "$orpheus" train --train "$fix/small.libsvm" \
+  --optimizer adam --beta2 1
+refused "--timeout: must be a number >= 0.001" -- "$orpheus" train --train "$fix/small.libsvm" --timeout 1e-9
 refused "simulate has no membership changes to continue: leave out --elastic" -- "$orpheus" simulate --ranks 2 \
   --train "$fix/small.libsvm" --clocks 2 --batch 2 --elastic
 refused "simulate runs every worker in one process: start it without mpirun" -- "$mpiexec" -n 2 --oversubscribe \
