@@ -7,10 +7,12 @@
 
 #include "engine/base/error.h"
 #include "ops/backends.h"
+#include "ops/rebuild.h"
 
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 using namespace orpheus;
@@ -144,6 +146,76 @@ TEST_CASE("cuda backend refuses host operands outside copy", "[gpu]") {
   MatF host = MatF::Ones(2, 2);
   Tensor t = cpu::view(host);
   CHECK_THROWS_AS(gpu->scale(2.0f, t), Error);
+}
+
+namespace {
+
+// Batches of `n` columns each for W (rows x cols): dense V, or sparse V at ~5% density.
+std::vector<SvBatch> trainingBatches(std::mt19937& rng, int count, int64_t rows, int64_t cols, int64_t n, bool sparse) {
+  std::vector<SvBatch> batches(static_cast<size_t>(count));
+  for (SvBatch& b : batches) {
+    b.coeffs = randomMatrix(rng, n, 1).col(0) * 0.01f;
+    SvMatrix m;
+    m.paramId = 0;
+    m.u = randomMatrix(rng, rows, n);
+    m.sparseV = sparse;
+    if (sparse) {
+      m.vSparse = randomSparse(rng, cols, n, 0.05);
+    } else {
+      m.vDense = randomMatrix(rng, cols, n);
+    }
+    b.matrices = {m};
+  }
+  return batches;
+}
+
+ParamSet rebuildOn(Backend& backend, const std::vector<SvBatch>& batches, const MatF& w0, RebuildBuffers& buffers) {
+  ParamSet w;
+  w.params.push_back({"W", w0});
+  std::vector<SvBatchView> views;
+  for (const SvBatch& b : batches) views.push_back(viewOf(b));
+  std::vector<const SvBatchView*> ptrs;
+  for (const SvBatchView& v : views) ptrs.push_back(&v);
+  applySvBatches(ptrs, w, backend, buffers);
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("cuda rebuild at training shapes matches cpu, is deterministic, and keeps its buffers", "[gpu]") {
+  const auto gpu = makeBackend("cuda", 0);
+  cpu::CpuBackend cpu;
+  std::mt19937 rng(31);
+  for (bool sparse : {false, true}) {
+    INFO((sparse ? "sparse V" : "dense V"));
+    // An np-4 clock of an MLP's first layer: W 2048 x 784, 4 batches of 100 columns.
+    const auto batches = trainingBatches(rng, 4, 2048, 784, 100, sparse);
+    const MatF w0 = randomMatrix(rng, 2048, 784);
+    RebuildBuffers gpuBuffers, cpuBuffers;
+    const ParamSet onGpu = rebuildOn(*gpu, batches, w0, gpuBuffers);
+    const ParamSet onCpu = rebuildOn(cpu, batches, w0, cpuBuffers);
+    CHECK(relativeError(onGpu[0], onCpu[0]) < 1e-5);
+    const float* deviceW = gpuBuffers.device.w.at(0).data();
+    const ParamSet again = rebuildOn(*gpu, batches, w0, gpuBuffers);
+    CHECK(std::memcmp(again[0].data(), onGpu[0].data(), static_cast<size_t>(w0.size()) * sizeof(float)) == 0);
+    CHECK(gpuBuffers.device.w.at(0).data() == deviceW);  // no allocation at the second clock
+  }
+}
+
+TEST_CASE("cuda elementwise chains and reductions run past one grid", "[gpu]") {
+  const auto gpu = makeBackend("cuda", 0);
+  cpu::CpuBackend cpu;
+  std::mt19937 rng(32);
+  // 4096 x 4200 = 17.2 M elements: more than 65535 blocks of 256 threads.
+  const MatF x = randomMatrix(rng, 4096, 4200);
+  const MatF bias = randomMatrix(rng, 4096, 1);
+  const MatF y = randomMatrix(rng, 4096, 4200);
+  const EwChain chain = everyOpChain();
+  const std::vector<MatF> g = runChain(*gpu, chain, {x, bias, y}, 4096, 4200);
+  const std::vector<MatF> c = runChain(cpu, chain, {x, bias, y}, 4096, 4200);
+  for (size_t k = 0; k < g.size(); ++k) CHECK(relativeError(g[k], c[k]) < 1e-5);
+  const MatF tall = randomMatrix(rng, 17000000, 1);
+  CHECK(relativeError(runScale(*gpu, 0.5f, tall), MatF(0.5f * tall)) < 1e-6);
 }
 
 int main(int argc, char** argv) {
