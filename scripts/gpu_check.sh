@@ -66,7 +66,7 @@ step() {
   [ "$limit" -gt "$(left)" ] && limit=$(left)
   local t0=$(date +%s)
   timeout --kill-after=5 "$limit" bash -c "$(declare -f); $(declare -p orpheus compare tests examples mpirun data fmnist \
-    python work DEVICE ACC_CLOCKS THREADS OUT 2>/dev/null); $fn" >"$OUT/$name.log" 2>&1
+    python work here DEVICE ACC_CLOCKS THREADS OUT 2>/dev/null); $fn" >"$OUT/$name.log" 2>&1
   rc=$?
   local took=$(($(date +%s) - t0)) figure=""
   [ -f "$work/figure" ] && figure=": $(cat "$work/figure")"
@@ -134,14 +134,8 @@ check_accuracy() {
   figure "test accuracy $a on $DEVICE, $b on cpu after $ACC_CLOCKS clocks (goal: within 0.01)"
   "$python" -c 'import sys; sys.exit(0 if abs(float(sys.argv[1]) - float(sys.argv[2])) <= 0.01 else 1)' "$a" "$b"
 }
-tokens() {
-  awk 'BEGIN { print "#orpheus-tokens vocabulary=60 steps=8"; s = 12345; prev = 0
-    for (i = 0; i < 40000; i++) { s = (s * 1103515245 + 12345) % 2147483648
-      t = (s % 4 == 0) ? int(s / 7) % 60 : (prev + 1) % 60; prev = t
-      printf "%d%s", t, (i % 16 == 15) ? "\n" : " " } }' >"$1"
-}
 check_lstm() {
-  tokens "$work/tokens"
+  "$here/tests/e2e/synthetic_tokens.sh" "$work/tokens" 40000 60 8 16
   head -n 1 "$work/tokens" >"$work/valid"; tail -n 300 "$work/tokens" >>"$work/valid"
   for device in "$DEVICE" cpu; do
     train "$device" 1 lstm-$device --model "$examples/lstm.loss" --train "$work/tokens" --test "$work/valid" \

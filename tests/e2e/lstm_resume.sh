@@ -9,10 +9,7 @@ orpheus=$1; compare=$2; mpiexec=$3
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out=$(mktemp -d); trap 'pkill -9 -f "ckpt-dir $out" 2>/dev/null || true; rm -rf "$out"' EXIT
 # The synthetic stream of lstm_equivalence.sh: 6,000 tokens over a vocabulary of 40.
-awk 'BEGIN { print "#orpheus-tokens vocabulary=40 steps=6"; s = 12345; prev = 0
-  for (i = 0; i < 6000; i++) { s = (s * 1103515245 + 12345) % 2147483648
-    t = (s % 4 == 0) ? int(s / 7) % 40 : (prev + 1) % 40; prev = t
-    printf "%d%s", t, (i % 12 == 11) ? "\n" : " " } }' >"$out/tokens"
+"$here/synthetic_tokens.sh" "$out/tokens"
 sed -e 's/^dim embed = .*/dim embed = 8/' -e 's/^dim hidden = .*/dim hidden = 8/' \
   "$here/../../examples/lstm.loss" >"$out/lstm.loss"
 flags=(--model "$out/lstm.loss" --train "$out/tokens" --clocks 300 --batch 4 --lr 0.05 --seed 7 --progress off

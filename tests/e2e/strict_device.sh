@@ -49,10 +49,7 @@ case "$case" in
       --average-every 10 --rotate-every 7 --optimizer adam
     ;;
   lstm)
-    awk 'BEGIN { print "#orpheus-tokens vocabulary=40 steps=6"; s = 12345; prev = 0
-      for (i = 0; i < 6000; i++) { s = (s * 1103515245 + 12345) % 2147483648
-        t = (s % 4 == 0) ? int(s / 7) % 40 : (prev + 1) % 40; prev = t
-        printf "%d%s", t, (i % 12 == 11) ? "\n" : " " } }' >"$out/tokens"
+    "$here/synthetic_tokens.sh" "$out/tokens"
     sed -e 's/^dim embed = .*/dim embed = 8/' -e 's/^dim hidden = .*/dim hidden = 8/' \
       "$here/../../examples/lstm.loss" >"$out/lstm.loss"
     same lstm --model "$out/lstm.loss" --train "$out/tokens" --clocks 20 --batch 4 --lr 0.05 --optimizer adagrad
