@@ -7,6 +7,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <fstream>
+
 #include "tests/support/temp_dir.h"
 
 #include <filesystem>
@@ -25,6 +29,7 @@ std::string jobDir(const TempDir& tmp, int ranks) {
   info.features = 4;
   info.classes = 2;
   orpheus::ckpt::writeJobInfo(tmp.path().string(), info);
+  markLive(tmp.path().string());  // a job runs there (this process stands for its rank 0)
   return tmp.path().string();
 }
 
@@ -80,6 +85,22 @@ TEST_CASE("ctl shrink writes a request, merged with one pending; bad requests ar
   const std::string shrunk = jobDir(other, 4);
   appendEpoch(shrunk, {1, 10, 3});
   REQUIRE_THROWS_WITH(requestShrink(shrunk, {3}), Contains("ranks 0..2"));
+}
+
+TEST_CASE("ctl refuses a request no job will read, and a job's end drops a late one") {
+  TempDir tmp;
+  const std::string dir = jobDir(tmp, 4);
+  requestGrow(dir, 1);
+  endLive(dir);  // the job ends: its marker goes, and the request that came too late
+  CHECK_FALSE(std::filesystem::exists(membershipRequestPath(dir)));
+  CHECK_THROWS_WITH(requestShrink(dir, {1}), Contains("no job is running in") && Contains("(it finished"));
+  CHECK_THROWS_WITH(requestGrow(dir, 1), Contains("no job is running in"));
+  // A marker whose rank 0 (a pid on this host) is gone is a job that died.
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  std::ofstream(tmp.path() / "live") << 999999999 << " " << host << "\n";
+  CHECK_THROWS_WITH(requestShrink(dir, {1}), Contains("its rank 0, pid 999999999 on this host, is gone"));
+  CHECK_FALSE(std::filesystem::exists(membershipRequestPath(dir)));
 }
 
 TEST_CASE("the membership changes one clock after a notice, at the same clock on every rank") {
