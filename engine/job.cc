@@ -26,6 +26,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <filesystem>
@@ -155,6 +156,25 @@ std::unique_ptr<ops::Model> makeModel(const ModelSource& source, int64_t feature
     return ops::GraphModel::fromFile(source.name, dims, seed);
   }
   throw InputError(fmt::format("unknown model '{}' (a .loss file, or the built-in 'mlr')", source.name));
+}
+
+void checkJobMemory(const TrainConfig& config, const ops::Model& model, const DataShape& data, int replicas,
+                    int running) {
+  double params = 0.0;
+  for (const auto& [rows, cols] : model.paramShapes()) params += static_cast<double>(rows) * static_cast<double>(cols);
+  const OptimizerSettings optimizer = optimizerSettings(config);
+  const double stateCopies = optimizer.kind == OptimizerKind::kAdam ? 2.0 : optimizer.kind == OptimizerKind::kSgd ? 0.0 : 1.0;
+  const double replicaBytes = params * sizeof(float) * (2.0 + stateCopies + (optimizer.foldsLearningRate() ? 0.0 : 1.0));
+  const double batch = static_cast<double>(config.batch);
+  const double perExample = data.sparse ? 64.0 : 4.0 * static_cast<double>(data.features) + 16.0;
+  const double outputs = 3.0 * batch * static_cast<double>(std::max<int64_t>(data.steps, 1)) *
+                         static_cast<double>(data.classes) * sizeof(float);
+  const double bytes = replicas * replicaBytes + running * (3.0 * batch * perExample + outputs);
+  checkFitsInMemory(bytes,
+                    fmt::format("{} replica{} of model '{}' ({:.0f} parameters) with --batch {} over {} classes{}",
+                                replicas, replicas == 1 ? "" : "s", config.model, params, config.batch, data.classes,
+                                data.steps > 0 ? fmt::format(" and {} steps", data.steps) : ""),
+                    0.5);
 }
 
 void createDirectories(const std::string& dir, const std::string& what) {
@@ -747,6 +767,11 @@ int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* l
   loadTestShard(config, transport, *shards);
   const Outputs out = buildModelAndOutputs(config, transport, *shards);
   collectively(transport, [&] {
+    // Ranks of one host share its memory.
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int onHost = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : 1;
+    checkJobMemory(config, *out.model,
+                   {shards->features, shards->classes, shards->train.steps, shards->train.sparse}, onHost, onHost);
     const int fanout = comm::MulticastSchedule(scheduleConfig(config, transport.size())).fanout();
     adapt::Controller::checkBudget(config, transport.size(), out.model->paramShapes(), fanout);
   });

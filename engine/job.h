@@ -66,6 +66,20 @@ struct ModelSource {
 // shape. InputError naming the model when it is neither.
 std::unique_ptr<ops::Model> makeModel(const ModelSource& source, int64_t features, int64_t classes, uint64_t seed);
 
+// What a process needs for `replicas` replicas of `model` (parameters, the update
+// buffer, the optimizer's state, the rebuild's operands) and, for `running` of them
+// at once, their minibatches in flight and their outputs (batch x steps x classes
+// probabilities and gradients): an InputError that names the parts, before the first
+// clock, when that passes half of this machine's memory.
+struct DataShape {
+  int64_t features = 0;
+  int64_t classes = 0;
+  int64_t steps = 0;  // token streams: steps per segment; 0 otherwise
+  bool sparse = false;
+};
+void checkJobMemory(const TrainConfig& config, const ops::Model& model, const DataShape& data, int replicas,
+                    int running);
+
 // Creates `dir` and its parents; `what` names it in the message ("cannot create
 // <what>'<dir>': <reason>"). A path that cannot be a directory (a file in the way)
 // or may not be written is the user's choice of path: InputError. Anything else the

@@ -330,7 +330,7 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--threads,--blas-threads", c.blasThreads,
                  "Compute threads per rank (OpenBLAS); give each rank as many cores as it has to itself")
       ->capture_default_str()
-      ->check(integerIn(1));
+      ->check(integerIn(1, 1024));  // OpenBLAS builds cap threads well below this
   cmd.add_option("--log-level", c.logLevel, "Log level: debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));

@@ -285,6 +285,11 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
 
   const auto realStart = std::chrono::steady_clock::now();
   const Shards shards = loadShards(config, p);
+  {
+    const auto one = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+    const Dataset& first = shards.train.front();
+    checkJobMemory(config, *one, {shards.features, shards.classes, first.steps, first.sparse}, p, threads);
+  }
   // A model per worker: a .loss model keeps scratch state per instance.
   std::vector<std::unique_ptr<ops::Model>> models;
   models.reserve(static_cast<size_t>(p));

@@ -10,7 +10,9 @@
 #  - a --warmup as long as the job, whatever the schedule;
 #  - simulate with --elastic, and simulate under mpirun;
 #  - CRLF token files read; a sequence model on other data, open range ends and a
-#    sub-millisecond --timeout named as such.
+#    sub-millisecond --timeout named as such;
+#  - sizes that cannot fit (replicas x parameters, minibatches, outputs) and absurd
+#    thread counts, refused before anything is allocated.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -62,6 +64,14 @@ refused "model '.*lstm.loss' is a sequence model: it reads token streams" -- "$o
 refused "--beta2: must be a number >= 0 and < 1, got 1" -- "$orpheus" train --train "$fix/small.libsvm" \
   --optimizer adam --beta2 1
 refused "--timeout: must be a number >= 0.001" -- "$orpheus" train --train "$fix/small.libsvm" --timeout 1e-9
+# Sizes priced before anything is allocated: replicas, minibatches and outputs; threads.
+refused "2 replicas of model 'mlr' .* with --batch 2000000000 .* needs .* more than" -- "$orpheus" simulate --ranks 2 \
+  --train "$fix/small.libsvm" --batch 2000000000 --clocks 2
+refused "1000 replicas of model .* needs .* more than" -- "$orpheus" simulate --ranks 1000 \
+  --model "$here/../../examples/mlp_wide.loss" --train "${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}/train-images-idx3-ubyte.gz" \
+  --batch 2 --clocks 2 --optimizer adam
+refused "--threads: must be an integer in \[1, 1024\], got 100000" -- "$orpheus" train --train "$fix/small.libsvm" \
+  --blas-threads 100000
 refused "simulate has no membership changes to continue: leave out --elastic" -- "$orpheus" simulate --ranks 2 \
   --train "$fix/small.libsvm" --clocks 2 --batch 2 --elastic
 refused "simulate runs every worker in one process: start it without mpirun" -- "$mpiexec" -n 2 --oversubscribe \
