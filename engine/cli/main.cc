@@ -8,6 +8,8 @@
 #include "engine/base/log.h"
 #include "ckpt/model_file.h"
 #include "engine/checkpoint.h"
+#include "engine/elastic.h"
+#include "ckpt/layout.h"
 #include "engine/cli/flags.h"
 #include "engine/cli/live_mpi.h"
 #include "engine/job.h"
@@ -23,9 +25,11 @@
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
@@ -560,6 +564,18 @@ int inspectMain(const std::string& dir) {
       std::printf("    missing: clocks %llu..%llu (no segment holds them)\n", static_cast<unsigned long long>(m.first),
                   static_cast<unsigned long long>(m.last));
     }
+  }
+  // Replicas the job had whose log is not there at all.
+  const int replicas = orpheus::engine::replicaCount(orpheus::engine::readMembership(dir));
+  for (int id = 0; id < replicas; ++id) {
+    const bool listed = std::any_of(inv.replicas.begin(), inv.replicas.end(), [&](const auto& r) { return r.replica == id; });
+    if (listed) continue;
+    const std::string path = orpheus::ckpt::replicaDir(dir, id).string();
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(path, ec);
+    std::printf("  replica %d: no log: '%s' %s (its clocks, and the other replicas' clocks that applied its batches, "
+                "cannot be restored)\n",
+                id, path.c_str(), exists ? "is not a directory" : "is missing");
   }
   std::printf("  snapshots:");
   for (auto s : inv.snapshots) std::printf(" %llu", static_cast<unsigned long long>(s));

@@ -37,6 +37,13 @@ refused "--out .* is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/c
 after=$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)
 [ "$before" = "$after" ] || { echo "FAIL: the checkpoint changed"; fail=1; }
 "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/r12.h5" >/dev/null || { echo "FAIL: restore after"; fail=1; }
+# inspect names a replica whose log directory is gone, or is a file.
+cp -r "$out/ck" "$out/gone"
+rm -rf "$out/gone/replica-0"
+"$orpheus" inspect "$out/gone" | grep -q "replica 0: no log: '.*replica-0' is missing" || { echo "FAIL: inspect, log gone"; fail=1; }
+touch "$out/gone/replica-0"
+"$orpheus" inspect "$out/gone" | grep -q "replica 0: no log: '.*replica-0' is not a directory" ||
+  { echo "FAIL: inspect, log a file"; fail=1; }
 
 refused "--save .* is inside --save-replicas" -- "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --save-replicas "$out/reps" --save "$out/reps/model.h5"
