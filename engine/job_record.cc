@@ -202,10 +202,15 @@ void claimCheckpointDir(const std::string& dir, bool overwrite) {
   }
   if (ec) throw IoError(fmt::format("cannot list --ckpt-dir '{}': {}", dir, ec.message()));
   if (ours.empty() && foreign.empty()) return;
+  // Files no job of ours wrote: --overwrite would not remove them either.
+  ORPHEUS_CHECK_INPUT(!ours.empty() || foreign.empty(),
+                      "--ckpt-dir '{}' holds files of its own ('{}'), not a checkpoint: a job's checkpoint needs an "
+                      "empty or new directory (choose another --ckpt-dir)",
+                      dir, foreign.empty() ? "" : foreign.front());
   if (!overwrite) {
-    throw InputError(fmt::format("--ckpt-dir '{}' is not empty ({}): it belongs to another job; continue that job with "
-                                 "--resume, or replace its checkpoint with --overwrite",
-                                 dir, ours.empty() ? "'" + foreign.front() + "'" : "a checkpoint"));
+    throw InputError(fmt::format("--ckpt-dir '{}' is not empty (a checkpoint): it belongs to another job; continue that "
+                                 "job with --resume, or replace its checkpoint with --overwrite",
+                                 dir));
   }
   ORPHEUS_CHECK_INPUT(foreign.empty(),
                       "--overwrite: --ckpt-dir '{}' holds '{}', which no Orpheus job wrote; it is not removed (choose "

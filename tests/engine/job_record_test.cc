@@ -103,4 +103,14 @@ TEST_CASE("a checkpoint directory belongs to one job") {
   REQUIRE(fs::is_empty(dir));
   std::ofstream((t.path() / "file").string()) << "x";
   REQUIRE_THROWS_WITH(claimCheckpointDir((t.path() / "file").string(), false), Contains("is not a directory"));
+  // A directory of the user's own files is not a checkpoint: no hint at --overwrite.
+  const std::string mine = (t.path() / "mine").string();
+  fs::create_directories(mine);
+  std::ofstream(mine + "/thesis.tex") << "x";
+  for (bool overwrite : {false, true}) {
+    REQUIRE_THROWS_WITH(claimCheckpointDir(mine, overwrite),
+                        Contains("holds files of its own ('thesis.tex'), not a checkpoint") &&
+                            !Contains("--overwrite") && Contains("choose another --ckpt-dir"));
+  }
+  REQUIRE(fs::exists(mine + "/thesis.tex"));
 }
