@@ -119,7 +119,7 @@ void noteClock(uint64_t clock) {
 void reportError(const std::string& message) {
   gReported.store(true);
   std::fflush(stdout);
-  std::fprintf(stderr, "orpheus: %s\n", message.c_str());
+  std::fprintf(stderr, "orpheus: %s\n", printableMessage(message).c_str());
   std::fflush(stderr);
 }
 

@@ -47,6 +47,11 @@ class IoError : public Error {
 // otherwise. The message is "<path>: <what>: <strerror(err)>".
 [[noreturn]] void throwFileError(const std::string& path, const char* what, int err);
 
+// `message` as one line a terminal shows as it is: bytes that are not printable
+// UTF-8 (controls, invalid sequences, a file's binary contents quoted in a message)
+// become \xNN, and a message longer than `maxBytes` is cut, ending in "...".
+std::string printableMessage(const std::string& message, size_t maxBytes = 1000);
+
 namespace detail {
 [[noreturn]] void throwEnforce(const char* file, int line, const char* cond, const std::string& msg);
 }  // namespace detail
