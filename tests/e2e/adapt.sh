@@ -11,6 +11,7 @@
 #  - kill -9 mid-run and --resume: the final parameters equal the whole run's,
 #    bitwise, which needs the resumed job to take up the knobs its log recorded.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; compare=$2; mpiexec=$3
 out=$(mktemp -d); trap 'pkill -9 -f "ckpt-dir $out" 2>/dev/null || true; rm -rf "$out"' EXIT
 data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
@@ -65,12 +66,9 @@ done
 "$mpiexec" -n 3 --oversubscribe "$orpheus" train "${flags[@]}" --clocks 300 --ckpt sv --ckpt-dir "$out/killed" \
   --save "$out/resumed.h5" --inject-delay 0:10 >/dev/null 2>&1 &
 job=$!
-for _ in $(seq 600); do
-  [ "$(ls "$out"/killed/replica-0/seg-*.h5 2>/dev/null | wc -l)" -ge 2 ] && break
-  sleep 0.1
-done
-pkill -9 -f "ckpt-dir $out/killed" || true
-wait "$job" 2>/dev/null || true
+# Kill every process once a few segments are durable.
+wait_for_segments "$out/killed/replica-0" 2 || true
+kill_job "ckpt-dir $out/killed" "$job"
 [ ! -e "$out/resumed.h5" ] || { echo "the job finished before it was killed"; exit 1; }
 train --clocks 300 --ckpt sv --ckpt-dir "$out/killed" --save "$out/resumed.h5" --resume
 "$compare" "$out/resumed.h5" "$out/whole.h5" 0

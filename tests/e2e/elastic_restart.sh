@@ -5,6 +5,7 @@
 # that clock, reaches its target accuracy, and `restore` of each of the 3 replicas
 # at the final clock (after the change) equals, bitwise, the replica the rank held.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; compare=$2; mpiexec=$3; check=$4
 out=$(mktemp -d)
 job=
@@ -17,12 +18,8 @@ flags=(--train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3
 "$mpiexec" -n 4 --oversubscribe "$orpheus" train "${flags[@]}" --clocks 2000 --metrics "$out/killed.jsonl" \
   --save "$out/killed.h5" >"$out/killed.log" 2>&1 &
 job=$!
-# One rank is killed once two segments of every replica are durable (polling, bounded).
-for _ in $(seq 600); do
-  n=$(ls "$out"/ckpt/replica-3/seg-*.h5 2>/dev/null | wc -l || true)
-  [ "$n" -ge 2 ] && break
-  sleep 0.1
-done
+# One rank is killed once two segments of every replica are durable.
+wait_for_segments "$out/ckpt/replica-3" 2 || true
 victim=$(pgrep -P "$job" | tail -n 1)
 [ -n "$victim" ] || { echo "no rank process found under $job"; exit 1; }
 kill -9 "$victim"
@@ -47,7 +44,7 @@ grep -qx "epoch 1 clock $from ranks 3" "$out/ckpt/membership"
 "$check" "$out/resumed.jsonl" test_accuracy\>=0.8 ranks\<=3 ranks\>=3
 tail -n 1 "$out/resumed.jsonl" | grep -q '"reached_target": true' || { echo "target not reached"; exit 1; }
 
-last=$(grep -o '"clocks": [0-9]*' "$out/resumed.jsonl" | tail -n 1 | grep -o '[0-9]*$')
+last=$(json_field "$out/resumed.jsonl" clocks)
 [ "$last" -gt "$from" ]
 for r in 0 1 2; do
   "$orpheus" restore --ckpt-dir "$out/ckpt" --replica "$r" --clock "$last" --out "$out/restored$r.h5"

@@ -5,6 +5,7 @@
 # come back with the parameters, so the final parameters are bitwise an
 # uninterrupted run's.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; compare=$2; mpiexec=$3
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out=$(mktemp -d); trap 'pkill -9 -f "ckpt-dir $out" 2>/dev/null || true; rm -rf "$out"' EXIT
@@ -20,13 +21,9 @@ flags=(--model "$out/lstm.loss" --train "$out/tokens" --clocks 300 --batch 4 --l
 "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
   >/dev/null 2>&1 &
 job=$!
-# Kill every process once a few segments are durable (polling, bounded).
-for _ in $(seq 600); do
-  [ "$(ls "$out"/killed/replica-0/seg-*.h5 2>/dev/null | wc -l)" -ge 2 ] && break
-  sleep 0.05
-done
-pkill -9 -f "ckpt-dir $out/killed" || true
-wait "$job" 2>/dev/null || true
+# Kill every process once a few segments are durable.
+wait_for_segments "$out/killed/replica-0" 2 || true
+kill_job "ckpt-dir $out/killed" "$job"
 [ ! -e "$out/resumed.h5" ] || { echo "the job finished before it was killed"; exit 1; }
 ls "$out/killed"
 "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \

@@ -12,6 +12,7 @@
 #    bitwise with its state, the replica each rank ended with;
 #  - the files are readable by h5py, the state in its own group.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; compare=$2; mpiexec=$3
 out=$(mktemp -d); trap 'pkill -9 -f "ckpt-dir $out" 2>/dev/null || true; rm -rf "$out"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -66,12 +67,9 @@ flags=("${common[@]}" --optimizer adam --clocks 300 --ckpt sv --inject-delay 0:1
 "$mpiexec" -n $np --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
   >/dev/null 2>&1 &
 job=$!
-for _ in $(seq 600); do
-  [ "$(ls "$out"/killed/replica-0/seg-*.h5 2>/dev/null | wc -l)" -ge 2 ] && break
-  sleep 0.1
-done
-pkill -9 -f "ckpt-dir $out/killed" || true
-wait "$job" 2>/dev/null || true
+# Kill every process once a few segments are durable.
+wait_for_segments "$out/killed/replica-0" 2 || true
+kill_job "ckpt-dir $out/killed" "$job"
 [ ! -e "$out/resumed.h5" ] || fail "the job finished before it was killed"
 "$mpiexec" -n $np --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
   --resume >/dev/null

@@ -3,6 +3,7 @@
 # then --resume with the same flags: the final parameters equal an uninterrupted
 # run's (relative difference <= 1e-5; bitwise in practice).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; compare=$2; mpiexec=$3
 out=$(mktemp -d); trap 'pkill -9 -f "ckpt-dir $out" 2>/dev/null || true; rm -rf "$out"' EXIT
 data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
@@ -13,13 +14,9 @@ flags=(--train "$data/train-images-idx3-ubyte.gz" --clocks 400 --batch 50 --prog
 "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
   >/dev/null 2>&1 &
 job=$!
-# Kill every process once a few segments are durable (polling, bounded).
-for _ in $(seq 600); do
-  [ "$(ls "$out"/killed/replica-0/seg-*.h5 2>/dev/null | wc -l)" -ge 2 ] && break
-  sleep 0.1
-done
-pkill -9 -f "ckpt-dir $out/killed" || true
-wait "$job" 2>/dev/null || true
+# Kill every process once a few segments are durable.
+wait_for_segments "$out/killed/replica-0" 2 || true
+kill_job "ckpt-dir $out/killed" "$job"
 [ ! -e "$out/resumed.h5" ] || { echo "the job finished before it was killed"; exit 1; }
 "$orpheus" inspect "$out/killed"
 "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \

@@ -1,0 +1,30 @@
+# Sourced by the end-to-end scripts: the steps several of them share.
+
+# wait_for_segments DIR N [SECONDS]: polls until DIR holds N or more durable log
+# segments (seg-*.h5), for at most SECONDS (default 60); returns 1 if it never did.
+wait_for_segments() {
+  local dir=$1 want=$2 seconds=${3:-60} i
+  for ((i = 0; i < seconds * 20; ++i)); do
+    [ "$(ls "$dir"/seg-*.h5 2>/dev/null | wc -l)" -ge "$want" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# kill_job PATTERN PID: SIGKILL to every process whose command line holds PATTERN
+# (a job's ranks and its launcher), then reaps PID.
+kill_job() {
+  pkill -9 -f "$1" || true
+  wait "$2" 2>/dev/null || true
+}
+
+# json_field FILE KEY [LINE]: KEY of a metrics file's LINE-th JSON line (default: the
+# last, the summary), read with a JSON parser; empty when absent.
+json_field() {
+  /usr/bin/python3 - "$1" "$2" "${3:--1}" <<'PY'
+import json, sys
+lines = [l for l in open(sys.argv[1]) if l.strip()]
+value = json.loads(lines[int(sys.argv[3])]).get(sys.argv[2], "") if lines else ""
+print(str(value).lower() if isinstance(value, bool) else value)
+PY
+}
