@@ -117,6 +117,10 @@ Dataset readTokens(const std::string& path, const ReadOptions& options) {
   }
 
   const auto n = static_cast<int64_t>(tokens.size());
+  ORPHEUS_CHECK_INPUT(n > 0 || options.worldSize == 1,
+                      "{}: rank {} of {} got no tokens: a token stream is split between ranks at line ends, so "
+                      "each rank needs lines of its own (break the stream into lines, or use fewer ranks)",
+                      path, options.rank, options.worldSize);
   int64_t streams = options.streams;
   if (streams <= 0) streams = std::clamp<int64_t>(n / (steps + 1), 1, kDefaultStreams);
   const int64_t perStream = n / streams;

@@ -67,6 +67,10 @@ printf '#orpheus-tokens vocabulary=10 steps=3\r\n1 2 3 4 5 6 7 8 9 0 1 2\r\n3 4 
   >/dev/null || { echo "FAIL: a CRLF token file"; fail=1; }
 refused "model '.*lstm.loss' is a sequence model: it reads token streams" -- "$orpheus" train --model "$out/lstm.loss" \
   --train "$fix/small.libsvm" --clocks 2 --batch 2
+# A stream on one line cannot be split between ranks: said as such.
+printf '#orpheus-tokens vocabulary=10 steps=3\n1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4\n' >"$out/oneline"
+refused "got no tokens: a token stream is split between ranks at line ends" -- "$mpiexec" -n 2 --oversubscribe \
+  "$orpheus" train --model "$out/lstm.loss" --train "$out/oneline" --clocks 2 --batch 1
 # Ranges say their open ends; a timeout shorter than a millisecond cannot be kept.
 refused "--beta2: must be a number >= 0 and < 1, got 1" -- "$orpheus" train --train "$fix/small.libsvm" \
   --optimizer adam --beta2 1
