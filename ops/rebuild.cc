@@ -21,6 +21,14 @@ void weightColumns(const SvMatrixView& m, const float* coeffs, Dst&& dst) {
   }
 }
 
+// `store` as a rows x cols tensor on the backend's device, grown when too small.
+Tensor deviceBuffer(Backend& backend, Tensor& store, int64_t rows, int64_t cols) {
+  if (store.size() < rows * cols || store.device() != backend.device()) {
+    store = backend.allocate(1, std::max<int64_t>(rows * cols, 1));
+  }
+  return Tensor::view(backend.device(), store.data(), rows, cols);
+}
+
 // W += [U_1 C_1, ...] [V_1, ...]^T: one GEMM for the dense V's, one sparse product for
 // the sparse ones. `u` holds the weighted columns, the dense pieces' first. Gathering
 // the V's costs O(K n) copies against the O(J K n) product; a single dense piece's V
@@ -44,6 +52,18 @@ class ParamRebuild {
       if (!p.m->sparseV) gathered_.middleCols(p.at, p.m->columns) = p.m->vDenseMap();
     }
     return cpu::view(gathered_);
+  }
+
+  // The dense pieces' V (K x denseCols) in `store` on the backend's device: each
+  // piece copied from where it lies into its columns, with no gather on the host.
+  Tensor uploadDenseV(Backend& backend, Tensor& store, int64_t k) const {
+    Tensor v = deviceBuffer(backend, store, k, denseCols_);
+    for (const auto& p : pieces_) {
+      if (p.m->sparseV) continue;
+      Tensor columns = v.middleCols(p.at, p.m->columns);
+      backend.copy(Tensor::host(p.m->vDense, k, p.m->columns), columns);
+    }
+    return v;
   }
 
   // The sparse pieces' V (K x sparseCols), compressed by columns.
@@ -95,14 +115,6 @@ void applyOnHost(ParamRebuild& r, Matrix& w, Backend& backend) {
   }
 }
 
-// `store` as a rows x cols tensor on the backend's device, grown when too small.
-Tensor deviceBuffer(Backend& backend, Tensor& store, int64_t rows, int64_t cols) {
-  if (store.size() < rows * cols || store.device() != backend.device()) {
-    store = backend.allocate(1, std::max<int64_t>(rows * cols, 1));
-  }
-  return Tensor::view(backend.device(), store.data(), rows, cols);
-}
-
 // `host` copied into `store` on the backend's device.
 Tensor uploaded(Backend& backend, Tensor& store, const Tensor& host) {
   Tensor t = deviceBuffer(backend, store, host.rows(), host.cols());
@@ -126,7 +138,7 @@ void applyOnDevice(ParamRebuild& r, Matrix& w, size_t param, Backend& backend, D
   Tensor host = cpu::view(w);
   backend.copy(host, target);
   if (r.denseCols() > 0) {
-    const Tensor v = uploaded(backend, d.v, r.denseV(w.cols()));
+    const Tensor v = r.uploadDenseV(backend, d.v, w.cols());
     const Tensor u = uploaded(backend, d.u, r.uPart(0, r.denseCols()));
     backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, v, 1.0f, target);
   }
