@@ -54,7 +54,7 @@ struct TrainConfig {
   Consistency consistency = Consistency::kBsp;
   int staleness = 0;       // s, for SSP
   double dropLinks = 0.0;  // F: fraction of directed links broken per clock
-  // Overlap the exchange with the backward pass (engine/exchange.h): --sync sv
+  // Overlap the exchange with the backward pass (engine/overlap.h): --sync sv
   // sends each matrix's SVs as the backward pass produces them (broadcast, BSP),
   // --sync dense all-reduces each gradient as it is complete. Bitwise the same
   // parameters as without.

@@ -1,164 +1,128 @@
-// Communication overlapped with the backward pass (--overlap on): wait-free
-// backpropagation after Poseidon (ATC'17), for both ways of synchronizing.
+// Algorithm 1's "send S to the receivers, receive T": how one clock's SV batches
+// travel between workers. One interface, three ways:
 //
-//  - --sync sv, broadcast, BSP: as the backward pass makes each layer's SVs final
-//    (top layer first, ops::Model::computeSvgStreamed), the layer's matrices leave
-//    as an SV batch of their own to every peer (point to point, nonblocking) while
-//    the layers below are still computed. A receiver rebuilds a layer as soon as
-//    every rank's part of it is in, in rank order, while later layers are still on
-//    the wire. Each layer's rebuild is the same GEMM over the same columns in the
-//    same order as the rebuild of whole batches (ops/rebuild.h), and layers touch
-//    disjoint parameters, so the parameters are bitwise those of --overlap off.
-//    With selection (--select C < B) the joint selection needs every matrix: it
-//    runs when the backward pass is done, then the selected batch leaves layer by
-//    layer and receivers still rebuild each layer as it arrives.
-//  - --sync dense: each layer's gradient is all-reduced (a nonblocking allreduce
-//    per parameter, a bucket per layer, as DDP does) as soon as it exists; each is
-//    the reduction --overlap off runs on the same parameter, so the sum is bitwise
-//    the same.
+//  - BroadcastExchange: every rank gets every batch within the clock (BSP, or SSP
+//    with staleness 0, Q = P - 1, no broken links): one allgather;
+//  - OverlappedExchange (engine/overlap.h, --overlap on): the same broadcast, each
+//    layer sent from inside the backward pass and rebuilt as it arrives;
+//  - MulticastExchange: point to point to the schedule's receivers over the Inbox
+//    (engine/consistency.h); under BSP T is this clock's group, waited for; under
+//    SSP each batch is applied as it arrives.
 //
-// A "layer" here is a unit of the batch: the matrices of the parameters that one
-// group of SV sites updates together (a weight and its bias; a recurrent matrix
-// and all its steps), so a unit's rebuild never shares a parameter with another's.
-//
-// Nothing is copied on the way: a layer leaves as its record's header and the
-// arrays of the local batch where they lie (comm::Pieces, scatter/gather), and a
-// peer's layer is rebuilt from views into the buffer it arrived in (decodeView).
-//
-// MPI progress is driven without a thread of its own: each layer boundary of the
-// backward pass takes in what has arrived (MPI_Improbe / MPI_Test), and the waits
-// after it poll with short sleeps, as engine/consistency does.
+// Every way hands the worker S ∪ T in rank order, so every replica adds the same
+// terms in the same order, and the records the checkpoint log keeps.
 #pragma once
 
+#include "comm/schedule.h"
 #include "comm/transport.h"
 #include "engine/base/sv_batch.h"
 #include "engine/config.h"
+#include "engine/consistency.h"
 #include "engine/metrics.h"
-#include "ops/model.h"
+#include "engine/optimizer.h"
+#include "engine/recovery.h"
 
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <span>
 #include <vector>
 
 namespace orpheus::engine {
 
-// The units of a model's SV batches: sites that share a parameter (or bias) are
-// in one unit. Units are numbered by their first site.
-class SvUnits {
- public:
-  explicit SvUnits(const std::vector<ops::Model::SvSiteInfo>& sites);
-  size_t count() const { return units_.size(); }
-  size_t sites() const { return unitOf_.size(); }
-  size_t unitOf(size_t site) const { return unitOf_[site]; }
-  // The unit's sites, in batch order.
-  const std::vector<size_t>& members(size_t unit) const { return units_[unit]; }
-  // The unit whose first matrix updates `paramId`, or nothing.
-  std::optional<size_t> unitOfParam(uint32_t paramId) const;
-  // The parameters (weights and biases) a unit updates.
-  std::vector<uint32_t> params(size_t unit) const;
-
- private:
-  std::vector<ops::Model::SvSiteInfo> sites_;
-  std::vector<size_t> unitOf_;
-  std::vector<std::vector<size_t>> units_;
+// The batches a clock applies together, S ∪ T, in rank order, with their records
+// for the checkpoint log. Views: the own batch where it lies, the others' in the
+// buffers they arrived in (kept alive by the views and by `received`).
+struct ClockGroup {
+  std::vector<SvBatchView> batches;          // still to apply (none when the exchange applied them)
+  std::vector<ckpt::Record> records;         // every batch of the clock, applied or not
+  std::map<int, ReceivedBatch> received;     // T, as it arrived (point to point, BSP)
+  void add(SvBatchView batch, ckpt::Record record) {
+    batches.push_back(std::move(batch));
+    records.push_back(std::move(record));
+  }
 };
 
-// When the overlapped exchange of one clock did what, in seconds since the clock's
-// compute began (negative: never).
-struct OverlapTimes {
-  double firstSend = -1.0;     // the first layer handed to the network
-  double backwardEnd = -1.0;   // the backward pass (and selection) done
-  double lastArrival = -1.0;   // the last layer of the last peer in
-  double sendSeconds = 0.0;    // spent encoding and posting sends inside the backward pass
-};
-
-// --sync sv, broadcast, BSP: one per worker, reused every clock.
-class SvExchange {
+class ClockExchange {
  public:
   using Clock = std::chrono::steady_clock;
+  // Applies a group of batches that touch disjoint parameters from any other group of the clock.
   using ApplyFn = std::function<void(std::span<const SvBatchView* const> group)>;
-  // A peer's batch of the clock: its header, and the batch whole again (matrices in
-  // batch order) when it was asked for (the log keeps received batches).
-  struct PeerBatch {
-    SvBatchHeader header;
-    std::shared_ptr<const SvBatch> whole;
-  };
 
-  // Whether the overlapped exchange serves this job: --overlap on, --sync sv, a
-  // broadcast under BSP (not point to point) and a model that names its SV sites.
-  static bool serves(const TrainConfig& config, const ops::Model& model, bool pointToPoint);
+  virtual ~ClockExchange() = default;
 
-  SvExchange(const TrainConfig& config, const ops::Model& model, comm::Transport& transport);
-
-  // A new clock: its batches carry `header` and per-column coefficients `scale`
-  // (the model's ones, scaled); `start` is when its compute began. `arrays` owns
-  // the memory of the matrices siteReady() is given (the local batch, into which
-  // the backward pass's batch is moved): the sends keep it alive until they complete.
-  void begin(uint64_t clock, const SvBatchHeader& header, float scale, Clock::time_point start,
-             std::shared_ptr<const void> arrays);
-  // The local batch's matrix `site` is final: sends its unit once every matrix of
-  // the unit is, then takes in what has arrived: the backward pass's hook when the
-  // whole batch is sent. The matrix's arrays are sent from where they lie: they
-  // must stay unchanged until the sends complete.
-  void siteReady(size_t site, const SvMatrix& matrix);
-  // The backward pass (and the selection) is done.
-  void backwardDone();
-  // Sends every unit of `sent` (the selected batch) now, from its arrays.
-  void sendAll(std::shared_ptr<const SvBatch> sent);
-
-  // Waits for every peer's part of every unit of this clock, calling `apply` with
-  // each unit's batches in rank order (this rank's part from `own`, the whole
-  // local batch) as soon as all are in; returns the peers' batches in rank order
-  // (this rank's entry empty), whole when `keepWhole`. `rebuildSeconds` gets the
-  // time spent in `apply`.
-  std::vector<PeerBatch> finish(const SvBatch& own, const ApplyFn& apply, MetricsSink& metrics, double& rebuildSeconds,
-                                bool keepWhole);
-  const OverlapTimes& times() const { return times_; }
-
- private:
-  SvBatchView unitView(const SvBatchView& from, size_t unit) const;
-  // Sends the unit of `matrices` with `coeffs`, whose arrays `arrays` keeps alive.
-  void send(const Vector& coeffs, std::span<const SvMatrix* const> matrices, std::shared_ptr<const void> arrays);
-  void takeIn();
-  double since(Clock::time_point t) const { return std::chrono::duration<double>(t - start_).count(); }
-
-  const TrainConfig& config_;
-  comm::Transport& transport_;
-  SvUnits units_;
-  std::vector<std::pair<int64_t, int64_t>> shapes_;
-  uint64_t clock_ = 0;
-  SvBatchHeader header_;
-  float scale_ = 1.0f;
-  std::shared_ptr<const void> arrays_;
-  std::shared_ptr<const Vector> coeffs_;  // this clock's per-column coefficients, shared by its sends
-  Clock::time_point start_;
-  OverlapTimes times_;
-  // This clock's local matrices as the backward pass made them final, per site,
-  // and how many of each unit's are still to come.
-  std::vector<const SvMatrix*> ready_;
-  std::vector<size_t> missing_;
-  // What has arrived, by clock, sender and unit (a fast peer may be a clock ahead).
-  std::map<uint64_t, std::vector<std::vector<std::optional<SvBatchView>>>> arrived_;
-  // A peer's first batch that did not decode (a peer's batches arrive in order):
-  // raised in finish(), once this rank's own batches of the clock are out, when
-  // that peer's part of the clock is still missing, so no peer waits on this rank.
-  std::vector<std::exception_ptr> broken_;
+  // Whether this clock's batch leaves site by site from inside the backward pass
+  // (siteReady); `selects`: the clock sends a selection, which needs every site.
+  virtual bool streams(bool selects) const {
+    (void)selects;
+    return false;
+  }
+  // A new clock, whose batch carries `header` and coefficients scaled by `scale`;
+  // its compute began at `start`. `local` is where the backward pass's batch will
+  // be: the sends keep it alive until they complete.
+  virtual void begin(uint64_t clock, const SvBatchHeader& header, float scale, Clock::time_point start,
+                     std::shared_ptr<const SvBatch> local) {
+    (void)clock, (void)header, (void)scale, (void)start, (void)local;
+  }
+  // Streaming: the local batch's matrix `site` is final.
+  virtual void siteReady(size_t site, const SvMatrix& matrix) { (void)site, (void)matrix; }
+  // S leaves: `sent` is the selected batch, or the local batch whole.
+  virtual void send(uint64_t clock, std::shared_ptr<const SvBatch> sent, ClockStats& stats) = 0;
+  // Seconds spent sending inside the compute (streaming), which are not compute.
+  virtual double sendSeconds() const { return 0.0; }
+  // T: waits for the batches this clock applies and returns S ∪ T with the log's
+  // records. An exchange that rebuilds as batches arrive applies them through
+  // `apply` and leaves none in the group. Fills the stats' communication fields.
+  virtual ClockGroup receive(uint64_t clock, const std::shared_ptr<SvBatch>& local, const ApplyFn& apply,
+                             ClockStats& stats, MetricsSink& metrics) = 0;
 };
 
-// --sync dense with --overlap on: the dense gradient, each unit's parameters
-// all-reduced (begun, nonblocking) as soon as the backward pass has their
-// gradient, the rest after it; returns once every sum is complete. Bitwise the
-// gradient and the sums of Model::denseGradient followed by allreduceSum per
-// parameter (the default denseGradient, which rebuilds the batch's SVs).
-ParamSet overlappedDenseGradient(const ops::Model& model, const ParamSet& w, const ops::ExampleBatch& x,
-                                 double* meanLoss, comm::Transport& transport, uint64_t clock,
-                                 std::chrono::steady_clock::time_point start, OverlapTimes& times,
-                                 double& exposedSeconds, ops::Backend& backend, ops::RebuildBuffers& buffers);
+// Broadcast: one allgather of the batches, in the clock.
+class BroadcastExchange final : public ClockExchange {
+ public:
+  BroadcastExchange(comm::Transport& transport, std::vector<std::pair<int64_t, int64_t>> paramShapes, ClockLog& log);
+  void send(uint64_t clock, std::shared_ptr<const SvBatch> sent, ClockStats& stats) override;
+  ClockGroup receive(uint64_t clock, const std::shared_ptr<SvBatch>& local, const ApplyFn& apply, ClockStats& stats,
+                     MetricsSink& metrics) override;
+
+ private:
+  comm::Transport& transport_;
+  std::vector<std::pair<int64_t, int64_t>> shapes_;
+  ClockLog& log_;
+  std::shared_ptr<const SvBatch> sent_;
+};
+
+// Multicast: S to this clock's receivers of the schedule, point to point. Also
+// what arrives between clocks: under SSP a batch is applied as soon as it is in,
+// alone, and logged at the local clock; under BSP it waits for its clock's group.
+class MulticastExchange final : public ClockExchange {
+ public:
+  // All references must outlive the exchange; `replica` is the one batches are applied to.
+  MulticastExchange(const TrainConfig& config, const comm::MulticastSchedule& schedule, comm::Transport& transport,
+                    Inbox& inbox, ReplicaUpdater& updater, ParamSet& replica, ClockLog& log);
+  void send(uint64_t clock, std::shared_ptr<const SvBatch> sent, ClockStats& stats) override;
+  ClockGroup receive(uint64_t clock, const std::shared_ptr<SvBatch>& local, const ApplyFn& apply, ClockStats& stats,
+                     MetricsSink& metrics) override;
+
+  // Takes in what has arrived (SSP: applies it, logged at `clock`); never blocks.
+  void takeIn(uint64_t clock, MetricsSink& metrics);
+  // Waits, taking in, until every batch of the clocks <= `through` is in; returns
+  // the seconds waited. `at`: the clock this rank is at, for a timeout's message.
+  double waitComplete(uint64_t through, uint64_t clock, uint64_t at, MetricsSink& metrics);
+
+ private:
+  void applyReady(uint64_t clock);
+
+  const TrainConfig& config_;
+  const comm::MulticastSchedule& schedule_;
+  comm::Transport& transport_;
+  Inbox& inbox_;
+  ReplicaUpdater& updater_;
+  ParamSet& replica_;
+  ClockLog& log_;
+  Clock::time_point sendStart_;
+};
 
 }  // namespace orpheus::engine

@@ -21,6 +21,28 @@
 
 namespace orpheus::engine {
 
+// What one clock measured on this rank.
+struct ClockStats {
+  double loss = 0.0;
+  double computeSeconds = 0.0;  // forward/backward, SV identification and selection
+  double commSeconds = 0.0;     // encode, send, receive, decode (or gradient allreduce)
+  double updateSeconds = 0.0;   // rebuild / apply
+  double waitSeconds = 0.0;     // blocked on peers (BSP barrier or SSP staleness bound)
+  double selectSeconds = 0.0;
+  // The exchange under way (--overlap on; else equal to commSeconds): from the
+  // first layer sent (or all-reduce begun) to the last one in. commSeconds is the
+  // part of it the worker waited for (exposed), the rest hid behind compute and rebuild.
+  double exchangeSeconds = 0.0;
+  // Seconds into the clock's compute when the first layer went out and when the
+  // backward pass ended (-1: not measured, --overlap off).
+  double firstSendAt = -1.0;
+  double backwardEndAt = -1.0;
+  int64_t clockGap = 0;         // this clock minus the newest clock whose batches have all arrived, minus 1
+  uint64_t bytesSent = 0;
+  uint64_t messages = 0;
+};
+
+
 // One JSON object built field by field; non-finite numbers become null.
 class JsonLine {
  public:

@@ -3,7 +3,7 @@
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
 #include "engine/data/sampler.h"
-#include "engine/exchange.h"
+#include "engine/overlap.h"
 #include "engine/job.h"
 #include "engine/live.h"
 #include "engine/progress.h"
@@ -103,10 +103,12 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
       // and dense sync), so --lr means the same step whatever the fanout.
       heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
       updater_(optimizerSettings(config), model, backend),
-      feed_(config, transport, train) {
-  // Built when a BSP clock of this job can go through the collective; used on those clocks.
-  if (SvExchange::serves(config, model, config.dropLinks > 0.0 || config.consistency == Consistency::kSsp)) {
-    exchange_ = std::make_unique<SvExchange>(config, model, transport);
+      feed_(config, transport, train),
+      broadcast_(transport, model.paramShapes(), *log_),
+      multicast_(config, schedule_, transport, inbox_, updater_, replica_, *log_) {
+  // Used on the clocks that go through the broadcast.
+  if (OverlappedExchange::serves(config, model)) {
+    overlapped_ = std::make_unique<OverlappedExchange>(config, model, transport, *log_);
   }
   applyKnobs(knobs_);
 }
@@ -195,11 +197,11 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSin
     std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
   }
   if (pointToPoint_) {
-    receive(clock, metrics);
+    multicast_.takeIn(clock, metrics);
     // SSP: start clock t only once every batch addressed here from clocks <= t-s-1 is in.
     const auto staleness = static_cast<uint64_t>(knobs_.staleness);
     if (config_.consistency == Consistency::kSsp && clock > staleness + 1) {
-      stats.waitSeconds += waitComplete(clock - staleness - 1, clock, metrics);
+      stats.waitSeconds += multicast_.waitComplete(clock - staleness - 1, clock, clock, metrics);
     }
     const uint64_t complete = std::min(inbox_.completeThrough(), clock - 1);
     stats.clockGap = static_cast<int64_t>(clock - 1) - static_cast<int64_t>(complete);
@@ -219,95 +221,61 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSin
   return stats;
 }
 
-// Algorithm 1: one clock of --sync sv.
+// Algorithm 1: one clock of --sync sv. The exchange (engine/exchange.h) is how
+// S and T travel under this clock's knobs: broadcast, overlapped or multicast.
 void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats, MetricsSink& metrics) {
-  if (exchange_ && !pointToPoint_) {
-    overlappedSvClock(clock, examples, stats, metrics);
-    return;
-  }
+  const auto start = Clock::now();
+  ClockExchange& exchange = exchangeNow();
   // S: compute_svg(W, x) for each x of the minibatch.
-  const std::shared_ptr<SvBatch> local = computeSvgs(clock, examples, stats);
+  const std::shared_ptr<SvBatch> local = computeSvgs(clock, examples, exchange, start, stats);
   if (local == nullptr) return;  // the loss is not finite: runClock reports it
   if (adapt_.measuresAt(clock)) measuredBatch_ = local;
   // The C SVGs of S worth sending (all of S when selection is off).
   std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
-  const std::shared_ptr<const SvBatch> sent =
-      selected ? std::make_shared<const SvBatch>(std::move(*selected)) : std::shared_ptr<const SvBatch>(local);
+  // Send S to this clock's receivers.
+  exchange.send(clock, selected ? std::make_shared<const SvBatch>(std::move(*selected)) : local, stats);
+  stats.computeSeconds = secondsSince(start) - exchange.sendSeconds();
   notePhase(ClockPhase::kExchange, clock);
-  // Send S to this clock's receivers and receive T, the SVG sets addressed here.
-  Group group = pointToPoint_ ? exchangeWithPeers(clock, local, sent, stats, metrics)
-                              : exchangeWithAll(clock, local, *sent, stats);
+  // Receive T, the SVG sets addressed here (rebuilt as they arrive where the exchange overlaps).
+  const auto apply = [&](std::span<const SvBatchView* const> group) { updater_.applyGroup(clock, group, replica_); };
+  ClockGroup group = exchange.receive(clock, local, apply, stats, metrics);
   notePhase(ClockPhase::kRebuild, clock);
   // W += compute_update(s) for each s in S ∪ T, rebuilt together.
   rebuild(clock, group, stats);
   // The batches applied, to the checkpoint log.
   log_->appendGroup(clock, std::move(group.records));
-  stats.exchangeSeconds = stats.commSeconds;
 }
 
-// svClock with the exchange overlapped: the same batches, selected and applied the
-// same way, so the same parameters bit for bit.
-void Worker::overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats,
-                               MetricsSink& metrics) {
-  const auto start = Clock::now();
-  const bool selects = knobs_.select > 0 && knobs_.select < examples.size();
-  // The batch the backward pass builds is moved in here, arrays and all: the
-  // layers sent from inside the pass keep it alive until their sends complete.
+ClockExchange& Worker::exchangeNow() {
+  if (pointToPoint_) return multicast_;
+  if (overlapped_) return *overlapped_;
+  return broadcast_;
+}
+
+// The backward pass's batch, scaled; its sites handed to the exchange as they
+// become final where it streams. Null when the loss is not finite.
+std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleBatch& examples,
+                                             ClockExchange& exchange, Clock::time_point start, ClockStats& stats) {
+  const float scale = updater_.coefficientScale(clock, heard_);
+  // Shared: the sends and the checkpoint log keep the batch as it is once applied.
   auto local = std::make_shared<SvBatch>();
-  exchange_->begin(clock, header(clock), updater_.coefficientScale(clock, heard_), start, local);
-  bool finite = true;
-  *local = model_.computeSvgStreamed(replica_, examples, &stats.loss, [&](size_t site, const SvMatrix& m) {
-    // Nothing leaves a rank whose loss is not finite: runClock reports it.
-    finite = finite && std::isfinite(stats.loss);
-    if (finite && !selects) exchange_->siteReady(site, m);
-  });
-  if (!std::isfinite(stats.loss)) return;
-  ops::scaleCoefficients(*local, updater_.coefficientScale(clock, heard_));
-  local->header = header(clock);
-  if (adapt_.measuresAt(clock)) measuredBatch_ = local;
-  if (selects) {
-    std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
-    exchange_->sendAll(selected ? std::make_shared<const SvBatch>(std::move(*selected)) : local);
+  exchange.begin(clock, header(clock), scale, start, local);
+  const bool selects = knobs_.select > 0 && knobs_.select < examples.size();
+  if (exchange.streams(selects)) {
+    bool finite = true;
+    // The batch the backward pass builds is moved in here, arrays and all: the
+    // sites sent from inside the pass keep it alive until their sends complete.
+    *local = model_.computeSvgStreamed(replica_, examples, &stats.loss, [&](size_t site, const SvMatrix& m) {
+      // Nothing leaves a rank whose loss is not finite.
+      finite = finite && std::isfinite(stats.loss);
+      if (finite) exchange.siteReady(site, m);
+    });
+  } else {
+    *local = model_.computeSvg(replica_, examples, &stats.loss);
   }
-  exchange_->backwardDone();
-  stats.computeSeconds = secondsSince(start) - exchange_->times().sendSeconds;
-  notePhase(ClockPhase::kExchange, clock);
-
-  const auto t = Clock::now();
-  double rebuildSeconds = 0.0;
-  const auto remote = exchange_->finish(
-      *local, [&](std::span<const SvBatchView* const> group) { updater_.applyGroup(clock, group, replica_); },
-      metrics, rebuildSeconds, log_->keepsRecords());
-  notePhase(ClockPhase::kRebuild, clock);
-  const auto r = Clock::now();
-  if (config_.consistency != Consistency::kSsp) updater_.finishClock(replica_);
-  stats.updateSeconds = rebuildSeconds + secondsSince(r);
-  stats.commSeconds = exchange_->times().sendSeconds + std::chrono::duration<double>(r - t).count() - rebuildSeconds;
-  const OverlapTimes& times = exchange_->times();
-  stats.firstSendAt = times.firstSend;
-  stats.backwardEndAt = times.backwardEnd;
-  stats.exchangeSeconds = std::max(0.0, times.lastArrival - std::max(0.0, times.firstSend));
-  // The log gets what the other path gives it: the own batch whole, the others as they were sent.
-  std::vector<ckpt::Record> records;
-  for (int rank = 0; rank < transport_.size(); ++rank) {
-    const auto& batch = remote[static_cast<size_t>(rank)];
-    if (rank == transport_.rank()) {
-      records.push_back(ckpt::Record::of(local));
-    } else {
-      records.push_back(log_->received(batch.header, batch.whole ? ckpt::Record::of(batch.whole) : ckpt::Record{}));
-    }
-  }
-  log_->appendGroup(clock, std::move(records));
-}
-
-std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
-  const auto t = Clock::now();
-  // Shared, so the checkpoint log can keep the batch as it is once applied.
-  auto local = std::make_shared<SvBatch>(model_.computeSvg(replica_, examples, &stats.loss));
   if (!std::isfinite(stats.loss)) return nullptr;
-  ops::scaleCoefficients(*local, updater_.coefficientScale(clock, heard_));
+  ops::scaleCoefficients(*local, scale);
   local->header = header(clock);
-  stats.computeSeconds = secondsSince(t);
   return local;
 }
 
@@ -316,102 +284,23 @@ std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local
   const auto t = Clock::now();
   std::optional<SvBatch> sent =
       selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank());
-  if (!sent) return std::nullopt;
-  stats.selectSeconds = secondsSince(t);
-  stats.computeSeconds += stats.selectSeconds;
+  if (sent) stats.selectSeconds = secondsSince(t);
   return sent;
 }
 
-// Broadcast: one allgather; every replica applies every batch, in rank order, so
-// all add the same terms in the same order.
-Worker::Group Worker::exchangeWithAll(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
-                                      ClockStats& stats) {
+void Worker::rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats) {
   const auto t = Clock::now();
-  // Sent from where the batch lies: the record's header and the batch's arrays.
-  SvBatchPieces record = encodePieces(sent, /*scanValues=*/true);
-  record.seal();
-  const auto all =
-      std::make_shared<const comm::Gathered>(transport_.allgatherv(comm::Pieces{record.pieces, nullptr}, clock));
-  Group group;
-  SvBatchExpectation expect;
-  expect.clock = static_cast<int64_t>(clock);
-  expect.paramShapes = model_.paramShapes();
-  // The own batch as it is, the others' as they arrived (decoded, so checked, and
-  // read where they are in the gathered buffer).
-  for (int r = 0; r < transport_.size(); ++r) {
-    if (r == transport_.rank()) {
-      group.add(viewOf(local), ckpt::Record::of(local));
-      continue;
-    }
-    expect.sender = r;
-    const std::span<const std::byte> part = all->part(static_cast<size_t>(r));
-    SvBatchView batch = decodeView(all, part, expect);
-    const SvBatchHeader header = batch.header;
-    group.add(std::move(batch), log_->received(header, ckpt::Record::part(all, part, true)));
+  if (!group.batches.empty()) {
+    std::vector<const SvBatchView*> batches;
+    batches.reserve(group.batches.size());
+    for (const SvBatchView& b : group.batches) batches.push_back(&b);
+    updater_.applyGroup(clock, batches, replica_);
   }
-  // Waiting for the slowest rank is wait, as it is on the point-to-point path.
-  stats.waitSeconds += all->waitSeconds;
-  stats.commSeconds = secondsSince(t) - all->waitSeconds;
-  return group;
-}
-
-// Multicast: S to this clock's receivers of the schedule. Under SSP T is applied
-// as it arrives, so the group is the own batch; under BSP it is every batch of
-// this clock, waited for, in rank order.
-Worker::Group Worker::exchangeWithPeers(uint64_t clock, const std::shared_ptr<SvBatch>& local,
-                                        const std::shared_ptr<const SvBatch>& sent, ClockStats& stats,
-                                        MetricsSink& metrics) {
-  auto t = Clock::now();
-  // Sent from where the batch lies (the local batch, or the selected one), which
-  // the sends keep alive until they complete.
-  {
-    auto record = std::make_shared<SvBatchPieces>(encodePieces(*sent, /*scanValues=*/true));
-    record->seal();
-    struct Owner {
-      std::shared_ptr<const SvBatchPieces> record;
-      std::shared_ptr<const SvBatch> batch;
-    };
-    auto pieces = std::make_shared<comm::Pieces>();
-    pieces->pieces = record->pieces;
-    pieces->owner = std::make_shared<const Owner>(Owner{std::move(record), sent});
-    for (int peer : schedule_.receivers(clock, transport_.rank())) {
-      transport_.sendAsync(peer, comm::SharedPieces(pieces));
-    }
-  }
-  receive(clock, metrics);
-  stats.commSeconds = secondsSince(t);
-  // The log keeps the whole batch the replica applies (encoded by the log's IO thread).
-  ckpt::Record own = ckpt::Record::of(local);
-  Group group;
-  if (config_.consistency == Consistency::kSsp) {
-    group.add(viewOf(local), std::move(own));
-    return group;
-  }
-  stats.waitSeconds += waitComplete(clock, clock, metrics);
-  group.received = inbox_.takeClock(clock);
-  bool ownAdded = false;
-  for (auto& [sender, r] : group.received) {
-    if (!ownAdded && sender > transport_.rank()) {
-      group.add(viewOf(local), own);
-      ownAdded = true;
-    }
-    group.add(r.batch, log_->received(r.batch.header, r.record()));
-  }
-  if (!ownAdded) group.add(viewOf(local), std::move(own));
-  return group;
-}
-
-void Worker::rebuild(uint64_t clock, const Group& group, ClockStats& stats) {
-  const auto t = Clock::now();
-  std::vector<const SvBatchView*> batches;
-  batches.reserve(group.batches.size());
-  for (const SvBatchView& b : group.batches) batches.push_back(&b);
-  updater_.applyGroup(clock, batches, replica_);
   // Under BSP this group is all the clock applies: its step is taken now. Under
   // SSP batches of this local clock may still come (the coordinator's barrier,
   // the final drain); the step waits for them (ReplicaUpdater).
   if (config_.consistency != Consistency::kSsp) updater_.finishClock(replica_);
-  stats.updateSeconds = secondsSince(t);
+  stats.updateSeconds += secondsSince(t);
 }
 
 void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
@@ -451,28 +340,6 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
   stats.updateSeconds = secondsSince(t);
 }
 
-void Worker::receive(uint64_t clock, MetricsSink& metrics) {
-  inbox_.receive(metrics);
-  applyReady(clock);
-}
-
-double Worker::waitComplete(uint64_t through, uint64_t clock, MetricsSink& metrics) {
-  // clock_ + 1: the clock this rank is at, for a timeout's message.
-  const double waited = inbox_.waitComplete(through, clock_ + 1, metrics);
-  applyReady(clock);
-  return waited;
-}
-
-// SSP: each batch that arrived, applied alone in arrival order and logged at the
-// local clock `clock`.
-void Worker::applyReady(uint64_t clock) {
-  for (ReceivedBatch& r : inbox_.takeReady()) {
-    const SvBatchView* one[] = {&r.batch};
-    updater_.applyGroup(clock, one, replica_);
-    log_->appendGroup(clock, {log_->received(r.batch.header, r.record())});
-  }
-}
-
 void Worker::drain(uint64_t lastClock) {
   NullMetricsSink none;
   drain(lastClock, none);
@@ -480,10 +347,10 @@ void Worker::drain(uint64_t lastClock) {
 
 void Worker::drain(uint64_t lastClock, MetricsSink& metrics) {
   if (pointToPoint_) {
-    waitComplete(lastClock, lastClock, metrics);
+    multicast_.waitComplete(lastClock, lastClock, clock_ + 1, metrics);
     transport_.flushSends();
   }
-  if (exchange_) transport_.flushSends();
+  if (overlapped_) transport_.flushSends();
   // Nothing more of `lastClock` can come: its optimizer step.
   updater_.finishClock(replica_);
 }
@@ -498,7 +365,7 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
   if (!coordinator_.barrierAfter(clock) && !adapt_.decidesAfter(clock)) return done;
   // A consistent cut: every batch of every clock <= `clock` is applied everywhere.
   // Nobody has sent anything newer, since every rank stops here after `clock`.
-  if (pointToPoint_) waitComplete(clock, clock, metrics);
+  if (pointToPoint_) multicast_.waitComplete(clock, clock, clock_ + 1, metrics);
   // Every group of this clock is in: its optimizer step, before the state moves.
   updater_.finishClock(replica_);
   Optimizer& optimizer = updater_.optimizer();

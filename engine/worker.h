@@ -14,6 +14,7 @@
 #include "engine/consistency.h"
 #include "engine/coordinator.h"
 #include "engine/data/dataset.h"
+#include "engine/exchange.h"
 #include "engine/metrics.h"
 #include "engine/optimizer.h"
 #include "engine/recovery.h"
@@ -26,29 +27,8 @@
 
 namespace orpheus::engine {
 
-class SvExchange;
+class OverlappedExchange;
 class MembershipWatch;
-
-// What one clock measured on this rank.
-struct ClockStats {
-  double loss = 0.0;
-  double computeSeconds = 0.0;  // forward/backward, SV identification and selection
-  double commSeconds = 0.0;     // encode, send, receive, decode (or gradient allreduce)
-  double updateSeconds = 0.0;   // rebuild / apply
-  double waitSeconds = 0.0;     // blocked on peers (BSP barrier or SSP staleness bound)
-  double selectSeconds = 0.0;
-  // The exchange under way (--overlap on; else equal to commSeconds): from the
-  // first layer sent (or all-reduce begun) to the last one in. commSeconds is the
-  // part of it the worker waited for (exposed), the rest hid behind compute and rebuild.
-  double exchangeSeconds = 0.0;
-  // Seconds into the clock's compute when the first layer went out and when the
-  // backward pass ended (-1: not measured, --overlap off).
-  double firstSendAt = -1.0;
-  double backwardEndAt = -1.0;
-  int64_t clockGap = 0;         // this clock minus the newest clock whose batches have all arrived, minus 1
-  uint64_t bytesSent = 0;
-  uint64_t messages = 0;
-};
 
 struct EvalResult {
   double loss = 0.0;
@@ -181,18 +161,6 @@ class Worker {
   const RunTotals& runTotals() const { return totals_; }
 
  private:
-  // The batches a clock applies together, in rank order, with their records for the log.
-  // Batches are views: the own batch where it lies, the others' in the buffers
-  // they arrived in (kept alive by the views).
-  struct Group {
-    std::vector<SvBatchView> batches;
-    std::vector<ckpt::Record> records;
-    std::map<int, ReceivedBatch> received;     // T, as it arrived (point to point, BSP)
-    void add(SvBatchView batch, ckpt::Record record) {
-      batches.push_back(std::move(batch));
-      records.push_back(std::move(record));
-    }
-  };
   // What one clock of the loop in run() adds up to, beyond ClockStats.
   struct Tally {
     double trainSeconds = 0.0;
@@ -210,25 +178,14 @@ class Worker {
 
   // --sync sv, Algorithm 1: compute_svg, select, send S, receive T, compute_update(S ∪ T), log.
   void svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats, MetricsSink& metrics);
-  std::shared_ptr<SvBatch> computeSvgs(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
+  // The way S and T travel under the knobs in force (engine/exchange.h).
+  ClockExchange& exchangeNow();
+  std::shared_ptr<SvBatch> computeSvgs(uint64_t clock, const ops::ExampleBatch& examples, ClockExchange& exchange,
+                                       std::chrono::steady_clock::time_point start, ClockStats& stats);
   std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) const;
-  Group exchangeWithAll(uint64_t clock, const std::shared_ptr<SvBatch>& local, const SvBatch& sent,
-                        ClockStats& stats);
-  Group exchangeWithPeers(uint64_t clock, const std::shared_ptr<SvBatch>& local,
-                          const std::shared_ptr<const SvBatch>& sent, ClockStats& stats, MetricsSink& metrics);
-  void rebuild(uint64_t clock, const Group& group, ClockStats& stats);
-  // --overlap on: each layer's SVs sent from inside the backward pass, each
-  // layer rebuilt as it arrives (engine/exchange.h).
-  void overlappedSvClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats, MetricsSink& metrics);
+  void rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline).
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
-
-  // Point to point: takes in what has arrived and applies what SSP lets through at
-  // once, logged at local clock `clock`; waits (taking in) until the clocks <=
-  // `through` are complete and returns the seconds waited.
-  void receive(uint64_t clock, MetricsSink& metrics);
-  double waitComplete(uint64_t through, uint64_t clock, MetricsSink& metrics);
-  void applyReady(uint64_t clock);
 
   // --adapt: this clock's measurements to the controller and, at a decision
   // barrier, the knobs it announces (logged, then in force from the next clock).
@@ -274,8 +231,11 @@ class Worker {
   ClockObserver* observer_ = nullptr;
   MembershipWatch* membership_ = nullptr;
   uint64_t changesAfter_ = 0;
-  std::unique_ptr<SvExchange> exchange_;  // --overlap on, clocks through the collective; else null
   DataFeed feed_;  // the minibatches: the shard, or with --balance the chunks this rank owns
+  // The ways a clock's batches travel (exchangeNow): the overlapped one only with --overlap.
+  BroadcastExchange broadcast_;
+  MulticastExchange multicast_;
+  std::unique_ptr<OverlappedExchange> overlapped_;
 };
 
 ops::ExampleBatch view(const data::Batch& batch);
