@@ -1,6 +1,7 @@
 #include "engine/metrics.h"
 
 #include "engine/base/error.h"
+#include "ops/model.h"
 
 #include <fmt/ranges.h>
 
@@ -226,6 +227,89 @@ void MetricsCollector::finish(std::chrono::milliseconds timeout) {
 
 void MetricsReporter::report(const ClockRecord& record) {
   transport_.control().send(0, encodeRecord(record));
+}
+
+ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockAround& around) {
+  ClockRecord r{};
+  r[kClock] = static_cast<double>(clock);
+  r[kSeconds] = around.leader ? around.trainSeconds : 0.0;
+  r[kLoss] = stats.loss;
+  r[kBytes] = static_cast<double>(stats.bytesSent + around.coordinationBytes);
+  r[kMessages] = static_cast<double>(stats.messages);
+  r[kCompute] = stats.computeSeconds;
+  r[kComm] = stats.commSeconds;
+  r[kUpdate] = stats.updateSeconds;
+  r[kWait] = stats.waitSeconds;
+  r[kSelect] = stats.selectSeconds;
+  r[kExchange] = stats.exchangeSeconds;
+  r[kFirstSend] = stats.firstSendAt;
+  r[kBackwardEnd] = stats.backwardEndAt;
+  r[kClockSeconds] = around.clockSeconds;
+  r[kGap] = static_cast<double>(stats.clockGap);
+  r[kCkptWait] = around.ckptWaitSeconds;
+  r[kCkptCpu] = around.ckptCpuSeconds;
+  r[kFailed] = around.failed ? 1.0 : 0.0;
+  r[kLostClocks] = static_cast<double>(around.lostClocks);
+  if (around.leader) {
+    r[kReplica] = around.replica;
+    r[kAveraged] = around.averaged ? 1.0 : 0.0;
+    r[kRotated] = around.rotated ? 1.0 : 0.0;
+    r[kDivergenceMax] = around.divergenceMax;
+    r[kDivergenceMean] = around.divergenceMean;
+  }
+  return r;
+}
+
+void addJobSettings(JsonLine& line, const TrainConfig& config, const ops::Model& model, int ranks, int fanout) {
+  line.add("ranks", ranks)
+      .add("sync", toString(config.sync))
+      .add("model", model.spec())
+      .add("batch_per_rank", config.batch)
+      .add("select", config.select)
+      .add("multicast", comm::multicastName(config.multicast))
+      .add("fanout", fanout)
+      .add("consistency", toString(config.consistency))
+      .add("staleness", config.staleness)
+      .add("drop_links", config.dropLinks);
+}
+
+JsonLine summaryLine(const TrainConfig& config, const ops::Model& model, const RunSummary& run) {
+  const RunTotals& totals = run.totals;
+  const auto clocksRun = static_cast<double>(std::max<uint64_t>(1, run.lastClock + 1 - totals.firstClock));
+  JsonLine summary;
+  summary.add("summary", true)
+      .add("clocks", run.lastClock)
+      .add("clocks_planned", config.clocks)
+      .add("reached_target", run.reachedTarget);
+  addJobSettings(summary, config, model, run.ranks, run.fanout);
+  summary.add("device", run.device);
+  summary.add("seconds", run.trainSeconds)
+      .add("bytes_sent", totals.bytesSent)
+      .add("messages", totals.messages)
+      .add("bytes_per_clock", static_cast<double>(totals.bytesSent) / clocksRun)
+      .add("max_clock_gap", static_cast<int64_t>(totals.maxGap))
+      .add("average_every", config.averageEvery)
+      .add("rotate_every", config.rotateEvery)
+      .add("failures", totals.failures)
+      .add("lost_clocks", totals.lostClocks)
+      .add("replica", static_cast<int64_t>(run.replica));
+  if (config.adapt) {
+    summary.add("adapt", true)
+        .add("final_select", run.knobs.select)
+        .add("final_fanout", run.knobs.fanout)
+        .add("final_staleness", run.knobs.staleness)
+        .add("final_average_every", run.knobs.averageEvery);
+  }
+  if (run.evaluated) {
+    summary.add("initial_test_loss", run.initialTestLoss);
+    summary.add("test_loss", run.testLoss);
+    if (model.reportsPerplexity()) summary.add("test_perplexity", std::exp(run.testLoss));
+    if (model.hasAccuracy()) {
+      summary.add("test_accuracy", run.testAccuracy);
+      summary.add("best_test_accuracy", std::max(totals.bestAccuracy, run.testAccuracy));
+    }
+  }
+  return summary;
 }
 
 }  // namespace orpheus::engine

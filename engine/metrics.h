@@ -7,6 +7,8 @@
 #pragma once
 
 #include "comm/transport.h"
+#include "engine/adapt/knobs.h"
+#include "engine/config.h"
 #include "engine/progress.h"
 
 #include <array>
@@ -18,6 +20,10 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace orpheus::ops {
+class Model;
+}  // namespace orpheus::ops
 
 namespace orpheus::engine {
 
@@ -95,6 +101,64 @@ using ClockRecord = std::array<double, kClockFieldCount>;
 comm::SharedBytes encodeRecord(const ClockRecord& record);
 // Error (an internal invariant) when `bytes` is not one record; `peer` names the sender.
 ClockRecord decodeRecord(std::span<const std::byte> bytes, int peer);
+
+// What the loop measured around a clock, for its record (clockRecord).
+struct ClockAround {
+  double trainSeconds = 0.0;       // the run's training seconds through this clock (rank 0's count)
+  double clockSeconds = 0.0;
+  uint64_t coordinationBytes = 0;  // averaging, rotation
+  double ckptWaitSeconds = 0.0;    // waited for the checkpoint writer
+  double ckptCpuSeconds = 0.0;     // the writer's CPU time
+  bool failed = false;             // an injected failure hit this rank
+  uint64_t lostClocks = 0;
+  // Set by rank 0 only (the fields after kReplica).
+  bool leader = false;
+  int replica = 0;
+  bool averaged = false;
+  bool rotated = false;
+  double divergenceMax = 0.0;
+  double divergenceMean = 0.0;
+};
+
+// This rank's record of clock `clock` (without its evaluation fields).
+ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockAround& around);
+
+// What a run adds up to over its membership epochs (engine/live.h): each epoch's
+// worker continues from the totals of the epochs before it, so the clock records
+// and the summary cover the whole run. Rank 0's are the job's; elsewhere only the
+// seconds count.
+struct RunTotals {
+  double trainSeconds = 0.0;
+  uint64_t bytesSent = 0;
+  uint64_t messages = 0;
+  int64_t failures = 0;
+  int64_t lostClocks = 0;
+  double maxGap = 0.0;
+  double bestAccuracy = -1.0;
+  uint64_t firstClock = 0;  // the run's first clock; 0: this epoch's
+};
+
+// The summary line of a run (train's), from what its worker knows at the end.
+struct RunSummary {
+  uint64_t lastClock = 0;
+  bool reachedTarget = false;
+  double trainSeconds = 0.0;
+  RunTotals totals;
+  int ranks = 1;
+  int fanout = 0;
+  std::string device;
+  int replica = 0;
+  adapt::Knobs knobs;  // in force at the end (--adapt)
+  bool evaluated = false;
+  double initialTestLoss = 0.0;
+  double testLoss = 0.0;
+  double testAccuracy = 0.0;
+};
+JsonLine summaryLine(const TrainConfig& config, const ops::Model& model, const RunSummary& run);
+
+// The job's settings in a summary line (train's and simulate's): ranks, sync, model,
+// batch, selection, multicast, fanout, consistency, staleness, broken links.
+void addJobSettings(JsonLine& line, const TrainConfig& config, const ops::Model& model, int ranks, int fanout);
 
 // Rank 0's sum of every rank's records: writes the line of a clock once all
 // `ranks` records of it have arrived, in clock order, whatever order the records

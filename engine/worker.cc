@@ -32,19 +32,6 @@ std::chrono::milliseconds timeoutOf(const TrainConfig& config) {
 
 }  // namespace
 
-void addJobSettings(JsonLine& line, const TrainConfig& config, const ops::Model& model, int ranks, int fanout) {
-  line.add("ranks", ranks)
-      .add("sync", toString(config.sync))
-      .add("model", model.spec())
-      .add("batch_per_rank", config.batch)
-      .add("select", config.select)
-      .add("multicast", comm::multicastName(config.multicast))
-      .add("fanout", fanout)
-      .add("consistency", toString(config.consistency))
-      .add("staleness", config.staleness)
-      .add("drop_links", config.dropLinks);
-}
-
 ops::ExampleBatch view(const data::Batch& batch) {
   ops::ExampleBatch x;
   if (batch.sparse) {
@@ -495,34 +482,21 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   tally.trainSeconds += clockSeconds;
   notePhase(ClockPhase::kEnded, clock);
 
-  const bool leader = transport_.rank() == 0;
-  ClockRecord r{};
-  r[kClock] = static_cast<double>(clock);
-  r[kSeconds] = leader ? tally.trainSeconds : 0.0;
-  r[kLoss] = stats.loss;
-  r[kBytes] = static_cast<double>(stats.bytesSent + coordinationBytes);
-  r[kMessages] = static_cast<double>(stats.messages);
-  r[kCompute] = stats.computeSeconds;
-  r[kComm] = stats.commSeconds;
-  r[kUpdate] = stats.updateSeconds;
-  r[kWait] = stats.waitSeconds;
-  r[kSelect] = stats.selectSeconds;
-  r[kExchange] = stats.exchangeSeconds;
-  r[kFirstSend] = stats.firstSendAt;
-  r[kBackwardEnd] = stats.backwardEndAt;
-  r[kClockSeconds] = clockSeconds;
-  r[kGap] = static_cast<double>(stats.clockGap);
-  r[kCkptWait] = log_->waitSeconds() - ckptWaitBefore;
-  r[kCkptCpu] = log_->writerCpuSeconds() - ckptCpuBefore;
-  r[kFailed] = failure.failed ? 1.0 : 0.0;
-  r[kLostClocks] = static_cast<double>(failure.lostClocks);
-  if (leader) {
-    r[kReplica] = replicaId_;
-    r[kAveraged] = coordination.averaged ? 1.0 : 0.0;
-    r[kRotated] = coordination.rotated ? 1.0 : 0.0;
-    r[kDivergenceMax] = coordination.divergenceMax;
-    r[kDivergenceMean] = coordination.divergenceMean;
-  }
+  ClockAround around;
+  around.trainSeconds = tally.trainSeconds;
+  around.clockSeconds = clockSeconds;
+  around.coordinationBytes = coordinationBytes;
+  around.ckptWaitSeconds = log_->waitSeconds() - ckptWaitBefore;
+  around.ckptCpuSeconds = log_->writerCpuSeconds() - ckptCpuBefore;
+  around.failed = failure.failed;
+  around.lostClocks = failure.lostClocks;
+  around.leader = transport_.rank() == 0;
+  around.replica = replicaId_;
+  around.averaged = coordination.averaged;
+  around.rotated = coordination.rotated;
+  around.divergenceMax = coordination.divergenceMax;
+  around.divergenceMean = coordination.divergenceMean;
+  ClockRecord r = clockRecord(clock, stats, around);
   const bool reachedTarget = evaluateAt(clock, r);
   if (reachedTarget) {
     tally.last = clock;
@@ -568,43 +542,21 @@ bool Worker::evaluateAt(uint64_t clock, ClockRecord& record) {
 }
 
 void Worker::writeSummary(MetricsWriter& metrics, const Tally& tally, const EvalResult& initialEval) const {
-  // The whole run's, over its membership epochs (runTotals()).
-  const RunTotals& run = totals_;
-  const auto clocksRun = static_cast<double>(std::max<uint64_t>(1, tally.last + 1 - run.firstClock));
-  JsonLine summary;
-  summary.add("summary", true)
-      .add("clocks", tally.last)
-      .add("clocks_planned", config_.clocks)
-      .add("reached_target", tally.reachedTarget);
-  addJobSettings(summary, config_, model_, transport_.size(), schedule_.fanout());
-  summary.add("device", updater_.backend().describe());
-  summary.add("seconds", tally.trainSeconds)
-      .add("bytes_sent", run.bytesSent)
-      .add("messages", run.messages)
-      .add("bytes_per_clock", static_cast<double>(run.bytesSent) / clocksRun)
-      .add("max_clock_gap", static_cast<int64_t>(run.maxGap))
-      .add("average_every", config_.averageEvery)
-      .add("rotate_every", config_.rotateEvery)
-      .add("failures", run.failures)
-      .add("lost_clocks", run.lostClocks)
-      .add("replica", static_cast<int64_t>(replicaId_));
-  if (config_.adapt) {
-    summary.add("adapt", true)
-        .add("final_select", knobs_.select)
-        .add("final_fanout", knobs_.fanout)
-        .add("final_staleness", knobs_.staleness)
-        .add("final_average_every", knobs_.averageEvery);
-  }
-  if (test_ != nullptr) {
-    summary.add("initial_test_loss", initialEval.loss);
-    summary.add("test_loss", lastEval_.loss);
-    if (model_.reportsPerplexity()) summary.add("test_perplexity", std::exp(lastEval_.loss));
-    if (model_.hasAccuracy()) {
-      summary.add("test_accuracy", lastEval_.accuracy);
-      summary.add("best_test_accuracy", std::max(run.bestAccuracy, lastEval_.accuracy));
-    }
-  }
-  metrics.write(summary);
+  RunSummary run;
+  run.lastClock = tally.last;
+  run.reachedTarget = tally.reachedTarget;
+  run.trainSeconds = tally.trainSeconds;
+  run.totals = totals_;  // the whole run's, over its membership epochs
+  run.ranks = transport_.size();
+  run.fanout = schedule_.fanout();
+  run.device = updater_.backend().describe();
+  run.replica = replicaId_;
+  run.knobs = knobs_;
+  run.evaluated = test_ != nullptr;
+  run.initialTestLoss = initialEval.loss;
+  run.testLoss = lastEval_.loss;
+  run.testAccuracy = lastEval_.accuracy;
+  metrics.write(summaryLine(config_, model_, run));
 }
 
 }  // namespace orpheus::engine

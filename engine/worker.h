@@ -139,20 +139,7 @@ class Worker {
   // batch applied and the log durable, without the final evaluation and summary
   // (0: it ran to the end).
   uint64_t changesAfter() const { return changesAfter_; }
-  // What a run adds up to over its membership epochs (engine/live.h): each epoch's
-  // worker continues from the totals of the epochs before it, so the clock records
-  // and the summary cover the whole run. Rank 0's are the job's; elsewhere only the
-  // seconds count.
-  struct RunTotals {
-    double trainSeconds = 0.0;
-    uint64_t bytesSent = 0;
-    uint64_t messages = 0;
-    int64_t failures = 0;
-    int64_t lostClocks = 0;
-    double maxGap = 0.0;
-    double bestAccuracy = -1.0;
-    uint64_t firstClock = 0;  // the run's first clock; 0: this epoch's
-  };
+  using RunTotals = engine::RunTotals;
   void continueRun(const RunTotals& earlier) {
     totals_ = earlier;
     trainSeconds_ = earlier.trainSeconds;
@@ -245,10 +232,6 @@ ops::ExampleBatch view(const data::Batch& batch);
 // rank gets every batch within the clock (Q = P - 1, BSP or staleness 0, no broken
 // links). --sync dense: never.
 bool sendsPointToPoint(const TrainConfig& config, const comm::MulticastSchedule& schedule, const adapt::Knobs& knobs);
-
-// The job's settings in a summary line (train's and simulate's): ranks, sync, model,
-// batch, selection, multicast, fanout, consistency, staleness, broken links.
-void addJobSettings(JsonLine& line, const TrainConfig& config, const ops::Model& model, int ranks, int fanout);
 
 // Loss and accuracy sums of `params` over all of `test`, evaluated in chunks.
 ops::EvalSums evaluateOn(const ops::Model& model, const ParamSet& params, const data::Dataset& test);
