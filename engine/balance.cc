@@ -2,7 +2,7 @@
 
 #include "ckpt/durable.h"
 #include "engine/base/error.h"
-#include "engine/job.h"
+#include "engine/failures.h"
 
 #include <spdlog/spdlog.h>
 

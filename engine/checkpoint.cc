@@ -1,11 +1,12 @@
 #include "engine/checkpoint.h"
+#include "ops/model_factory.h"
 
 #include "ckpt/layout.h"
 #include "ckpt/model_file.h"
 #include "engine/base/error.h"
 #include "engine/base/sv_batch.h"
-#include "engine/elastic.h"
-#include "engine/job.h"
+#include "ckpt/membership.h"
+#include "engine/failures.h"
 #include "engine/job_record.h"
 #include "engine/select.h"
 #include "ops/graph_model.h"
@@ -22,7 +23,7 @@ namespace orpheus::engine {
 std::unique_ptr<ops::Model> modelOfJob(const ckpt::JobInfo& job) {
   ORPHEUS_CHECK_INPUT(job.modelName == "mlr" || !job.modelText.empty(),
                       "checkpoint: model '{}' has no stored definition", job.modelName);
-  return makeModel({job.modelName, job.modelText, job.modelSpec}, job.features, job.classes, job.seed);
+  return ops::makeModel({job.modelName, job.modelText, job.modelSpec}, job.features, job.classes, job.seed);
 }
 
 namespace {
@@ -257,7 +258,7 @@ Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed,
 Restored restore(const std::string& dir, int replica, uint64_t clock, ops::Backend& backend) {
   requireCheckpointDir(dir);
   const ckpt::JobInfo job = ckpt::readJobInfo(dir);
-  const int replicas = replicaCount(readMembership(dir));
+  const int replicas = ckpt::replicaCount(ckpt::readMembership(dir));
   ORPHEUS_CHECK_INPUT(replica >= 0 && replica < replicas, "checkpoint '{}' has no replica {} (it has {})", dir,
                       replica, replicas);
   const auto model = modelOfJob(job);

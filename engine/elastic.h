@@ -18,6 +18,7 @@
 // gives the averaged state. Replicas of earlier epochs stay restorable up to C.
 #pragma once
 
+#include "ckpt/membership.h"
 #include "comm/transport.h"
 #include "engine/base/params.h"
 #include "engine/config.h"
@@ -29,25 +30,13 @@
 
 namespace orpheus::engine {
 
-struct Epoch {
-  uint32_t epoch = 0;
-  uint64_t clock = 0;  // the epoch's members run the clocks after this one
-  int ranks = 1;
-};
-
-// A job's epochs, oldest first; at least epoch 0 (from job.h5). InputError on a
-// malformed membership file.
-std::vector<Epoch> readMembership(const std::string& dir);
-// Appends `epoch` to DIR/membership durably (rank 0 only).
-void appendEpoch(const std::string& dir, const Epoch& epoch);
-
-// The epoch whose members hold the replicas after the end of clock `clock`.
-const Epoch& epochAfter(const std::vector<Epoch>& epochs, uint64_t clock);
-// The number of replica ids any epoch used (the largest epoch's ranks).
-int replicaCount(const std::vector<Epoch>& epochs);
-// The replica rank `rank` holds after `clock` clocks, rotating every `rotateEvery`
-// clocks (0: never) within the epoch of that clock.
-int replicaHeldAt(int rank, const std::vector<Epoch>& epochs, uint64_t clock, int64_t rotateEvery);
+// The membership log lives with the checkpoint (ckpt/membership.h).
+using ckpt::Epoch;
+using ckpt::appendEpoch;
+using ckpt::epochAfter;
+using ckpt::readMembership;
+using ckpt::replicaCount;
+using ckpt::replicaHeldAt;
 
 // What a rank of the new epoch starts from at clock C.
 struct ElasticStart {

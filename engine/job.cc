@@ -1,4 +1,5 @@
 #include "engine/job.h"
+#include "ops/model_factory.h"
 
 #include "ckpt/layout.h"
 #include "ckpt/model_file.h"
@@ -39,125 +40,6 @@
 
 namespace orpheus::engine {
 
-// The CLI's exit codes: 0 success, 1 internal failure (a bug, a lost peer),
-// 2 bad input or usage, 3 the operating system refused a file operation (a full or
-// failing disk). IoError is tested before InputError, its base.
-int exitCodeFor(const std::exception& e) {
-  if (const auto* failed = dynamic_cast<const JobFailed*>(&e)) return failed->code();
-  if (dynamic_cast<const IoError*>(&e) != nullptr) return kExitIoError;
-  return dynamic_cast<const InputError*>(&e) != nullptr ? kExitBadInput : kExitInternal;
-}
-
-namespace {
-
-// What the termination handler reads: lock-free atomics, safe in a signal handler.
-std::atomic<int> gReportingRank{-1};
-std::atomic<uint64_t> gClock{0};
-std::atomic<bool> gReported{false};
-std::atomic<int64_t> gLastClockNs{0};
-std::atomic<int64_t> gStalledAfterNs{0};
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free &&
-              std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
-
-int64_t monotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-size_t appendText(char* out, size_t n, size_t cap, const char* text) {
-  while (*text != '\0' && n < cap) out[n++] = *text++;
-  return n;
-}
-
-size_t appendDecimal(char* out, size_t n, size_t cap, uint64_t v) {
-  char digits[20];
-  size_t k = 0;
-  do {
-    digits[k++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v > 0);
-  while (k > 0 && n < cap) out[n++] = digits[--k];
-  return n;
-}
-
-void onTermination(int sig) {
-  const int savedErrno = errno;
-  const uint64_t clock = gClock.load();
-  const bool stalledItself = clock > 0 && monotonicNs() - gLastClockNs.load() > gStalledAfterNs.load();
-  if (gReportingRank.load() == 0 && !stalledItself && !gReported.exchange(true)) {
-    char line[160];
-    constexpr size_t kCap = sizeof line;
-    size_t n = appendText(line, 0, kCap, "orpheus: rank 0 stopped by the launcher at clock ");
-    n = appendDecimal(line, n, kCap, clock);
-    n = appendText(line, n, kCap, " (a peer died or the job was cancelled)\n");
-    static_cast<void>(write(STDERR_FILENO, line, n));
-  }
-  errno = savedErrno;
-  // Die of the signal, as without the handler: the launcher reads the status.
-  std::signal(sig, SIG_DFL);
-  std::raise(sig);
-}
-
-}  // namespace
-
-void installTerminationReport(int rank, double timeoutSeconds) {
-  gStalledAfterNs.store(static_cast<int64_t>(timeoutSeconds * 1e9));
-  gLastClockNs.store(monotonicNs());
-  gReportingRank.store(rank);
-  struct sigaction action {};
-  action.sa_handler = onTermination;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, nullptr);
-}
-
-void noteClock(uint64_t clock) {
-  gLastClockNs.store(monotonicNs());
-  gClock.store(clock);
-}
-
-void reportError(const std::string& message) {
-  gReported.store(true);
-  std::fflush(stdout);
-  std::fprintf(stderr, "orpheus: %s\n", printableMessage(message).c_str());
-  std::fflush(stderr);
-}
-
-void collectively(comm::Transport& transport, const std::function<void()>& step) {
-  std::string message;
-  int code = 0;
-  try {
-    step();
-  } catch (const std::exception& e) {
-    message = e.what();
-    code = exitCodeFor(e);
-  }
-  // One agreement: the lowest failing rank, and the worst code (as the least negative).
-  const int size = transport.size();
-  double agree[2] = {code != 0 ? static_cast<double>(transport.rank()) : static_cast<double>(size),
-                     -static_cast<double>(code)};
-  transport.control().min(agree);
-  if (agree[0] < size) {
-    // One rank reports for the job; the others stay silent from here on, even if the
-    // launcher signals them while they exit.
-    gReported.store(true);
-    if (static_cast<int>(agree[0]) == transport.rank()) reportError(message);
-    throw JobFailed(static_cast<int>(-agree[1]));
-  }
-}
-
-std::unique_ptr<ops::Model> makeModel(const ModelSource& source, int64_t features, int64_t classes, uint64_t seed) {
-  if (source.name == "mlr") return std::make_unique<ops::MultinomialLogisticRegression>(features, classes);
-  const ops::LossDims dims{features, classes};
-  if (!source.text.empty()) {
-    return std::make_unique<ops::GraphModel>(ops::parseLoss(source.text, source.name, dims), source.spec, seed);
-  }
-  if (source.name.size() > 5 && source.name.ends_with(".loss")) {
-    return ops::GraphModel::fromFile(source.name, dims, seed);
-  }
-  throw InputError(fmt::format("unknown model '{}' (a .loss file, or the built-in 'mlr')", source.name));
-}
-
 void checkJobMemory(const TrainConfig& config, const ops::Model& model, const DataShape& data, int replicas,
                     int running) {
   double params = 0.0;
@@ -175,30 +57,6 @@ void checkJobMemory(const TrainConfig& config, const ops::Model& model, const Da
                                 replicas, replicas == 1 ? "" : "s", config.model, params, config.batch, data.classes,
                                 data.steps > 0 ? fmt::format(" and {} steps", data.steps) : ""),
                     0.5);
-}
-
-void createDirectories(const std::string& dir, const std::string& what) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (!ec) return;
-  const std::string message = fmt::format("cannot create {}'{}': {}", what, dir, ec.message());
-  if (ec == std::errc::not_a_directory || ec == std::errc::file_exists || ec == std::errc::permission_denied ||
-      ec == std::errc::read_only_file_system) {
-    throw InputError(message);
-  }
-  throw IoError(message);
-}
-
-void checkInputExists(const std::string& path) {
-  if (path.empty() || isSyntheticSource(path)) return;
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (status.type() == std::filesystem::file_type::not_found) {
-    throw InputError(fmt::format("{}: cannot open: {}", path, std::strerror(ENOENT)));
-  }
-  if (std::filesystem::is_directory(status)) {
-    throw InputError(fmt::format("{}: cannot read: {}", path, std::strerror(EISDIR)));
-  }
 }
 
 namespace {
@@ -405,7 +263,7 @@ Outputs makeModelAndOutputs(const TrainConfig& config, bool leader, const Shards
                       "model '{}' is a sequence model: it reads token streams ('#orpheus-tokens' files, "
                       "scripts/data/make_tokens.sh), and --train '{}' is not one",
                       config.model, config.train);
-  out.model = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+  out.model = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
   if (config.selectUnit == ops::Model::SvgUnit::kStep) {
     ORPHEUS_CHECK_INPUT(out.model->carriesState(),
                         "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
@@ -575,11 +433,11 @@ void runWorker(Worker& worker, MetricsWriter& metrics, comm::Transport& transpor
       // A control-plane agreement does not know the clock; the loop does.
       const std::string what = e.what();
       reportError(what.find("clock") != std::string::npos ? what
-                                                           : fmt::format("{} (at clock {})", what, gClock.load()));
+                                                           : fmt::format("{} (at clock {})", what, notedClock()));
     } else {
       // A lower rank timed out too and reports for the job: give it the time to
       // print and end the job, then end it anyway.
-      gReported.store(true);
+      leaveReportToPeer();
       std::this_thread::sleep_for(comm::stallGrace(transport.timeout()) + std::chrono::seconds(2));
     }
     transport.control().abortJob(exitCodeFor(e));
@@ -815,7 +673,7 @@ int runEval(const EvalConfig& config) {
     classes = saved[w].rows();
     features = saved[w].cols();
   }
-  auto model = makeModel({config.model, "", ""}, features, classes, info.seed);
+  auto model = ops::makeModel({config.model, "", ""}, features, classes, info.seed);
   // Parameters by name, in the model's order, with the model's shapes.
   ParamSet params = model->zeroParams();
   for (auto& p : params.params) {

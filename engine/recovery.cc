@@ -5,7 +5,7 @@
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
 #include "engine/checkpoint.h"
-#include "engine/job.h"
+#include "engine/failures.h"
 
 #include <spdlog/spdlog.h>
 

@@ -4,7 +4,7 @@
 #include "engine/base/rng.h"
 #include "engine/data/sampler.h"
 #include "engine/overlap.h"
-#include "engine/job.h"
+#include "engine/failures.h"
 #include "engine/live.h"
 #include "engine/progress.h"
 #include "engine/select.h"

@@ -1,4 +1,5 @@
 #include "engine/sim/simulation.h"
+#include "ops/model_factory.h"
 
 #include "ckpt/model_file.h"
 #include "comm/factory.h"
@@ -286,14 +287,14 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   const auto realStart = std::chrono::steady_clock::now();
   const Shards shards = loadShards(config, p);
   {
-    const auto one = makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+    const auto one = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
     const Dataset& first = shards.train.front();
     checkJobMemory(config, *one, {shards.features, shards.classes, first.steps, first.sparse}, p, threads);
   }
   // A model per worker: a .loss model keeps scratch state per instance.
   std::vector<std::unique_ptr<ops::Model>> models;
   models.reserve(static_cast<size_t>(p));
-  for (int r = 0; r < p; ++r) models.push_back(makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed));
+  for (int r = 0; r < p; ++r) models.push_back(ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed));
   const ops::Model& model = *models[0];
   spdlog::info("simulating {} workers of {} ({} at once): {}", p, model.spec(), threads,
                comm::MulticastSchedule(scheduleConfig(config, p)).describe());
