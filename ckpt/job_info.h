@@ -19,7 +19,7 @@ struct JobInfo {
   double lr = 0.0;
   std::string flags;       // the training command line, for humans
   // The settings that decide what the job computes, one "flag=value" per line
-  // (engine/job_record.h); "" in checkpoints written before it was recorded.
+  // (engine/recovery/job_record.h); "" in checkpoints written before it was recorded.
   std::string computation;
 };
 

@@ -14,7 +14,7 @@
 //                                  row block r of every parameter of the averaged
 //                                  model after the averaging barrier of <clock>
 //   DIR/membership                 the job's membership epochs after its first, one
-//                                  line each (engine/elastic.h); absent until the
+//                                  line each (engine/membership/elastic.h); absent until the
 //                                  number of ranks first changes
 //   DIR/states-<clock>/rank-<r>.h5 what rank r's model carried from one clock to the
 //                                  next beyond the parameters (a sequence model's

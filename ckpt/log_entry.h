@@ -19,7 +19,7 @@ using SharedBytes = std::shared_ptr<const std::vector<std::byte>>;
 // is written once per job, by the replica that computed it (its whole local batch,
 // in that replica's own group), and every replica that applied it logs this
 // reference instead of a copy. What the receiver applied is a function of the
-// referenced batch and these fields (engine/checkpoint.cc recomputes it); the log
+// referenced batch and these fields (engine/recovery/checkpoint.cc recomputes it); the log
 // itself only reads `replica` and `clock`. Stored as 32 bytes, little-endian:
 //   0 magic "ORSR"   4 version u16 (=1)   6 reserved u16   8 replica u32
 //  12 sender u32    16 clock u64         24 select i32    28 method u32

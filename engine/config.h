@@ -4,8 +4,8 @@
 
 #include "comm/schedule.h"
 #include "engine/data/dataset.h"
-#include "engine/optimizer.h"
-#include "engine/select.h"
+#include "engine/worker/optimizer.h"
+#include "engine/worker/select.h"
 #include "ops/model.h"
 
 #include <cstdint>
@@ -29,7 +29,7 @@ struct TrainConfig {
   int64_t clocks = 1000;
   int64_t batch = 100;    // examples per rank per clock
   double lr = 0.0;         // 0: the optimizer's default (defaultLearningRate)
-  // The optimizer on rebuilt updates and its schedule (engine/optimizer.h). A
+  // The optimizer on rebuilt updates and its schedule (engine/worker/optimizer.h). A
   // negative value means the optimizer's default; validate() refuses a value
   // given to an optimizer or schedule that does not use it.
   OptimizerKind optimizer = OptimizerKind::kSgd;
@@ -54,7 +54,7 @@ struct TrainConfig {
   Consistency consistency = Consistency::kBsp;
   int staleness = 0;       // s, for SSP
   double dropLinks = 0.0;  // F: fraction of directed links broken per clock
-  // Overlap the exchange with the backward pass (engine/overlap.h): --sync sv
+  // Overlap the exchange with the backward pass (engine/worker/overlap.h): --sync sv
   // sends each matrix's SVs as the backward pass produces them (broadcast, BSP),
   // --sync dense all-reduces each gradient as it is complete. Bitwise the same
   // parameters as without.
@@ -74,7 +74,7 @@ struct TrainConfig {
   double maxBytesPerClock = 0.0;
   double adaptCommShare = 0.5;  // slack: exposed comm under half this share of compute
   std::string adaptTrace;       // testing aid: timing from a recorded metrics file
-  // --balance (engine/balance.h): every balanceEvery clocks the coordinator moves
+  // --balance (engine/coordinator/balance.h): every balanceEvery clocks the coordinator moves
   // chunks of chunkRows training rows from slow ranks to fast ones (BSP only).
   bool balance = false;
   int64_t balanceEvery = 20;
@@ -87,7 +87,7 @@ struct TrainConfig {
   int64_t ckptFormat = 3;         // --ckpt-format: 3 each batch logged once (references), 2 copies
   bool ckptWriterIdle = false;    // --ckpt-writer-idle: the log's IO thread under SCHED_IDLE
   bool resume = false;
-  bool elastic = false;           // --resume may continue on a different number of ranks (engine/elastic.h)
+  bool elastic = false;           // --resume may continue on a different number of ranks (engine/membership/elastic.h)
   bool ckptMatrix = false;        // --ckpt matrix: the baseline, whole replicas every ckptEvery clocks
   int64_t ckptEvery = 100;
   double failProb = 0.0;          // failure injection: each clock each rank fails with this probability

@@ -1,7 +1,7 @@
 #include "engine/failures.h"
 
 #include "engine/base/error.h"
-#include "engine/synthetic_data.h"
+#include "engine/data/synthetic_data.h"
 
 #include <atomic>
 #include <cerrno>

@@ -18,10 +18,10 @@ PACKAGES=(
   dataset-fashion-mnist
   iproute2                                # scripts/netcluster.sh (namespaces, veths, tc)
   python3-h5py python3-numpy              # tests that read saved models as a user would
+  python3-torch libopenblas0-pthread      # the peers' check (scripts/bench/peers_check.py)
   bible-kjv-text bible-kjv                # the KJV corpora of scripts/data (text sets, LSTM)
 )
-# The DDP baseline of the benchmarks (python3-torch, python3-numpy, libopenblas0-pthread)
-# and the plots (python3-matplotlib) are installed by scripts/bench/run.sh when needed.
+# The plots (python3-matplotlib) are installed by scripts/bench/run.sh when needed.
 
 missing=()
 for p in "${PACKAGES[@]}"; do

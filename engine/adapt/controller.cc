@@ -2,8 +2,8 @@
 
 #include "ckpt/log_reader.h"
 #include "engine/base/error.h"
-#include "engine/metrics.h"
-#include "engine/select.h"
+#include "engine/metrics/metrics.h"
+#include "engine/worker/select.h"
 
 #include <algorithm>
 #include <chrono>

@@ -104,7 +104,7 @@ class Controller {
   // the cost small (a JMCSS draw of C or B/2 SVGs and the Gram matrices).
   bool measuresAt(uint64_t clock) const;
   // sample.errors and sample.measureSeconds from `local`, this rank's whole batch of
-  // `clock`, under `current` (engine/select.h, selectionErrors: nothing else changes).
+  // `clock`, under `current` (engine/worker/select.h, selectionErrors: nothing else changes).
   void measure(uint64_t clock, const SvBatch& local, const Knobs& current, ClockSample& sample) const;
   // Adds this rank's clock to the window. With --adapt-trace, the timing comes from
   // the trace (measuring's cost counts as 0); the errors are the job's own.

@@ -82,7 +82,7 @@ struct Window {
   double clockSeconds = 0.0;   // wall time of a clock (0: taken as compute + comm + wait)
   double selectSeconds = 0.0;  // SV selection, a part of computeSeconds
   // e(c): the relative error of the update when c of the B SVGs are sent
-  // (engine/select.h, selectionErrors), at the counts errorCounts() names; means over
+  // (engine/worker/select.h, selectionErrors), at the counts errorCounts() names; means over
   // the measured clocks of every rank, -1 where none was measured.
   std::array<double, 3> errors{-1.0, -1.0, -1.0};
   double measureSeconds = 0.0;  // what measuring the errors took, per measured clock

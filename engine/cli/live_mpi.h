@@ -1,4 +1,4 @@
-// The live membership change over MPI (engine/live.h): the agreement is an
+// The live membership change over MPI (engine/membership/live.h): the agreement is an
 // MPI_Iallreduce (MPI_MAX) on a communicator of its own, so it never matches the
 // transport's traffic; the next group is MPI_Comm_split of it, or, to grow,
 // MPI_Comm_spawn of this program merged with it (MPI_Intercomm_merge).
@@ -9,7 +9,7 @@
 // reports, the exit latency is the job's remaining time.
 #pragma once
 
-#include "engine/live.h"
+#include "engine/membership/live.h"
 
 #include <mpi.h>
 

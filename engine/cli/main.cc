@@ -1,20 +1,20 @@
 // orpheus: the command-line entry point. `train` runs under mpirun (every rank is
 // a symmetric worker); `eval` scores a saved model in one process.
-// Exit codes (engine/job.h): 0 success, 1 internal failure, 2 bad input or usage,
+// Exit codes (engine/job/job.h): 0 success, 1 internal failure, 2 bad input or usage,
 // 3 a file operation failed (a full or failing disk).
 #include "comm/factory.h"
 #include "engine/base/error.h"
-#include "engine/balance.h"
+#include "engine/coordinator/balance.h"
 #include "engine/base/log.h"
 #include "ckpt/model_file.h"
-#include "engine/checkpoint.h"
-#include "engine/elastic.h"
+#include "engine/recovery/checkpoint.h"
+#include "engine/membership/elastic.h"
 #include "ckpt/layout.h"
 #include "engine/cli/flags.h"
 #include "engine/cli/live_mpi.h"
-#include "engine/job.h"
-#include "engine/live.h"
-#include "engine/outputs.h"
+#include "engine/job/job.h"
+#include "engine/membership/live.h"
+#include "engine/job/outputs.h"
 #include "engine/sim/simulation.h"
 #include "ops/backends.h"
 #include "orpheus/config.h"
@@ -595,7 +595,7 @@ int ctlShrinkMain(const std::string& dir, const std::vector<int>& ranks) {
 }
 
 // `joinAfter`: this process was spawned to join a running job after that clock
-// (engine/live.h; `argv` carries the marker).
+// (engine/membership/live.h; `argv` carries the marker).
 int trainMain(TrainConfig& config, const std::vector<std::string>& argv, std::optional<uint64_t> joinAfter) {
   orpheus::comm::checkTransport(config.transport);
   int provided = 0;
@@ -603,7 +603,7 @@ int trainMain(TrainConfig& config, const std::vector<std::string>& argv, std::op
   int code = 0;
   {
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
-    // Ranks may leave or join a job that logs its SV batches while it runs (engine/live.h).
+    // Ranks may leave or join a job that logs its SV batches while it runs (engine/membership/live.h).
     std::unique_ptr<orpheus::engine::MpiLiveGroup> live;
     std::unique_ptr<orpheus::comm::Transport> owned;
     if (joinAfter) {
@@ -655,7 +655,7 @@ int main(int argc, char** argv) {
   std::string trainFormat = "auto";
   CLI::App* trainCmd = app.add_subcommand("train", "Train a model; launch with mpirun, one rank per worker");
   addTrainFlags(*trainCmd, train, trainFormat);
-  std::optional<uint64_t> joinAfter;  // hidden: a process a running job spawned (engine/live.h)
+  std::optional<uint64_t> joinAfter;  // hidden: a process a running job spawned (engine/membership/live.h)
   trainCmd->add_option(orpheus::engine::MpiLiveGroup::kJoinFlag, joinAfter)->group("");
 
   TrainConfig simTrain;
@@ -682,7 +682,7 @@ int main(int argc, char** argv) {
                          "Where the replay's rebuilds run (the training job's device restores bitwise)")
       ->capture_default_str()
       ->check(deviceName);
-  // orpheus ctl DIR shrink R [R...]: asks a running job to let ranks go (engine/live.h).
+  // orpheus ctl DIR shrink R [R...]: asks a running job to let ranks go (engine/membership/live.h).
   std::string ctlDir;
   std::vector<int> shrinkRanks;
   CLI::App* ctlCmd = app.add_subcommand("ctl", "Change a running job's membership: ranks leave at the next clock");

@@ -21,7 +21,7 @@ namespace orpheus::data {
 // Deterministic: the k-th call returns the same indices on every run.
 //
 // `stream` > 0 draws from a stream of its own, (seed, kSample, stream << 32 |
-// epoch, rank): a rank whose examples changed (engine/balance.h) starts a fresh
+// epoch, rank): a rank whose examples changed (engine/coordinator/balance.h) starts a fresh
 // one, keyed by the clock of the change. Stream 0 is the job's first.
 //
 // Order::kInOrder skips the permutation: batch k is examples [kB, (k+1)B) (mod

@@ -10,7 +10,7 @@
 #include "comm/transport.h"
 #include "engine/sim/virtual_clock.h"
 #include "engine/sim/virtual_delivery.h"
-#include "engine/worker.h"
+#include "engine/worker/worker.h"
 
 #include <cstdint>
 #include <deque>

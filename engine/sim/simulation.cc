@@ -5,15 +5,15 @@
 #include "comm/factory.h"
 #include "comm/loopback/run_gate.h"
 #include "engine/base/error.h"
-#include "engine/job.h"
-#include "engine/metrics.h"
-#include "engine/outputs.h"
-#include "engine/progress.h"
+#include "engine/job/job.h"
+#include "engine/metrics/metrics.h"
+#include "engine/job/outputs.h"
+#include "engine/metrics/progress.h"
 #include "ops/backends.h"
 #include "engine/sim/rank_tracer.h"
 #include "engine/sim/trace.h"
-#include "engine/synthetic_data.h"
-#include "engine/worker.h"
+#include "engine/data/synthetic_data.h"
+#include "engine/worker/worker.h"
 
 #include <spdlog/spdlog.h>
 

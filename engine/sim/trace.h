@@ -4,7 +4,7 @@
 // `train` writes its lines with. Thread-safe: every rank's thread adds to it.
 #pragma once
 
-#include "engine/metrics.h"
+#include "engine/metrics/metrics.h"
 #include "engine/sim/virtual_clock.h"
 #include "engine/sim/virtual_delivery.h"
 

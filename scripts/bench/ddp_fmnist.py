@@ -1,8 +1,12 @@
 #!/usr/bin/python3
-"""PyTorch DistributedDataParallel (gloo) on Fashion-MNIST, trained the way the engine trains.
+"""PyTorch DistributedDataParallel (gloo) and its peers on Fashion-MNIST, trained the way the
+engine trains.
 
-The data-parallel baseline that Orpheus is compared against: the same models, data, sharding,
-sampling, loss, step and metrics format as `orpheus train`, with gradients all-reduced by DDP.
+The data-parallel baselines that Orpheus is compared against: the same models, data, sharding,
+sampling, loss, step and metrics format as `orpheus train`, with the replicas kept together by
+--peer (scripts/bench/peers.py): ddp (gradients all-reduced by DDP, the default), powersgd
+(PowerSGD with blocking all-reduces, --rank-r), powersgd-hook (DDP with torch's powerSGD_hook),
+localsgd (parameters averaged every --local-steps H) or diloco (an outer Nesterov step every H).
 
   Data      Fashion-MNIST IDX gzip files (--data DIR), pixels / 255 as float32. Rank r of P holds
             training examples [60000 r/P, 60000 (r+1)/P) and test examples [10000 r/P,
@@ -15,10 +19,13 @@ sampling, loss, step and metrics format as `orpheus train`, with gradients all-r
             biases zero.
   Step      mean softmax cross-entropy over the rank's batch; DDP averages gradients over ranks,
             so SGD (no momentum, constant --lr) steps by lr x the mean gradient over all P x B
-            examples, the meaning of the engine's --lr.
-  Timing    per step around forward + backward (with DDP's all-reduce) + optimizer step; batch
-            gathering, data loading and evaluation are excluded. Ranks agree at every
-            evaluation (an all-reduce of the test counts), so all stop together.
+            examples, the meaning of the engine's --lr (localsgd and diloco step on the rank's
+            own gradient between synchronisations).
+  Timing    per step around forward + backward + the peer's communication + optimizer step;
+            batch gathering, data loading and evaluation are excluded. Ranks agree at every
+            evaluation (an all-reduce of the test counts), so all stop together. Evaluation
+            runs on each rank's own replica (localsgd and diloco: identical at the steps that
+            synchronise, so evaluate every multiple of H).
 
 Launch, either
   /usr/bin/python3 scripts/bench/ddp_fmnist.py --np 4 --model mlr --clocks 2000 --target-accuracy 0.82
@@ -29,15 +36,19 @@ Launch, either
           --world-size 4 --master 198.18.0.1:29500 --ifname eth0 --model mlp --hidden 2048 --clocks 50
 
 Output: --metrics FILE (rank 0) as JSON lines in the engine's format: one line per step with
-clock, seconds (cumulative training seconds on rank 0), clock_seconds, train_loss (rank 0's batch
-loss) and bytes_sent (see below), plus test_accuracy and test_loss on evaluation steps; then a
-summary line ("summary": true, "system": "ddp", ...). One final line on stdout, e.g.
+clock, seconds (cumulative training seconds on rank 0), clock_seconds, compute_seconds and
+comm_seconds (rank 0's exposed communication, see peers.py, and the rest of the step), train_loss
+(rank 0's batch loss) and bytes_sent (see below), plus test_accuracy and test_loss on evaluation
+steps; then a summary line ("summary": true, "system": PEER, ...). One final line on stdout, e.g.
   ddp mlp-2048 on 4 ranks: 1200 steps in 208.1 s, test accuracy 0.8512
 
-Bytes: a comm hook wrapping DDP's default all-reduce hook adds up the bytes of every gradient
-bucket it all-reduces (the payload, measured). bytes_sent per step is what all ranks together
-send under a ring all-reduce of that payload: P x 2(P-1)/P x payload, the same count the engine
-uses for --sync dense.
+Bytes: the peer adds up the bytes of every tensor it all-reduces in a step (the payload,
+measured; for DDP a comm hook wrapping the default all-reduce hook counts every gradient
+bucket). bytes_sent per step is what all ranks together send under a ring all-reduce of that
+payload: P x 2(P-1)/P x payload, the same count the engine uses for --sync dense.
+
+For the correctness checks (peers_check.py): --dtype float64 and --save-params FILE (rank 0's
+parameters at the end, as numpy .npz, in the model's order).
 
 Exit codes: 0 done, 2 bad arguments or a missing data file, 1 other failures (e.g. a peer that
 does not show up within --timeout seconds).
@@ -63,6 +74,8 @@ import time
 
 import numpy as np
 
+import peers
+
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
 FILES = {
     "train_images": "train-images-idx3-ubyte.gz",
@@ -83,7 +96,7 @@ def fail(message, code=2):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        description="PyTorch DDP (gloo) on Fashion-MNIST, trained like `orpheus train`.",
+        description="PyTorch DDP (gloo) and its peers on Fashion-MNIST, trained like `orpheus train`.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="See the header of this file for the data, models, timing and metrics.",
     )
@@ -105,6 +118,10 @@ def parse_args(argv):
     p.add_argument("--world-size", type=int)
     p.add_argument("--master", help="ADDR:PORT of rank 0's rendezvous")
     p.add_argument("--ifname", help="network interface gloo uses (sets GLOO_SOCKET_IFNAME), e.g. eth0")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="parameters and data (default float32; float64 for the correctness checks)")
+    p.add_argument("--save-params", metavar="FILE", help="rank 0 writes its parameters at the end (.npz)")
+    peers.add_arguments(p)
     a = p.parse_args(argv)
 
     spawned = a.np is not None
@@ -137,6 +154,7 @@ def parse_args(argv):
         p.error(f"--lr must be positive, got {a.lr}")
     if a.timeout <= 0:
         p.error(f"--timeout must be positive, got {a.timeout}")
+    peers.check_arguments(p, a)
     return a
 
 
@@ -253,27 +271,10 @@ def blas_description(torch):
     return f"{', '.join(libs) or 'unknown'} (torch build BLAS_INFO={match.group(1) if match else 'unknown'})"
 
 
-class ByteCounter:
-    """State of the comm hook: the process group and the bytes all-reduced so far."""
-
-    def __init__(self):
-        self.process_group = None
-        self.bytes = 0
-
-
-def counting_allreduce_hook(state, bucket):
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    buf = bucket.buffer()
-    state.bytes += buf.numel() * buf.element_size()
-    return default_hooks.allreduce_hook(state.process_group, bucket)
-
-
 def worker(rank, args, init_method):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
     try:
@@ -301,20 +302,19 @@ def worker(rank, args, init_method):
         raise RuntimeError(f"no rendezvous of {world} ranks at {init_method} within {args.timeout:g} s "
                            f"(interface {os.environ.get('GLOO_SOCKET_IFNAME', 'default')}): {first}") from e
     model, model_name, model_spec = build_model(torch, args, features, classes)
-    ddp = DDP(model)
-    counter = ByteCounter()
-    ddp.register_comm_hook(counter, counting_allreduce_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.0)
+    dtype = getattr(torch, args.dtype)
+    model.to(dtype)
+    peer = peers.make(args, model, world)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0)
     sampler = Sampler(len(ytr), args.batch, args.seed, rank)
     leader = rank == 0
 
     def evaluate():
         """(test loss, test accuracy) over every rank's test shard; a collective."""
-        net = ddp.module
         sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
         with torch.no_grad():
             for i in range(0, len(yte), 1000):
-                logits = net(xte[i:i + 1000])
+                logits = model(xte[i:i + 1000].to(dtype))
                 y = yte[i:i + 1000]
                 sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
                 sums[1] += (logits.argmax(1) == y).sum().item()
@@ -337,20 +337,24 @@ def worker(rank, args, init_method):
     step = 0
     for step in range(1, args.clocks + 1):
         idx = torch.from_numpy(sampler.next())
-        x, y = xtr[idx], ytr[idx]
-        before = counter.bytes
+        x, y = xtr[idx].to(dtype), ytr[idx]
+        before, comm_before = peer.bytes, peer.comm_seconds
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(ddp(x), y)
-        loss.backward()  # DDP all-reduces the gradient buckets during backward
+        loss = F.cross_entropy(peer.module(x), y)
+        loss.backward()  # ddp and powersgd-hook all-reduce the gradient buckets here
+        peer.after_backward()
         opt.step()
+        peer.after_step(step)
         clock_seconds = time.perf_counter() - start
+        comm_seconds = peer.comm_seconds - comm_before
         train_seconds += clock_seconds
-        payload = counter.bytes - before
+        payload = peer.bytes - before
         # Ring all-reduce: each rank sends 2(P-1)/P x payload, P ranks together 2(P-1) x payload.
         sent = 2 * (world - 1) * payload
         total_bytes += sent
         record = {"clock": step, "seconds": train_seconds, "clock_seconds": clock_seconds,
+                  "compute_seconds": clock_seconds - comm_seconds, "comm_seconds": comm_seconds,
                   "train_loss": loss.item(), "bytes_sent": sent}
         if step == args.clocks or (args.eval_every > 0 and step % args.eval_every == 0):
             last_loss, last_acc = evaluate()
@@ -364,10 +368,13 @@ def worker(rank, args, init_method):
             break
 
     # The loop ends at an evaluation: the last step, or the one that reached the target.
-    payload_per_step = counter.bytes / step
+    payload_per_step = peer.bytes / step
     if leader:
+        if args.save_params:
+            np.savez(args.save_params, *[p.detach().numpy() for p in model.parameters()])
         summary = {
-            "summary": True, "system": "ddp", "clocks": step, "clocks_planned": args.clocks,
+            "summary": True, "system": args.peer, "peer": peers.describe(args), "dtype": args.dtype,
+            "clocks": step, "clocks_planned": args.clocks,
             "reached_target": reached, "target_accuracy": args.target_accuracy, "ranks": world,
             "batch_per_rank": args.batch, "model": model_name, "model_spec": model_spec, "lr": args.lr,
             "seed": args.seed, "seconds": train_seconds, "seconds_per_clock": train_seconds / step,
@@ -380,7 +387,7 @@ def worker(rank, args, init_method):
         write(summary)
         if metrics:
             metrics.close()
-        print(f"ddp {model_name} on {world} ranks: {step} steps in {train_seconds:.1f} s, "
+        print(f"{args.peer} {model_name} on {world} ranks: {step} steps in {train_seconds:.1f} s, "
               f"test accuracy {last_acc:.4f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
@@ -406,10 +413,10 @@ def main(argv):
         check_data(args.data)
     except UsageError as e:
         fail(str(e))
-    if args.metrics:
-        directory = os.path.dirname(os.path.abspath(args.metrics))
-        if not os.path.isdir(directory):
-            fail(f"--metrics: directory {directory} does not exist")
+    for name, path in (("--metrics", args.metrics), ("--save-params", args.save_params)):
+        directory = os.path.dirname(os.path.abspath(path)) if path else None
+        if directory and not os.path.isdir(directory):
+            fail(f"{name}: directory {directory} does not exist")
     try:
         if args.np is not None:
             import torch.multiprocessing as mp

@@ -16,7 +16,7 @@
 #     t0 the unslowed seconds per clock and d the delay. Medians of $REPS runs.
 #  4. live scale-in (runs with part 2): the same job, SIGTERM to rank $((NP-1)) once
 #     $LIVE_AT clocks are logged; it leaves at the next clock boundary and the job goes on with $((NP-1))
-#     ranks without a restart (engine/live.h): release latency (notice -> replica,
+#     ranks without a restart (engine/membership/live.h): release latency (notice -> replica,
 #     data and buffers freed, the job's `left` line), notice -> the process ended
 #     (Open MPI's MPI_Finalize waits for the whole job: about the job's remaining
 #     time), total seconds and clocks to the target. Medians of $REPS runs.

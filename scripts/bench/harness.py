@@ -13,6 +13,10 @@ Suites (scripts/bench/run.sh SUITE calls this file):
   vs-ddp   PyTorch DDP against Orpheus dense, SV broadcast and its best settings, on
            loopback and on emulated 1 and 10 Gbit/s clusters (np 4; MLR and the
            784-2048-2048-10 MLP).
+  vs-peers Orpheus's best settings (those of vs-ddp) against the data-parallel methods
+           users pick instead (ddp_fmnist.py --peer, see peers.py): DDP, PowerSGD rank
+           1, 2, 4, local SGD and DiLoCo with H = 10, 50; the same networks and
+           workloads, 2 repetitions unless --reps; ratios to the fastest peer.
   table4   the Orpheus paper's Table 4: time to target with no checkpoint, matrix
            checkpoint, SV checkpoint, and recovery from failures with each (np 4, MLP),
            plus bytes written per clock and restore time against T.
@@ -42,6 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import bench_metrics  # noqa: E402
+import peers  # noqa: E402  (its byte rules; it imports torch only to run a peer)
 
 PYTHON = "/usr/bin/python3"
 NETCLUSTER = os.path.join(ROOT, "scripts", "netcluster.sh")
@@ -115,14 +120,36 @@ def analytic_log_bytes_per_clock(workload, np_, batch, select, fanout, fmt):
     return np_ * own + received * REF_BYTES
 
 
-def analytic_bytes_per_clock(config, workload, np_, batch):
+def peer_settings(config):
+    """The --peer flags of a ddp_fmnist.py configuration, with peers.py's defaults."""
+    p = argparse.ArgumentParser(add_help=False)
+    peers.add_arguments(p)
+    return p.parse_known_args(config.flags)[0]
+
+
+def analytic_bytes_per_clock(config, workload, np_, batch, clocks=None):
     """Bytes all ranks together send per clock, as the runs count them: ring all-reduce
     (2(P-1)/P of the payload per rank) for dense and DDP, the SV batches of the
     multicast schedule otherwise, plus averaging (an all-reduce) and rotation (every
-    replica one step along the ring) spread over their periods."""
+    replica one step along the ring) spread over their periods. The peers of
+    ddp_fmnist.py: PowerSGD's P and Q and the uncompressed biases (after its first
+    --powersgd-start steps of whole gradients), the parameters every H steps for local
+    SGD and DiLoCo; over `clocks` clocks when given, else per clock in the long run."""
     payload = FLOAT * workload.params()
     ring = 2 * (np_ - 1) * payload
-    if config.kind == "ddp" or flag(config.flags, "--sync", "sv") == "dense":
+    if config.kind == "ddp":
+        a = peer_settings(config)
+        if a.peer in ("localsgd", "diloco"):
+            return ring / a.local_steps if clocks is None else ring * (clocks // a.local_steps) / clocks
+        if a.peer in ("powersgd", "powersgd-hook"):
+            shapes = [(r, c) for r, c, _ in workload.matrices] + [(r,) for r, _, bias in workload.matrices if bias]
+            compressed = 2 * (np_ - 1) * FLOAT * peers.powersgd_payload(shapes, a.rank_r)
+            if clocks is None:
+                return compressed
+            full = min(a.powersgd_start, clocks)
+            return (full * ring + (clocks - full) * compressed) / clocks
+        return ring
+    if flag(config.flags, "--sync", "sv") == "dense":
         return ring
     select = int(flag(config.flags, "--select", "0"))
     n = select if select > 0 else batch
@@ -151,7 +178,8 @@ class Config:
 
     def describe(self):
         if self.kind == "ddp":
-            return "PyTorch DDP (gloo), SGD"
+            return f"PyTorch (gloo), SGD, `ddp_fmnist.py {' '.join(self.flags)}`" if self.flags else \
+                "PyTorch DDP (gloo), SGD"
         return "`" + " ".join(self.flags) + "`"
 
 
@@ -248,7 +276,7 @@ class Runner:
         ddp = [PYTHON, os.path.join(HERE, "ddp_fmnist.py"), *workload.ddp_args, "--data", FMNIST,
                "--batch", str(batch), "--lr", str(a.lr), "--clocks", str(a.clocks),
                "--eval-every", str(a.eval_every), "--target-accuracy", str(workload.target), "--seed", "1",
-               "--metrics", metrics]
+               *config.flags, "--metrics", metrics]
         if not network.emulated:
             return [ddp + ["--np", str(np_)]]
         self.port += 1
@@ -459,11 +487,17 @@ def report(args, suite, groups, results, runner, started, extra_sections=()):
 
 def group_table(args, g, results):
     w = g.workload
-    ref = g.configs[0]
-    ref_seconds = med([r["seconds_to_target"] for r in results.get((g.key, ref.key), []) if r])
+
+    def seconds(c):
+        return med([r["seconds_to_target"] for r in results.get((g.key, c.key), []) if r])
+
+    # The ratio's reference: the first configuration, or the fastest of g.ratio_to.
+    refs = [c for c in g.configs if c.key in g.ratio_to] if g.ratio_to else g.configs[:1]
+    ref_seconds, ref = min(((seconds(c), c) for c in refs if seconds(c)), key=lambda t: t[0], default=(None, refs[0]))
+    ref_name = ref.key if not g.ratio_to else f"the best peer ({ref.key})" if ref_seconds else "the best peer"
     out = [f"### {g.title}", "", f"Network: {g.network.describe()}. Target: test accuracy ≥ {w.target}.", ""]
     head = ("| configuration | clocks to target | seconds to target | ratio to "
-            f"{ref.key} | final acc. | bytes/clock measured | analytic | measured/analytic |")
+            f"{ref_name} | final acc. | bytes/clock measured | analytic | measured/analytic |")
     sep = "|---|---:|---:|---:|---:|---:|---:|---:|"
     if g.network.emulated:
         head += " wire bytes/clock |"
@@ -492,7 +526,8 @@ def group_table(args, g, results):
             secs = f"> {min(r['seconds_run'] for r in runs):.1f}"
             ratio = (f"< {ref_seconds / min(r['seconds_run'] for r in runs):.2f}×" if ref_seconds else "—")
         measured = med([r["bytes_per_clock"] for r in runs])
-        analytic = analytic_bytes_per_clock(c, w, c.np or args.np, c.batch or args.batch)
+        analytic = med([analytic_bytes_per_clock(c, w, c.np or args.np, c.batch or args.batch, r["clocks_run"])
+                        for r in runs])
         fraction = f"{measured / analytic:.3f}" if measured and analytic else "—"
         row = (f"| {c.label} | {clocks} | {secs} | {ratio} | {spread([r['final_accuracy'] for r in runs], f4)} "
                f"| {fbytes(measured)} | {fbytes(analytic)} | {fraction} |")
@@ -545,9 +580,12 @@ def plot(path, groups, results):
 # --- suites -----------------------------------------------------------------------------
 
 class Group:
-    def __init__(self, key, title, network, workload, configs, extra_columns=()):
+    """Configurations compared with each other; ratios are to the first, or with ratio_to
+    (configuration keys) to the fastest of those."""
+
+    def __init__(self, key, title, network, workload, configs, extra_columns=(), ratio_to=()):
         self.key, self.title, self.network, self.workload = key, title, network, workload
-        self.configs, self.extra_columns = configs, list(extra_columns)
+        self.configs, self.extra_columns, self.ratio_to = configs, list(extra_columns), list(ratio_to)
 
 
 def exchange_column(runs):
@@ -559,14 +597,18 @@ def exchange_column(runs):
     return f"{exchange:.1f} ({100 * hidden:.0f}%)" if hidden is not None else f"{exchange:.1f}"
 
 
+# Orpheus's best settings per workload (measured in vs-ddp; dense is MLR's, J = 10).
+ORPHEUS_BEST = {
+    "mlr": ["--sync", "dense"],
+    "mlp": ["--sync", "sv", "--select", "25", "--consistency", "ssp", "--staleness", "4",
+            "--average-every", "50"],
+    "mlp-wide": ["--sync", "sv", "--select", "25", "--consistency", "ssp", "--staleness", "4",
+                 "--average-every", "50"],
+}
+
+
 def vs_ddp_groups(args):
-    best = {
-        "mlr": ["--sync", "dense"],
-        "mlp": ["--sync", "sv", "--select", "25", "--consistency", "ssp", "--staleness", "4",
-                "--average-every", "50"],
-        "mlp-wide": ["--sync", "sv", "--select", "25", "--consistency", "ssp", "--staleness", "4",
-                     "--average-every", "50"],
-    }
+    best = ORPHEUS_BEST
     groups = []
     for net_name in args.networks:
         network = NETWORKS[net_name]
@@ -605,6 +647,31 @@ def vs_ddp_groups(args):
                 groups.append(Group(f"{net_name}/{wname}-threads",
                                     f"{w.name}, {network.name}: 2 ranks x 1 thread against 1 rank x 2 threads",
                                     network, w, threads))
+    return groups
+
+
+def mean_step_column(runs):
+    """Training seconds per step over the whole run: the periodic synchronisations included,
+    which the median step of local SGD, DiLoCo or --average-every leaves out."""
+    return spread([1e3 * r["seconds_run"] / r["clocks_run"] for r in runs], f1)
+
+
+def vs_peers_groups(args):
+    groups = []
+    for net_name in args.networks:
+        network = NETWORKS[net_name]
+        for wname in args.models:
+            w = WORKLOADS[wname]
+            configs = [Config("ddp", "PyTorch DDP", "ddp")]
+            configs += [Config(f"powersgd-r{r}", f"PowerSGD rank {r}", "ddp",
+                               ["--peer", "powersgd", "--rank-r", str(r)]) for r in (1, 2, 4)]
+            for peer, label in (("localsgd", "local SGD"), ("diloco", "DiLoCo")):
+                configs += [Config(f"{peer}-h{h}", f"{label}, H = {h}", "ddp",
+                                   ["--peer", peer, "--local-steps", str(h)]) for h in (10, 50)]
+            peer_keys = [c.key for c in configs]
+            configs.append(Config("best", "Orpheus best", "orpheus", ORPHEUS_BEST[wname]))
+            groups.append(Group(f"{net_name}/{wname}", f"{w.name}, {network.name}, np {args.np}: Orpheus and its peers",
+                                network, w, configs, [("mean ms/step", mean_step_column)], ratio_to=peer_keys))
     return groups
 
 
@@ -812,10 +879,10 @@ def check_out_dir(out, name):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("suite", choices=["vs-ddp", "table4"])
+    p.add_argument("suite", choices=["vs-ddp", "vs-peers", "table4"])
     p.add_argument("--orpheus", default=os.path.join(ROOT, "build-release", "engine", "orpheus"))
     p.add_argument("--np", type=int, default=4)
-    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--reps", type=int, help="repetitions, interleaved (default 2 for vs-peers, else 1)")
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--clocks", type=int, default=3000, help="cap on clocks per run (runs stop at the target)")
@@ -841,6 +908,8 @@ def main():
     p.add_argument("--name", default="", help="report name (default: the suite's)")
     p.add_argument("--note", default="")
     args = p.parse_args()
+    if args.reps is None:
+        args.reps = 2 if args.suite == "vs-peers" else 1
     args.networks = [n for n in args.networks.split(",") if n]
     args.models = [m for m in args.models.split(",") if m]
     for n in args.networks:
@@ -860,7 +929,7 @@ def main():
     args.raw = os.path.join(os.path.dirname(os.path.dirname(HERE)), "build", "bench-raw", f"{name}_raw")
     os.makedirs(args.raw, exist_ok=True)
 
-    groups = vs_ddp_groups(args) if args.suite == "vs-ddp" else table4_groups(args)
+    groups = {"vs-ddp": vs_ddp_groups, "vs-peers": vs_peers_groups, "table4": table4_groups}[args.suite](args)
     if args.suite == "table4" and args.no_target_runs:
         groups = []
     only = [k for k in args.only.split(",") if k]

@@ -44,15 +44,16 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"
 suite="${1-}"
 case "$suite" in
-  vs-ddp | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate | lstm | step | elastic | adapt | zero-copy) shift ;;
+  vs-ddp | vs-peers | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate | lstm | step | elastic | adapt | zero-copy) shift ;;
   -h | --help | "") sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) echo "run.sh: unknown suite '$suite' (vs-ddp, table4, table3, codesign, sv-vs-dense, generated, selection, simulate, lstm, step, elastic, adapt, zero-copy)" >&2
+  *) echo "run.sh: unknown suite '$suite' (vs-ddp, vs-peers, table4, table3, codesign, sv-vs-dense, generated, selection, simulate, lstm, step, elastic, adapt, zero-copy)" >&2
      exit 2 ;;
 esac
 
 "$ROOT/scripts/setup.sh"
 extra=()
 [ "$suite" = vs-ddp ] && extra=(python3-torch python3-numpy libopenblas0-pthread iproute2)
+[ "$suite" = vs-peers ] && extra=(python3-torch python3-numpy libopenblas0-pthread iproute2)
 [ "$suite" = lstm ] && extra=(python3-torch iproute2)
 [ "$suite" = step ] && extra=(python3-torch libopenblas0-pthread)
 [ "$suite" = adapt ] && extra=(iproute2)

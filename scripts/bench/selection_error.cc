@@ -21,7 +21,7 @@
 #include "engine/base/rng.h"
 #include "engine/data/dataset.h"
 #include "engine/data/sampler.h"
-#include "engine/select.h"
+#include "engine/worker/select.h"
 #include "ops/graph_model.h"
 #include "ops/mlr.h"
 #include "ops/rebuild.h"

@@ -7,7 +7,7 @@
 #include "ckpt/sv_log.h"
 #include "ops/backends.h"
 #include "engine/base/error.h"
-#include "engine/checkpoint.h"
+#include "engine/recovery/checkpoint.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # elastic_live.sh ORPHEUS COMPARE MPIEXEC: ranks leave a running np 4 BSP job (MLR on
-# Fashion-MNIST) at a clock boundary (engine/live.h).
+# Fashion-MNIST) at a clock boundary (engine/membership/live.h).
 #  1. SIGTERM to rank 2: the job finishes its clocks on 3 ranks with exit 0, records
 #     membership epoch 1 at the change clock C and a `left` line with the release
 #     latency; the leaver's process ends (bounded wait); `restore` of each replica at

@@ -2,11 +2,11 @@
 // wire, rank 0's decision, and the feed's minibatches across a resume (ranks as
 // threads over the loopback transport).
 #include "comm/loopback/loopback_transport.h"
-#include "engine/balance.h"
+#include "engine/coordinator/balance.h"
 #include "engine/base/error.h"
 #include "engine/data/chunks.h"
 #include "engine/data/sampler.h"
-#include "engine/synthetic_data.h"
+#include "engine/data/synthetic_data.h"
 #include "tests/support/temp_dir.h"
 
 #include <catch2/catch.hpp>

@@ -1,9 +1,9 @@
-#include "engine/elastic.h"
+#include "engine/membership/elastic.h"
 
 #include "ckpt/job_info.h"
 #include "ckpt/layout.h"
 #include "engine/base/error.h"
-#include "engine/checkpoint.h"
+#include "engine/recovery/checkpoint.h"
 
 #include <catch2/catch.hpp>
 

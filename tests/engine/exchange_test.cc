@@ -1,13 +1,13 @@
-// --overlap on (engine/overlap.h): per-layer sends from inside the backward pass
+// --overlap on (engine/worker/overlap.h): per-layer sends from inside the backward pass
 // and bucketed dense all-reduces give the parameters of --overlap off bit for bit,
 // and the top layer leaves before the backward pass ends. Ranks are threads over
 // the loopback transport.
 #include "comm/loopback/loopback_transport.h"
 #include "ops/backends.h"
 #include "engine/data/sampler.h"
-#include "engine/overlap.h"
-#include "engine/synthetic_data.h"
-#include "engine/worker.h"
+#include "engine/worker/overlap.h"
+#include "engine/data/synthetic_data.h"
+#include "engine/worker/worker.h"
 #include "ops/graph_model.h"
 
 #include <catch2/catch.hpp>

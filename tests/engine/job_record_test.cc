@@ -1,4 +1,4 @@
-#include "engine/job_record.h"
+#include "engine/recovery/job_record.h"
 
 #include "engine/base/error.h"
 

@@ -1,9 +1,9 @@
-#include "engine/live.h"
+#include "engine/membership/live.h"
 
 #include "ckpt/job_info.h"
 #include "comm/factory.h"
 #include "engine/base/error.h"
-#include "engine/elastic.h"
+#include "engine/membership/elastic.h"
 
 #include <catch2/catch.hpp>
 

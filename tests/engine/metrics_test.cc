@@ -3,8 +3,8 @@
 // averaged or maxed as the line says.
 #include "comm/loopback/loopback_transport.h"
 #include "engine/base/error.h"
-#include "engine/metrics.h"
-#include "engine/progress.h"
+#include "engine/metrics/metrics.h"
+#include "engine/metrics/progress.h"
 
 #include <catch2/catch.hpp>
 

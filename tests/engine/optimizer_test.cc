@@ -1,14 +1,14 @@
-// Optimizers on rebuilt updates (engine/optimizer.h): iterates against a float64
+// Optimizers on rebuilt updates (engine/worker/optimizer.h): iterates against a float64
 // reference of the same formulas, schedules, state import/export, SV == dense for
 // every optimizer, and the state travelling with its replica (rotation, averaging).
 #include "comm/loopback/loopback_transport.h"
 #include "ops/backends.h"
 #include "engine/config.h"
 #include "engine/data/sampler.h"
-#include "engine/job_record.h"
-#include "engine/optimizer.h"
-#include "engine/synthetic_data.h"
-#include "engine/worker.h"
+#include "engine/recovery/job_record.h"
+#include "engine/worker/optimizer.h"
+#include "engine/data/synthetic_data.h"
+#include "engine/worker/worker.h"
 #include "ops/mlr.h"
 
 #include <catch2/catch.hpp>

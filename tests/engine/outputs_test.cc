@@ -1,4 +1,4 @@
-#include "engine/outputs.h"
+#include "engine/job/outputs.h"
 
 #include "engine/base/error.h"
 

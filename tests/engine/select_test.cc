@@ -1,4 +1,4 @@
-#include "engine/select.h"
+#include "engine/worker/select.h"
 
 #include "engine/base/error.h"
 #include "engine/base/rng.h"

@@ -3,8 +3,8 @@
 #include "ops/backends.h"
 #include "engine/base/error.h"
 #include "engine/data/sampler.h"
-#include "engine/synthetic_data.h"
-#include "engine/worker.h"
+#include "engine/data/synthetic_data.h"
+#include "engine/worker/worker.h"
 #include "ops/mlr.h"
 
 #include <catch2/catch.hpp>

@@ -1,0 +1,56 @@
+// The coordinator (paper, section 3.4): barriers at which every rank stops after
+// the same clock, periodic centralized synchronization (replicas averaged every R
+// clocks) and parameter-replica rotation along the ring of ranks (every S clocks).
+// Every call here is a collective: all ranks make it after the same clock.
+#pragma once
+
+#include "comm/transport.h"
+#include "engine/adapt/knobs.h"
+#include "engine/base/params.h"
+#include "engine/config.h"
+#include "engine/worker/optimizer.h"
+
+#include <cstdint>
+
+namespace orpheus::engine {
+
+// What a barrier did.
+struct Coordination {
+  bool averaged = false;
+  bool rotated = false;
+  double divergenceMax = 0.0;   // max over replicas of ||W_r - mean|| / ||mean||, before averaging
+  double divergenceMean = 0.0;
+};
+
+class Coordinator {
+ public:
+  // The references must outlive the coordinator; R is read from `knobs` at each clock.
+  Coordinator(const TrainConfig& config, comm::Transport& transport, const adapt::Knobs& knobs)
+      : config_(config), transport_(transport), knobs_(knobs) {}
+
+  // Whether the ranks average, or rotate, their replicas after `clock`. Never with
+  // one rank: there is nothing to do.
+  bool averagesAfter(uint64_t clock) const { return due(knobs_.averageEvery, clock); }
+  bool rotatesAfter(uint64_t clock) const { return due(config_.rotateEvery, clock); }
+  bool barrierAfter(uint64_t clock) const { return averagesAfter(clock) || rotatesAfter(clock); }
+
+  // Every replica becomes the average, bitwise the same on every rank. The
+  // optimizer state is averaged with it, elementwise (Adam's m and v, AdaGrad's
+  // sums, momentum buffers); the step count becomes the largest of the replicas'
+  // (they are equal unless a failure set one back).
+  Coordination average(ParamSet& replica, Optimizer& optimizer, uint64_t clock);
+  // This rank's replica goes to rank+1 and rank-1's comes here, its id and its
+  // optimizer state with it.
+  void rotate(ParamSet& replica, Optimizer& optimizer, int& replicaId, uint64_t clock);
+
+ private:
+  bool due(int64_t every, uint64_t clock) const {
+    return every > 0 && transport_.size() > 1 && clock % static_cast<uint64_t>(every) == 0;
+  }
+
+  const TrainConfig& config_;
+  comm::Transport& transport_;
+  const adapt::Knobs& knobs_;
+};
+
+}  // namespace orpheus::engine

@@ -1,0 +1,708 @@
+#include "engine/job/job.h"
+#include "ops/model_factory.h"
+
+#include "ckpt/layout.h"
+#include "ckpt/model_file.h"
+#include "comm/stall.h"
+#include "engine/base/error.h"
+#include "engine/base/memory.h"
+#include "engine/recovery/checkpoint.h"
+#include "ops/backends.h"
+#include "engine/membership/elastic.h"
+#include "engine/recovery/job_record.h"
+#include "engine/membership/live.h"
+#include "engine/metrics/metrics.h"
+#include "engine/job/outputs.h"
+#include "engine/data/synthetic_data.h"
+#include "engine/worker/worker.h"
+#include "ops/graph_model.h"
+#include "ops/loss_parser.h"
+#include "ops/mlr.h"
+
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cmath>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <time.h>
+#include <unistd.h>
+
+namespace orpheus::engine {
+
+void checkJobMemory(const TrainConfig& config, const ops::Model& model, const DataShape& data, int replicas,
+                    int running) {
+  double params = 0.0;
+  for (const auto& [rows, cols] : model.paramShapes()) params += static_cast<double>(rows) * static_cast<double>(cols);
+  const OptimizerSettings optimizer = optimizerSettings(config);
+  const double stateCopies = optimizer.kind == OptimizerKind::kAdam ? 2.0 : optimizer.kind == OptimizerKind::kSgd ? 0.0 : 1.0;
+  const double replicaBytes = params * sizeof(float) * (2.0 + stateCopies + (optimizer.foldsLearningRate() ? 0.0 : 1.0));
+  const double batch = static_cast<double>(config.batch);
+  const double perExample = data.sparse ? 64.0 : 4.0 * static_cast<double>(data.features) + 16.0;
+  const double outputs = 3.0 * batch * static_cast<double>(std::max<int64_t>(data.steps, 1)) *
+                         static_cast<double>(data.classes) * sizeof(float);
+  const double bytes = replicas * replicaBytes + running * (3.0 * batch * perExample + outputs);
+  checkFitsInMemory(bytes,
+                    fmt::format("{} replica{} of model '{}' ({:.0f} parameters) with --batch {} over {} classes{}",
+                                replicas, replicas == 1 ? "" : "s", config.model, params, config.batch, data.classes,
+                                data.steps > 0 ? fmt::format(" and {} steps", data.steps) : ""),
+                    0.5);
+}
+
+namespace {
+
+// A job's data as every rank agrees on it: its shards, read to the same width.
+struct Shards {
+  data::Dataset train;
+  data::Dataset test;
+  bool haveTest = false;
+  int indexBase = -1;  // of LIBSVM files: 0 or 1, detected from the training file
+  int64_t features = 0;
+  int64_t classes = 0;
+};
+
+data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
+                        int64_t features, int indexBase) {
+  if (isSyntheticSource(path)) {
+    return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
+  }
+  data::ReadOptions options;
+  options.format = config.format;
+  options.rank = transport.rank();
+  options.worldSize = transport.size();
+  options.features = features;
+  options.indexBase = indexBase;
+  options.streams = config.batch;  // token streams: minibatch column b continues stream b
+  return data::readDataset(path, options);
+}
+
+// The paths this rank writes: rank 0 the model and the metrics, every rank its
+// replica's files (ranks may sit on hosts of their own).
+std::vector<OutputPath> outputsOf(const TrainConfig& config, bool leader) {
+  std::vector<OutputPath> out;
+  if (leader) {
+    out.push_back({"--save", config.save, OutputPath::Kind::kFile});
+    OutputPath metrics{"--metrics", config.metrics, OutputPath::Kind::kFile};
+    metrics.stream = true;
+    out.push_back(metrics);
+  }
+  out.push_back({"--save-replicas", config.saveReplicas, OutputPath::Kind::kDirectory});
+  if (config.ckptSv || config.ckptMatrix) out.push_back({"--ckpt-dir", config.ckptDir, OutputPath::Kind::kDirectory});
+  return out;
+}
+
+void validateJob(const TrainConfig& config, comm::Transport& transport) {
+  collectively(transport, [&] {
+    validate(config, transport.size());
+    if (config.ckptSv || config.resume) {
+      ORPHEUS_CHECK_INPUT(!config.ckptDir.empty(), "--ckpt sv and --resume need --ckpt-dir DIR");
+      ORPHEUS_CHECK_INPUT(config.sync == SyncMode::kSv, "--ckpt sv logs SV batches: it needs --sync sv");
+    }
+    ORPHEUS_CHECK_INPUT(!config.elastic || config.resume,
+                        "--elastic continues a killed job on a different number of ranks: it needs --resume");
+    ORPHEUS_CHECK_INPUT(!(config.resume && config.overwrite),
+                        "--resume continues the job in --ckpt-dir and --overwrite replaces it: give one");
+    if (config.resume) {
+      ORPHEUS_CHECK_INPUT(std::filesystem::exists(std::filesystem::path(config.ckptDir) / "job.h5"),
+                          "--resume: '{}' holds no checkpoint (no job.h5)", config.ckptDir);
+      ORPHEUS_CHECK_INPUT(config.consistency == Consistency::kBsp,
+                          "--resume continues a job exactly only under --consistency bsp");
+    }
+    checkInputExists(config.train);
+    checkInputExists(config.test);
+    checkOutputs(outputsOf(config, transport.rank() == 0),
+                 {{"--train", config.train}, {"--test", config.test}, {"--model", config.model}});
+    if (transport.rank() == 0 && !config.resume && (config.ckptSv || config.ckptMatrix)) {
+      claimCheckpointDir(config.ckptDir, config.overwrite);
+    }
+  });
+}
+
+// The training shard, then the shape every rank agrees on: the widest rows, the
+// largest label.
+void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shards& shards) {
+  data::Dataset& train = shards.train;
+  collectively(transport, [&] {
+    if (!isSyntheticSource(config.train)) shards.indexBase = data::detectIndexBase(config.train, config.format);
+    train = readShard(config.train, config, transport, config.features, shards.indexBase);
+  });
+  double shape[3] = {static_cast<double>(train.features), static_cast<double>(train.maxLabel()),
+                     train.sparse ? 1.0 : 0.0};
+  transport.control().max(shape);
+  double minFeatures[1] = {static_cast<double>(train.features)};
+  transport.control().min(minFeatures);
+  const auto features = static_cast<int64_t>(shape[0]);
+  collectively(transport, [&] {
+    if (train.sparse) {
+      data::widen(train, features);
+    } else {
+      ORPHEUS_CHECK_INPUT(static_cast<int64_t>(minFeatures[0]) == features,
+                          "training data '{}' has rows of {} and of {} features", config.train,
+                          static_cast<int64_t>(minFeatures[0]), features);
+    }
+  });
+  const auto maxLabel = static_cast<int64_t>(shape[1]);
+  const int64_t classes = config.classes > 0 ? config.classes : maxLabel + 1;
+  collectively(transport, [&] {
+    ORPHEUS_CHECK_INPUT(maxLabel < classes, "training data '{}' has label {} but --classes is {} (labels 0..{})",
+                        config.train, maxLabel, classes, classes - 1);
+    ORPHEUS_CHECK_INPUT(train.size() >= 1, "rank {} got no training examples from '{}'", transport.rank(),
+                        config.train);
+    ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
+                        "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
+  });
+  shards.features = features;
+  shards.classes = classes;
+  // The minibatches in flight (the one being trained on and the prefetched ones)
+  // must fit, whatever --batch says.
+  collectively(transport, [&] {
+    const double perExample = train.sparse ? 64.0 : 4.0 * static_cast<double>(features) + 16.0;
+    checkFitsInMemory(3.0 * static_cast<double>(config.batch) * perExample,
+                      fmt::format("--batch {}: three minibatches of {} examples of {} features", config.batch,
+                                  config.batch, features),
+                      0.5);
+  });
+}
+
+// The test shard, read to the training data's width.
+void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards& shards) {
+  shards.haveTest = !config.test.empty();
+  if (!shards.haveTest) return;
+  const int64_t features = shards.features;
+  const int64_t classes = shards.classes;
+  data::Dataset& test = shards.test;
+  collectively(transport, [&] {
+    test = readShard(config.test, config, transport, shards.train.sparse ? features : -1, shards.indexBase);
+    if (test.sparse) {
+      ORPHEUS_CHECK_INPUT(test.features <= features,
+                          "test data '{}' has {} features but the training data has {} (set --features)",
+                          config.test, test.features, features);
+      data::widen(test, features);
+    }
+    ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the training data '{}' has {}",
+                        config.test, test.features, config.train, features);
+    ORPHEUS_CHECK_INPUT(test.maxLabel() < classes,
+                        "test data '{}' has label {} but the model has {} classes (labels 0..{})", config.test,
+                        test.maxLabel(), classes, classes - 1);
+  });
+}
+
+// Rank 0's log lines about the job (the example counts are a collective).
+void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards,
+              const ops::Backend& backend) {
+  const bool leader = transport.rank() == 0;
+  double counts[2] = {static_cast<double>(shards.train.size()), static_cast<double>(shards.test.size())};
+  transport.control().sum(counts);
+  if (!leader) return;
+  spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
+               transport.size(), model.spec(), transport.name(), static_cast<int64_t>(counts[0]),
+               static_cast<int64_t>(counts[1]), toString(config.sync), config.clocks, config.batch);
+  spdlog::info("device {} (rank 0; the rebuild and the dense gradient run there, the rest of a clock on the host)",
+               backend.describe());
+  if (config.sync == SyncMode::kSv && transport.size() > 1) {
+    spdlog::info("{}; {} consistency{}; {}", comm::MulticastSchedule(scheduleConfig(config, transport.size())).describe(),
+                 toString(config.consistency),
+                 config.consistency == Consistency::kSsp ? fmt::format(" (staleness {})", config.staleness) : "",
+                 config.select > 0 ? fmt::format("{} of {} SVGs sent per clock", config.select, config.batch)
+                                   : "every SVG sent");
+  }
+  const OptimizerSettings optimizer = optimizerSettings(config);
+  spdlog::info("optimizer {}, lr {} ({} schedule{}){}", toString(optimizer.kind), optimizer.lr,
+               toString(optimizer.schedule),
+               optimizer.warmup > 0 ? fmt::format(", {} clocks of warmup", optimizer.warmup) : "",
+               optimizer.weightDecay > 0 ? fmt::format(", weight decay {}", optimizer.weightDecay) : "");
+  if (shards.train.sparse && optimizer.touchesEveryEntry()) {
+    spdlog::info("note: --optimizer {}{} updates every parameter entry each clock, so a clock costs the whole model, "
+                 "not only the features the sparse input touches (sgd and adagrad without weight decay keep that cost)",
+                 toString(optimizer.kind), optimizer.weightDecay > 0 ? " with --weight-decay" : "");
+  }
+  if (transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {
+    spdlog::warn("one rank: --average-every and --rotate-every have nothing to do");
+  }
+}
+
+// This rank's backend, the job's one (--device), made once and handed down
+// (collective: a rank that cannot make it reports, none hangs).
+std::unique_ptr<ops::Backend> makeJobBackend(const TrainConfig& config, comm::Transport& transport) {
+  std::unique_ptr<ops::Backend> backend;
+  collectively(transport, [&] { backend = ops::makeBackend(config.device); });
+  return backend;
+}
+
+struct Outputs {
+  std::unique_ptr<ops::Model> model;
+  std::unique_ptr<MetricsWriter> metrics;  // rank 0's file; a sink that discards elsewhere
+};
+
+// The model and the metrics file (the outputs were checked by validateJob).
+// Whether a .loss file declares a `sequence` input (a model unrolled over time steps).
+bool declaresSequence(const std::string& path) {
+  if (!path.ends_with(".loss")) return false;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find_first_not_of(" \t");
+    if (at != std::string::npos && line.compare(at, 9, "sequence ") == 0) return true;
+  }
+  return false;
+}
+
+Outputs makeModelAndOutputs(const TrainConfig& config, bool leader, const Shards& shards) {
+  Outputs out;
+  // A sequence model reads token streams; other data would be unrolled as if its rows were segments.
+  ORPHEUS_CHECK_INPUT(shards.train.steps > 0 || !declaresSequence(config.model),
+                      "model '{}' is a sequence model: it reads token streams ('#orpheus-tokens' files, "
+                      "scripts/data/make_tokens.sh), and --train '{}' is not one",
+                      config.model, config.train);
+  out.model = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+  if (config.selectUnit == ops::Model::SvgUnit::kStep) {
+    ORPHEUS_CHECK_INPUT(out.model->carriesState(),
+                        "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
+    out.model->setSvgUnit(config.selectUnit);
+    const int64_t svgs = config.batch * shards.train.steps;
+    ORPHEUS_CHECK_INPUT(config.select <= svgs,
+                        "--select {} must be at most B*T = {} with --select-unit step ({} examples of {} steps)",
+                        config.select, svgs, config.batch, shards.train.steps);
+  }
+  // A token stream is a sequence model's data; any other model would read its encoding as features.
+  ORPHEUS_CHECK_INPUT(shards.train.steps == 0 || out.model->carriesState(),
+                      "--train '{}' is a token stream, but model '{}' takes feature vectors (token streams are for "
+                      "sequence models such as examples/lstm.loss)", config.train, config.model);
+  ORPHEUS_CHECK_INPUT(!config.balance || !out.model->carriesState(),
+                      "--balance changes each rank's minibatch size, but model '{}' carries state from one "
+                      "minibatch to the next", config.model);
+  out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
+  return out;
+}
+
+Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transport, const Shards& shards) {
+  Outputs out;
+  collectively(transport, [&] { out = makeModelAndOutputs(config, transport.rank() == 0, shards); });
+  return out;
+}
+
+std::string readModelText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+ComputationRecord computationRecordOf(const TrainConfig& config, const comm::Transport& transport,
+                                      const Shards& shards, const std::string& modelText) {
+  const std::string data = isSyntheticSource(config.train) ? config.train : fileDigest(config.train);
+  return computationRecord(config, transport.size(), shards.features, shards.classes, modelText, data);
+}
+
+// What a fresh checkpoint directory records of the job, so restore can rebuild its model.
+void writeJobInfo(const TrainConfig& config, const comm::Transport& transport, const ops::Model& model,
+                  const Shards& shards) {
+  createDirectories(config.ckptDir, "checkpoint directory ");
+  ckpt::JobInfo info;
+  info.modelName = config.model;
+  if (config.model.ends_with(".loss")) info.modelText = readModelText(config.model);
+  info.modelSpec = model.spec();
+  info.features = shards.features;
+  info.classes = shards.classes;
+  info.seed = config.seed;
+  info.ranks = transport.size();
+  info.batch = config.batch;
+  info.lr = optimizerSettings(config).lr;
+  info.computation = encodeRecord(computationRecordOf(config, transport, shards, info.modelText));
+  ckpt::writeJobInfo(config.ckptDir, info);
+}
+
+// A resumed job continues the recorded computation, or refuses naming the flag.
+void checkResumedJob(const TrainConfig& config, const comm::Transport& transport, const Shards& shards) {
+  const ckpt::JobInfo info = ckpt::readJobInfo(config.ckptDir);
+  if (info.computation.empty()) {
+    spdlog::warn("'{}' predates recorded job settings: --resume cannot check that the flags are unchanged",
+                 config.ckptDir);
+    return;
+  }
+  const std::string modelText = config.model.ends_with(".loss") ? readModelText(config.model) : std::string();
+  ComputationRecord recorded = decodeRecord(info.computation, ckpt::jobPath(config.ckptDir).string());
+  ComputationRecord now = computationRecordOf(config, transport, shards, modelText);
+  // The number of ranks is the current membership epoch's; --elastic may change it.
+  const int members = readMembership(config.ckptDir).back().ranks;
+  for (auto* record : {&recorded, &now}) {
+    for (auto it = record->begin(); it != record->end();) {
+      if (it->first == "np" && config.elastic) {
+        it = record->erase(it);
+        continue;
+      }
+      if (it->first == "np" && record == &recorded) it->second = std::to_string(members);
+      ++it;
+    }
+  }
+  checkResume(recorded, now, config.ckptDir);
+}
+
+// The incremental SV checkpoint: a fresh job records what it is; a resumed one
+// continues from the newest clock every replica's log reaches. Returns that clock
+// (0: a fresh start), the same on every rank.
+uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+                              const Shards& shards) {
+  if (!config.ckptSv) return 0;
+  uint64_t resumeClock = 0;
+  collectively(transport, [&] {
+    if (transport.rank() != 0) return;
+    if (!config.resume) {
+      writeJobInfo(config, transport, model, shards);
+      return;
+    }
+    checkResumedJob(config, transport, shards);
+    const ckpt::Inventory inventory = ckpt::inspect(config.ckptDir);
+    // A sequence model resumes where every rank's carried states are on disk too;
+    // a checkpoint that holds none predates them and resumes without (zeros).
+    const bool withStates = model.carriesState() && !ckpt::listStatesDirs(config.ckptDir).empty();
+    resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0,
+                                  readMembership(config.ckptDir).back().ranks);
+    discardAfter(config.ckptDir, resumeClock);
+  });
+  double shared[1] = {static_cast<double>(resumeClock)};
+  transport.control().sum(shared);
+  return static_cast<uint64_t>(shared[0]);
+}
+
+// --resume --elastic on a different number of ranks, or a live membership change
+// (engine/membership/live.h): the next membership epoch starts at `resumeClock` from the
+// average of the previous one (engine/membership/elastic.h).
+void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+                   const std::vector<Epoch>& epochs, uint64_t resumeClock, bool live = false) {
+  ElasticStart start = redistribute(config, transport, model, worker.backend(), epochs, resumeClock);
+  worker.setEpoch(start.epoch.epoch);
+  // Collective: rejoinAt agrees on the snapshot parts itself.
+  worker.rejoinAt(resumeClock, std::move(start.params), start.optimizerState, transport.rank(), start.writeSnapshot);
+  // Recorded once the snapshot is whole: a job killed before this resumes as before.
+  collectively(transport, [&] {
+    if (transport.rank() == 0) appendEpoch(config.ckptDir, start.epoch);
+  });
+  if (transport.rank() == 0) {
+    spdlog::info("{} clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
+                 live ? "continued after" : "resumed from", resumeClock, config.ckptDir, transport.size(),
+                 epochAfter(epochs, resumeClock).ranks, start.epoch.epoch);
+  }
+}
+
+void resume(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+            uint64_t resumeClock) {
+  if (!config.resume || resumeClock == 0) return;
+  std::vector<Epoch> epochs;
+  collectively(transport, [&] { epochs = readMembership(config.ckptDir); });
+  if (config.elastic && epochAfter(epochs, resumeClock).ranks != transport.size()) {
+    resumeElastic(worker, config, transport, model, epochs, resumeClock);
+    return;
+  }
+  collectively(transport, [&] {
+    const int id = replicaHeldAt(transport.rank(), epochs, resumeClock, config.rotateEvery);
+    Restored r = restore(config.ckptDir, id, resumeClock, worker.backend());
+    // What the log does not hold: the states a sequence model carries from one
+    // segment of a stream to the next, this rank's own (its data).
+    const bool states = std::filesystem::exists(ckpt::statesPath(config.ckptDir, resumeClock, transport.rank()));
+    if (model.carriesState() && states) {
+      model.restoreCarriedState(loadCarriedState(config.ckptDir, resumeClock, transport.rank()));
+    } else if (model.carriesState() && transport.rank() == 0) {
+      spdlog::warn("--resume: '{}' predates carried recurrent states; they restart from zero at clock {}, so the "
+                   "continued run is not bitwise the uninterrupted one",
+                   config.ckptDir, resumeClock);
+    }
+    worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
+    worker.setEpoch(epochs.back().epoch);
+    if (auto knobs = adapt::knobsAt(config.ckptDir, id, resumeClock)) worker.resumeKnobs(*knobs);
+  });
+  if (transport.rank() == 0) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
+}
+
+void runWorker(Worker& worker, MetricsWriter& metrics, comm::Transport& transport) {
+  try {
+    worker.run(metrics);
+  } catch (const JobFailed&) {
+    throw;  // reported once, every rank stops
+  } catch (const comm::StallError& e) {
+    if (e.reports()) {
+      // A control-plane agreement does not know the clock; the loop does.
+      const std::string what = e.what();
+      reportError(what.find("clock") != std::string::npos ? what
+                                                           : fmt::format("{} (at clock {})", what, notedClock()));
+    } else {
+      // A lower rank timed out too and reports for the job: give it the time to
+      // print and end the job, then end it anyway.
+      leaveReportToPeer();
+      std::this_thread::sleep_for(comm::stallGrace(transport.timeout()) + std::chrono::seconds(2));
+    }
+    transport.control().abortJob(exitCodeFor(e));
+  } catch (const std::exception& e) {
+    // Peers cannot know about this rank's failure: report it and end the job.
+    reportError(e.what());
+    transport.control().abortJob(exitCodeFor(e));
+  }
+}
+
+// Every rank's replica (--save-replicas), rank 0's model (--save) and its one-line result.
+void saveAndReport(const TrainConfig& config, const comm::Transport& transport, const Worker& worker,
+                   const ops::Model& model, const Shards& shards) {
+  ckpt::ModelFileInfo info;
+  info.modelSpec = model.spec();
+  info.clock = static_cast<int64_t>(worker.lastClock());
+  info.seed = config.seed;
+  info.features = shards.features;
+  info.classes = shards.classes;
+  info.replica = worker.replicaId();
+  // The parameters at the file's root, the optimizer state in its own group (/optimizer).
+  const auto save = [&](const std::string& path) {
+    if (worker.optimizer().hasState()) {
+      ckpt::saveParams(path, withState(worker.replica(), worker.optimizer().exportState()), info);
+    } else {
+      ckpt::saveParams(path, worker.replica(), info);
+    }
+  };
+  if (!config.saveReplicas.empty()) save(fmt::format("{}/replica-{}.h5", config.saveReplicas, worker.replicaId()));
+  if (transport.rank() != 0) return;
+  // Through a symlink to the file it names: the link stays (engine/job/outputs.h).
+  if (!config.save.empty()) save(resolveOutput(config.save));
+  const EvalResult& eval = worker.lastEval();
+  std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model.spec().c_str(), transport.size(),
+              static_cast<long long>(worker.lastClock()), worker.trainSeconds());
+  if (shards.haveTest && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
+  if (shards.haveTest) std::printf(", test loss %.4f", eval.loss);
+  std::printf("\n");
+  if (!config.metrics.empty()) std::printf("metrics: %s\n", config.metrics.c_str());
+  if (!config.save.empty()) std::printf("model: %s\n", config.save.c_str());
+  std::fflush(stdout);
+}
+
+// Whether ranks may leave this job while it runs (engine/membership/live.h); if so, SIGTERM on
+// a rank other than 0 is its notice, and a request left over from an earlier run of
+// the job is dropped.
+bool enableLive(const TrainConfig& config, comm::Transport& transport, const LiveGroup* live) {
+  // --balance lays its chunk ownership out over a fixed set of ranks (engine/coordinator/balance.h):
+  // such a job keeps its membership.
+  if (live == nullptr || !config.ckptSv || config.sync != SyncMode::kSv || config.consistency != Consistency::kBsp ||
+      transport.size() < 2 || config.balance) {
+    return false;
+  }
+  if (transport.rank() != 0) {
+    installLeaveNotice();
+  } else {
+    std::error_code ec;
+    if (std::filesystem::remove(membershipRequestPath(config.ckptDir), ec)) {
+      spdlog::warn("dropped a membership request left in '{}' before the job started", config.ckptDir);
+    }
+    markLive(config.ckptDir);
+  }
+  return true;
+}
+
+// The live membership change after `clock` (engine/membership/live.h), once every rank of
+// `group` has drained the clock and made its log durable, and the leaving ranks
+// have freed their replica, data and buffers. One agreement over the old group
+// tells every rank the logs are on disk and carries each leaver's release latency
+// to rank 0, which records it (a `left` line in the metrics); then the ranks that
+// stay form the next group, and the new ranks join it (a `joined` line). Returns
+// its transport; null on a leaving rank.
+std::unique_ptr<comm::Transport> changeMembership(comm::Transport& group, LiveGroup& live, const Change& change,
+                                                  uint64_t clock, MetricsWriter& metrics) {
+  const bool stays = !change.leaves(group.rank());
+  const double released = stays ? 0.0 : wallSeconds() - change.noticeAt[static_cast<size_t>(group.rank())];
+  std::vector<double> latency(static_cast<size_t>(group.size()), 0.0);
+  latency[static_cast<size_t>(group.rank())] = released;
+  group.control().sum(latency);
+  const int remaining = group.size() - static_cast<int>(change.leaving.size());
+  if (group.rank() == 0) {
+    for (int r : change.leaving) {
+      JsonLine line;
+      line.add("left", true)
+          .add("rank", r)
+          .add("clock", clock)
+          .add("ranks", remaining)
+          .add("release_seconds", latency[static_cast<size_t>(r)]);
+      metrics.write(line);
+    }
+    if (!change.leaving.empty()) {
+      spdlog::info("after clock {}: rank{} {} left ({} ranks remain)", clock, change.leaving.size() > 1 ? "s" : "",
+                   fmt::format("{}", fmt::join(change.leaving, ", ")), remaining);
+    }
+  }
+  std::unique_ptr<comm::Transport> next;
+  if (!change.leaving.empty()) {
+    next = live.split(stays, group.timeout());
+    if (!stays) {
+      spdlog::info("left after clock {}: replica, data and buffers freed {:.3f} s after the notice", clock, released);
+      return nullptr;
+    }
+  }
+  if (change.joining > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    next = live.grow(change.joining, clock, group.timeout());
+    if (next->rank() == 0) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      JsonLine line;
+      line.add("joined", change.joining).add("clock", clock).add("ranks", next->size()).add("spawn_seconds", seconds);
+      metrics.write(line);
+      spdlog::info("after clock {}: {} ranks joined in {:.2f} s ({} ranks)", clock, change.joining, seconds,
+                   next->size());
+    }
+  }
+  return next;
+}
+
+// Reads this epoch's shards over `group`: the same shape as the job's model.
+std::unique_ptr<Shards> reshard(const TrainConfig& config, comm::Transport& group, int64_t features,
+                                int64_t classes) {
+  auto shards = std::make_unique<Shards>();
+  loadTrainShard(config, group, *shards);
+  loadTestShard(config, group, *shards);
+  collectively(group, [&] {
+    if (features > 0 && (shards->features != features || shards->classes != classes)) {
+      throw Error(fmt::format("the resharded data has {} features and {} classes, the job's model {} and {}",
+                              shards->features, shards->classes, features, classes));
+    }
+  });
+  return shards;
+}
+
+// The job's clocks from its worker on, one membership epoch per pass: from
+// `resumeClock` (a fresh or resumed job), or as a new epoch after `changedAfter`
+// (a rank that joined a running job). Returns 0, also on a rank that left.
+int trainEpochs(const TrainConfig& config, const Outputs& out, ops::Backend& backend, comm::Transport& first,
+                LiveGroup* live, std::unique_ptr<Shards> shards, uint64_t resumeClock, uint64_t changedAfter) {
+  comm::Transport* group = &first;
+  std::unique_ptr<comm::Transport> regrouped;  // after a live change
+  Worker::RunTotals totals;  // the earlier epochs'
+  for (;;) {
+    std::optional<MembershipWatch> watch;
+    if (live != nullptr) watch.emplace(*live, *group, config.ckptDir, group->timeout());
+    {
+      Worker worker(config, *out.model, backend, *group, shards->train, shards->haveTest ? &shards->test : nullptr);
+      if (changedAfter == 0) {
+        resume(worker, config, *group, *out.model, resumeClock);
+      } else {
+        std::vector<Epoch> epochs;
+        collectively(*group, [&] { epochs = readMembership(config.ckptDir); });
+        resumeElastic(worker, config, *group, *out.model, epochs, changedAfter, true);
+      }
+      worker.continueRun(totals);
+      worker.watchMembership(watch ? &*watch : nullptr);
+      runWorker(worker, *out.metrics, *group);
+      if (worker.changesAfter() == 0) {
+        if (watch) watch->settle();
+        if (live != nullptr && group->rank() == 0) endLive(config.ckptDir);
+        saveAndReport(config, *group, worker, *out.model, *shards);
+        return 0;
+      }
+      changedAfter = worker.changesAfter();
+      totals = worker.runTotals();
+    }
+    // The membership changes after `changedAfter`: the worker is gone; the data goes too.
+    const int64_t features = shards->features;
+    const int64_t classes = shards->classes;
+    shards.reset();
+    std::unique_ptr<comm::Transport> next = changeMembership(*group, *live, watch->change(), changedAfter, *out.metrics);
+    if (next == nullptr) return 0;  // this rank left
+    regrouped = std::move(next);
+    group = regrouped.get();
+    shards = reshard(config, *group, features, classes);
+  }
+}
+
+}  // namespace
+
+int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* live) {
+  transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
+  validateJob(config, transport);
+  auto shards = std::make_unique<Shards>();
+  loadTrainShard(config, transport, *shards);
+  loadTestShard(config, transport, *shards);
+  const Outputs out = buildModelAndOutputs(config, transport, *shards);
+  collectively(transport, [&] {
+    // Ranks of one host share its memory.
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int onHost = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : 1;
+    checkJobMemory(config, *out.model,
+                   {shards->features, shards->classes, shards->train.steps, shards->train.sparse}, onHost, onHost);
+    const int fanout = comm::MulticastSchedule(scheduleConfig(config, transport.size())).fanout();
+    adapt::Controller::checkBudget(config, transport.size(), out.model->paramShapes(), fanout);
+  });
+  const std::unique_ptr<ops::Backend> backend = makeJobBackend(config, transport);
+  announce(config, transport, *out.model, *shards, *backend);
+  const uint64_t resumeClock = prepareCheckpointDir(config, transport, *out.model, *shards);
+  if (!enableLive(config, transport, live)) live = nullptr;
+  return trainEpochs(config, out, *backend, transport, live, std::move(shards), resumeClock, 0);
+}
+
+int joinTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup& live, uint64_t clock) {
+  transport.setTimeout(std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000)));
+  // As the group's ranks do after their grow(): the data over the grown group.
+  std::unique_ptr<Shards> shards = reshard(config, transport, -1, -1);
+  const Outputs out = makeModelAndOutputs(config, false, *shards);
+  // Not collectively: the running ranks made theirs at the start, and a collective
+  // here would be one they do not take part in.
+  const std::unique_ptr<ops::Backend> backend = ops::makeBackend(config.device);
+  installLeaveNotice();
+  return trainEpochs(config, out, *backend, transport, &live, std::move(shards), 0, clock);
+}
+
+int runEval(const EvalConfig& config) {
+  checkInputExists(config.test);
+  ckpt::ModelFileInfo info;
+  const ParamSet saved = ckpt::loadParams(config.params, &info);
+
+  data::ReadOptions options;
+  options.format = config.format;
+  options.features = config.features > 0 ? config.features : info.features;
+  const data::Format format = data::resolveFormat(config.test, config.format);
+  if (format != data::Format::kLibsvm && config.features <= 0) options.features = -1;
+  data::Dataset test = data::readDataset(config.test, options);
+
+  // The model's shape: from the file's attributes, else from its parameters (MLR) or the data.
+  int64_t features = info.features > 0 ? info.features : test.features;
+  int64_t classes = info.classes > 0 ? info.classes : test.maxLabel() + 1;
+  if (config.model == "mlr" && info.features <= 0) {
+    const int w = saved.find("W");
+    ORPHEUS_CHECK_INPUT(w >= 0, "parameter file '{}' lacks the dataset 'W' of an MLR model", config.params);
+    classes = saved[w].rows();
+    features = saved[w].cols();
+  }
+  auto model = ops::makeModel({config.model, "", ""}, features, classes, info.seed);
+  // Parameters by name, in the model's order, with the model's shapes.
+  ParamSet params = model->zeroParams();
+  for (auto& p : params.params) {
+    const int i = saved.find(p.name);
+    ORPHEUS_CHECK_INPUT(i >= 0, "parameter file '{}' lacks the parameter '{}' of model '{}'", config.params, p.name,
+                        config.model);
+    ORPHEUS_CHECK_INPUT(saved[i].rows() == p.value.rows() && saved[i].cols() == p.value.cols(),
+                        "parameter '{}' in '{}' has shape {}x{}, but model '{}' expects {}x{}", p.name, config.params,
+                        saved[i].rows(), saved[i].cols(), config.model, p.value.rows(), p.value.cols());
+    p.value = saved[i];
+  }
+
+  if (test.sparse && test.features < features) data::widen(test, features);
+  ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the model '{}' has {}",
+                      config.test, test.features, config.params, features);
+  ORPHEUS_CHECK_INPUT(test.maxLabel() < classes, "test data '{}' has label {} but the model has {} classes (labels 0..{})",
+                      config.test, test.maxLabel(), classes, classes - 1);
+
+  const ops::EvalSums sums = evaluateOn(*model, params, test);
+  JsonLine line;
+  line.add("params", config.params)
+      .add("model_spec", info.modelSpec)
+      .add("clock", info.clock)
+      .add("examples", static_cast<int64_t>(sums.count))
+      .add("test_loss", sums.lossSum / sums.count);
+  if (model->reportsPerplexity()) line.add("test_perplexity", std::exp(sums.lossSum / sums.count));
+  if (model->hasAccuracy()) line.add("test_accuracy", sums.correct / sums.count);
+  std::printf("%s\n", line.str().c_str());
+  return 0;
+}
+
+}  // namespace orpheus::engine

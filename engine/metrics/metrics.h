@@ -1,0 +1,278 @@
+// Metrics as JSON lines: one object per clock, a summary last. Written by rank 0.
+//
+// Every rank reports each clock as a ClockRecord; rank 0's MetricsAggregator adds
+// up the records of all ranks and writes a clock's line once every rank's record
+// of it is in. Records travel on the control channel, never as a collective, so
+// metrics never make a worker wait for another.
+#pragma once
+
+#include "comm/transport.h"
+#include "engine/adapt/knobs.h"
+#include "engine/config.h"
+#include "engine/metrics/progress.h"
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace orpheus::ops {
+class Model;
+}  // namespace orpheus::ops
+
+namespace orpheus::engine {
+
+// What one clock measured on this rank.
+struct ClockStats {
+  double loss = 0.0;
+  double computeSeconds = 0.0;  // forward/backward, SV identification and selection
+  double commSeconds = 0.0;     // encode, send, receive, decode (or gradient allreduce)
+  double updateSeconds = 0.0;   // rebuild / apply
+  double waitSeconds = 0.0;     // blocked on peers (BSP barrier or SSP staleness bound)
+  double selectSeconds = 0.0;
+  // The exchange under way (--overlap on; else equal to commSeconds): from the
+  // first layer sent (or all-reduce begun) to the last one in. commSeconds is the
+  // part of it the worker waited for (exposed), the rest hid behind compute and rebuild.
+  double exchangeSeconds = 0.0;
+  // Seconds into the clock's compute when the first layer went out and when the
+  // backward pass ended (-1: not measured, --overlap off).
+  double firstSendAt = -1.0;
+  double backwardEndAt = -1.0;
+  int64_t clockGap = 0;         // this clock minus the newest clock whose batches have all arrived, minus 1
+  uint64_t bytesSent = 0;
+  uint64_t messages = 0;
+};
+
+
+// One JSON object built field by field; non-finite numbers become null.
+class JsonLine {
+ public:
+  JsonLine& add(const std::string& key, double value);
+  JsonLine& add(const std::string& key, int64_t value);
+  JsonLine& add(const std::string& key, uint64_t value);
+  JsonLine& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
+  JsonLine& add(const std::string& key, bool value);
+  JsonLine& add(const std::string& key, const std::string& value);
+  JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  // JSON arrays.
+  JsonLine& add(const std::string& key, const std::vector<int64_t>& values);
+  JsonLine& add(const std::string& key, const std::vector<double>& values);
+  std::string str() const;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> fields_;
+};
+
+// Appends lines to a file, flushed per line so a killed job keeps what it measured.
+// An empty path makes a sink that discards everything.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write(const JsonLine& line);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// The fields of one rank's report of one clock. Summed over ranks by rank 0
+// (averaged where the line says so); the fields after kReplica are set by rank 0
+// only, so their sum is rank 0's value.
+enum ClockField : size_t {
+  kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
+  kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
+  kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
+  kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kClockFieldCount
+};
+// On the wire: the kClockFieldCount doubles as they are in memory (every rank runs
+// the same binary).
+using ClockRecord = std::array<double, kClockFieldCount>;
+
+comm::SharedBytes encodeRecord(const ClockRecord& record);
+// Error (an internal invariant) when `bytes` is not one record; `peer` names the sender.
+ClockRecord decodeRecord(std::span<const std::byte> bytes, int peer);
+
+// What the loop measured around a clock, for its record (clockRecord).
+struct ClockAround {
+  double trainSeconds = 0.0;       // the run's training seconds through this clock (rank 0's count)
+  double clockSeconds = 0.0;
+  uint64_t coordinationBytes = 0;  // averaging, rotation
+  double ckptWaitSeconds = 0.0;    // waited for the checkpoint writer
+  double ckptCpuSeconds = 0.0;     // the writer's CPU time
+  bool failed = false;             // an injected failure hit this rank
+  uint64_t lostClocks = 0;
+  // Set by rank 0 only (the fields after kReplica).
+  bool leader = false;
+  int replica = 0;
+  bool averaged = false;
+  bool rotated = false;
+  double divergenceMax = 0.0;
+  double divergenceMean = 0.0;
+};
+
+// This rank's record of clock `clock` (without its evaluation fields).
+ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockAround& around);
+
+// What a run adds up to over its membership epochs (engine/membership/live.h): each epoch's
+// worker continues from the totals of the epochs before it, so the clock records
+// and the summary cover the whole run. Rank 0's are the job's; elsewhere only the
+// seconds count.
+struct RunTotals {
+  double trainSeconds = 0.0;
+  uint64_t bytesSent = 0;
+  uint64_t messages = 0;
+  int64_t failures = 0;
+  int64_t lostClocks = 0;
+  double maxGap = 0.0;
+  double bestAccuracy = -1.0;
+  uint64_t firstClock = 0;  // the run's first clock; 0: this epoch's
+};
+
+// The summary line of a run (train's), from what its worker knows at the end.
+struct RunSummary {
+  uint64_t lastClock = 0;
+  bool reachedTarget = false;
+  double trainSeconds = 0.0;
+  RunTotals totals;
+  int ranks = 1;
+  int fanout = 0;
+  std::string device;
+  int replica = 0;
+  adapt::Knobs knobs;  // in force at the end (--adapt)
+  bool evaluated = false;
+  double initialTestLoss = 0.0;
+  double testLoss = 0.0;
+  double testAccuracy = 0.0;
+};
+JsonLine summaryLine(const TrainConfig& config, const ops::Model& model, const RunSummary& run);
+
+// The job's settings in a summary line (train's and simulate's): ranks, sync, model,
+// batch, selection, multicast, fanout, consistency, staleness, broken links.
+void addJobSettings(JsonLine& line, const TrainConfig& config, const ops::Model& model, int ranks, int fanout);
+
+// Rank 0's sum of every rank's records: writes the line of a clock once all
+// `ranks` records of it have arrived, in clock order, whatever order the records
+// come in, and draws the progress line. Records of clocks already written or past
+// the last clock are an internal error.
+class MetricsAggregator {
+ public:
+  // Lines for clocks first..clocks; `hasAccuracy`: the model reports test accuracy.
+  MetricsAggregator(int ranks, MetricsWriter& out, ProgressLine& progress, bool hasAccuracy, uint64_t first,
+                    uint64_t clocks);
+
+  void add(const ClockRecord& record);
+  // Language models: every line with a test loss also gives test_perplexity =
+  // exp(test loss per token), and the progress line shows it.
+  void reportPerplexity() { perplexity_ = true; }
+  // `line` is written right after clock `clock`'s line (a decision taken at its
+  // end); `clock` must not be written yet.
+  void addAfter(uint64_t clock, JsonLine line);
+  // Every clock's line is written.
+  bool done() const { return next_ > clocks_; }
+  // The job stops early at `clock`: no records come after it.
+  void endAt(uint64_t clock) { clocks_ = clock; }
+
+  // Totals over the lines written so far.
+  uint64_t totalBytes() const { return totalBytes_; }
+  uint64_t totalMessages() const { return totalMessages_; }
+  int64_t totalFailures() const { return totalFailures_; }
+  int64_t totalLostClocks() const { return totalLost_; }
+  double maxGap() const { return maxGapSeen_; }
+  // -1 before any line with a test accuracy.
+  double bestAccuracy() const { return bestAccuracy_; }
+
+ private:
+  struct Entry {
+    int count = 0;
+    ClockRecord sum{};
+    double maxGap = 0;
+    double maxWait = 0;
+    double leaderSeconds = 0;
+  };
+  void writeReady();
+  void write(uint64_t clock, const Entry& e);
+
+  int ranks_;
+  MetricsWriter& out_;
+  ProgressLine& progress_;
+  bool hasAccuracy_;
+  bool perplexity_ = false;
+  uint64_t clocks_;
+  uint64_t next_;
+  std::map<uint64_t, Entry> entries_;
+  std::map<uint64_t, std::vector<JsonLine>> after_;
+  uint64_t totalBytes_ = 0;
+  uint64_t totalMessages_ = 0;
+  int64_t totalFailures_ = 0;
+  int64_t totalLost_ = 0;
+  double maxGapSeen_ = 0;
+  double lastAccuracy_ = -1.0;
+  double bestAccuracy_ = -1.0;
+};
+
+// Where a rank's clock records go. Not thread-safe: the compute thread calls it.
+class MetricsSink {
+ public:
+  virtual ~MetricsSink() = default;
+  // This rank's record of a clock.
+  virtual void report(const ClockRecord& record) = 0;
+  // Takes in the other ranks' records that have arrived, without blocking. The
+  // worker calls it whenever it waits on peers, so rank 0's collecting never
+  // holds the others up.
+  virtual void collect() = 0;
+  // The job stops early at `clock` (every rank calls it at the same clock).
+  virtual void endAt(uint64_t clock) = 0;
+  // After the last report: blocks until every record is delivered (rank 0: until
+  // every line is written; TimeoutError after `timeout`).
+  virtual void finish(std::chrono::milliseconds timeout) = 0;
+};
+
+// Discards everything: clocks driven without a metrics file (tests, a failed job's drain).
+class NullMetricsSink final : public MetricsSink {
+ public:
+  void report(const ClockRecord&) override {}
+  void collect() override {}
+  void endAt(uint64_t) override {}
+  void finish(std::chrono::milliseconds) override {}
+};
+
+// Rank 0: its own records and those that arrive on the control channel go to the aggregator.
+class MetricsCollector final : public MetricsSink {
+ public:
+  MetricsCollector(comm::Transport& transport, MetricsAggregator& aggregator)
+      : transport_(transport), aggregator_(aggregator) {}
+  void report(const ClockRecord& record) override;
+  void collect() override;
+  void endAt(uint64_t clock) override { aggregator_.endAt(clock); }
+  void finish(std::chrono::milliseconds timeout) override;
+
+ private:
+  comm::Transport& transport_;
+  MetricsAggregator& aggregator_;
+};
+
+// Every other rank: records go to rank 0.
+class MetricsReporter final : public MetricsSink {
+ public:
+  explicit MetricsReporter(comm::Transport& transport) : transport_(transport) {}
+  void report(const ClockRecord& record) override;
+  void collect() override {}
+  void endAt(uint64_t) override {}
+  // Completes this rank's sends.
+  void finish(std::chrono::milliseconds) override { transport_.control().flush(); }
+
+ private:
+  comm::Transport& transport_;
+};
+
+}  // namespace orpheus::engine

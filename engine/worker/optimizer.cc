@@ -1,0 +1,338 @@
+#include "engine/worker/optimizer.h"
+
+#include "engine/base/error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace orpheus::engine {
+namespace {
+
+constexpr const char* kStatePrefix = "optimizer/";
+constexpr const char* kStepsName = "optimizer/steps";
+// Steps are stored as one float: exact up to here.
+constexpr int64_t kMaxStoredSteps = int64_t{1} << 24;
+
+ParamSet zerosLike(const ParamSet& shapes) {
+  ParamSet out;
+  for (const Param& p : shapes.params) out.params.push_back({p.name, Matrix::Zero(p.value.rows(), p.value.cols())});
+  return out;
+}
+
+std::vector<std::string> bufferNames(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kNesterov:
+      return {"momentum_buffer"};
+    case OptimizerKind::kAdagrad:
+      return {"sum"};
+    case OptimizerKind::kAdam:
+      return {"m", "v"};
+    case OptimizerKind::kSgd:
+      break;
+  }
+  return {};
+}
+
+}  // namespace
+
+double defaultLearningRate(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kNesterov:
+      return 0.1;
+    case OptimizerKind::kAdagrad:
+      return 0.1;
+    case OptimizerKind::kAdam:
+      return 1e-3;
+  }
+  return 0.1;
+}
+
+double learningRate(const OptimizerSettings& s, uint64_t clock) {
+  const auto c = static_cast<double>(clock);
+  double factor = 1.0;
+  switch (s.schedule) {
+    case LrScheduleKind::kConstant:
+      break;
+    case LrScheduleKind::kStep:
+      factor = std::pow(s.gamma, std::floor((c - 1.0) / static_cast<double>(std::max<int64_t>(s.stepEvery, 1))));
+      break;
+    case LrScheduleKind::kCosine: {
+      const auto warmup = static_cast<double>(s.warmup);
+      const double span = std::max(1.0, static_cast<double>(s.clocks) - warmup);
+      const double into = std::clamp(c - 1.0 - warmup, 0.0, span);
+      factor = 0.5 * (1.0 + std::cos(std::numbers::pi * into / span));
+      break;
+    }
+  }
+  if (s.warmup > 0 && clock <= static_cast<uint64_t>(s.warmup)) factor *= c / static_cast<double>(s.warmup);
+  return s.lr * factor;
+}
+
+Optimizer::Optimizer(const OptimizerSettings& settings, const ParamSet& shapes) : settings_(settings) {
+  for (const std::string& name : bufferNames(settings.kind)) buffers_.push_back({name, zerosLike(shapes)});
+}
+
+std::vector<Matrix*> Optimizer::buffers() {
+  std::vector<Matrix*> out;
+  for (Buffer& b : buffers_) {
+    for (Param& p : b.values.params) out.push_back(&p.value);
+  }
+  return out;
+}
+
+void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params, const std::vector<Columns>* columns) {
+  ORPHEUS_ENFORCE(gradient.size() == params.size(), "gradient of {} parameters for {}", gradient.size(), params.size());
+  ++steps_;
+  const OptimizerSettings& s = settings_;
+  const auto lr = static_cast<float>(learningRate(s, clock));
+  const auto wd = static_cast<float>(s.weightDecay);
+  if (columns != nullptr) {
+    ORPHEUS_ENFORCE(s.stepsTouchedColumns() && columns->size() == params.size(),
+                    "a step over touched columns is for adagrad without weight decay");
+    const auto eps = static_cast<float>(s.eps);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Columns& cols = (*columns)[i];
+      const auto visit = [&](Eigen::Index j) {
+        const auto d = gradient[i].col(j).array();
+        auto sum = buffers_[0].values[i].col(j).array();
+        sum += d * d;
+        params[i].col(j).array() -= lr * d / (sum.sqrt() + eps);
+      };
+      if (cols.all) {
+        for (Eigen::Index j = 0; j < params[i].cols(); ++j) visit(j);
+      } else {
+        for (const int64_t j : cols.list) visit(static_cast<Eigen::Index>(j));
+      }
+    }
+    return;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto w = params[i].array();
+    // d = g + wd w (L2 weight decay on the gradient).
+    Eigen::ArrayXXf d = gradient[i].array();
+    if (wd != 0.0f) d += wd * w;
+    switch (s.kind) {
+      case OptimizerKind::kSgd:
+        w -= lr * d;
+        break;
+      case OptimizerKind::kMomentum:
+      case OptimizerKind::kNesterov: {
+        const auto mu = static_cast<float>(s.momentum);
+        auto b = buffers_[0].values[i].array();
+        b = mu * b + d;
+        if (s.kind == OptimizerKind::kNesterov) {
+          w -= lr * (d + mu * b);
+        } else {
+          w -= lr * b;
+        }
+        break;
+      }
+      case OptimizerKind::kAdagrad: {
+        auto sum = buffers_[0].values[i].array();
+        sum += d * d;
+        w -= lr * d / (sum.sqrt() + static_cast<float>(s.eps));
+        break;
+      }
+      case OptimizerKind::kAdam: {
+        auto m = buffers_[0].values[i].array();
+        auto v = buffers_[1].values[i].array();
+        const auto t = static_cast<double>(steps_);
+        const auto b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
+        m = b1 * m + (1.0f - b1) * d;
+        v = b2 * v + (1.0f - b2) * d * d;
+        const auto stepSize = static_cast<float>(learningRate(s, clock) / (1.0 - std::pow(s.beta1, t)));
+        const auto bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, t)));
+        w -= stepSize * m / (v.sqrt() / bc2Sqrt + static_cast<float>(s.eps));
+        break;
+      }
+    }
+  }
+}
+
+ParamSet Optimizer::exportState() const {
+  ParamSet out;
+  if (!hasState()) return out;
+  for (const Buffer& b : buffers_) {
+    for (const Param& p : b.values.params) out.params.push_back({kStatePrefix + p.name + "/" + b.name, p.value});
+  }
+  ORPHEUS_ENFORCE(steps_ <= kMaxStoredSteps, "{} optimizer steps cannot be stored (at most {})", steps_,
+                  kMaxStoredSteps);
+  Matrix steps(1, 1);
+  steps(0, 0) = static_cast<float>(steps_);
+  out.params.push_back({kStepsName, steps});
+  return out;
+}
+
+void Optimizer::importState(const ParamSet& state) {
+  if (!hasState()) return;
+  for (Buffer& b : buffers_) {
+    for (Param& p : b.values.params) {
+      const std::string name = kStatePrefix + p.name + "/" + b.name;
+      const int i = state.find(name);
+      ORPHEUS_CHECK_INPUT(i >= 0, "optimizer state lacks '{}'", name);
+      const Matrix& v = state[static_cast<size_t>(i)];
+      ORPHEUS_CHECK_INPUT(v.rows() == p.value.rows() && v.cols() == p.value.cols(),
+                          "optimizer state '{}' is {}x{}, the parameter is {}x{}", name, v.rows(), v.cols(),
+                          p.value.rows(), p.value.cols());
+      p.value = v;
+    }
+  }
+  const int i = state.find(kStepsName);
+  ORPHEUS_CHECK_INPUT(i >= 0 && state[static_cast<size_t>(i)].size() == 1, "optimizer state lacks '{}'", kStepsName);
+  steps_ = static_cast<int64_t>(state[static_cast<size_t>(i)](0, 0));
+}
+
+ReplicaUpdater::ReplicaUpdater(const OptimizerSettings& settings, const ops::Model& model, ops::Backend& backend)
+    : model_(model), backend_(backend), optimizer_(settings, model.zeroParams()) {
+  for (const auto& [rows, cols] : model.paramShapes()) weightBytes_ += static_cast<size_t>(rows * cols) * sizeof(float);
+  if (!settings.foldsLearningRate()) gradient_ = model.zeroParams();
+  if (settings.stepsTouchedColumns()) {
+    touched_.assign(gradient_.size(), Optimizer::Columns{false, {}});
+    for (const Param& p : gradient_.params) touchedMask_.emplace_back(static_cast<size_t>(p.value.cols()), 0);
+  }
+}
+
+// W += U C V^T changes the columns of W that are rows of V with a nonzero: for a
+// sparse V only those; a dense V and a bias touch every column.
+void ReplicaUpdater::noteTouched(std::span<const SvBatchView* const> batches) {
+  for (const SvBatchView* b : batches) {
+    for (const SvMatrixView& m : b->matrices) {
+      Optimizer::Columns& cols = touched_[m.paramId];
+      if (m.biasId >= 0) touched_[static_cast<size_t>(m.biasId)].all = true;
+      if (cols.all) continue;
+      if (!m.sparseV) {
+        cols.all = true;
+        continue;
+      }
+      std::vector<char>& mask = touchedMask_[m.paramId];
+      const Eigen::Map<const SparseMatrix> v = m.vSparseMap();
+      for (Eigen::Index k = 0; k < v.outerSize(); ++k) {
+        for (Eigen::Map<const SparseMatrix>::InnerIterator it(v, k); it; ++it) {
+          if (mask[static_cast<size_t>(it.row())] == 0) {
+            mask[static_cast<size_t>(it.row())] = 1;
+            cols.list.push_back(it.row());
+          }
+        }
+      }
+    }
+  }
+}
+
+void ReplicaUpdater::clearGradient() {
+  if (touched_.empty()) {
+    for (Param& p : gradient_.params) p.value.setZero();
+    return;
+  }
+  for (size_t i = 0; i < gradient_.size(); ++i) {
+    Optimizer::Columns& cols = touched_[i];
+    if (cols.all) {
+      gradient_[i].setZero();
+      std::fill(touchedMask_[i].begin(), touchedMask_[i].end(), 0);
+    } else {
+      for (const int64_t j : cols.list) {
+        gradient_[i].col(static_cast<Eigen::Index>(j)).setZero();
+        touchedMask_[i][static_cast<size_t>(j)] = 0;
+      }
+    }
+    cols = Optimizer::Columns{false, {}};
+  }
+}
+
+float ReplicaUpdater::coefficientScale(uint64_t clock, double heard) const {
+  const OptimizerSettings& s = optimizer_.settings();
+  // Folding with a constant schedule: the factor the engine always used, bit for bit.
+  if (s.foldsLearningRate()) return static_cast<float>(-learningRate(s, clock) / heard);
+  return static_cast<float>(1.0 / heard);
+}
+
+void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatch* const> batches, ParamSet& params) {
+  std::vector<SvBatchView> views;
+  views.reserve(batches.size());
+  for (const SvBatch* b : batches) views.push_back(viewOf(*b));
+  std::vector<const SvBatchView*> pointers;
+  for (const SvBatchView& v : views) pointers.push_back(&v);
+  applyGroup(clock, pointers, params);
+}
+
+void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params) {
+  if (optimizer_.settings().foldsLearningRate()) {
+    model_.computeUpdate(batches, params, backend_, rebuild_);
+    trimBuffers();
+    return;
+  }
+  if (pendingClock_ != 0 && pendingClock_ != clock) finishClock(params);
+  model_.computeUpdate(batches, gradient_, backend_, rebuild_);
+  trimBuffers();
+  if (!touched_.empty()) noteTouched(batches);
+  pendingClock_ = clock;
+}
+
+// The rebuild's operands grow with the SVGs of a group (B (Q + 1) columns) and are
+// kept for the next clock, unless they outgrow the parameters and kRebuildKeepBytes:
+// then they go, so that a process running many workers (simulate, P in the
+// thousands under broadcast) holds one group's operands per running worker, not P.
+void ReplicaUpdater::trimBuffers() {
+  constexpr size_t kRebuildKeepBytes = size_t{8} << 20;
+  size_t kept = static_cast<size_t>(rebuild_.v.size());
+  for (const Matrix& u : rebuild_.u) kept += static_cast<size_t>(u.size());
+  kept *= sizeof(float);
+  if (kept > kRebuildKeepBytes && kept > weightBytes_) {
+    ops::DeviceOperands device = std::move(rebuild_.device);  // a device's buffers stay: no allocation per clock
+    rebuild_ = {};
+    rebuild_.device = std::move(device);
+  }
+}
+
+void ReplicaUpdater::applyDense(uint64_t clock, ParamSet& gradient, float scale, ParamSet& params) {
+  if (optimizer_.settings().foldsLearningRate()) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].noalias() += scale * gradient[i];
+    return;
+  }
+  finishClock(params);
+  for (Param& p : gradient.params) p.value *= scale;
+  optimizer_.step(clock, gradient, params);  // a dense gradient: every column
+}
+
+void ReplicaUpdater::finishClock(ParamSet& params) {
+  if (pendingClock_ == 0) return;
+  optimizer_.step(pendingClock_, gradient_, params, touched_.empty() ? nullptr : &touched_);
+  clearGradient();
+  pendingClock_ = 0;
+}
+
+void ReplicaUpdater::discardPending() {
+  if (!touched_.empty()) {
+    for (Optimizer::Columns& cols : touched_) cols.all = true;
+  }
+  clearGradient();
+  pendingClock_ = 0;
+}
+
+ParamSet ReplicaUpdater::peek(const ParamSet& params) const {
+  ParamSet out = params;
+  if (pendingClock_ == 0) return out;
+  Optimizer copy = optimizer_;
+  copy.step(pendingClock_, gradient_, out);
+  return out;
+}
+
+ParamSet withState(const ParamSet& params, const ParamSet& state) {
+  ParamSet out = params;
+  for (const Param& p : state.params) out.params.push_back(p);
+  return out;
+}
+
+std::pair<ParamSet, ParamSet> splitState(ParamSet combined, size_t paramCount) {
+  ORPHEUS_ENFORCE(combined.size() >= paramCount, "{} entries for {} parameters", combined.size(), paramCount);
+  ParamSet state;
+  state.params.assign(std::make_move_iterator(combined.params.begin() + static_cast<ptrdiff_t>(paramCount)),
+                      std::make_move_iterator(combined.params.end()));
+  combined.params.resize(paramCount);
+  return {std::move(combined), std::move(state)};
+}
+
+}  // namespace orpheus::engine

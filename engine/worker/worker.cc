@@ -1,0 +1,562 @@
+#include "engine/worker/worker.h"
+
+#include "engine/base/error.h"
+#include "engine/base/rng.h"
+#include "engine/data/sampler.h"
+#include "engine/worker/overlap.h"
+#include "engine/failures.h"
+#include "engine/membership/live.h"
+#include "engine/metrics/progress.h"
+#include "engine/worker/select.h"
+#include "ops/rebuild.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <utility>
+
+namespace orpheus::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Test examples scored at a time.
+constexpr int64_t kEvalChunk = 2000;
+
+std::chrono::milliseconds timeoutOf(const TrainConfig& config) {
+  return std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
+}
+
+}  // namespace
+
+ops::ExampleBatch view(const data::Batch& batch) {
+  ops::ExampleBatch x;
+  if (batch.sparse) {
+    x.sparse = &batch.sparseX;
+  } else {
+    x.dense = &batch.dense;
+  }
+  x.labels = &batch.labels;
+  x.indices = &batch.indices;
+  return x;
+}
+
+ops::EvalSums evaluateOn(const ops::Model& model, const ParamSet& params, const data::Dataset& test) {
+  ops::EvalSums sums;
+  for (int64_t begin = 0; begin < test.size(); begin += kEvalChunk) {
+    const data::Batch chunk = data::slice(test, begin, std::min(test.size(), begin + kEvalChunk));
+    const ops::EvalSums part = model.evaluate(params, view(chunk));
+    sums.lossSum += part.lossSum;
+    sums.correct += part.correct;
+    sums.count += part.count;
+  }
+  return sums;
+}
+
+// A clock whose batches every rank gets, applied in the same clock, is a broadcast
+// under BSP whatever the schedule is called: random, fixed or ring multicast with
+// Q = P - 1, or SSP with staleness 0. It goes through the allgather, which moves the
+// same bytes in one collective call (no rank stalls a transfer while it computes).
+// Knobs change only at a barrier where every batch sent so far is applied, so a job
+// may move between the two paths there.
+bool sendsPointToPoint(const TrainConfig& config, const comm::MulticastSchedule& schedule, const adapt::Knobs& knobs) {
+  if (config.sync != SyncMode::kSv) return false;
+  const bool everyPeer = schedule.fanout() == schedule.ranks() - 1;
+  const bool inClock = config.consistency == Consistency::kBsp || knobs.staleness == 0;
+  return !everyPeer || !inClock || config.dropLinks > 0.0;
+}
+
+Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend& backend,
+               comm::Transport& transport, const data::Dataset& train, const data::Dataset* test)
+    : config_(config),
+      model_(model),
+      transport_(transport),
+      train_(train),
+      test_(test),
+      replica_(model.initParams(config.seed)),
+      replicaId_(transport.rank()),
+      schedule_(scheduleConfig(config, transport.size())),
+      adapt_(config, transport, model.paramShapes(), schedule_.fanout()),
+      knobs_(adapt_.initial().knobs),
+      log_(makeClockLog(config, transport, replicaId_, knobs_, model)),
+      inbox_(config, schedule_, transport, model.paramShapes(), log_->keepsRecords()),
+      coordinator_(config, transport, knobs_),
+      recovery_(config, model, transport),
+      // Every update is a mean over the examples a replica hears about in a clock: its
+      // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
+      // and dense sync), so --lr means the same step whatever the fanout.
+      heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
+      updater_(optimizerSettings(config), model, backend),
+      feed_(config, transport, train),
+      broadcast_(transport, model.paramShapes(), *log_),
+      multicast_(config, schedule_, transport, inbox_, updater_, replica_, *log_) {
+  // Used on the clocks that go through the broadcast.
+  if (OverlappedExchange::serves(config, model)) {
+    overlapped_ = std::make_unique<OverlappedExchange>(config, model, transport, *log_);
+  }
+  applyKnobs(knobs_);
+}
+
+Worker::~Worker() = default;
+
+void Worker::applyKnobs(const adapt::Knobs& knobs) {
+  knobs_ = knobs;
+  comm::ScheduleConfig sc = scheduleConfig(config_, transport_.size());
+  if (sc.kind != comm::MulticastKind::kAll) sc.fanout = static_cast<int>(knobs.fanout);
+  schedule_ = comm::MulticastSchedule(sc);
+  heard_ = static_cast<double>(config_.batch) * (schedule_.fanout() + 1);
+  pointToPoint_ = sendsPointToPoint(config_, schedule_, knobs_);
+  // Every clock up to here is complete; later ones may have been judged complete
+  // under the old schedule (no sender for this rank): judge them again.
+  inbox_.resumeAt(clock_);
+}
+
+void Worker::adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordinationBytes, const Coordination& done,
+                        double clockSeconds) {
+  const std::shared_ptr<const SvBatch> measured = std::exchange(measuredBatch_, nullptr);
+  if (!adapt_.enabled()) return;
+  adapt::ClockSample sample;
+  sample.clockSeconds = clockSeconds;
+  sample.selectSeconds = stats.selectSeconds;
+  // After the clock's own timing was taken, so that measuring shows in none of it.
+  if (measured != nullptr) adapt_.measure(clock, *measured, knobs_, sample);
+  sample.computeSeconds = stats.computeSeconds;
+  sample.commSeconds = stats.commSeconds;
+  sample.waitSeconds = stats.waitSeconds;
+  sample.svBytes = static_cast<double>(stats.bytesSent);
+  sample.coordinationBytes = static_cast<double>(coordinationBytes);
+  sample.averaged = done.averaged;
+  sample.divergence = done.divergenceMax;
+  adapt_.observe(clock, sample);
+  if (!adapt_.decidesAfter(clock)) return;
+  // coordinate() made this clock a barrier: nothing newer is under way anywhere.
+  const adapt::Decision decision = adapt_.decide(clock, knobs_);
+  if (decision.knobs == knobs_) return;
+  const auto record = adapt::encodeKnobs(decision.knobs);
+  log_->knobs(clock, record);
+  applyKnobs(decision.knobs);
+}
+
+void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id) {
+  replica_ = std::move(replica);
+  updater_.discardPending();
+  updater_.optimizer().importState(optimizerState);
+  replicaId_ = id;
+  clock_ = clock;
+  inbox_.resumeAt(clock);
+  log_->resumeAt(id, clock);
+}
+
+void Worker::rejoinAt(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id, bool snapshot) {
+  resumeFrom(clock, std::move(replica), optimizerState, id);
+  const ParamSet* part = nullptr;
+  ParamSet withOptimizer;
+  if (snapshot) {
+    withOptimizer = updater_.optimizer().hasState() ? withState(replica_, updater_.optimizer().exportState()) : replica_;
+    part = &withOptimizer;
+  }
+  log_->rejoin(clock, part);
+}
+
+SvBatchHeader Worker::header(uint64_t clock) const {
+  SvBatchHeader h;
+  h.sender = static_cast<uint32_t>(transport_.rank());
+  h.replica = static_cast<uint32_t>(replicaId_);
+  h.clock = clock;
+  h.epoch = epoch_;
+  h.jobId = config_.seed;
+  return h;
+}
+
+ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
+  NullMetricsSink none;
+  return runClock(clock, batch, none);
+}
+
+ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSink& metrics) {
+  ClockStats stats;
+  notePhase(ClockPhase::kStarted, clock);
+  const comm::TrafficCounters before = transport_.counters();
+  if (const int64_t delayMs = injectedDelayMs(config_, transport_.rank(), batch.size()); delayMs > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
+  }
+  if (pointToPoint_) {
+    multicast_.takeIn(clock, metrics);
+    // SSP: start clock t only once every batch addressed here from clocks <= t-s-1 is in.
+    const auto staleness = static_cast<uint64_t>(knobs_.staleness);
+    if (config_.consistency == Consistency::kSsp && clock > staleness + 1) {
+      stats.waitSeconds += multicast_.waitComplete(clock - staleness - 1, clock, clock, metrics);
+    }
+    const uint64_t complete = std::min(inbox_.completeThrough(), clock - 1);
+    stats.clockGap = static_cast<int64_t>(clock - 1) - static_cast<int64_t>(complete);
+  }
+  if (config_.sync == SyncMode::kSv) {
+    svClock(clock, view(batch), stats, metrics);
+  } else {
+    denseClock(clock, view(batch), stats);
+  }
+  if (!std::isfinite(stats.loss)) {
+    throw InputError(fmt::format("training diverged at clock {} on rank {}: the loss is not finite (lower --lr)", clock,
+                                 transport_.rank()));
+  }
+  stats.bytesSent = transport_.counters().bytesSent - before.bytesSent;
+  stats.messages = transport_.counters().messages - before.messages;
+  clock_ = clock;
+  return stats;
+}
+
+// Algorithm 1: one clock of --sync sv. The exchange (engine/worker/exchange.h) is how
+// S and T travel under this clock's knobs: broadcast, overlapped or multicast.
+void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats, MetricsSink& metrics) {
+  const auto start = Clock::now();
+  ClockExchange& exchange = exchangeNow();
+  // S: compute_svg(W, x) for each x of the minibatch.
+  const std::shared_ptr<SvBatch> local = computeSvgs(clock, examples, exchange, start, stats);
+  if (local == nullptr) return;  // the loss is not finite: runClock reports it
+  if (adapt_.measuresAt(clock)) measuredBatch_ = local;
+  // The C SVGs of S worth sending (all of S when selection is off).
+  std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
+  // Send S to this clock's receivers.
+  exchange.send(clock, selected ? std::make_shared<const SvBatch>(std::move(*selected)) : local, stats);
+  stats.computeSeconds = secondsSince(start) - exchange.sendSeconds();
+  notePhase(ClockPhase::kExchange, clock);
+  // Receive T, the SVG sets addressed here (rebuilt as they arrive where the exchange overlaps).
+  const auto apply = [&](std::span<const SvBatchView* const> group) { updater_.applyGroup(clock, group, replica_); };
+  ClockGroup group = exchange.receive(clock, local, apply, stats, metrics);
+  notePhase(ClockPhase::kRebuild, clock);
+  // W += compute_update(s) for each s in S ∪ T, rebuilt together.
+  rebuild(clock, group, stats);
+  // The batches applied, to the checkpoint log.
+  log_->appendGroup(clock, std::move(group.records));
+}
+
+ClockExchange& Worker::exchangeNow() {
+  if (pointToPoint_) return multicast_;
+  if (overlapped_) return *overlapped_;
+  return broadcast_;
+}
+
+// The backward pass's batch, scaled; its sites handed to the exchange as they
+// become final where it streams. Null when the loss is not finite.
+std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleBatch& examples,
+                                             ClockExchange& exchange, Clock::time_point start, ClockStats& stats) {
+  const float scale = updater_.coefficientScale(clock, heard_);
+  // Shared: the sends and the checkpoint log keep the batch as it is once applied.
+  auto local = std::make_shared<SvBatch>();
+  exchange.begin(clock, header(clock), scale, start, local);
+  const bool selects = knobs_.select > 0 && knobs_.select < examples.size();
+  if (exchange.streams(selects)) {
+    bool finite = true;
+    // The batch the backward pass builds is moved in here, arrays and all: the
+    // sites sent from inside the pass keep it alive until their sends complete.
+    *local = model_.computeSvgStreamed(replica_, examples, &stats.loss, [&](size_t site, const SvMatrix& m) {
+      // Nothing leaves a rank whose loss is not finite.
+      finite = finite && std::isfinite(stats.loss);
+      if (finite) exchange.siteReady(site, m);
+    });
+  } else {
+    *local = model_.computeSvg(replica_, examples, &stats.loss);
+  }
+  if (!std::isfinite(stats.loss)) return nullptr;
+  ops::scaleCoefficients(*local, scale);
+  local->header = header(clock);
+  return local;
+}
+
+// The sender's own replica always gets the whole batch; none when selection is off.
+std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) const {
+  const auto t = Clock::now();
+  std::optional<SvBatch> sent =
+      selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank());
+  if (sent) stats.selectSeconds = secondsSince(t);
+  return sent;
+}
+
+void Worker::rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats) {
+  const auto t = Clock::now();
+  if (!group.batches.empty()) {
+    std::vector<const SvBatchView*> batches;
+    batches.reserve(group.batches.size());
+    for (const SvBatchView& b : group.batches) batches.push_back(&b);
+    updater_.applyGroup(clock, batches, replica_);
+  }
+  // Under BSP this group is all the clock applies: its step is taken now. Under
+  // SSP batches of this local clock may still come (the coordinator's barrier,
+  // the final drain); the step waits for them (ReplicaUpdater).
+  if (config_.consistency != Consistency::kSsp) updater_.finishClock(replica_);
+  stats.updateSeconds += secondsSince(t);
+}
+
+void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
+  if (config_.overlap && !model_.svSites().empty()) {
+    // Each layer's all-reduce begun as soon as its gradient exists (engine/worker/exchange.h).
+    const auto start = Clock::now();
+    OverlapTimes times;
+    double exposed = 0.0;
+    ParamSet grad =
+        overlappedDenseGradient(model_, replica_, examples, &stats.loss, transport_, clock, start, times, exposed,
+                                updater_.backend(), gradientBuffers_);
+    stats.commSeconds = exposed + times.sendSeconds;
+    stats.computeSeconds = secondsSince(start) - stats.commSeconds;
+    stats.exchangeSeconds = std::max(0.0, times.lastArrival - std::max(0.0, times.firstSend));
+    stats.firstSendAt = times.firstSend;
+    stats.backwardEndAt = times.backwardEnd;
+    notePhase(ClockPhase::kExchange, clock);
+    notePhase(ClockPhase::kRebuild, clock);
+    const auto t = Clock::now();
+    updater_.applyDense(clock, grad, updater_.coefficientScale(clock, heard_), replica_);
+    stats.updateSeconds = secondsSince(t);
+    return;
+  }
+  auto t = Clock::now();
+  ParamSet grad = model_.denseGradient(replica_, examples, &stats.loss, updater_.backend(), gradientBuffers_);
+  stats.computeSeconds = secondsSince(t);
+  notePhase(ClockPhase::kExchange, clock);
+
+  t = Clock::now();
+  for (auto& p : grad.params) transport_.allreduceSum({p.value.data(), static_cast<size_t>(p.value.size())}, clock);
+  stats.commSeconds = secondsSince(t);
+  stats.exchangeSeconds = stats.commSeconds;
+  notePhase(ClockPhase::kRebuild, clock);
+
+  t = Clock::now();
+  updater_.applyDense(clock, grad, updater_.coefficientScale(clock, heard_), replica_);
+  stats.updateSeconds = secondsSince(t);
+}
+
+void Worker::drain(uint64_t lastClock) {
+  NullMetricsSink none;
+  drain(lastClock, none);
+}
+
+void Worker::drain(uint64_t lastClock, MetricsSink& metrics) {
+  if (pointToPoint_) {
+    multicast_.waitComplete(lastClock, lastClock, clock_ + 1, metrics);
+    transport_.flushSends();
+  }
+  if (overlapped_) transport_.flushSends();
+  // Nothing more of `lastClock` can come: its optimizer step.
+  updater_.finishClock(replica_);
+}
+
+Worker::Coordination Worker::coordinate(uint64_t clock) {
+  NullMetricsSink none;
+  return coordinate(clock, none);
+}
+
+Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
+  Coordination done;
+  if (!coordinator_.barrierAfter(clock) && !adapt_.decidesAfter(clock)) return done;
+  // A consistent cut: every batch of every clock <= `clock` is applied everywhere.
+  // Nobody has sent anything newer, since every rank stops here after `clock`.
+  if (pointToPoint_) multicast_.waitComplete(clock, clock, clock_ + 1, metrics);
+  // Every group of this clock is in: its optimizer step, before the state moves.
+  updater_.finishClock(replica_);
+  Optimizer& optimizer = updater_.optimizer();
+  if (coordinator_.averagesAfter(clock)) {
+    done = coordinator_.average(replica_, optimizer, clock);
+    // Every replica is the average: a snapshot point, with the optimizer state.
+    if (optimizer.hasState()) {
+      log_->averaged(clock, withState(replica_, optimizer.exportState()));
+    } else {
+      log_->averaged(clock, replica_);
+    }
+  }
+  if (coordinator_.rotatesAfter(clock)) {
+    // The log moves with the replica: the next holder continues it.
+    log_->handOff(clock);
+    coordinator_.rotate(replica_, optimizer, replicaId_, clock);
+    log_->takeOver(clock, replicaId_);
+    done.rotated = true;
+  }
+  return done;
+}
+
+ops::EvalSums Worker::evaluateLocal() const {
+  if (test_ == nullptr) return {};
+  // Under SSP a clock's step may wait for batches still to come: score the
+  // replica as that step would leave it, without taking it.
+  if (updater_.pending()) return evaluateOn(model_, updater_.peek(replica_), *test_);
+  return evaluateOn(model_, replica_, *test_);
+}
+
+EvalResult Worker::evaluate() {
+  const ops::EvalSums sums = evaluateLocal();
+  double v[3] = {sums.lossSum, sums.correct, sums.count};
+  transport_.control().sum(v);
+  EvalResult r;
+  r.examples = static_cast<int64_t>(v[2]);
+  r.loss = v[2] > 0 ? v[0] / v[2] : 0.0;
+  r.accuracy = v[2] > 0 ? v[1] / v[2] : 0.0;
+  return r;
+}
+
+const ParamSet& Worker::run(MetricsWriter& metrics) {
+  const bool leader = transport_.rank() == 0;
+  ProgressLine progress(leader ? config_.progress : "off", static_cast<uint64_t>(config_.clocks));
+  // A resumed job continues at clock_ + 1.
+  MetricsAggregator aggregator(transport_.size(), metrics, progress, model_.hasAccuracy(), clock_ + 1,
+                               static_cast<uint64_t>(config_.clocks));
+  if (model_.reportsPerplexity()) aggregator.reportPerplexity();
+  MetricsCollector collector(transport_, aggregator);
+  MetricsReporter reporter(transport_);
+  MetricsSink& sink = leader ? static_cast<MetricsSink&>(collector) : reporter;
+  adapt_.reportTo(leader ? &aggregator : nullptr);
+  feed_.reportTo(leader ? &aggregator : nullptr);
+  try {
+    const ParamSet& replica = runClocks(metrics, sink, aggregator);
+    progress.finish();
+    return replica;
+  } catch (const JobFailed&) {
+    // Every rank stops here together, the problem reported once: finish the traffic
+    // already under way so the processes end cleanly, and write no more checkpoint.
+    try {
+      drain(clock_);
+    } catch (const std::exception&) {
+      // Stopping anyway.
+    }
+    log_->abandon();
+    throw;
+  }
+}
+
+const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, const MetricsAggregator& aggregator) {
+  const uint64_t first = clock_ + 1;
+  feed_.start(first);  // where the resumed job left the sampler (and the chunks)
+  // The starting point, so a run's progress can be read as a ratio.
+  const EvalResult initialEval = test_ != nullptr ? evaluate() : EvalResult{};
+
+  Tally tally;
+  tally.trainSeconds = trainSeconds_;  // the earlier membership epochs' (continueRun)
+  tally.last = static_cast<uint64_t>(config_.clocks);
+  for (uint64_t clock = first; clock <= static_cast<uint64_t>(config_.clocks); ++clock) {
+    if (runLoopClock(clock, sink, tally)) break;
+  }
+
+  // Every batch addressed here applied, every send and metrics record delivered.
+  lastClock_ = tally.last;
+  drain(tally.last, sink);
+  log_->flush();
+  sink.finish(timeoutOf(config_));
+  trainSeconds_ = tally.trainSeconds;
+  if (totals_.firstClock == 0) totals_.firstClock = first;
+  totals_.trainSeconds = tally.trainSeconds;
+  totals_.bytesSent += aggregator.totalBytes();
+  totals_.messages += aggregator.totalMessages();
+  totals_.failures += aggregator.totalFailures();
+  totals_.lostClocks += aggregator.totalLostClocks();
+  totals_.maxGap = std::max(totals_.maxGap, aggregator.maxGap());
+  totals_.bestAccuracy = std::max(totals_.bestAccuracy, aggregator.bestAccuracy());
+  if (tally.membershipChanges) {
+    // The next epoch's ranks continue from here (engine/job/job.cc): nothing more on this group.
+    changesAfter_ = tally.last;
+    return replica_;
+  }
+  if (test_ != nullptr) lastEval_ = evaluate();
+  if (transport_.rank() == 0) writeSummary(metrics, tally, initialEval);
+  return replica_;
+}
+
+// One clock of run(): the clock itself, the coordinator's barrier, the checkpoint
+// and failure injection, then this rank's record. True when the job stops here
+// (--target-accuracy reached) or its membership changes here (engine/membership/live.h).
+bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
+  noteClock(clock);  // for the line a termination by the launcher prints
+  const auto start = Clock::now();
+  const double ckptWaitBefore = log_->waitSeconds();
+  const double ckptCpuBefore = log_->writerCpuSeconds();
+  const data::Batch batch = feed_.next();
+  const ClockStats stats = runClock(clock, batch, sink);
+  const uint64_t bytesBefore = transport_.counters().bytesSent;
+  const Coordination coordination = coordinate(clock, sink);
+  const uint64_t coordinationBytes = transport_.counters().bytesSent - bytesBefore;  // averaging, rotation
+  adaptAfter(clock, stats, coordinationBytes, coordination, secondsSince(start));
+  // --balance: this clock's busy time and, every --balance-every clocks, chunk moves.
+  feed_.afterClock(clock, stats.computeSeconds +
+                              static_cast<double>(injectedDelayMs(config_, transport_.rank(), batch.size())) / 1000.0);
+  const Recovery::Failure failure = afterClock(clock);
+  const double clockSeconds = secondsSince(start);
+  tally.trainSeconds += clockSeconds;
+  notePhase(ClockPhase::kEnded, clock);
+
+  ClockAround around;
+  around.trainSeconds = tally.trainSeconds;
+  around.clockSeconds = clockSeconds;
+  around.coordinationBytes = coordinationBytes;
+  around.ckptWaitSeconds = log_->waitSeconds() - ckptWaitBefore;
+  around.ckptCpuSeconds = log_->writerCpuSeconds() - ckptCpuBefore;
+  around.failed = failure.failed;
+  around.lostClocks = failure.lostClocks;
+  around.leader = transport_.rank() == 0;
+  around.replica = replicaId_;
+  around.averaged = coordination.averaged;
+  around.rotated = coordination.rotated;
+  around.divergenceMax = coordination.divergenceMax;
+  around.divergenceMean = coordination.divergenceMean;
+  ClockRecord r = clockRecord(clock, stats, around);
+  const bool reachedTarget = evaluateAt(clock, r);
+  if (reachedTarget) {
+    tally.last = clock;
+    tally.reachedTarget = true;
+    sink.endAt(clock);
+  }
+  if (observer_ != nullptr) observer_->reported(r);
+  sink.report(r);
+  if (reachedTarget) return true;
+  // Live elasticity: the ranks agree whether the membership changes at this boundary.
+  if (membership_ != nullptr && clock < static_cast<uint64_t>(config_.clocks) && membership_->changesAfter(clock)) {
+    tally.last = clock;
+    tally.membershipChanges = true;
+    sink.endAt(clock);
+    return true;
+  }
+  return false;
+}
+
+// After the barrier: the log's end of clock, a matrix checkpoint, a failure.
+Recovery::Failure Worker::afterClock(uint64_t clock) {
+  log_->endClock(clock);
+  recovery_.checkpoint(clock, replica_, updater_, replicaId_);
+  return recovery_.maybeFail(clock, replica_, updater_, replicaId_, *log_);
+}
+
+// On evaluation clocks each rank scores its own replica on its own test shard into
+// `record`: no collective, unless the job stops at a target accuracy, which all
+// ranks must agree on. Returns whether the target is reached.
+bool Worker::evaluateAt(uint64_t clock, ClockRecord& record) {
+  const auto every = static_cast<uint64_t>(config_.evalEvery);
+  const bool evalClock = clock == static_cast<uint64_t>(config_.clocks) || (every > 0 && clock % every == 0);
+  if (!evalClock || test_ == nullptr) return false;
+  const ops::EvalSums sums = evaluateLocal();
+  record[kHasEval] = 1.0;
+  record[kEvalLoss] = sums.lossSum;
+  record[kEvalCorrect] = sums.correct;
+  record[kEvalCount] = sums.count;
+  if (config_.targetAccuracy <= 0.0) return false;
+  double v[2] = {sums.correct, sums.count};
+  transport_.control().sum(v);
+  return v[1] > 0 && v[0] / v[1] >= config_.targetAccuracy;
+}
+
+void Worker::writeSummary(MetricsWriter& metrics, const Tally& tally, const EvalResult& initialEval) const {
+  RunSummary run;
+  run.lastClock = tally.last;
+  run.reachedTarget = tally.reachedTarget;
+  run.trainSeconds = tally.trainSeconds;
+  run.totals = totals_;  // the whole run's, over its membership epochs
+  run.ranks = transport_.size();
+  run.fanout = schedule_.fanout();
+  run.device = updater_.backend().describe();
+  run.replica = replicaId_;
+  run.knobs = knobs_;
+  run.evaluated = test_ != nullptr;
+  run.initialTestLoss = initialEval.loss;
+  run.testLoss = lastEval_.loss;
+  run.testAccuracy = lastEval_.accuracy;
+  metrics.write(summaryLine(config_, model_, run));
+}
+
+}  // namespace orpheus::engine
