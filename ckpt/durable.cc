@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <fcntl.h>
 #include <new>
 #include <sys/mman.h>
@@ -142,6 +143,18 @@ void writeDirect(const fs::path& path, const std::string& target, uint64_t offse
     at += n;
     if (between) between();
   }
+}
+
+void writeTextDurably(const fs::path& path, const std::string& text) {
+  writeDurably(
+      path,
+      [&](const fs::path& tmp) {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out << text;
+        out.flush();
+        if (!out) throw IoError(fmt::format("cannot write '{}'", tmp.string()));
+      },
+      false);
 }
 
 }  // namespace orpheus::ckpt

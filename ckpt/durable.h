@@ -24,6 +24,9 @@ namespace orpheus::ckpt {
 uint64_t writeDurably(const std::filesystem::path& path, const std::function<void(const std::filesystem::path& tmp)>& write,
                       bool createDirectory);
 
+// writeDurably of a text file whose whole contents are `text` (the directory must exist).
+void writeTextDurably(const std::filesystem::path& path, const std::string& text);
+
 // fsync of `path` through a fresh descriptor; IoError naming `what` on failure. A
 // directory the file system cannot sync (EINVAL, EROFS) is as durable as it gets.
 void syncPath(const std::filesystem::path& path, const std::string& what, bool directory);

@@ -52,15 +52,7 @@ void appendEpoch(const std::string& dir, const Epoch& epoch) {
     text = old.str();
   }
   text += fmt::format("epoch {} clock {} ranks {}\n", epoch.epoch, epoch.clock, epoch.ranks);
-  writeDurably(
-      path,
-      [&](const fs::path& tmp) {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out << text;
-        out.flush();
-        if (!out) throw IoError(fmt::format("cannot write '{}'", tmp.string()));
-      },
-      false);
+  writeTextDurably(path, text);
 }
 
 const Epoch& epochAfter(const std::vector<Epoch>& epochs, uint64_t clock) {

@@ -119,15 +119,7 @@ ChunkLog readChunkLog(const std::string& dir) {
 void writeChunkLog(const std::string& dir, const ChunkLog& log) {
   std::string text = fmt::format("layout rows {} shards {}\n", log.chunkRows, fmt::join(log.shardRows, " "));
   for (const Rebalance& c : log.changes) text += fmt::format("clock {} moves {}\n", c.clock, describeMoves(c.moves));
-  ckpt::writeDurably(
-      chunkLogPath(dir),
-      [&](const fs::path& tmp) {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out << text;
-        out.flush();
-        if (!out) throw IoError(fmt::format("cannot write '{}'", tmp.string()));
-      },
-      false);
+  ckpt::writeTextDurably(chunkLogPath(dir), text);
 }
 
 data::ChunkOwnership ownershipAt(const data::ChunkLayout& layout, const std::vector<Rebalance>& changes,

@@ -75,23 +75,11 @@ Request readRequest(const fs::path& path) {
   return out;
 }
 
-void writeText(const fs::path& path, const std::string& text) {
-  ckpt::writeDurably(
-      path,
-      [&](const fs::path& tmp) {
-        std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
-        file << text;
-        file.flush();
-        if (!file) throw IoError(fmt::format("cannot write '{}'", tmp.string()));
-      },
-      false);
-}
-
 void writeRequest(const fs::path& path, const Request& request) {
   std::string text;
   for (const auto& [r, at] : request.leave) text += fmt::format("leave {} {:.6f}\n", r, at);
   if (request.grow > 0) text += fmt::format("grow {} {:.6f}\n", request.grow, request.growAt);
-  writeText(path, text);
+  ckpt::writeTextDurably(path, text);
 }
 
 fs::path livePath(const std::string& dir) { return fs::path(dir) / "live"; }
@@ -141,7 +129,7 @@ double wallSeconds() { return static_cast<double>(realtimeNs()) * 1e-9; }
 fs::path membershipRequestPath(const std::string& dir) { return fs::path(dir) / "membership-request"; }
 
 void markLive(const std::string& dir) {
-  writeText(livePath(dir), fmt::format("{} {}\n", static_cast<long>(getpid()), hostName()));
+  ckpt::writeTextDurably(livePath(dir), fmt::format("{} {}\n", static_cast<long>(getpid()), hostName()));
 }
 
 void endLive(const std::string& dir) {
