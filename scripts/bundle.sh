@@ -100,6 +100,8 @@ export PMIX_MCA_mca_base_component_path=$_m/usr/lib/x86_64-linux-gnu/pmix2/lib/p
 # A bare container: no ssh/rsh for mpirun's launcher, root, no ptrace-based single copy.
 export OMPI_MCA_plm=^rsh OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+# A host with another PMIx's plugins in the system folder: no warning about them.
+export PMIX_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 _cuda=""
 for d in ${ORPHEUS_CUDA_LIBS:-} /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
