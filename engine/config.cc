@@ -60,7 +60,9 @@ const NamedValues<OptimizerKind>& optimizerNames() {
                                                 {"momentum", OptimizerKind::kMomentum},
                                                 {"nesterov", OptimizerKind::kNesterov},
                                                 {"adagrad", OptimizerKind::kAdagrad},
-                                                {"adam", OptimizerKind::kAdam}};
+                                                {"adam", OptimizerKind::kAdam},
+                                                {"bfgs", OptimizerKind::kBfgs},
+                                                {"dfp", OptimizerKind::kDfp}};
   return table;
 }
 
@@ -219,6 +221,14 @@ void validate(const TrainConfig& c, int ranks) {
                       "--ckpt-format and --ckpt-writer-idle shape the SV log: they need --ckpt sv");
   validateAdapt(c, ranks);
   validateBalance(c);
+  if (isQuasiNewton(c.optimizer)) {
+    ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll &&
+                            c.consistency == Consistency::kBsp && c.dropLinks == 0.0 && !c.adapt,
+                        "--optimizer {} needs the same curvature pair (s, y) on every replica, so every replica must "
+                        "rebuild the same gradient: it takes no --select, --multicast, --consistency ssp, --drop-links "
+                        "or --adapt",
+                        toString(c.optimizer));
+  }
   if (c.sync == SyncMode::kDense) {
     ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll && c.consistency == Consistency::kBsp &&
                             c.dropLinks == 0.0,

@@ -159,7 +159,7 @@ void addModelFlags(CLI::App& cmd, TrainConfig& c, std::string& format) {
       ->check(integerIn(1));
   cmd.add_option("--lr", c.lr,
                  "Learning rate on the mean loss of the examples a replica hears of per clock; default per "
-                 "--optimizer: sgd, momentum, nesterov and adagrad 0.1, adam 0.001")
+                 "--optimizer: sgd, momentum, nesterov and adagrad 0.1, adam 0.001, bfgs and dfp 1")
       ->default_str("per optimizer")
       ->check(numberIn(0, 1e6, true));
   cmd.add_option("--seed", c.seed, "Job seed: initialisation, sampling and every other random choice")
@@ -172,7 +172,9 @@ void addOptimizerFlags(CLI::App& cmd, TrainConfig& c) {
   const char* group = "Optimizer (PyTorch's formulas, per replica; state travels with the replica)";
   addEnumOption(cmd, "--optimizer", c.optimizer, orpheus::engine::optimizerNames(),
                 "Optimizer on each replica's rebuilt update: sgd (lr folded into the SV coefficients), momentum, "
-                "nesterov, adagrad, adam")
+                "nesterov, adagrad, adam; bfgs, dfp (quasi-Newton on every parameter flattened, for models of at "
+                "most 4096 entries such as MLR on a few hundred features; full broadcast and bsp; use --batch "
+                "as large as the shard for full-batch steps)")
       ->group(group);
   cmd.add_option("--momentum", c.momentum, "momentum, nesterov: the momentum factor, in [0, 1); default 0.9")
       ->check(numberIn(0, 1, false, true))

@@ -293,6 +293,7 @@ JsonLine summaryLine(const TrainConfig& config, const ops::Model& model, const R
       .add("failures", totals.failures)
       .add("lost_clocks", totals.lostClocks)
       .add("replica", static_cast<int64_t>(run.replica));
+  if (run.quasiNewtonSkips >= 0) summary.add("quasi_newton_skips", run.quasiNewtonSkips);
   if (config.adapt) {
     summary.add("adapt", true)
         .add("final_select", run.knobs.select)

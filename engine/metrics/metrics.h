@@ -153,6 +153,7 @@ struct RunSummary {
   double initialTestLoss = 0.0;
   double testLoss = 0.0;
   double testAccuracy = 0.0;
+  int64_t quasiNewtonSkips = -1;  // bfgs, dfp: W's updates skipped (curvature); -1 otherwise
 };
 JsonLine summaryLine(const TrainConfig& config, const ops::Model& model, const RunSummary& run);
 

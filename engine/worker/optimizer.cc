@@ -1,6 +1,7 @@
 #include "engine/worker/optimizer.h"
 
 #include "engine/base/error.h"
+#include "ops/quasi_newton.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,8 @@ namespace {
 
 constexpr const char* kStatePrefix = "optimizer/";
 constexpr const char* kStepsName = "optimizer/steps";
+constexpr const char* kQnWName = "optimizer/quasi_newton/w";
+constexpr const char* kQnSkipsName = "optimizer/quasi_newton/skips";
 // Steps are stored as one float: exact up to here.
 constexpr int64_t kMaxStoredSteps = int64_t{1} << 24;
 
@@ -29,6 +32,9 @@ std::vector<std::string> bufferNames(OptimizerKind kind) {
       return {"sum"};
     case OptimizerKind::kAdam:
       return {"m", "v"};
+    case OptimizerKind::kBfgs:
+    case OptimizerKind::kDfp:
+      return {"x_prev", "d_prev"};
     case OptimizerKind::kSgd:
       break;
   }
@@ -47,6 +53,9 @@ double defaultLearningRate(OptimizerKind kind) {
       return 0.1;
     case OptimizerKind::kAdam:
       return 1e-3;
+    case OptimizerKind::kBfgs:
+    case OptimizerKind::kDfp:
+      return 1.0;
   }
   return 0.1;
 }
@@ -74,6 +83,13 @@ double learningRate(const OptimizerSettings& s, uint64_t clock) {
 
 Optimizer::Optimizer(const OptimizerSettings& settings, const ParamSet& shapes) : settings_(settings) {
   for (const std::string& name : bufferNames(settings.kind)) buffers_.push_back({name, zerosLike(shapes)});
+  if (isQuasiNewton(settings.kind)) {
+    Eigen::Index n = 0;
+    for (const Param& p : shapes.params) n += p.value.size();
+    ORPHEUS_ENFORCE(n <= kQuasiNewtonMaxEntries, "--optimizer {}: {} parameter entries (at most {})",
+                    settings.kind == OptimizerKind::kBfgs ? "bfgs" : "dfp", n, kQuasiNewtonMaxEntries);
+    w_ = Matrix::Identity(n, n);
+  }
 }
 
 std::vector<Matrix*> Optimizer::buffers() {
@@ -81,6 +97,7 @@ std::vector<Matrix*> Optimizer::buffers() {
   for (Buffer& b : buffers_) {
     for (Param& p : b.values.params) out.push_back(&p.value);
   }
+  if (w_.size() > 0) out.push_back(&w_);
   return out;
 }
 
@@ -110,12 +127,24 @@ void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
     }
     return;
   }
+  if (isQuasiNewton(s.kind)) {
+    std::vector<Eigen::ArrayXXf> d;
+    for (size_t i = 0; i < params.size(); ++i) {
+      d.push_back(gradient[i].array());
+      if (wd != 0.0f) d.back() += wd * params[i].array();
+    }
+    quasiNewtonStep(clock, d, params);
+    return;
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     auto w = params[i].array();
     // d = g + wd w (L2 weight decay on the gradient).
     Eigen::ArrayXXf d = gradient[i].array();
     if (wd != 0.0f) d += wd * w;
     switch (s.kind) {
+      case OptimizerKind::kBfgs:
+      case OptimizerKind::kDfp:
+        break;  // above
       case OptimizerKind::kSgd:
         w -= lr * d;
         break;
@@ -153,6 +182,61 @@ void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
   }
 }
 
+void Optimizer::quasiNewtonStep(uint64_t clock, const std::vector<Eigen::ArrayXXf>& d, ParamSet& params) {
+  using Vec = Eigen::VectorXd;
+  using Mat = Eigen::MatrixXd;
+  const bool bfgs = settings_.kind == OptimizerKind::kBfgs;
+  const ops::QuasiNewtonMethod method = bfgs ? ops::QuasiNewtonMethod::kBfgs : ops::QuasiNewtonMethod::kDfp;
+  const Eigen::Index n = w_.rows();
+  // Everything flattened, parameter after parameter, column-major.
+  const auto flatten = [n](auto entryOf, size_t count) {
+    Vec v(n);
+    Eigen::Index at = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const auto& m = entryOf(i);
+      v.segment(at, m.size()) = m.reshaped().template cast<double>();
+      at += m.size();
+    }
+    return v;
+  };
+  const Vec x = flatten([&](size_t i) -> const Matrix& { return params[i]; }, params.size());
+  const Vec g = flatten([&](size_t i) -> const Eigen::ArrayXXf& { return d[i]; }, d.size());
+  Mat w = w_.cast<double>();
+  if (steps_ > 1) {
+    const Vec s = x - flatten([&](size_t i) -> const Matrix& { return buffers_[0].values[i]; }, params.size());
+    const Vec y = g - flatten([&](size_t i) -> const Matrix& { return buffers_[1].values[i]; }, params.size());
+    const double ys = y.dot(s);
+    const bool firstUpdate = steps_ - 2 == skips_;
+    if (firstUpdate && ys > 0.0 && y.squaredNorm() > 0.0) w *= bfgs ? y.squaredNorm() / ys : ys / y.squaredNorm();
+    const auto svs = ops::identifyQnSvs<double>(method, w, s, y, ops::kDefaultCurvatureEps);
+    if (svs) {
+      ops::applySvUpdate(*svs, w);
+    } else {
+      ++skips_;
+      if (firstUpdate) w = w_.cast<double>();  // no pair to scale by yet
+    }
+    w_ = w.cast<float>();
+    w = w_.cast<double>();  // the step uses W as stored: a replay from a snapshot takes the same step
+  }
+  Vec step;
+  if (bfgs) {
+    const Eigen::LLT<Mat> factor(w);
+    ORPHEUS_ENFORCE(factor.info() == Eigen::Success, "bfgs at clock {}: W lost positive definiteness", clock);
+    step = factor.solve(g);
+  } else {
+    step = w * g;
+  }
+  const double lr = learningRate(settings_, clock);
+  Eigen::Index at = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    buffers_[0].values[i] = params[i];
+    buffers_[1].values[i] = d[i].matrix();
+    const Eigen::Index size = params[i].size();
+    params[i].reshaped() = (x.segment(at, size) - lr * step.segment(at, size)).cast<float>();
+    at += size;
+  }
+}
+
 ParamSet Optimizer::exportState() const {
   ParamSet out;
   if (!hasState()) return out;
@@ -161,6 +245,10 @@ ParamSet Optimizer::exportState() const {
   }
   ORPHEUS_ENFORCE(steps_ <= kMaxStoredSteps, "{} optimizer steps cannot be stored (at most {})", steps_,
                   kMaxStoredSteps);
+  if (w_.size() > 0) {
+    out.params.push_back({kQnWName, w_});
+    out.params.push_back({kQnSkipsName, Matrix::Constant(1, 1, static_cast<float>(skips_))});
+  }
   Matrix steps(1, 1);
   steps(0, 0) = static_cast<float>(steps_);
   out.params.push_back({kStepsName, steps});
@@ -180,6 +268,18 @@ void Optimizer::importState(const ParamSet& state) {
                           p.value.rows(), p.value.cols());
       p.value = v;
     }
+  }
+  if (w_.size() > 0) {
+    const int wi = state.find(kQnWName);
+    ORPHEUS_CHECK_INPUT(wi >= 0, "optimizer state lacks '{}'", kQnWName);
+    const Matrix& w = state[static_cast<size_t>(wi)];
+    ORPHEUS_CHECK_INPUT(w.rows() == w_.rows() && w.cols() == w_.cols(), "optimizer state '{}' is {}x{}, expected {}x{}",
+                        kQnWName, w.rows(), w.cols(), w_.rows(), w_.cols());
+    w_ = w;
+    const int si = state.find(kQnSkipsName);
+    ORPHEUS_CHECK_INPUT(si >= 0 && state[static_cast<size_t>(si)].size() == 1, "optimizer state lacks '{}'",
+                        kQnSkipsName);
+    skips_ = static_cast<int64_t>(state[static_cast<size_t>(si)](0, 0));
   }
   const int i = state.find(kStepsName);
   ORPHEUS_CHECK_INPUT(i >= 0 && state[static_cast<size_t>(i)].size() == 1, "optimizer state lacks '{}'", kStepsName);

@@ -16,6 +16,21 @@
 //             w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
 // (dampening 0, buffers start at zero so PyTorch's first-step copy b = d is the
 // same; weight decay is L2 added to the gradient, not AdamW's decoupled decay).
+//
+// Quasi-Newton (paper section 3.1.1), on x, every parameter flattened into one
+// vector of n entries, with an n x n approximation W (ops/quasi_newton.h):
+//   bfgs      W approximates the Hessian:          x -= lr W^-1 d
+//   dfp       W approximates the inverse Hessian:  x -= lr W d
+// At every step after the first, s = x - x_prev and y = d - d_prev update W by
+// the rank-2 SVs ops::identifyQnSvs finds, rebuilt into W as W += U C U^T; the
+// update is skipped (and counted, skips()) when the curvature condition y^T s > 0
+// fails. W starts as I and, before its first update, is scaled to the pair's
+// curvature, (y^T y / y^T s) I for bfgs and its inverse for dfp (Nocedal and
+// Wright, eq. 6.20), so that lr 1 is a sound first step. x_prev, d_prev and W are
+// the state (float32, like everything else; the step's arithmetic in double). The
+// pair is the same on every replica only when every replica rebuilds the same
+// gradient: full broadcast, bsp, no selection (engine/config.cc refuses the rest),
+// so every replica derives the same SVs of W's update and none travel.
 // State buffers are float32, like the parameters; the scalar factors are computed
 // in double and rounded once.
 //
@@ -47,7 +62,13 @@
 
 namespace orpheus::engine {
 
-enum class OptimizerKind { kSgd, kMomentum, kNesterov, kAdagrad, kAdam };
+enum class OptimizerKind { kSgd, kMomentum, kNesterov, kAdagrad, kAdam, kBfgs, kDfp };
+
+// bfgs and dfp: the step solves with (or multiplies by) an n x n matrix.
+inline bool isQuasiNewton(OptimizerKind kind) { return kind == OptimizerKind::kBfgs || kind == OptimizerKind::kDfp; }
+// The largest n (parameter entries in all) a quasi-Newton job takes: W is n x n
+// floats (64 MiB here) and bfgs factors it in double every clock (n^3 / 3 flops).
+inline constexpr int64_t kQuasiNewtonMaxEntries = 4096;
 enum class LrScheduleKind { kConstant, kStep, kCosine };
 
 // The --lr a user who gives none gets: what works out of the box for each
@@ -109,10 +130,14 @@ class Optimizer {
   // Every state buffer, in a fixed order (what averaging averages, rotation moves).
   std::vector<Matrix*> buffers();
   bool hasState() const { return settings_.kind != OptimizerKind::kSgd; }
+  // bfgs, dfp: the updates of W skipped because the curvature condition failed.
+  int64_t skips() const { return skips_; }
 
   // The state as a ParamSet in its own group: "optimizer/<param>/<buffer>" for each
-  // buffer (momentum: momentum_buffer; adagrad: sum; adam: m, v) and the step count
-  // as the 1x1 "optimizer/steps" (exact up to 2^24 steps). Empty for sgd.
+  // buffer (momentum: momentum_buffer; adagrad: sum; adam: m, v; bfgs, dfp: x_prev,
+  // d_prev), for bfgs and dfp "optimizer/quasi_newton/w" (n x n) and the 1x1
+  // "optimizer/quasi_newton/skips", and the step count as the 1x1 "optimizer/steps"
+  // (counts exact up to 2^24). Empty for sgd.
   ParamSet exportState() const;
   // The reverse; InputError naming the entry that is missing or misshapen.
   void importState(const ParamSet& state);
@@ -125,9 +150,14 @@ class Optimizer {
     ParamSet values;      // shaped like the parameters
   };
 
+  // bfgs, dfp: moves `params` by one step from the clock's mean gradient `d`.
+  void quasiNewtonStep(uint64_t clock, const std::vector<Eigen::ArrayXXf>& d, ParamSet& params);
+
   OptimizerSettings settings_;
   std::vector<Buffer> buffers_;
   int64_t steps_ = 0;
+  Matrix w_;           // bfgs, dfp: W, n x n; empty otherwise
+  int64_t skips_ = 0;  // bfgs, dfp
 };
 
 // Applies the groups of SV batches of each local clock to a replica through its

@@ -556,6 +556,7 @@ void Worker::writeSummary(MetricsWriter& metrics, const Tally& tally, const Eval
   run.initialTestLoss = initialEval.loss;
   run.testLoss = lastEval_.loss;
   run.testAccuracy = lastEval_.accuracy;
+  if (isQuasiNewton(updater_.optimizer().settings().kind)) run.quasiNewtonSkips = updater_.optimizer().skips();
   metrics.write(summaryLine(config_, model_, run));
 }
 

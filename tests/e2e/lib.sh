@@ -28,3 +28,22 @@ value = json.loads(lines[int(sys.argv[3])]).get(sys.argv[2], "") if lines else "
 print(str(value).lower() if isinstance(value, bool) else value)
 PY
 }
+
+# same_state A B: both files hold an /optimizer group with the same entries, bitwise.
+same_state() {
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import sys, h5py, numpy as np
+a, b = (h5py.File(p, "r") for p in sys.argv[1:3])
+def entries(f):
+    out = {}
+    f["optimizer"].visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    return out
+ea, eb = entries(a), entries(b)
+if not ea or sorted(ea) != sorted(eb):
+    sys.exit(f"optimizer entries differ: {sorted(ea)} vs {sorted(eb)}")
+for n in ea:
+    if not np.array_equal(ea[n], eb[n]):
+        sys.exit(f"optimizer/{n} differs")
+print(f"optimizer state equal: {len(ea)} entries ({', '.join(sorted(ea)[:4])}, ...)")
+PY
+}

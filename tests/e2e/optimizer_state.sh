@@ -20,25 +20,6 @@ np=3
 common=(--train synthetic:examples=3000,features=30,classes=4 --batch 20 --progress off --log-level warn
         --multicast random --fanout 1 --rotate-every 15 --average-every 20)
 
-# same_state A B: both files hold an /optimizer group with the same entries, bitwise.
-same_state() {
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import sys, h5py, numpy as np
-a, b = (h5py.File(p, "r") for p in sys.argv[1:3])
-def entries(f):
-    out = {}
-    f["optimizer"].visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
-    return out
-ea, eb = entries(a), entries(b)
-if not ea or sorted(ea) != sorted(eb):
-    sys.exit(f"optimizer entries differ: {sorted(ea)} vs {sorted(eb)}")
-for n in ea:
-    if not np.array_equal(ea[n], eb[n]):
-        sys.exit(f"optimizer/{n} differs")
-print(f"optimizer state equal: {len(ea)} entries ({', '.join(sorted(ea)[:4])}, ...)")
-PY
-}
-
 # held T: the replica rank 0 holds after T clocks (rotation every 15 at np 3).
 held() { echo $(( ( (0 - $1 / 15) % np + np) % np )); }
 
