@@ -221,6 +221,16 @@ void validate(const TrainConfig& c, int ranks) {
                       "--ckpt-format and --ckpt-writer-idle shape the SV log: they need --ckpt sv");
   validateAdapt(c, ranks);
   validateBalance(c);
+  if (c.svRank > 0) {
+    const int64_t sent = c.select > 0 ? c.select : c.batch;
+    ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv && !c.overlap,
+                        "--sv-rank compresses a clock's whole batch after the backward pass: it needs --sync sv "
+                        "and no --overlap");
+    ORPHEUS_CHECK_INPUT(c.selectUnit == ops::Model::SvgUnit::kStep || c.svRank + 1 < sent,
+                        "--sv-rank {} sends {} SVGs per matrix: fewer than the {} a clock sends without it only "
+                        "below {}",
+                        c.svRank, c.svRank + 1, sent, sent - 1);
+  }
   if (isQuasiNewton(c.optimizer)) {
     ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll &&
                             c.consistency == Consistency::kBsp && c.dropLinks == 0.0 && !c.adapt,

@@ -45,8 +45,7 @@ void MpiControlPlane::reduce(std::span<double> values, MPI_Op op, const char* wh
     // As for a data-plane collective: find out which peers never came, and who
     // reports for the job (comm/stall.h). The clock is not known here.
     const StallVerdict v = findStalled(*this, rank_, size_, 0);
-    const std::string who = v.silent.empty() ? "every peer timed out too" : "stalled or gone: " + rankList(v.silent);
-    throw StallError(fmt::format("{}; {}", e.what(), who), v.reports);
+    throw StallError(e.what() + stallSuffix(v, timeout()), v.reports);
   }
   std::copy(buffer->begin(), buffer->end(), values.begin());
   delete buffer;

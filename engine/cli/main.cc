@@ -215,6 +215,11 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
                  "SV selection: send C of the B SVGs of each clock, chosen jointly across matrices (0: send all)")
       ->capture_default_str()
       ->check(integerIn(0));
+  cmd.add_option("--sv-rank", c.svRank,
+                 "Send each matrix's update (after --select) as its best rank-R approximation, R + 1 SVGs, with "
+                 "error feedback: what a clock leaves out is sent later (engine/worker/low_rank.h; 0: off)")
+      ->capture_default_str()
+      ->check(integerIn(0));
   addEnumOption(cmd, "--select-method", c.selectMethod, orpheus::engine::selectionMethodNames(),
                 "jmcss: joint matrix column subset selection with a least-squares core; uniform: C at random, "
                 "rescaled by B/C");

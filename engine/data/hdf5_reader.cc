@@ -28,8 +28,10 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 #include <optional>
+#include <vector>
 
 namespace orpheus::data::detail {
 namespace {
@@ -115,11 +117,28 @@ class InputSet {
 
 bool linkExists(hid_t loc, const char* name) { return H5Lexists(loc, name, H5P_DEFAULT) > 0; }
 
-// What `name` in `loc` is: H5I_DATASET, H5I_GROUP, or H5I_BADID for neither.
-H5I_type_t objectType(hid_t loc, const char* name) {
+// What `name` in `loc` is: H5I_DATASET, H5I_GROUP, or H5I_BADID for no such link.
+// A link that exists but leads nowhere (an external link to a missing file or
+// object, a soft link to a missing path) is an error naming it, not "missing".
+H5I_type_t objectType(hid_t loc, const char* name, const std::string& path) {
   if (!linkExists(loc, name)) return H5I_BADID;
   const H5Handle object(H5Oopen(loc, name, H5P_DEFAULT), H5Oclose);
-  return object.valid() ? H5Iget_type(object.get()) : H5I_BADID;
+  if (object.valid()) return H5Iget_type(object.get());
+  H5L_info_t info{};
+  if (H5Lget_info(loc, name, &info, H5P_DEFAULT) >= 0 && info.type == H5L_TYPE_EXTERNAL) {
+    std::vector<char> value(info.u.val_size + 1, '\0');
+    const char* file = nullptr;
+    const char* target = nullptr;
+    unsigned flags = 0;
+    if (H5Lget_val(loc, name, value.data(), value.size(), H5P_DEFAULT) >= 0 &&
+        H5Lunpack_elink_val(value.data(), value.size(), &flags, &file, &target) >= 0) {
+      fail(path, "'{}' is an external link to '{}' in '{}', which cannot be opened (a missing file or object)", name,
+           target != nullptr ? target : "?", file != nullptr ? file : "?");
+    }
+    fail(path, "'{}' is an external link that cannot be followed", name);
+  }
+  if (info.type == H5L_TYPE_SOFT) fail(path, "'{}' is a soft link to a path that does not exist", name);
+  fail(path, "'{}' exists but cannot be opened: the file is damaged or truncated", name);
 }
 
 H5Handle openInput(const std::string& path) {
@@ -127,7 +146,15 @@ H5Handle openInput(const std::string& path) {
   if (fd < 0) throwFileError(path, "cannot open", errno);
   ::close(fd);
   H5Handle file = ckpt::openH5ForReading(path);
-  if (!file.valid()) fail(path, "not an HDF5 file (read as HDF5 because of its name or --format hdf5)");
+  if (!file.valid()) {
+    // The signature is there but the file does not open: cut short or damaged.
+    if (H5Fis_hdf5(path.c_str()) > 0) {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(path, ec);
+      fail(path, "an HDF5 file that cannot be opened ({} bytes): truncated or damaged", ec ? 0 : size);
+    }
+    fail(path, "not an HDF5 file (read as HDF5 because of its name or --format hdf5)");
+  }
   return file;
 }
 
@@ -205,7 +232,7 @@ std::optional<std::pair<int64_t, int64_t>> readShape(hid_t group, const std::str
     if (H5Aread(attr.get(), H5T_NATIVE_INT64, shape.data()) < 0) {
       fail(path, "cannot read the attribute '{}shape' as integers", prefix);
     }
-  } else if (objectType(group, "shape") == H5I_DATASET) {
+  } else if (objectType(group, "shape", path) == H5I_DATASET) {
     const InputSet set(group, "shape", prefix + "shape", path);
     set.require(1, "(rows, columns)");
     if (set.dim(0) != 2 || !set.isInteger()) fail(path, "the dataset '{}shape' must hold 2 integers", prefix);
@@ -337,13 +364,13 @@ Dataset readHdf5(const std::string& path, const ReadOptions& options) {
   const hid_t root = file.get();
 
   // X is a dense dataset or a CSR group; a CSR matrix may also sit at the root.
-  const H5I_type_t xType = objectType(root, "X");
+  const H5I_type_t xType = objectType(root, "X", path);
   const bool rootCsr = xType == H5I_BADID && linkExists(root, "indptr");
   if (xType != H5I_DATASET && xType != H5I_GROUP && !rootCsr) {
     fail(path, "no 'X': expected a dataset 'X' (N x D, one example per row) or a CSR matrix (datasets 'data', "
          "'indices', 'indptr', in a group 'X' or at the root)");
   }
-  if (objectType(root, "y") != H5I_DATASET) fail(path, "no dataset 'y' (the N class ids)");
+  if (objectType(root, "y", path) != H5I_DATASET) fail(path, "no dataset 'y' (the N class ids)");
   const InputSet y(root, "y", "y", path);
   // A column vector (N x 1, as scikit-learn sometimes leaves it) is N labels too.
   if (!(y.isNumber() && y.rank() == 2 && y.dim(1) == 1)) y.require(1, "N class ids");
@@ -362,7 +389,7 @@ Dataset readHdf5(const std::string& path, const ReadOptions& options) {
     if (!group.valid()) fail(path, "cannot open the group '{}'", rootCsr ? "/" : "X");
     const std::string prefix = rootCsr ? "" : "X/";
     for (const char* name : {"data", "indices", "indptr"}) {
-      if (objectType(group.get(), name) != H5I_DATASET) {
+      if (objectType(group.get(), name, path) != H5I_DATASET) {
         fail(path, "the CSR matrix lacks the dataset '{}{}' (it needs 'data', 'indices' and 'indptr')", prefix, name);
       }
     }

@@ -172,6 +172,9 @@ void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shard
                         config.train);
     ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
                         "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
+    ORPHEUS_CHECK_INPUT(config.svRank == 0 || !train.sparse,
+                        "--sv-rank factors dense updates: {} is sparse (its V stays sparse without it)",
+                        config.train);
   });
   shards.features = features;
   shards.classes = classes;
@@ -233,6 +236,10 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                toString(optimizer.schedule),
                optimizer.warmup > 0 ? fmt::format(", {} clocks of warmup", optimizer.warmup) : "",
                optimizer.weightDecay > 0 ? fmt::format(", weight decay {}", optimizer.weightDecay) : "");
+  if (config.svRank > 0) {
+    spdlog::info("peers get each matrix's update at rank {} ({} SVGs), with error feedback", config.svRank,
+                 config.svRank + 1);
+  }
   if (shards.train.sparse && optimizer.touchesEveryEntry()) {
     spdlog::info("note: --optimizer {}{} updates every parameter entry each clock, so a clock costs the whole model, "
                  "not only the features the sparse input touches (sgd and adagrad without weight decay keep that cost)",
@@ -383,6 +390,11 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
   });
   double shared[1] = {static_cast<double>(resumeClock)};
   transport.control().sum(shared);
+  if (config.resume && config.svRank > 0 && transport.rank() == 0) {
+    spdlog::warn("--sv-rank: the error-feedback residual is not in the checkpoint and restarts at zero: from clock "
+                 "{} on this run is not bitwise the one an uninterrupted job would have made",
+                 static_cast<uint64_t>(shared[0]) + 1);
+  }
   return static_cast<uint64_t>(shared[0]);
 }
 
@@ -478,7 +490,10 @@ void saveAndReport(const TrainConfig& config, const comm::Transport& transport, 
       ckpt::saveParams(path, worker.replica(), info);
     }
   };
-  if (!config.saveReplicas.empty()) save(fmt::format("{}/replica-{}.h5", config.saveReplicas, worker.replicaId()));
+  if (!config.saveReplicas.empty()) {
+    createDirectories(config.saveReplicas, "--save-replicas ");  // checked at start: it may be new
+    save(fmt::format("{}/replica-{}.h5", config.saveReplicas, worker.replicaId()));
+  }
   if (transport.rank() != 0) return;
   // Through a symlink to the file it names: the link stays (engine/job/outputs.h).
   if (!config.save.empty()) save(resolveOutput(config.save));

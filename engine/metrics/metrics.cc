@@ -169,6 +169,7 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
       .add("ckpt_writer_cpu_seconds", e.sum[kCkptCpu] / p)
       .add("failures", static_cast<int64_t>(e.sum[kFailed]))
       .add("lost_clocks", static_cast<int64_t>(e.sum[kLostClocks]));
+  if (e.sum[kRankError] >= 0) line.add("sv_rank_error", e.sum[kRankError] / p);
   if (e.sum[kAveraged] > 0) {
     line.add("averaged", true)
         .add("divergence_max", e.sum[kDivergenceMax])
@@ -250,6 +251,7 @@ ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockArou
   r[kCkptCpu] = around.ckptCpuSeconds;
   r[kFailed] = around.failed ? 1.0 : 0.0;
   r[kLostClocks] = static_cast<double>(around.lostClocks);
+  r[kRankError] = stats.rankError;
   if (around.leader) {
     r[kReplica] = around.replica;
     r[kAveraged] = around.averaged ? 1.0 : 0.0;

@@ -34,7 +34,8 @@ struct ClockStats {
   double commSeconds = 0.0;     // encode, send, receive, decode (or gradient allreduce)
   double updateSeconds = 0.0;   // rebuild / apply
   double waitSeconds = 0.0;     // blocked on peers (BSP barrier or SSP staleness bound)
-  double selectSeconds = 0.0;
+  double selectSeconds = 0.0;   // selection and --sv-rank's compression
+  double rankError = -1.0;      // --sv-rank: relative error of the sent update (LowRankSender); -1: off
   // The exchange under way (--overlap on; else equal to commSeconds): from the
   // first layer sent (or all-reduce begun) to the last one in. commSeconds is the
   // part of it the worker waited for (exposed), the rest hid behind compute and rebuild.
@@ -92,7 +93,7 @@ enum ClockField : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
-  kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kClockFieldCount
+  kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kClockFieldCount
 };
 // On the wire: the kClockFieldCount doubles as they are in memory (every rank runs
 // the same binary).

@@ -49,6 +49,7 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--select-method", toString(c.selectMethod));
   // Recorded only when not the default, so records of earlier jobs still match.
   if (c.selectUnit != ops::Model::SvgUnit::kExample) add("--select-unit", "step");
+  if (c.svRank > 0) add("--sv-rank", c.svRank);
   add("--multicast", comm::multicastName(c.multicast));
   add("--fanout", c.fanout);
   add("--consistency", toString(c.consistency));

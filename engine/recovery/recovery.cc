@@ -48,7 +48,10 @@ class SvClockLog final : public ClockLog {
         transport_(transport),
         knobs_(knobs),
         model_(model),
-        references_(config.ckptFormat >= ckpt::kSegmentVersion && config.failProb == 0.0),
+        // A received batch is a reference into its sender's log where a replay can
+        // recompute it from there: not after --fail-prob (staged batches are lost) nor
+        // with --sv-rank (the sender's residual, not in any log, shaped it).
+        references_(config.ckptFormat >= ckpt::kSegmentVersion && config.failProb == 0.0 && config.svRank == 0),
         writer_(config.ckptDir, replicaId, size_t{256} << 20, 50, writerOptions(config, references_)) {}
 
   bool keepsRecords() const override { return !references_; }

@@ -98,8 +98,10 @@ comm::StallError Inbox::timedOut(uint64_t at) const {
                                     transport_.rank(), config_.timeoutSeconds, at, stuck, fmt::join(missing, ", "));
   // The missing senders may be waiting themselves, on a rank that stalled.
   const comm::StallVerdict v = comm::findStalled(transport_.control(), transport_.rank(), transport_.size(), at);
-  if (!v.silent.empty() && v.silent != missing) message += "; stalled or gone: " + comm::rankList(v.silent);
-  return comm::StallError(message, v.reports);
+  // Where the silent ranks are the missing senders, the line has named them already.
+  comm::StallVerdict named = v;
+  if (named.silent == missing) named.silent.clear();
+  return comm::StallError(message + comm::stallSuffix(named, transport_.timeout(), false), v.reports);
 }
 
 std::map<int, ReceivedBatch> Inbox::takeClock(uint64_t clock) {

@@ -270,8 +270,7 @@ std::vector<OverlappedExchange::PeerBatch> OverlappedExchange::finish(const SvBa
       std::string message = fmt::format("rank {}: the SV batches from {} did not arrive within {} s",
                                         transport_.rank(), comm::rankList(missing), config_.timeoutSeconds);
       const comm::StallVerdict v = comm::findStalled(transport_.control(), transport_.rank(), transport_.size(), clock_);
-      message += v.silent.empty() ? "; every peer timed out too" : "; stalled or gone: " + comm::rankList(v.silent);
-      throw comm::StallError(message, v.reports);
+      throw comm::StallError(message + comm::stallSuffix(v, transport_.timeout()), v.reports);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }

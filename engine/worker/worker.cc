@@ -97,6 +97,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
   if (OverlappedExchange::serves(config, model)) {
     overlapped_ = std::make_unique<OverlappedExchange>(config, model, transport, *log_);
   }
+  if (config.svRank > 0) lowRank_.emplace(config.svRank);
   applyKnobs(knobs_);
 }
 
@@ -266,11 +267,16 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
   return local;
 }
 
-// The sender's own replica always gets the whole batch; none when selection is off.
-std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) const {
+// The sender's own replica always gets the whole batch; none when selection is off
+// and --sv-rank is not given. With --sv-rank, the (selected) batch at rank R.
+std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) {
   const auto t = Clock::now();
   std::optional<SvBatch> sent =
       selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank());
+  if (lowRank_) {
+    sent = lowRank_->compress(sent ? *sent : local);
+    stats.rankError = lowRank_->lastError();
+  }
   if (sent) stats.selectSeconds = secondsSince(t);
   return sent;
 }

@@ -15,6 +15,7 @@
 #include "engine/coordinator/coordinator.h"
 #include "engine/data/dataset.h"
 #include "engine/worker/exchange.h"
+#include "engine/worker/low_rank.h"
 #include "engine/metrics/metrics.h"
 #include "engine/worker/optimizer.h"
 #include "engine/recovery/recovery.h"
@@ -169,7 +170,7 @@ class Worker {
   ClockExchange& exchangeNow();
   std::shared_ptr<SvBatch> computeSvgs(uint64_t clock, const ops::ExampleBatch& examples, ClockExchange& exchange,
                                        std::chrono::steady_clock::time_point start, ClockStats& stats);
-  std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) const;
+  std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats);
   void rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline).
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
@@ -223,6 +224,7 @@ class Worker {
   BroadcastExchange broadcast_;
   MulticastExchange multicast_;
   std::unique_ptr<OverlappedExchange> overlapped_;
+  std::optional<LowRankSender> lowRank_;  // --sv-rank: the peers' batch at rank R, and its residual
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

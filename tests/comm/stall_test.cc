@@ -77,3 +77,15 @@ TEST_CASE("a deadline does not count the time the process was stopped", "[comm][
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }
+
+TEST_CASE("a stalled wait's line names the silent ranks, and a short --timeout as a likely cause", "[comm][stall]") {
+  comm::StallVerdict v;
+  v.silent = {0};
+  CHECK(comm::stallSuffix(v, 30s) == "; stalled or gone: rank 0");
+  // Every rank blames the others when the timeout, not a peer, ran out: say so.
+  CHECK(comm::stallSuffix(v, 1ms) ==
+        "; stalled or gone: rank 0 (--timeout 0.001 s is short: if the job is only slow, raise it)");
+  v.silent.clear();
+  CHECK(comm::stallSuffix(v, 30s) == "; every peer timed out too");
+  CHECK(comm::stallSuffix(v, 30s, false).empty());
+}

@@ -8,7 +8,7 @@
 #     Trained on 2 ranks, CSR == LIBSVM and dense == CSV bitwise (COMPARE with
 #     tolerance 0); dense and sparse agree to 1e-5. `eval` on an HDF5 file prints
 #     what it prints on the same data as text.
-#  2. Each defect WRITER can make, and a text file named .h5: exit 2, one
+#  2. Each defect WRITER can make, a text file named .h5 and a truncated file: exit 2, one
 #     "orpheus:" line naming the file and the defect, no model written.
 set -uo pipefail
 orpheus=$1; compare=$2; writer=$3; mpiexec=$4
@@ -111,6 +111,10 @@ refuse 2 label-fraction "y\[120\] = 1.5 is not an integer"
 refuse 2 label-negative "y\[120\] = -1 is negative"
 echo "1 0:0.5" >"$out/bad-text.h5"
 refuse 1 text "not an HDF5 file"
+# Cut short: its signature is there, the rest is not.
+head -c 3000 "$out/dense.h5" >"$out/bad-truncated.h5"
+refuse 1 truncated "an HDF5 file that cannot be opened \(3000 bytes\): truncated or damaged"
+refuse 1 dangling-x "'X' is an external link to '/X' in 'missing-data.h5', which cannot be opened"
 # A bad test file is refused as well, naming it.
 refuse 2 short-y "X has 240 rows" test
 exit $fail

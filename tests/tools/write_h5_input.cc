@@ -10,7 +10,8 @@
 //   no-x, no-y, short-y (y one shorter than X), rank-x (X one-dimensional),
 //   indptr-length, indptr-decreasing (in the last row), indptr-end (last entry
 //   short of len(data)), index-negative, index-range (a column past the shape),
-//   index-duplicate, label-fraction (y float with 1.5), label-negative.
+//   index-duplicate, label-fraction (y float with 1.5), label-negative,
+//   dangling-x (X an external link to a file that does not exist).
 // D is the largest index + 1. Exits 0 on success, 2 on a usage or input error.
 #include <hdf5.h>
 
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
   static const std::set<std::string> kKinds = {
       "dense", "dense64", "csr", "csr-root", "no-x", "no-y", "short-y", "rank-x", "indptr-length",
       "indptr-decreasing", "indptr-end", "index-negative", "index-range", "index-duplicate", "label-fraction",
-      "label-negative"};
+      "label-negative", "dangling-x"};
   if (kKinds.count(kind) == 0) {
     std::fprintf(stderr, "write_h5_input: unknown KIND '%s'\n", kind.c_str());
     return 2;
@@ -129,6 +130,8 @@ int main(int argc, char** argv) {
     } else {
       write(file, "X", H5T_NATIVE_FLOAT, {hsize_t(n), hsize_t(m.width)}, xf.data());
     }
+  } else if (kind == "dangling-x") {
+    if (H5Lcreate_external("missing-data.h5", "/X", file, "X", H5P_DEFAULT, H5P_DEFAULT) < 0) return 2;
   } else if (kind != "no-x") {
     for (int64_t i = 0; i < n; ++i) {
       std::reverse(m.indices.begin() + m.indptr[i], m.indices.begin() + m.indptr[i + 1]);
