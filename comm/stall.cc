@@ -65,17 +65,9 @@ std::string rankList(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
 }
 
-std::string stallSuffix(const StallVerdict& v, std::chrono::milliseconds timeout, bool sayEveryPeer) {
-  std::string out;
-  if (!v.silent.empty()) {
-    out = "; stalled or gone: " + rankList(v.silent);
-  } else if (sayEveryPeer) {
-    out = "; every peer timed out too";
-  }
-  if (timeout < kShortTimeout) {
-    out += fmt::format(" (--timeout {} s is short: if the job is only slow, raise it)", timeout.count() / 1000.0);
-  }
-  return out;
+std::string stallSuffix(const StallVerdict& v, bool sayEveryPeer) {
+  if (!v.silent.empty()) return "; stalled or gone: " + rankList(v.silent);
+  return sayEveryPeer ? "; every peer timed out too" : "";
 }
 
 }  // namespace orpheus::comm

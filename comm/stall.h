@@ -58,14 +58,9 @@ StallVerdict findStalled(ControlPlane& control, int rank, int size, uint64_t clo
 // "rank 1" or "ranks 1, 3".
 std::string rankList(const std::vector<int>& ranks);
 
-// A --timeout under this is short enough that a slow start-up or clock, not a stall,
-// may be what ran out: the message says so.
-inline constexpr std::chrono::milliseconds kShortTimeout{5000};
-
-// The end of a timed-out wait's line: "; stalled or gone: rank 2" (or "; every peer
-// timed out too" where `sayEveryPeer`), and where `timeout` is short, that the job
-// may only be slow and --timeout should be raised.
-std::string stallSuffix(const StallVerdict& v, std::chrono::milliseconds timeout, bool sayEveryPeer = true);
+// The end of a timed-out wait's line: "; stalled or gone: rank 2", or "; every peer
+// timed out too" where `sayEveryPeer` (the line then names no rank).
+std::string stallSuffix(const StallVerdict& v, bool sayEveryPeer = true);
 
 // A timeout after findStalled: the message names the stalled ranks where any were
 // found. reports(): this rank prints the job's line; the others end quietly.

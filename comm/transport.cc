@@ -72,7 +72,7 @@ auto Transport::guarded(std::optional<uint64_t> clock, Fn&& fn) -> decltype(fn()
     if (!clock || size() == 1) throw;
     // A collective: find out which peers never came, and who reports.
     const StallVerdict v = findStalled(control(), rank(), size(), *clock);
-    throw StallError(e.what() + stallSuffix(v, timeout()), v.reports);
+    throw StallError(e.what() + stallSuffix(v), v.reports);
   }
 }
 

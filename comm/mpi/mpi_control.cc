@@ -45,7 +45,7 @@ void MpiControlPlane::reduce(std::span<double> values, MPI_Op op, const char* wh
     // As for a data-plane collective: find out which peers never came, and who
     // reports for the job (comm/stall.h). The clock is not known here.
     const StallVerdict v = findStalled(*this, rank_, size_, 0);
-    throw StallError(e.what() + stallSuffix(v, timeout()), v.reports);
+    throw StallError(e.what() + stallSuffix(v), v.reports);
   }
   std::copy(buffer->begin(), buffer->end(), values.begin());
   delete buffer;

@@ -26,7 +26,9 @@ CLI::Validator numberIn(double min, double max, bool minExclusive = false, bool 
 // The longest any wait may be told to last (--timeout): a week, so deadlines never
 // overflow a clock's range.
 constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
-// The shortest: deadlines count milliseconds, so a shorter wait would be none.
-constexpr double kMinTimeoutSeconds = 0.001;
+// The shortest: a job's start-up and any clock take longer than a few milliseconds,
+// so a shorter --timeout runs out while every rank is healthy and each names the
+// others as stalled. Below a second a wait only measures how fast the ranks start.
+constexpr double kMinTimeoutSeconds = 1.0;
 
 }  // namespace orpheus::engine::cli

@@ -192,7 +192,7 @@ std::vector<double> MembershipWatch::finish(uint64_t clock) {
     const comm::StallVerdict v = comm::findStalled(transport_.control(), rank_, size_, clock);
     std::string message = fmt::format("rank {}: the membership agreement at clock {} did not complete within {} s",
                                       rank_, clock, timeout_.count() / 1000.0);
-    throw comm::StallError(message + comm::stallSuffix(v, timeout_, false), v.reports);
+    throw comm::StallError(message + comm::stallSuffix(v, false), v.reports);
   }
 }
 

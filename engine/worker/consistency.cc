@@ -101,7 +101,7 @@ comm::StallError Inbox::timedOut(uint64_t at) const {
   // Where the silent ranks are the missing senders, the line has named them already.
   comm::StallVerdict named = v;
   if (named.silent == missing) named.silent.clear();
-  return comm::StallError(message + comm::stallSuffix(named, transport_.timeout(), false), v.reports);
+  return comm::StallError(message + comm::stallSuffix(named, false), v.reports);
 }
 
 std::map<int, ReceivedBatch> Inbox::takeClock(uint64_t clock) {

@@ -270,7 +270,7 @@ std::vector<OverlappedExchange::PeerBatch> OverlappedExchange::finish(const SvBa
       std::string message = fmt::format("rank {}: the SV batches from {} did not arrive within {} s",
                                         transport_.rank(), comm::rankList(missing), config_.timeoutSeconds);
       const comm::StallVerdict v = comm::findStalled(transport_.control(), transport_.rank(), transport_.size(), clock_);
-      throw comm::StallError(message + comm::stallSuffix(v, transport_.timeout()), v.reports);
+      throw comm::StallError(message + comm::stallSuffix(v), v.reports);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }

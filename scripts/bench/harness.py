@@ -670,6 +670,9 @@ def vs_peers_groups(args):
                                    ["--peer", peer, "--local-steps", str(h)]) for h in (10, 50)]
             peer_keys = [c.key for c in configs]
             configs.append(Config("best", "Orpheus best", "orpheus", ORPHEUS_BEST[wname]))
+            if wname != "mlr":  # MLR's best is --sync dense: nothing to factor
+                configs += [Config(f"best-rank{r}", f"Orpheus best, --sv-rank {r}", "orpheus",
+                                   ORPHEUS_BEST[wname] + ["--sv-rank", str(r)]) for r in (2, 4)]
             groups.append(Group(f"{net_name}/{wname}", f"{w.name}, {network.name}, np {args.np}: Orpheus and its peers",
                                 network, w, configs, [("mean ms/step", mean_step_column)], ratio_to=peer_keys))
     return groups

@@ -78,14 +78,11 @@ TEST_CASE("a deadline does not count the time the process was stopped", "[comm][
   CHECK(WEXITSTATUS(status) == 0);
 }
 
-TEST_CASE("a stalled wait's line names the silent ranks, and a short --timeout as a likely cause", "[comm][stall]") {
+TEST_CASE("a stalled wait's line names the silent ranks", "[comm][stall]") {
   comm::StallVerdict v;
-  v.silent = {0};
-  CHECK(comm::stallSuffix(v, 30s) == "; stalled or gone: rank 0");
-  // Every rank blames the others when the timeout, not a peer, ran out: say so.
-  CHECK(comm::stallSuffix(v, 1ms) ==
-        "; stalled or gone: rank 0 (--timeout 0.001 s is short: if the job is only slow, raise it)");
+  v.silent = {0, 2};
+  CHECK(comm::stallSuffix(v) == "; stalled or gone: ranks 0, 2");
   v.silent.clear();
-  CHECK(comm::stallSuffix(v, 30s) == "; every peer timed out too");
-  CHECK(comm::stallSuffix(v, 30s, false).empty());
+  CHECK(comm::stallSuffix(v) == "; every peer timed out too");
+  CHECK(comm::stallSuffix(v, false).empty());
 }

@@ -74,7 +74,8 @@ refused "got no tokens: a token stream is split between ranks at line ends" -- "
 # Ranges say their open ends; a timeout shorter than a millisecond cannot be kept.
 refused "--beta2: must be a number >= 0 and < 1, got 1" -- "$orpheus" train --train "$fix/small.libsvm" \
   --optimizer adam --beta2 1
-refused "--timeout: must be a number >= 0.001" -- "$orpheus" train --train "$fix/small.libsvm" --timeout 1e-9
+refused "--timeout: must be a number >= 1" -- "$orpheus" train --train "$fix/small.libsvm" --timeout 1e-9
+refused "--timeout: must be a number >= 1" -- "$orpheus" train --train "$fix/small.libsvm" --timeout 0.001
 # Sizes priced before anything is allocated: replicas, minibatches and outputs; threads.
 refused "2 replicas of model 'mlr' .* with --batch 2000000000 .* needs .* more than" -- "$orpheus" simulate --ranks 2 \
   --train "$fix/small.libsvm" --batch 2000000000 --clocks 2
