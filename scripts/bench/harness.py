@@ -153,10 +153,13 @@ def analytic_bytes_per_clock(config, workload, np_, batch, clocks=None):
         return ring
     select = int(flag(config.flags, "--select", "0"))
     n = select if select > 0 else batch
+    rank = int(flag(config.flags, "--sv-rank", "0"))
+    if rank > 0:
+        n = rank + 1  # R + 1 SVGs per matrix, each with a core (engine/worker/low_rank.h)
     fanout = int(flag(config.flags, "--fanout", "0")) or np_ - 1
     if flag(config.flags, "--multicast", "all") == "all":
         fanout = np_ - 1
-    total = np_ * fanout * sv_batch_bytes(workload, n, select > 0)
+    total = np_ * fanout * sv_batch_bytes(workload, n, select > 0 or rank > 0)
     every = int(flag(config.flags, "--average-every", "0"))
     if every > 0:
         total += ring / every
