@@ -676,6 +676,15 @@ def vs_peers_groups(args):
             if wname != "mlr":  # MLR's best is --sync dense: nothing to factor
                 configs += [Config(f"best-rank{r}", f"Orpheus best, --sv-rank {r}", "orpheus",
                                    ORPHEUS_BEST[wname] + ["--sv-rank", str(r)]) for r in (2, 4)]
+                # With SV bytes a tenth, the averaging's all-reduce is most of the rest:
+                # rarer averaging, under SSP and under BSP broadcast (no inbox).
+                configs += [
+                    Config("rank4-ssp-avg200", "Orpheus, select 25, --sv-rank 4, SSP 4, average every 200",
+                           "orpheus", ["--sync", "sv", "--select", "25", "--sv-rank", "4", "--consistency", "ssp",
+                                       "--staleness", "4", "--average-every", "200"]),
+                    Config("rank4-bsp-avg200", "Orpheus, select 25, --sv-rank 4, BSP, average every 200",
+                           "orpheus", ["--sync", "sv", "--select", "25", "--sv-rank", "4", "--average-every", "200"]),
+                ]
             groups.append(Group(f"{net_name}/{wname}", f"{w.name}, {network.name}, np {args.np}: Orpheus and its peers",
                                 network, w, configs, [("mean ms/step", mean_step_column)], ratio_to=peer_keys))
     return groups

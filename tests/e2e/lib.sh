@@ -18,6 +18,26 @@ kill_job() {
   wait "$2" 2>/dev/null || true
 }
 
+# whole_and_resumed MPIEXEC ORPHEUS NP DIR FLAGS...: the job of FLAGS (which hold --ckpt
+# sv) run whole (DIR/whole.h5, checkpoint DIR/whole), and again killed with kill -9 once
+# two log segments are durable, then --resume'd (DIR/resumed.h5, checkpoint DIR/killed).
+# Returns 1 when the job finished before it could be killed.
+whole_and_resumed() {
+  local mpiexec=$1 orpheus=$2 np=$3 dir=$4; shift 4
+  "$mpiexec" -n "$np" --oversubscribe "$orpheus" train "$@" --ckpt-dir "$dir/whole" --save "$dir/whole.h5" >/dev/null
+  "$mpiexec" -n "$np" --oversubscribe "$orpheus" train "$@" --ckpt-dir "$dir/killed" --save "$dir/resumed.h5" \
+    >/dev/null 2>&1 &
+  local job=$!
+  wait_for_segments "$dir/killed/replica-0" 2 || true
+  kill_job "ckpt-dir $dir/killed" "$job"
+  if [ -e "$dir/resumed.h5" ]; then
+    echo "the job finished before it was killed"
+    return 1
+  fi
+  "$mpiexec" -n "$np" --oversubscribe "$orpheus" train "$@" --ckpt-dir "$dir/killed" --save "$dir/resumed.h5" \
+    --resume >/dev/null
+}
+
 # json_field FILE KEY [LINE]: KEY of a metrics file's LINE-th JSON line (default: the
 # last, the summary), read with a JSON parser; empty when absent.
 json_field() {

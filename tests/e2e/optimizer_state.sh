@@ -43,23 +43,12 @@ restore_matches adam "20 33 60" --optimizer adam --warmup 5 --lr-schedule step -
 restore_matches momentum "33 60" --optimizer momentum --momentum 0.8 --weight-decay 1e-3 --lr 0.05
 
 # kill -9 and --resume (adam).
-flags=("${common[@]}" --optimizer adam --clocks 300 --ckpt sv --inject-delay 0:10)
-"$mpiexec" -n $np --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/whole" --save "$out/whole.h5" >/dev/null
-"$mpiexec" -n $np --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
-  >/dev/null 2>&1 &
-job=$!
-# Kill every process once a few segments are durable.
-wait_for_segments "$out/killed/replica-0" 2 || true
-kill_job "ckpt-dir $out/killed" "$job"
-[ ! -e "$out/resumed.h5" ] || fail "the job finished before it was killed"
-"$mpiexec" -n $np --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
-  --resume >/dev/null
-[ -e "$out/resumed.h5" ] || fail "the resumed job saved nothing"
+whole_and_resumed "$mpiexec" "$orpheus" $np "$out" "${common[@]}" --optimizer adam --clocks 300 --ckpt sv \
+  --inject-delay 0:10 || fail "kill -9 and --resume"
 "$compare" "$out/resumed.h5" "$out/whole.h5" 0 || fail "resume: parameters"
 same_state "$out/resumed.h5" "$out/whole.h5" || fail "resume: optimizer state"
 
 # Failures inside the job (adam): each replica comes back with its state.
-mkdir -p "$out/fail-replicas"
 "$mpiexec" -n $np --oversubscribe "$orpheus" train "${common[@]}" --optimizer adam --clocks 80 --ckpt sv \
   --ckpt-dir "$out/fail" --fail-prob 0.05 --metrics "$out/fail.jsonl" --save-replicas "$out/fail-replicas" >/dev/null
 failures=$(grep -v '"summary"' "$out/fail.jsonl" | grep -o '"failures": [0-9]*' | awk '{s += $2} END {print s + 0}')

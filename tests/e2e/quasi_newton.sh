@@ -40,16 +40,8 @@ for T in 17 30; do
 done
 
 # kill -9 and --resume (dfp, slowed so that it is killed mid-run).
-flags=("${data[@]}" --optimizer dfp --batch 200 --clocks 200 --ckpt sv --inject-delay 0:10)
-"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/whole" --save "$out/whole.h5" >/dev/null
-"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
-  >/dev/null 2>&1 &
-job=$!
-wait_for_segments "$out/killed/replica-0" 2 || true
-kill_job "ckpt-dir $out/killed" "$job"
-[ ! -e "$out/resumed.h5" ] || fail "the job finished before it was killed"
-"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${flags[@]}" --ckpt-dir "$out/killed" --save "$out/resumed.h5" \
-  --resume >/dev/null
+whole_and_resumed "$mpiexec" "$orpheus" 2 "$out" "${data[@]}" --optimizer dfp --batch 200 --clocks 200 --ckpt sv \
+  --inject-delay 0:10 || fail "kill -9 and --resume"
 "$compare" "$out/resumed.h5" "$out/whole.h5" 0 || fail "resume: parameters"
 same_state "$out/resumed.h5" "$out/whole.h5" || fail "resume: optimizer state"
 echo "quasi-Newton checks passed"
