@@ -157,4 +157,16 @@ void writeTextDurably(const fs::path& path, const std::string& text) {
       false);
 }
 
+int forEachTextLine(const std::filesystem::path& path, const std::function<void(int, const std::string&)>& line) {
+  std::ifstream in(path);
+  if (!in) return 0;
+  std::string text;
+  int number = 0;
+  while (std::getline(in, text)) {
+    ++number;
+    if (!text.empty()) line(number, text);
+  }
+  return number;
+}
+
 }  // namespace orpheus::ckpt

@@ -27,6 +27,11 @@ uint64_t writeDurably(const std::filesystem::path& path, const std::function<voi
 // writeDurably of a text file whose whole contents are `text` (the directory must exist).
 void writeTextDurably(const std::filesystem::path& path, const std::string& text);
 
+// The read side of such a text log: calls `line(number, text)` for each non-empty
+// line, numbered from 1 as an editor counts them. Returns the number of lines read
+// (0 when the file does not exist).
+int forEachTextLine(const std::filesystem::path& path, const std::function<void(int, const std::string&)>& line);
+
 // fsync of `path` through a fresh descriptor; IoError naming `what` on failure. A
 // directory the file system cannot sync (EINVAL, EROFS) is as durable as it gets.
 void syncPath(const std::filesystem::path& path, const std::string& what, bool directory);

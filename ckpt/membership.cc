@@ -22,13 +22,7 @@ std::vector<Epoch> readMembership(const std::string& dir) {
   first.ranks = std::max(readJobInfo(dir).ranks, 1);
   epochs.push_back(first);
   const fs::path path = membershipPath(dir);
-  std::ifstream in(path);
-  if (!in) return epochs;
-  std::string line;
-  int lineNo = 0;
-  while (std::getline(in, line)) {
-    ++lineNo;
-    if (line.empty()) continue;
+  forEachTextLine(path, [&](int lineNo, const std::string& line) {
     std::istringstream words(line);
     std::string e, c, r;
     Epoch next;
@@ -38,7 +32,7 @@ std::vector<Epoch> readMembership(const std::string& dir) {
                         "'{}' line {}: expected 'epoch {} clock C ranks P' (C >= {}), got '{}'", path.string(), lineNo,
                         epochs.back().epoch + 1, epochs.back().clock, line);
     epochs.push_back(next);
-  }
+  });
   return epochs;
 }
 

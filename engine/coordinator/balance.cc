@@ -62,13 +62,7 @@ int64_t injectedDelayMs(const TrainConfig& config, int rank, int64_t examples) {
 ChunkLog readChunkLog(const std::string& dir) {
   ChunkLog log;
   const fs::path path = chunkLogPath(dir);
-  std::ifstream in(path);
-  if (!in) return log;
-  std::string line;
-  int lineNo = 0;
-  while (std::getline(in, line)) {
-    ++lineNo;
-    if (line.empty()) continue;
+  const int lines = ckpt::forEachTextLine(path, [&](int lineNo, const std::string& line) {
     std::istringstream words(line);
     std::string head;
     words >> head;
@@ -87,7 +81,7 @@ ChunkLog readChunkLog(const std::string& dir) {
         log.shardRows.push_back(n);
       }
       if (log.shardRows.empty() || !words.eof()) throw bad("layout rows R shards n0 n1 ...");
-      continue;
+      return;
     }
     Rebalance change;
     std::string moves;
@@ -109,8 +103,8 @@ ChunkLog readChunkLog(const std::string& dir) {
     }
     if (change.moves.empty()) throw bad("clock K moves c:f>t ... (K increasing)");
     log.changes.push_back(std::move(change));
-  }
-  if (lineNo > 0 && log.chunkRows == 0) {
+  });
+  if (lines > 0 && log.chunkRows == 0) {
     throw InputError(fmt::format("'{}' holds no layout line", path.string()));
   }
   return log;
