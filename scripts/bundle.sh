@@ -40,7 +40,7 @@ rm -rf "$dest" "$dest.tar.xz" "$dest-data.tar"
 mkdir -p "$dest"/{bin,lib,mpi,data/fashion-mnist,examples}
 binaries=("$build_dir/engine/orpheus" "$build_dir/tests/compare_params" "$build_dir/tests/check_metrics"
   "$build_dir/tests/test_backend" "$build_dir/tests/test_backend_cuda" "$build_dir/tests/test_strict_backend"
-  "$build_dir/tests/test_ops")
+  "$build_dir/tests/test_rebuild")
 [ -f "$build_dir/engine/liborpheus_cuda.so" ] && binaries+=("$build_dir/engine/liborpheus_cuda.so")
 for b in "${binaries[@]}"; do
   cp "$b" "$dest/bin/"
