@@ -1,0 +1,213 @@
+// What a rank keeps so a lost replica can come back (engine/recovery/recovery.h):
+// the clock log as the clock loop drives it (--ckpt sv) against restore(T), what a
+// failure loses, and --fail-prob's recovery from a whole-matrix checkpoint.
+#include "ckpt/job_info.h"
+#include "ckpt/log_entry.h"
+#include "comm/factory.h"
+#include "engine/adapt/knobs.h"
+#include "engine/base/error.h"
+#include "engine/config.h"
+#include "engine/recovery/checkpoint.h"
+#include "engine/recovery/recovery.h"
+#include "engine/worker/optimizer.h"
+#include "ops/backends.h"
+
+#include <catch2/catch.hpp>
+
+#include "tests/support/temp_dir.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+
+using namespace orpheus;
+using orpheus::testing::TempDir;
+
+namespace {
+
+bool bitwiseEqual(const ParamSet& a, const ParamSet& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].rows() != b[i].rows() || a[i].cols() != b[i].cols()) return false;
+    if (std::memcmp(a[i].data(), b[i].data(), static_cast<size_t>(a[i].size()) * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+// A one-rank MLR job (4 features, 3 classes, B = 3) with its checkpoint in `dir`.
+struct Job {
+  explicit Job(const std::string& dir) : transports(comm::makeLoopbackGroup(1)) {
+    info.modelName = "mlr";
+    info.modelSpec = "mlr features=4 classes=3";
+    info.features = 4;
+    info.classes = 3;
+    info.seed = 11;
+    info.ranks = 1;
+    info.batch = 3;
+    ckpt::writeJobInfo(dir, info);
+    model = engine::modelOfJob(info);
+    config.ckptDir = dir;
+    config.seed = info.seed;
+    config.batch = 3;
+    params = model->initParams(info.seed);
+  }
+
+  // Clock `c`'s SV batch, applied to `params`; returned for the log.
+  std::shared_ptr<SvBatch> step(uint64_t c) {
+    Matrix x(4, 3);
+    Eigen::VectorXi labels(3);
+    for (int j = 0; j < 3; ++j) {
+      for (int i = 0; i < 4; ++i) x(i, j) = static_cast<float>(((c * 7 + i * 3 + j * 5) % 11)) / 11.0f - 0.4f;
+      labels(j) = static_cast<int>((c + j) % 3);
+    }
+    ops::ExampleBatch batch{&x, nullptr, &labels, nullptr};
+    double loss = 0.0;
+    auto svb = std::make_shared<SvBatch>(model->computeSvg(params, batch, &loss));
+    svb->header.clock = c;
+    const SvBatch* ptrs[] = {svb.get()};
+    model->computeUpdate(ptrs, params);
+    return svb;
+  }
+
+  ckpt::JobInfo info;
+  std::vector<std::unique_ptr<comm::Transport>> transports;
+  std::unique_ptr<ops::Model> model;
+  engine::TrainConfig config;
+  engine::adapt::Knobs knobs;
+  ParamSet params;
+};
+
+engine::Restored restoreAt(const std::string& dir, uint64_t clock) {
+  return engine::restore(dir, 0, clock, *ops::makeBackend("cpu"));
+}
+
+}  // namespace
+
+TEST_CASE("without --ckpt sv the clock log keeps nothing and reaches nothing", "[recovery]") {
+  TempDir dir;
+  Job job(dir.str());
+  auto log = engine::makeClockLog(job.config, *job.transports[0], 0, job.knobs, *job.model);
+  CHECK_FALSE(log->keepsRecords());
+  for (uint64_t c = 1; c <= 3; ++c) {
+    log->appendGroup(c, {ckpt::Record::of(job.step(c))});
+    log->endClock(c);
+  }
+  log->flush();
+  CHECK(log->loseStaged() == 0);
+  SvBatchHeader header;
+  header.clock = 2;
+  CHECK_FALSE(log->received(header, ckpt::Record{}).ref.has_value());
+  // Nothing but job.h5 was written: there is no clock to restore.
+  CHECK_THROWS_AS(restoreAt(dir.str(), 1), InputError);
+}
+
+TEST_CASE("the clock log restores every clock it logged, bitwise; past its end it refuses", "[recovery]") {
+  TempDir dir;
+  Job job(dir.str());
+  job.config.ckptSv = true;
+  auto log = engine::makeClockLog(job.config, *job.transports[0], 0, job.knobs, *job.model);
+  // Format 3 without failures: received batches are references, so none is kept.
+  CHECK_FALSE(log->keepsRecords());
+  SvBatchHeader header;
+  header.sender = 0;
+  header.clock = 4;
+  const ckpt::Record ref = log->received(header, ckpt::Record{});
+  REQUIRE(ref.ref.has_value());
+  CHECK(ref.ref->clock == 4);
+
+  std::map<uint64_t, ParamSet> states;
+  for (uint64_t c = 1; c <= 12; ++c) {
+    log->appendGroup(c, {ckpt::Record::of(job.step(c))});
+    if (c == 6) log->averaged(c, job.params);
+    log->endClock(c);
+    states[c] = job.params;
+  }
+  log->flush();
+  for (uint64_t t : {1, 5, 6, 7, 12}) {
+    INFO("clock " << t);
+    const engine::Restored r = restoreAt(dir.str(), t);
+    CHECK(r.clock == t);
+    CHECK(bitwiseEqual(r.params, states.at(t)));
+  }
+  CHECK(restoreAt(dir.str(), 9).fromSnapshot == 6);
+  CHECK(restoreAt(dir.str(), 0).clock == 12);  // 0: the newest
+  CHECK_THROWS_AS(restoreAt(dir.str(), 13), InputError);
+}
+
+TEST_CASE("a failure loses what was only staged; the reset makes those clocks unrestorable", "[recovery]") {
+  TempDir dir;
+  Job job(dir.str());
+  job.config.ckptSv = true;
+  job.config.failProb = 0.5;  // a failed sender loses staged batches: receivers keep copies
+  auto log = engine::makeClockLog(job.config, *job.transports[0], 0, job.knobs, *job.model);
+  CHECK(log->keepsRecords());
+
+  std::map<uint64_t, ParamSet> states;
+  for (uint64_t c = 1; c <= 14; ++c) {
+    log->appendGroup(c, {ckpt::Record::of(job.step(c))});
+    if (c == 4) log->averaged(c, job.params);
+    log->endClock(c);
+    if (c == 10) log->flush();
+    states[c] = job.params;
+  }
+  // The process dies after clock 14: the log on disk reaches 10.
+  CHECK(log->loseStaged() == 10);
+  log->recordReset(15, 10);
+  job.params = states.at(10);
+  for (uint64_t c = 15; c <= 16; ++c) {
+    log->appendGroup(c, {ckpt::Record::of(job.step(c))});
+    log->endClock(c);
+    states[c] = job.params;
+  }
+  log->flush();
+  CHECK(bitwiseEqual(restoreAt(dir.str(), 10).params, states.at(10)));
+  CHECK(bitwiseEqual(restoreAt(dir.str(), 16).params, states.at(16)));
+  for (uint64_t lost : {11, 14}) {
+    INFO("clock " << lost);
+    CHECK_THROWS_WITH(restoreAt(dir.str(), lost), Catch::Contains("lost") && Catch::Contains("failure at clock 15"));
+  }
+}
+
+TEST_CASE("--fail-prob under --ckpt matrix: the replica returns to the last matrix, or to W0", "[recovery]") {
+  TempDir dir;
+  Job job(dir.str());
+  job.config.ckptMatrix = true;
+  job.config.ckptEvery = 5;
+  auto backend = ops::makeBackend("cpu");
+  engine::ReplicaUpdater updater(engine::optimizerSettings(job.config), *job.model, *backend);
+  auto log = engine::makeClockLog(job.config, *job.transports[0], 0, job.knobs, *job.model);
+
+  SECTION("no --fail-prob: nobody fails") {
+    engine::Recovery recovery(job.config, *job.model, *job.transports[0]);
+    const ParamSet before = job.params;
+    CHECK_FALSE(recovery.maybeFail(3, job.params, updater, 0, *log).failed);
+    CHECK(bitwiseEqual(job.params, before));
+    CHECK(recovery.failures() == 0);
+  }
+  SECTION("a failure before any checkpoint starts over from W0") {
+    job.config.failProb = 0.999999;
+    engine::Recovery recovery(job.config, *job.model, *job.transports[0]);
+    job.step(1);
+    job.step(2);
+    const auto failure = recovery.maybeFail(2, job.params, updater, 0, *log);
+    REQUIRE(failure.failed);
+    CHECK(failure.lostClocks == 2);
+    CHECK(bitwiseEqual(job.params, job.model->initParams(job.info.seed)));
+  }
+  SECTION("a failure after a checkpoint comes back to it; the clocks since are lost") {
+    job.config.failProb = 0.999999;
+    engine::Recovery recovery(job.config, *job.model, *job.transports[0]);
+    ParamSet atCheckpoint;
+    for (uint64_t c = 1; c <= 7; ++c) {
+      job.step(c);
+      recovery.checkpoint(c, job.params, updater, 0);  // writes at clock 5 only
+      if (c == 5) atCheckpoint = job.params;
+    }
+    const auto failure = recovery.maybeFail(7, job.params, updater, 0, *log);
+    REQUIRE(failure.failed);
+    CHECK(failure.lostClocks == 2);
+    CHECK(bitwiseEqual(job.params, atCheckpoint));
+    CHECK(recovery.failures() == 1);
+    CHECK(recovery.lostClocks() == 2);
+  }
+}
