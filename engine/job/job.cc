@@ -12,6 +12,8 @@
 #include "engine/recovery/job_record.h"
 #include "engine/membership/live.h"
 #include "engine/metrics/metrics.h"
+#include "engine/job/job_data.h"
+#include "engine/job/job_resume.h"
 #include "engine/job/outputs.h"
 #include "engine/data/synthetic_data.h"
 #include "engine/worker/worker.h"
@@ -73,31 +75,6 @@ void checkJobMemory(const TrainConfig& config, const ops::Model& model, const Da
 
 namespace {
 
-// A job's data as every rank agrees on it: its shards, read to the same width.
-struct Shards {
-  data::Dataset train;
-  data::Dataset test;
-  bool haveTest = false;
-  int indexBase = -1;  // of LIBSVM files: 0 or 1, detected from the training file
-  int64_t features = 0;
-  int64_t classes = 0;
-};
-
-data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
-                        int64_t features, int indexBase) {
-  if (isSyntheticSource(path)) {
-    return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
-  }
-  data::ReadOptions options;
-  options.format = config.format;
-  options.rank = transport.rank();
-  options.worldSize = transport.size();
-  options.features = features;
-  options.indexBase = indexBase;
-  options.streams = config.batch;  // token streams: minibatch column b continues stream b
-  return data::readDataset(path, options);
-}
-
 // The paths this rank writes: rank 0 the model and the metrics, every rank its
 // replica's files (ranks may sit on hosts of their own).
 std::vector<OutputPath> outputsOf(const TrainConfig& config, bool leader) {
@@ -140,77 +117,6 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
   });
 }
 
-// The training shard, then the shape every rank agrees on: the widest rows, the
-// largest label.
-void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shards& shards) {
-  data::Dataset& train = shards.train;
-  collectively(transport, [&] {
-    if (!isSyntheticSource(config.train)) shards.indexBase = data::detectIndexBase(config.train, config.format);
-    train = readShard(config.train, config, transport, config.features, shards.indexBase);
-  });
-  double shape[3] = {static_cast<double>(train.features), static_cast<double>(train.maxLabel()),
-                     train.sparse ? 1.0 : 0.0};
-  transport.control().max(shape);
-  double minFeatures[1] = {static_cast<double>(train.features)};
-  transport.control().min(minFeatures);
-  const auto features = static_cast<int64_t>(shape[0]);
-  collectively(transport, [&] {
-    if (train.sparse) {
-      data::widen(train, features);
-    } else {
-      ORPHEUS_CHECK_INPUT(static_cast<int64_t>(minFeatures[0]) == features,
-                          "training data '{}' has rows of {} and of {} features", config.train,
-                          static_cast<int64_t>(minFeatures[0]), features);
-    }
-  });
-  const auto maxLabel = static_cast<int64_t>(shape[1]);
-  const int64_t classes = config.classes > 0 ? config.classes : maxLabel + 1;
-  collectively(transport, [&] {
-    ORPHEUS_CHECK_INPUT(maxLabel < classes, "training data '{}' has label {} but --classes is {} (labels 0..{})",
-                        config.train, maxLabel, classes, classes - 1);
-    ORPHEUS_CHECK_INPUT(train.size() >= 1, "rank {} got no training examples from '{}'", transport.rank(),
-                        config.train);
-    ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
-                        "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
-    ORPHEUS_CHECK_INPUT(config.svRank == 0 || !train.sparse,
-                        "--sv-rank factors dense updates: {} is sparse (its V stays sparse without it)",
-                        config.train);
-  });
-  shards.features = features;
-  shards.classes = classes;
-  // The minibatches in flight (the one being trained on and the prefetched ones)
-  // must fit, whatever --batch says.
-  collectively(transport, [&] {
-    const double perExample = train.sparse ? 64.0 : 4.0 * static_cast<double>(features) + 16.0;
-    checkFitsInMemory(3.0 * static_cast<double>(config.batch) * perExample,
-                      fmt::format("--batch {}: three minibatches of {} examples of {} features", config.batch,
-                                  config.batch, features),
-                      0.5);
-  });
-}
-
-// The test shard, read to the training data's width.
-void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards& shards) {
-  shards.haveTest = !config.test.empty();
-  if (!shards.haveTest) return;
-  const int64_t features = shards.features;
-  const int64_t classes = shards.classes;
-  data::Dataset& test = shards.test;
-  collectively(transport, [&] {
-    test = readShard(config.test, config, transport, shards.train.sparse ? features : -1, shards.indexBase);
-    if (test.sparse) {
-      ORPHEUS_CHECK_INPUT(test.features <= features,
-                          "test data '{}' has {} features but the training data has {} (set --features)",
-                          config.test, test.features, features);
-      data::widen(test, features);
-    }
-    ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the training data '{}' has {}",
-                        config.test, test.features, config.train, features);
-    ORPHEUS_CHECK_INPUT(test.maxLabel() < classes,
-                        "test data '{}' has label {} but the model has {} classes (labels 0..{})", config.test,
-                        test.maxLabel(), classes, classes - 1);
-  });
-}
 
 // Rank 0's log lines about the job (the example counts are a collective).
 void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards,
@@ -307,144 +213,6 @@ Outputs buildModelAndOutputs(const TrainConfig& config, comm::Transport& transpo
   Outputs out;
   collectively(transport, [&] { out = makeModelAndOutputs(config, transport.rank() == 0, shards); });
   return out;
-}
-
-std::string readModelText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-ComputationRecord computationRecordOf(const TrainConfig& config, const comm::Transport& transport,
-                                      const Shards& shards, const std::string& modelText) {
-  const std::string data = isSyntheticSource(config.train) ? config.train : fileDigest(config.train);
-  return computationRecord(config, transport.size(), shards.features, shards.classes, modelText, data);
-}
-
-// What a fresh checkpoint directory records of the job, so restore can rebuild its model.
-void writeJobInfo(const TrainConfig& config, const comm::Transport& transport, const ops::Model& model,
-                  const Shards& shards) {
-  createDirectories(config.ckptDir, "checkpoint directory ");
-  ckpt::JobInfo info;
-  info.modelName = config.model;
-  if (config.model.ends_with(".loss")) info.modelText = readModelText(config.model);
-  info.modelSpec = model.spec();
-  info.features = shards.features;
-  info.classes = shards.classes;
-  info.seed = config.seed;
-  info.ranks = transport.size();
-  info.batch = config.batch;
-  info.lr = optimizerSettings(config).lr;
-  info.computation = encodeRecord(computationRecordOf(config, transport, shards, info.modelText));
-  ckpt::writeJobInfo(config.ckptDir, info);
-}
-
-// A resumed job continues the recorded computation, or refuses naming the flag.
-void checkResumedJob(const TrainConfig& config, const comm::Transport& transport, const Shards& shards) {
-  const ckpt::JobInfo info = ckpt::readJobInfo(config.ckptDir);
-  if (info.computation.empty()) {
-    spdlog::warn("'{}' predates recorded job settings: --resume cannot check that the flags are unchanged",
-                 config.ckptDir);
-    return;
-  }
-  const std::string modelText = config.model.ends_with(".loss") ? readModelText(config.model) : std::string();
-  ComputationRecord recorded = decodeRecord(info.computation, ckpt::jobPath(config.ckptDir).string());
-  ComputationRecord now = computationRecordOf(config, transport, shards, modelText);
-  // The number of ranks is the current membership epoch's; --elastic may change it.
-  const int members = readMembership(config.ckptDir).back().ranks;
-  for (auto* record : {&recorded, &now}) {
-    for (auto it = record->begin(); it != record->end();) {
-      if (it->first == "np" && config.elastic) {
-        it = record->erase(it);
-        continue;
-      }
-      if (it->first == "np" && record == &recorded) it->second = std::to_string(members);
-      ++it;
-    }
-  }
-  checkResume(recorded, now, config.ckptDir);
-}
-
-// The incremental SV checkpoint: a fresh job records what it is; a resumed one
-// continues from the newest clock every replica's log reaches. Returns that clock
-// (0: a fresh start), the same on every rank.
-uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
-                              const Shards& shards) {
-  if (!config.ckptSv) return 0;
-  uint64_t resumeClock = 0;
-  collectively(transport, [&] {
-    if (transport.rank() != 0) return;
-    if (!config.resume) {
-      writeJobInfo(config, transport, model, shards);
-      return;
-    }
-    checkResumedJob(config, transport, shards);
-    const ckpt::Inventory inventory = ckpt::inspect(config.ckptDir);
-    // A sequence model resumes where every rank's carried states are on disk too;
-    // a checkpoint that holds none predates them and resumes without (zeros).
-    const bool withStates = model.carriesState() && !ckpt::listStatesDirs(config.ckptDir).empty();
-    resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0,
-                                  readMembership(config.ckptDir).back().ranks);
-    discardAfter(config.ckptDir, resumeClock);
-  });
-  double shared[1] = {static_cast<double>(resumeClock)};
-  transport.control().sum(shared);
-  if (config.resume && config.svRank > 0 && transport.rank() == 0) {
-    spdlog::warn("--sv-rank: the error-feedback residual is not in the checkpoint and restarts at zero: from clock "
-                 "{} on this run is not bitwise the one an uninterrupted job would have made",
-                 static_cast<uint64_t>(shared[0]) + 1);
-  }
-  return static_cast<uint64_t>(shared[0]);
-}
-
-// --resume --elastic on a different number of ranks, or a live membership change
-// (engine/membership/live.h): the next membership epoch starts at `resumeClock` from the
-// average of the previous one (engine/membership/elastic.h).
-void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
-                   const std::vector<Epoch>& epochs, uint64_t resumeClock, bool live = false) {
-  ElasticStart start = redistribute(config, transport, model, worker.backend(), epochs, resumeClock);
-  worker.setEpoch(start.epoch.epoch);
-  // Collective: rejoinAt agrees on the snapshot parts itself.
-  worker.rejoinAt(resumeClock, std::move(start.params), start.optimizerState, transport.rank(), start.writeSnapshot);
-  // Recorded once the snapshot is whole: a job killed before this resumes as before.
-  collectively(transport, [&] {
-    if (transport.rank() == 0) appendEpoch(config.ckptDir, start.epoch);
-  });
-  if (transport.rank() == 0) {
-    spdlog::info("{} clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
-                 live ? "continued after" : "resumed from", resumeClock, config.ckptDir, transport.size(),
-                 epochAfter(epochs, resumeClock).ranks, start.epoch.epoch);
-  }
-}
-
-void resume(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
-            uint64_t resumeClock) {
-  if (!config.resume || resumeClock == 0) return;
-  std::vector<Epoch> epochs;
-  collectively(transport, [&] { epochs = readMembership(config.ckptDir); });
-  if (config.elastic && epochAfter(epochs, resumeClock).ranks != transport.size()) {
-    resumeElastic(worker, config, transport, model, epochs, resumeClock);
-    return;
-  }
-  collectively(transport, [&] {
-    const int id = replicaHeldAt(transport.rank(), epochs, resumeClock, config.rotateEvery);
-    Restored r = restore(config.ckptDir, id, resumeClock, worker.backend());
-    // What the log does not hold: the states a sequence model carries from one
-    // segment of a stream to the next, this rank's own (its data).
-    const bool states = std::filesystem::exists(ckpt::statesPath(config.ckptDir, resumeClock, transport.rank()));
-    if (model.carriesState() && states) {
-      model.restoreCarriedState(loadCarriedState(config.ckptDir, resumeClock, transport.rank()));
-    } else if (model.carriesState() && transport.rank() == 0) {
-      spdlog::warn("--resume: '{}' predates carried recurrent states; they restart from zero at clock {}, so the "
-                   "continued run is not bitwise the uninterrupted one",
-                   config.ckptDir, resumeClock);
-    }
-    worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
-    worker.setEpoch(epochs.back().epoch);
-    if (auto knobs = adapt::knobsAt(config.ckptDir, id, resumeClock)) worker.resumeKnobs(*knobs);
-  });
-  if (transport.rank() == 0) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
 }
 
 void runWorker(Worker& worker, MetricsWriter& metrics, comm::Transport& transport) {
@@ -583,21 +351,6 @@ std::unique_ptr<comm::Transport> changeMembership(comm::Transport& group, LiveGr
   return next;
 }
 
-// Reads this epoch's shards over `group`: the same shape as the job's model.
-std::unique_ptr<Shards> reshard(const TrainConfig& config, comm::Transport& group, int64_t features,
-                                int64_t classes) {
-  auto shards = std::make_unique<Shards>();
-  loadTrainShard(config, group, *shards);
-  loadTestShard(config, group, *shards);
-  collectively(group, [&] {
-    if (features > 0 && (shards->features != features || shards->classes != classes)) {
-      throw Error(fmt::format("the resharded data has {} features and {} classes, the job's model {} and {}",
-                              shards->features, shards->classes, features, classes));
-    }
-  });
-  return shards;
-}
-
 // The job's clocks from its worker on, one membership epoch per pass: from
 // `resumeClock` (a fresh or resumed job), or as a new epoch after `changedAfter`
 // (a rank that joined a running job). Returns 0, also on a rank that left.
@@ -677,59 +430,6 @@ int joinTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup& 
   const std::unique_ptr<ops::Backend> backend = ops::makeBackend(config.device);
   installLeaveNotice();
   return trainEpochs(config, out, *backend, transport, &live, std::move(shards), 0, clock);
-}
-
-int runEval(const EvalConfig& config) {
-  checkInputExists(config.test);
-  ckpt::ModelFileInfo info;
-  const ParamSet saved = ckpt::loadParams(config.params, &info);
-
-  data::ReadOptions options;
-  options.format = config.format;
-  options.features = config.features > 0 ? config.features : info.features;
-  const data::Format format = data::resolveFormat(config.test, config.format);
-  if (format != data::Format::kLibsvm && config.features <= 0) options.features = -1;
-  data::Dataset test = data::readDataset(config.test, options);
-
-  // The model's shape: from the file's attributes, else from its parameters (MLR) or the data.
-  int64_t features = info.features > 0 ? info.features : test.features;
-  int64_t classes = info.classes > 0 ? info.classes : test.maxLabel() + 1;
-  if (config.model == "mlr" && info.features <= 0) {
-    const int w = saved.find("W");
-    ORPHEUS_CHECK_INPUT(w >= 0, "parameter file '{}' lacks the dataset 'W' of an MLR model", config.params);
-    classes = saved[w].rows();
-    features = saved[w].cols();
-  }
-  auto model = ops::makeModel({config.model, "", ""}, features, classes, info.seed);
-  // Parameters by name, in the model's order, with the model's shapes.
-  ParamSet params = model->zeroParams();
-  for (auto& p : params.params) {
-    const int i = saved.find(p.name);
-    ORPHEUS_CHECK_INPUT(i >= 0, "parameter file '{}' lacks the parameter '{}' of model '{}'", config.params, p.name,
-                        config.model);
-    ORPHEUS_CHECK_INPUT(saved[i].rows() == p.value.rows() && saved[i].cols() == p.value.cols(),
-                        "parameter '{}' in '{}' has shape {}x{}, but model '{}' expects {}x{}", p.name, config.params,
-                        saved[i].rows(), saved[i].cols(), config.model, p.value.rows(), p.value.cols());
-    p.value = saved[i];
-  }
-
-  if (test.sparse && test.features < features) data::widen(test, features);
-  ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the model '{}' has {}",
-                      config.test, test.features, config.params, features);
-  ORPHEUS_CHECK_INPUT(test.maxLabel() < classes, "test data '{}' has label {} but the model has {} classes (labels 0..{})",
-                      config.test, test.maxLabel(), classes, classes - 1);
-
-  const ops::EvalSums sums = evaluateOn(*model, params, test);
-  JsonLine line;
-  line.add("params", config.params)
-      .add("model_spec", info.modelSpec)
-      .add("clock", info.clock)
-      .add("examples", static_cast<int64_t>(sums.count))
-      .add("test_loss", sums.lossSum / sums.count);
-  if (model->reportsPerplexity()) line.add("test_perplexity", std::exp(sums.lossSum / sums.count));
-  if (model->hasAccuracy()) line.add("test_accuracy", sums.correct / sums.count);
-  std::printf("%s\n", line.str().c_str());
-  return 0;
 }
 
 }  // namespace orpheus::engine

@@ -1,0 +1,69 @@
+// The single-process evaluation of a saved model (runEval, job.h).
+#include "engine/job/job.h"
+
+#include "ckpt/model_file.h"
+#include "engine/base/error.h"
+#include "engine/failures.h"
+#include "engine/metrics/metrics.h"
+#include "engine/worker/worker.h"
+#include "ops/model_factory.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace orpheus::engine {
+
+int runEval(const EvalConfig& config) {
+  checkInputExists(config.test);
+  ckpt::ModelFileInfo info;
+  const ParamSet saved = ckpt::loadParams(config.params, &info);
+
+  data::ReadOptions options;
+  options.format = config.format;
+  options.features = config.features > 0 ? config.features : info.features;
+  const data::Format format = data::resolveFormat(config.test, config.format);
+  if (format != data::Format::kLibsvm && config.features <= 0) options.features = -1;
+  data::Dataset test = data::readDataset(config.test, options);
+
+  // The model's shape: from the file's attributes, else from its parameters (MLR) or the data.
+  int64_t features = info.features > 0 ? info.features : test.features;
+  int64_t classes = info.classes > 0 ? info.classes : test.maxLabel() + 1;
+  if (config.model == "mlr" && info.features <= 0) {
+    const int w = saved.find("W");
+    ORPHEUS_CHECK_INPUT(w >= 0, "parameter file '{}' lacks the dataset 'W' of an MLR model", config.params);
+    classes = saved[w].rows();
+    features = saved[w].cols();
+  }
+  auto model = ops::makeModel({config.model, "", ""}, features, classes, info.seed);
+  // Parameters by name, in the model's order, with the model's shapes.
+  ParamSet params = model->zeroParams();
+  for (auto& p : params.params) {
+    const int i = saved.find(p.name);
+    ORPHEUS_CHECK_INPUT(i >= 0, "parameter file '{}' lacks the parameter '{}' of model '{}'", config.params, p.name,
+                        config.model);
+    ORPHEUS_CHECK_INPUT(saved[i].rows() == p.value.rows() && saved[i].cols() == p.value.cols(),
+                        "parameter '{}' in '{}' has shape {}x{}, but model '{}' expects {}x{}", p.name, config.params,
+                        saved[i].rows(), saved[i].cols(), config.model, p.value.rows(), p.value.cols());
+    p.value = saved[i];
+  }
+
+  if (test.sparse && test.features < features) data::widen(test, features);
+  ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the model '{}' has {}",
+                      config.test, test.features, config.params, features);
+  ORPHEUS_CHECK_INPUT(test.maxLabel() < classes, "test data '{}' has label {} but the model has {} classes (labels 0..{})",
+                      config.test, test.maxLabel(), classes, classes - 1);
+
+  const ops::EvalSums sums = evaluateOn(*model, params, test);
+  JsonLine line;
+  line.add("params", config.params)
+      .add("model_spec", info.modelSpec)
+      .add("clock", info.clock)
+      .add("examples", static_cast<int64_t>(sums.count))
+      .add("test_loss", sums.lossSum / sums.count);
+  if (model->reportsPerplexity()) line.add("test_perplexity", std::exp(sums.lossSum / sums.count));
+  if (model->hasAccuracy()) line.add("test_accuracy", sums.correct / sums.count);
+  std::printf("%s\n", line.str().c_str());
+  return 0;
+}
+
+}  // namespace orpheus::engine

@@ -1,0 +1,119 @@
+#include "engine/job/job_data.h"
+
+#include "engine/base/error.h"
+#include "engine/base/memory.h"
+#include "engine/data/synthetic_data.h"
+#include "engine/failures.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+namespace orpheus::engine {
+namespace {
+
+data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
+                        int64_t features, int indexBase) {
+  if (isSyntheticSource(path)) {
+    return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
+  }
+  data::ReadOptions options;
+  options.format = config.format;
+  options.rank = transport.rank();
+  options.worldSize = transport.size();
+  options.features = features;
+  options.indexBase = indexBase;
+  options.streams = config.batch;  // token streams: minibatch column b continues stream b
+  return data::readDataset(path, options);
+}
+
+}  // namespace
+
+// The training shard, then the shape every rank agrees on: the widest rows, the
+// largest label.
+void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shards& shards) {
+  data::Dataset& train = shards.train;
+  collectively(transport, [&] {
+    if (!isSyntheticSource(config.train)) shards.indexBase = data::detectIndexBase(config.train, config.format);
+    train = readShard(config.train, config, transport, config.features, shards.indexBase);
+  });
+  double shape[3] = {static_cast<double>(train.features), static_cast<double>(train.maxLabel()),
+                     train.sparse ? 1.0 : 0.0};
+  transport.control().max(shape);
+  double minFeatures[1] = {static_cast<double>(train.features)};
+  transport.control().min(minFeatures);
+  const auto features = static_cast<int64_t>(shape[0]);
+  collectively(transport, [&] {
+    if (train.sparse) {
+      data::widen(train, features);
+    } else {
+      ORPHEUS_CHECK_INPUT(static_cast<int64_t>(minFeatures[0]) == features,
+                          "training data '{}' has rows of {} and of {} features", config.train,
+                          static_cast<int64_t>(minFeatures[0]), features);
+    }
+  });
+  const auto maxLabel = static_cast<int64_t>(shape[1]);
+  const int64_t classes = config.classes > 0 ? config.classes : maxLabel + 1;
+  collectively(transport, [&] {
+    ORPHEUS_CHECK_INPUT(maxLabel < classes, "training data '{}' has label {} but --classes is {} (labels 0..{})",
+                        config.train, maxLabel, classes, classes - 1);
+    ORPHEUS_CHECK_INPUT(train.size() >= 1, "rank {} got no training examples from '{}'", transport.rank(),
+                        config.train);
+    ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
+                        "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
+    ORPHEUS_CHECK_INPUT(config.svRank == 0 || !train.sparse,
+                        "--sv-rank factors dense updates: {} is sparse (its V stays sparse without it)",
+                        config.train);
+  });
+  shards.features = features;
+  shards.classes = classes;
+  // The minibatches in flight (the one being trained on and the prefetched ones)
+  // must fit, whatever --batch says.
+  collectively(transport, [&] {
+    const double perExample = train.sparse ? 64.0 : 4.0 * static_cast<double>(features) + 16.0;
+    checkFitsInMemory(3.0 * static_cast<double>(config.batch) * perExample,
+                      fmt::format("--batch {}: three minibatches of {} examples of {} features", config.batch,
+                                  config.batch, features),
+                      0.5);
+  });
+}
+
+// The test shard, read to the training data's width.
+void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards& shards) {
+  shards.haveTest = !config.test.empty();
+  if (!shards.haveTest) return;
+  const int64_t features = shards.features;
+  const int64_t classes = shards.classes;
+  data::Dataset& test = shards.test;
+  collectively(transport, [&] {
+    test = readShard(config.test, config, transport, shards.train.sparse ? features : -1, shards.indexBase);
+    if (test.sparse) {
+      ORPHEUS_CHECK_INPUT(test.features <= features,
+                          "test data '{}' has {} features but the training data has {} (set --features)",
+                          config.test, test.features, features);
+      data::widen(test, features);
+    }
+    ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the training data '{}' has {}",
+                        config.test, test.features, config.train, features);
+    ORPHEUS_CHECK_INPUT(test.maxLabel() < classes,
+                        "test data '{}' has label {} but the model has {} classes (labels 0..{})", config.test,
+                        test.maxLabel(), classes, classes - 1);
+  });
+}
+
+// Reads this epoch's shards over `group`: the same shape as the job's model.
+std::unique_ptr<Shards> reshard(const TrainConfig& config, comm::Transport& group, int64_t features,
+                                int64_t classes) {
+  auto shards = std::make_unique<Shards>();
+  loadTrainShard(config, group, *shards);
+  loadTestShard(config, group, *shards);
+  collectively(group, [&] {
+    if (features > 0 && (shards->features != features || shards->classes != classes)) {
+      throw Error(fmt::format("the resharded data has {} features and {} classes, the job's model {} and {}",
+                              shards->features, shards->classes, features, classes));
+    }
+  });
+  return shards;
+}
+
+}  // namespace orpheus::engine

@@ -1,0 +1,33 @@
+// A job's data: every rank's shards of the training and test files, read to the
+// width and the label range all ranks agree on. Internal to engine/job.
+#pragma once
+
+#include "comm/transport.h"
+#include "engine/config.h"
+#include "engine/data/dataset.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace orpheus::engine {
+
+// A job's data as every rank agrees on it: its shards, read to the same width.
+struct Shards {
+  data::Dataset train;
+  data::Dataset test;
+  bool haveTest = false;
+  int indexBase = -1;  // of LIBSVM files: 0 or 1, detected from the training file
+  int64_t features = 0;
+  int64_t classes = 0;
+};
+
+// The training shard, then the shape every rank agrees on: the widest rows, the
+// largest label.
+void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shards& shards);
+// The test shard, read to the training data's width.
+void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards& shards);
+// Reads this epoch's shards over `group`: the same shape as the job's model.
+std::unique_ptr<Shards> reshard(const TrainConfig& config, comm::Transport& group, int64_t features,
+                                int64_t classes);
+
+}  // namespace orpheus::engine

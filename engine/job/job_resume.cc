@@ -1,0 +1,160 @@
+#include "engine/job/job_resume.h"
+
+#include "ckpt/layout.h"
+#include "engine/adapt/controller.h"
+#include "engine/data/synthetic_data.h"
+#include "engine/failures.h"
+#include "engine/recovery/checkpoint.h"
+#include "engine/recovery/job_record.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace orpheus::engine {
+namespace {
+
+std::string readModelText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+ComputationRecord computationRecordOf(const TrainConfig& config, const comm::Transport& transport,
+                                      const Shards& shards, const std::string& modelText) {
+  const std::string data = isSyntheticSource(config.train) ? config.train : fileDigest(config.train);
+  return computationRecord(config, transport.size(), shards.features, shards.classes, modelText, data);
+}
+
+// What a fresh checkpoint directory records of the job, so restore can rebuild its model.
+void writeJobInfo(const TrainConfig& config, const comm::Transport& transport, const ops::Model& model,
+                  const Shards& shards) {
+  createDirectories(config.ckptDir, "checkpoint directory ");
+  ckpt::JobInfo info;
+  info.modelName = config.model;
+  if (config.model.ends_with(".loss")) info.modelText = readModelText(config.model);
+  info.modelSpec = model.spec();
+  info.features = shards.features;
+  info.classes = shards.classes;
+  info.seed = config.seed;
+  info.ranks = transport.size();
+  info.batch = config.batch;
+  info.lr = optimizerSettings(config).lr;
+  info.computation = encodeRecord(computationRecordOf(config, transport, shards, info.modelText));
+  ckpt::writeJobInfo(config.ckptDir, info);
+}
+
+// A resumed job continues the recorded computation, or refuses naming the flag.
+void checkResumedJob(const TrainConfig& config, const comm::Transport& transport, const Shards& shards) {
+  const ckpt::JobInfo info = ckpt::readJobInfo(config.ckptDir);
+  if (info.computation.empty()) {
+    spdlog::warn("'{}' predates recorded job settings: --resume cannot check that the flags are unchanged",
+                 config.ckptDir);
+    return;
+  }
+  const std::string modelText = config.model.ends_with(".loss") ? readModelText(config.model) : std::string();
+  ComputationRecord recorded = decodeRecord(info.computation, ckpt::jobPath(config.ckptDir).string());
+  ComputationRecord now = computationRecordOf(config, transport, shards, modelText);
+  // The number of ranks is the current membership epoch's; --elastic may change it.
+  const int members = readMembership(config.ckptDir).back().ranks;
+  for (auto* record : {&recorded, &now}) {
+    for (auto it = record->begin(); it != record->end();) {
+      if (it->first == "np" && config.elastic) {
+        it = record->erase(it);
+        continue;
+      }
+      if (it->first == "np" && record == &recorded) it->second = std::to_string(members);
+      ++it;
+    }
+  }
+  checkResume(recorded, now, config.ckptDir);
+}
+
+}  // namespace
+
+// The incremental SV checkpoint: a fresh job records what it is; a resumed one
+// continues from the newest clock every replica's log reaches. Returns that clock
+// (0: a fresh start), the same on every rank.
+uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+                              const Shards& shards) {
+  if (!config.ckptSv) return 0;
+  uint64_t resumeClock = 0;
+  collectively(transport, [&] {
+    if (transport.rank() != 0) return;
+    if (!config.resume) {
+      writeJobInfo(config, transport, model, shards);
+      return;
+    }
+    checkResumedJob(config, transport, shards);
+    const ckpt::Inventory inventory = ckpt::inspect(config.ckptDir);
+    // A sequence model resumes where every rank's carried states are on disk too;
+    // a checkpoint that holds none predates them and resumes without (zeros).
+    const bool withStates = model.carriesState() && !ckpt::listStatesDirs(config.ckptDir).empty();
+    resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0,
+                                  readMembership(config.ckptDir).back().ranks);
+    discardAfter(config.ckptDir, resumeClock);
+  });
+  double shared[1] = {static_cast<double>(resumeClock)};
+  transport.control().sum(shared);
+  if (config.resume && config.svRank > 0 && transport.rank() == 0) {
+    spdlog::warn("--sv-rank: the error-feedback residual is not in the checkpoint and restarts at zero: from clock "
+                 "{} on this run is not bitwise the one an uninterrupted job would have made",
+                 static_cast<uint64_t>(shared[0]) + 1);
+  }
+  return static_cast<uint64_t>(shared[0]);
+}
+
+// --resume --elastic on a different number of ranks, or a live membership change
+// (engine/membership/live.h): the next membership epoch starts at `resumeClock` from the
+// average of the previous one (engine/membership/elastic.h).
+void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+                   const std::vector<Epoch>& epochs, uint64_t resumeClock, bool live) {
+  ElasticStart start = redistribute(config, transport, model, worker.backend(), epochs, resumeClock);
+  worker.setEpoch(start.epoch.epoch);
+  // Collective: rejoinAt agrees on the snapshot parts itself.
+  worker.rejoinAt(resumeClock, std::move(start.params), start.optimizerState, transport.rank(), start.writeSnapshot);
+  // Recorded once the snapshot is whole: a job killed before this resumes as before.
+  collectively(transport, [&] {
+    if (transport.rank() == 0) appendEpoch(config.ckptDir, start.epoch);
+  });
+  if (transport.rank() == 0) {
+    spdlog::info("{} clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
+                 live ? "continued after" : "resumed from", resumeClock, config.ckptDir, transport.size(),
+                 epochAfter(epochs, resumeClock).ranks, start.epoch.epoch);
+  }
+}
+
+void resume(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+            uint64_t resumeClock) {
+  if (!config.resume || resumeClock == 0) return;
+  std::vector<Epoch> epochs;
+  collectively(transport, [&] { epochs = readMembership(config.ckptDir); });
+  if (config.elastic && epochAfter(epochs, resumeClock).ranks != transport.size()) {
+    resumeElastic(worker, config, transport, model, epochs, resumeClock);
+    return;
+  }
+  collectively(transport, [&] {
+    const int id = replicaHeldAt(transport.rank(), epochs, resumeClock, config.rotateEvery);
+    Restored r = restore(config.ckptDir, id, resumeClock, worker.backend());
+    // What the log does not hold: the states a sequence model carries from one
+    // segment of a stream to the next, this rank's own (its data).
+    const bool states = std::filesystem::exists(ckpt::statesPath(config.ckptDir, resumeClock, transport.rank()));
+    if (model.carriesState() && states) {
+      model.restoreCarriedState(loadCarriedState(config.ckptDir, resumeClock, transport.rank()));
+    } else if (model.carriesState() && transport.rank() == 0) {
+      spdlog::warn("--resume: '{}' predates carried recurrent states; they restart from zero at clock {}, so the "
+                   "continued run is not bitwise the uninterrupted one",
+                   config.ckptDir, resumeClock);
+    }
+    worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
+    worker.setEpoch(epochs.back().epoch);
+    if (auto knobs = adapt::knobsAt(config.ckptDir, id, resumeClock)) worker.resumeKnobs(*knobs);
+  });
+  if (transport.rank() == 0) spdlog::info("resumed from clock {} of '{}'", resumeClock, config.ckptDir);
+}
+
+}  // namespace orpheus::engine
