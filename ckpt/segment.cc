@@ -200,139 +200,200 @@ uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint6
   return writeH5Durably(path, H5FileKind::kLog, fill, raw);
 }
 
+namespace {
+
+// A segment's datasets as read back.
+struct SegmentData {
+  std::vector<uint8_t> records;
+  std::vector<EntryRow> rows;
+  std::vector<uint64_t> sizes;
+};
+
+// What a segment's entries yield besides the entries themselves; each may be null.
+struct SegmentScan {
+  std::vector<ClockRange>* lost;
+  std::vector<LogEntry>* events;
+  std::vector<BatchUse>* uses;
+  std::vector<uint64_t>* ownBatches;
+};
+
+// The attributes, against the segment's name; "" when they agree.
+std::string checkAttributes(hid_t file, int replica, uint64_t first, uint64_t last, int64_t* version,
+                            uint32_t* storedCrc) {
+  int64_t storedReplica = 0;
+  uint64_t storedFirst = 0, storedLast = 0;
+  if (!readI64Attr(file, "version", version) || !readU64Attr(file, "first_clock", &storedFirst) ||
+      !readU64Attr(file, "last_clock", &storedLast) || !readI64Attr(file, "replica", &storedReplica) ||
+      !readU32Attr(file, "crc32c", storedCrc)) {
+    return "its attributes are missing or unreadable";
+  }
+  if (*version < 1 || *version > kSegmentVersion) return fmt::format("unknown format version {}", *version);
+  if (storedFirst != first || storedLast != last || first > last) {
+    return fmt::format("it holds clocks {}..{}, its name says {}..{}", storedFirst, storedLast, first, last);
+  }
+  if (storedReplica != replica) return fmt::format("it belongs to replica {}", storedReplica);
+  return "";
+}
+
+// The datasets, checked against the stored CRC and against each other.
+std::string readData(hid_t file, uint32_t storedCrc, SegmentData& data) {
+  H5Handle memType = entryType(false);
+  if (!readVector(file, "records", H5T_NATIVE_UINT8, &data.records)) return "dataset 'records' is unreadable";
+  if (!readVector(file, "entries", memType.get(), &data.rows)) return "dataset 'entries' is unreadable";
+  if (!readVector(file, "record_sizes", H5T_NATIVE_UINT64, &data.sizes)) {
+    return "dataset 'record_sizes' is unreadable";
+  }
+  if (segmentCrc(data.records, data.rows, data.sizes) != storedCrc) return "CRC32C mismatch";
+
+  // The CRC matched, so what follows only fails for a file written by something else.
+  uint64_t recordCount = 0, byteCount = 0;
+  for (const EntryRow& r : data.rows) recordCount += r.records;
+  for (uint64_t s : data.sizes) {
+    // Checked before adding, so sizes that wrap around cannot pass as the total.
+    if (s > data.records.size() - byteCount) return "entries, sizes and records disagree";
+    byteCount += s;
+  }
+  if (recordCount != data.sizes.size() || byteCount != data.records.size()) {
+    return "entries, sizes and records disagree";
+  }
+  return "";
+}
+
+// A reset event (one record: the clock reset to and the end of the log before it)
+// at `offset` of the records.
+std::string scanReset(const SegmentData& data, const EntryRow& r, size_t record, size_t offset, bool firstRow,
+                      uint64_t previous, uint64_t first, const SegmentScan& scan) {
+  if (r.records != 1 || data.sizes[record] != 2 * sizeof(uint64_t)) return "a reset event is malformed";
+  uint64_t values[2];
+  std::memcpy(values, data.records.data() + offset, sizeof(values));
+  const uint64_t resetTo = values[0], logEnd = values[1];
+  if (logEnd > resetTo || resetTo > r.clock || logEnd >= r.clock || logEnd + 1 < first) {
+    return fmt::format("a reset at clock {} to clock {} after a log ending at clock {}", r.clock, resetTo, logEnd);
+  }
+  if (previous > logEnd && !firstRow) {
+    return fmt::format("the reset at clock {} follows entries past clock {}", r.clock, logEnd);
+  }
+  if (scan.lost) {
+    // The states of the clocks between the log's end and the reset are gone,
+    // except a snapshot's the replica was reset to.
+    const uint64_t cut = resetTo > logEnd && resetTo < r.clock ? resetTo : r.clock;
+    if (logEnd + 1 < cut) scan.lost->push_back({logEnd + 1, cut - 1});
+    if (cut + 1 < r.clock) scan.lost->push_back({cut + 1, r.clock - 1});
+  }
+  if (scan.events) {
+    LogEntry e;
+    e.clock = r.clock;
+    e.kind = EventKind::kReset;
+    e.resetTo = resetTo;
+    e.logEnd = logEnd;
+    scan.events->push_back(std::move(e));
+  }
+  return "";
+}
+
+// A group's records: the batch references it uses and the batches of `replica` it holds.
+std::string scanGroup(const SegmentData& data, const EntryRow& r, size_t record, size_t offset, int64_t version,
+                      int replica, const SegmentScan& scan) {
+  size_t at = offset;
+  for (uint32_t i = 0; i < r.records; ++i) {
+    const auto bytes = std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.records.data()) + at,
+                                                  data.sizes[record + i]);
+    at += data.sizes[record + i];
+    if (const auto ref = parseBatchRef(bytes)) {
+      if (version < 3) return fmt::format("a batch reference at clock {} in a version {} segment", r.clock, version);
+      if (scan.uses) scan.uses->push_back({r.clock, ref->replica, ref->clock});
+    } else if (const auto origin = peekBatchOrigin(bytes)) {
+      if (scan.ownBatches && origin->replica == static_cast<uint32_t>(replica)) {
+        scan.ownBatches->push_back(origin->clock);
+      }
+    }
+  }
+  return "";
+}
+
+// Checks every entry's clock and kind, and gathers what `scan` asks for.
+std::string scanEntries(const SegmentData& data, int64_t version, int replica, uint64_t first, uint64_t last,
+                        const SegmentScan& scan) {
+  uint64_t previous = first;
+  size_t record = 0, offset = 0;
+  for (const EntryRow& r : data.rows) {
+    if (r.clock < previous || r.clock > last) return fmt::format("entry of clock {} out of order", r.clock);
+    const auto kind = static_cast<EventKind>(r.kind);
+    if (r.kind > static_cast<uint32_t>(EventKind::kKnobs)) return fmt::format("unknown entry kind {}", r.kind);
+    std::string error;
+    if (kind == EventKind::kReset) {
+      error = scanReset(data, r, record, offset, &r == &data.rows.front(), previous, first, scan);
+    } else if (kind == EventKind::kKnobs) {
+      if (r.records != 1 || data.sizes[record] != kKnobsRecordBytes) return "a knobs event is malformed";
+      if (scan.events) {
+        LogEntry e;
+        e.clock = r.clock;
+        e.kind = kind;
+        const auto* begin = reinterpret_cast<const std::byte*>(data.records.data()) + offset;
+        e.records.emplace_back(begin, begin + kKnobsRecordBytes);
+        scan.events->push_back(std::move(e));
+      }
+    } else if (kind == EventKind::kGroup) {
+      error = scanGroup(data, r, record, offset, version, replica, scan);
+    } else {
+      if (r.records != 0) return "an event carries records";
+      if (scan.events) {
+        LogEntry e;
+        e.clock = r.clock;
+        e.kind = kind;
+        scan.events->push_back(std::move(e));
+      }
+    }
+    if (!error.empty()) return error;
+    for (uint32_t i = 0; i < r.records; ++i, ++record) offset += data.sizes[record];
+    previous = r.clock;
+  }
+  return "";
+}
+
+// Every entry with its records (a reset: its two clocks).
+void collectEntries(const SegmentData& data, std::vector<LogEntry>& out) {
+  size_t record = 0, offset = 0;
+  for (const EntryRow& r : data.rows) {
+    LogEntry e;
+    e.clock = r.clock;
+    e.kind = static_cast<EventKind>(r.kind);
+    if (e.kind == EventKind::kReset) {
+      uint64_t values[2];
+      std::memcpy(values, data.records.data() + offset, sizeof(values));
+      e.resetTo = values[0];
+      e.logEnd = values[1];
+      offset += data.sizes[record++];
+      out.push_back(std::move(e));
+      continue;
+    }
+    e.records.reserve(r.records);
+    for (uint32_t i = 0; i < r.records; ++i, ++record) {
+      const auto* begin = reinterpret_cast<const std::byte*>(data.records.data()) + offset;
+      e.records.emplace_back(begin, begin + data.sizes[record]);
+      offset += data.sizes[record];
+    }
+    out.push_back(std::move(e));
+  }
+}
+
+}  // namespace
+
 std::string loadSegment(const std::string& path, int replica, uint64_t first, uint64_t last, std::vector<LogEntry>* out,
                         std::vector<ClockRange>* lost, std::vector<LogEntry>* events, std::vector<BatchUse>* uses,
                         std::vector<uint64_t>* ownBatches) {
   H5Handle file = openH5ForReading(path);
   if (!file.valid()) return "not a readable HDF5 file (truncated or overwritten)";
-  int64_t version = 0, storedReplica = 0;
-  uint64_t storedFirst = 0, storedLast = 0;
+  int64_t version = 0;
   uint32_t storedCrc = 0;
-  if (!readI64Attr(file.get(), "version", &version) || !readU64Attr(file.get(), "first_clock", &storedFirst) ||
-      !readU64Attr(file.get(), "last_clock", &storedLast) || !readI64Attr(file.get(), "replica", &storedReplica) ||
-      !readU32Attr(file.get(), "crc32c", &storedCrc)) {
-    return "its attributes are missing or unreadable";
-  }
-  if (version < 1 || version > kSegmentVersion) return fmt::format("unknown format version {}", version);
-  if (storedFirst != first || storedLast != last || first > last) {
-    return fmt::format("it holds clocks {}..{}, its name says {}..{}", storedFirst, storedLast, first, last);
-  }
-  if (storedReplica != replica) return fmt::format("it belongs to replica {}", storedReplica);
-
-  std::vector<uint8_t> records;
-  std::vector<EntryRow> rows;
-  std::vector<uint64_t> sizes;
-  H5Handle memType = entryType(false);
-  if (!readVector(file.get(), "records", H5T_NATIVE_UINT8, &records)) return "dataset 'records' is unreadable";
-  if (!readVector(file.get(), "entries", memType.get(), &rows)) return "dataset 'entries' is unreadable";
-  if (!readVector(file.get(), "record_sizes", H5T_NATIVE_UINT64, &sizes)) {
-    return "dataset 'record_sizes' is unreadable";
-  }
-  if (segmentCrc(records, rows, sizes) != storedCrc) return "CRC32C mismatch";
-
-  // The CRC matched, so what follows only fails for a file written by something else.
-  uint64_t recordCount = 0, byteCount = 0;
-  for (const EntryRow& r : rows) recordCount += r.records;
-  for (uint64_t s : sizes) {
-    // Checked before adding, so sizes that wrap around cannot pass as the total.
-    if (s > records.size() - byteCount) return "entries, sizes and records disagree";
-    byteCount += s;
-  }
-  if (recordCount != sizes.size() || byteCount != records.size()) return "entries, sizes and records disagree";
-  uint64_t previous = first;
-  {
-    size_t record = 0, offset = 0;
-    for (const EntryRow& r : rows) {
-      if (r.clock < previous || r.clock > last) return fmt::format("entry of clock {} out of order", r.clock);
-      const auto kind = static_cast<EventKind>(r.kind);
-      if (r.kind > static_cast<uint32_t>(EventKind::kKnobs)) return fmt::format("unknown entry kind {}", r.kind);
-      if (kind == EventKind::kReset) {
-        // One record: the clock reset to and the end of the log before it.
-        if (r.records != 1 || sizes[record] != 2 * sizeof(uint64_t)) return "a reset event is malformed";
-        uint64_t values[2];
-        std::memcpy(values, records.data() + offset, sizeof(values));
-        const uint64_t resetTo = values[0], logEnd = values[1];
-        if (logEnd > resetTo || resetTo > r.clock || logEnd >= r.clock || logEnd + 1 < first) {
-          return fmt::format("a reset at clock {} to clock {} after a log ending at clock {}", r.clock, resetTo, logEnd);
-        }
-        if (previous > logEnd && &r != &rows.front()) {
-          return fmt::format("the reset at clock {} follows entries past clock {}", r.clock, logEnd);
-        }
-        if (lost) {
-          // The states of the clocks between the log's end and the reset are gone,
-          // except a snapshot's the replica was reset to.
-          const uint64_t cut = resetTo > logEnd && resetTo < r.clock ? resetTo : r.clock;
-          if (logEnd + 1 < cut) lost->push_back({logEnd + 1, cut - 1});
-          if (cut + 1 < r.clock) lost->push_back({cut + 1, r.clock - 1});
-        }
-        if (events) {
-          LogEntry e;
-          e.clock = r.clock;
-          e.kind = kind;
-          e.resetTo = resetTo;
-          e.logEnd = logEnd;
-          events->push_back(std::move(e));
-        }
-      } else if (kind == EventKind::kKnobs) {
-        if (r.records != 1 || sizes[record] != kKnobsRecordBytes) return "a knobs event is malformed";
-        if (events) {
-          LogEntry e;
-          e.clock = r.clock;
-          e.kind = kind;
-          const auto* begin = reinterpret_cast<const std::byte*>(records.data()) + offset;
-          e.records.emplace_back(begin, begin + kKnobsRecordBytes);
-          events->push_back(std::move(e));
-        }
-      } else if (kind == EventKind::kGroup) {
-        size_t at = offset;
-        for (uint32_t i = 0; i < r.records; ++i) {
-          const auto bytes = std::span<const std::byte>(reinterpret_cast<const std::byte*>(records.data()) + at,
-                                                        sizes[record + i]);
-          at += sizes[record + i];
-          if (const auto ref = parseBatchRef(bytes)) {
-            if (version < 3) return fmt::format("a batch reference at clock {} in a version {} segment", r.clock, version);
-            if (uses) uses->push_back({r.clock, ref->replica, ref->clock});
-          } else if (const auto origin = peekBatchOrigin(bytes)) {
-            if (ownBatches && origin->replica == static_cast<uint32_t>(replica)) ownBatches->push_back(origin->clock);
-          }
-        }
-      } else {
-        if (r.records != 0) return "an event carries records";
-        if (events) {
-          LogEntry e;
-          e.clock = r.clock;
-          e.kind = kind;
-          events->push_back(std::move(e));
-        }
-      }
-      for (uint32_t i = 0; i < r.records; ++i, ++record) offset += sizes[record];
-      previous = r.clock;
-    }
-  }
-  if (out) {
-    size_t record = 0, offset = 0;
-    for (const EntryRow& r : rows) {
-      LogEntry e;
-      e.clock = r.clock;
-      e.kind = static_cast<EventKind>(r.kind);
-      if (e.kind == EventKind::kReset) {
-        uint64_t values[2];
-        std::memcpy(values, records.data() + offset, sizeof(values));
-        e.resetTo = values[0];
-        e.logEnd = values[1];
-        offset += sizes[record++];
-        out->push_back(std::move(e));
-        continue;
-      }
-      e.records.reserve(r.records);
-      for (uint32_t i = 0; i < r.records; ++i, ++record) {
-        const auto* begin = reinterpret_cast<const std::byte*>(records.data()) + offset;
-        e.records.emplace_back(begin, begin + sizes[record]);
-        offset += sizes[record];
-      }
-      out->push_back(std::move(e));
-    }
-  }
+  std::string error = checkAttributes(file.get(), replica, first, last, &version, &storedCrc);
+  if (!error.empty()) return error;
+  SegmentData data;
+  error = readData(file.get(), storedCrc, data);
+  if (!error.empty()) return error;
+  error = scanEntries(data, version, replica, first, last, SegmentScan{lost, events, uses, ownBatches});
+  if (!error.empty()) return error;
+  if (out) collectEntries(data, *out);
   return "";
 }
 

@@ -209,6 +209,77 @@ Graph Graph::unroll(int steps) const {
   return out;
 }
 
+namespace {
+
+// The rows of `op`'s result on `inputs`, once the operands' shapes are checked;
+// `at` and `text` place the expression in messages.
+int64_t resultRows(const Graph& graph, OpKind op, const std::vector<int>& inputs, const std::string& text,
+                   const std::string& at) {
+  const Node& a = graph.node(inputs[0]);
+  const auto mismatch = [&](const std::string& why) {
+    if (inputs.size() == 1) {
+      return InputError(fmt::format("{}shape mismatch in '{}': {}; {}", at, text, why, describe(a)));
+    }
+    return InputError(fmt::format("{}shape mismatch in '{}': {}; {} and {}", at, text, why, describe(a),
+                                  describe(graph.node(inputs[1]))));
+  };
+  const auto requirePerExample = [&](const Node& x) {
+    if (!x.perExample) {
+      throw InputError(fmt::format("{}'{}' uses parameter '{}' directly in {}, which takes per-example vectors", at,
+                                   text, x.name, opName(op)));
+    }
+  };
+  switch (operatorType(op)) {
+    case 1:
+      requirePerExample(a);
+      return 1;
+    case 2:
+      requirePerExample(a);
+      return a.rows;
+    case 3: {
+      const Node& b = graph.node(inputs[1]);
+      requirePerExample(a);
+      requirePerExample(b);
+      if (a.rows != b.rows) throw mismatch(fmt::format("{} needs operands of equal length", opName(op)));
+      return 1;
+    }
+    case 4: {
+      const Node& b = graph.node(inputs[1]);
+      if (!a.perExample && !b.perExample) {
+        throw InputError(fmt::format("{}'{}' combines two parameters; one operand must be per-example", at, text));
+      }
+      const Node& param = a.perExample ? b : a;
+      if (!param.perExample && param.cols != 1) {
+        throw mismatch(fmt::format("{} broadcasts only a vector parameter (n x 1)", opName(op)));
+      }
+      if (a.rows != b.rows) throw mismatch(fmt::format("{} needs operands of equal length", opName(op)));
+      return a.rows;
+    }
+    case 6: {  // kConcat
+      const Node& b = graph.node(inputs[1]);
+      requirePerExample(a);
+      requirePerExample(b);
+      return a.rows + b.rows;
+    }
+    case 5: {
+      const Node& v = graph.node(inputs[1]);
+      if (a.kind != NodeKind::kParam) {
+        throw InputError(
+            fmt::format("{}'{}': the left operand of a matrix-vector product must be a parameter matrix, got '{}'", at,
+                        text, a.name));
+      }
+      requirePerExample(v);
+      if (a.cols != v.rows) throw mismatch(fmt::format("{} columns must equal the vector's length", a.name));
+      return a.rows;
+    }
+    default:
+      ORPHEUS_ENFORCE(false, "unknown operator type");
+  }
+  return 0;
+}
+
+}  // namespace
+
 int Graph::apply(OpKind op, std::vector<int> inputs, const std::string& text, double attr, SourceLoc loc) {
   ORPHEUS_ENFORCE(op != OpKind::kSlice, "slices are built with Graph::slice");
   ORPHEUS_ENFORCE(static_cast<int>(inputs.size()) == arity(op), "{} takes {} operands, got {}", opName(op), arity(op),
@@ -223,72 +294,7 @@ int Graph::apply(OpKind op, std::vector<int> inputs, const std::string& text, do
   n.perExample = true;
   n.loc = loc;
   const std::string at = loc.line > 0 ? fmt::format("{}:{}:{}: ", source_, loc.line, loc.column) : "";
-  const Node& a = node(inputs[0]);
-  const auto mismatch = [&](const std::string& why) {
-    if (inputs.size() == 1) {
-      return InputError(fmt::format("{}shape mismatch in '{}': {}; {}", at, text, why, describe(a)));
-    }
-    return InputError(
-        fmt::format("{}shape mismatch in '{}': {}; {} and {}", at, text, why, describe(a), describe(node(inputs[1]))));
-  };
-  const auto requirePerExample = [&](const Node& x) {
-    if (!x.perExample) {
-      throw InputError(fmt::format("{}'{}' uses parameter '{}' directly in {}, which takes per-example vectors", at,
-                                   text, x.name, opName(op)));
-    }
-  };
-  switch (operatorType(op)) {
-    case 1:
-      requirePerExample(a);
-      n.rows = 1;
-      break;
-    case 2:
-      requirePerExample(a);
-      n.rows = a.rows;
-      break;
-    case 3: {
-      const Node& b = node(inputs[1]);
-      requirePerExample(a);
-      requirePerExample(b);
-      if (a.rows != b.rows) throw mismatch(fmt::format("{} needs operands of equal length", opName(op)));
-      n.rows = 1;
-      break;
-    }
-    case 4: {
-      const Node& b = node(inputs[1]);
-      if (!a.perExample && !b.perExample) {
-        throw InputError(fmt::format("{}'{}' combines two parameters; one operand must be per-example", at, text));
-      }
-      const Node& param = a.perExample ? b : a;
-      if (!param.perExample && param.cols != 1) {
-        throw mismatch(fmt::format("{} broadcasts only a vector parameter (n x 1)", opName(op)));
-      }
-      if (a.rows != b.rows) throw mismatch(fmt::format("{} needs operands of equal length", opName(op)));
-      n.rows = a.rows;
-      break;
-    }
-    case 6: {  // kConcat
-      const Node& b = node(inputs[1]);
-      requirePerExample(a);
-      requirePerExample(b);
-      n.rows = a.rows + b.rows;
-      break;
-    }
-    case 5: {
-      const Node& v = node(inputs[1]);
-      if (a.kind != NodeKind::kParam) {
-        throw InputError(
-            fmt::format("{}'{}': the left operand of a matrix-vector product must be a parameter matrix, got '{}'", at,
-                        text, a.name));
-      }
-      requirePerExample(v);
-      if (a.cols != v.rows) throw mismatch(fmt::format("{} columns must equal the vector's length", a.name));
-      n.rows = a.rows;
-      break;
-    }
-    default:
-      ORPHEUS_ENFORCE(false, "unknown operator type");
-  }
+  n.rows = resultRows(*this, op, inputs, text, at);
   return add(std::move(n));
 }
 
@@ -402,11 +408,17 @@ std::vector<SvSite> Graph::identifySvs() const {
   return sites;
 }
 
-bool Graph::matchLstmCell(int hidden, FusedStep* step) const {
-  const auto isOp = [&](int id, OpKind op) { return node(id).kind == NodeKind::kOp && node(id).op == op; };
+namespace {
+
+// The roles of the nodes of an LSTM cell whose hidden state is `hidden`, and its
+// products m1 = f * cPrev and m2 = i * g; false when they do not form one.
+bool matchLstmRoles(const Graph& graph, int hidden, LstmCellRoles& r, int& m1, int& m2) {
+  const auto isOp = [&](int id, OpKind op) {
+    return graph.node(id).kind == NodeKind::kOp && graph.node(id).op == op;
+  };
   // The operands of a binary node, either order, such that `first(a)` holds.
   const auto split = [&](int id, const auto& first, int* a, int* b) {
-    const Node& n = node(id);
+    const Node& n = graph.node(id);
     if (first(n.inputs[0])) {
       *a = n.inputs[0];
       *b = n.inputs[1];
@@ -419,17 +431,16 @@ bool Graph::matchLstmCell(int hidden, FusedStep* step) const {
     }
     return false;
   };
-  LstmCellRoles r;
   r.hidden = hidden;
   if (!isOp(hidden, OpKind::kMultiply)) return false;
   // A gate: act(chunk(gates, k, 4)) with `gates` the same for all four.
   const auto gate = [&](int id, OpKind act, int which) {
     if (!isOp(id, act)) return false;
-    const int slice = node(id).inputs[0];
+    const int slice = graph.node(id).inputs[0];
     if (!isOp(slice, OpKind::kSlice)) return false;
-    const Node& sl = node(slice);
+    const Node& sl = graph.node(slice);
     const int gates = sl.inputs[0];
-    if (node(gates).rows != 4 * sl.rows || (r.gates >= 0 && r.gates != gates)) return false;
+    if (graph.node(gates).rows != 4 * sl.rows || (r.gates >= 0 && r.gates != gates)) return false;
     r.gates = gates;
     r.act[which] = id;
     r.offset[which] = static_cast<int64_t>(sl.attr);
@@ -437,19 +448,17 @@ bool Graph::matchLstmCell(int hidden, FusedStep* step) const {
   };
   int tanhCell = -1;
   int out = -1;
-  if (!split(hidden, [&](int id) { return isOp(id, OpKind::kTanh) && isOp(node(id).inputs[0], OpKind::kAdd); },
+  if (!split(hidden, [&](int id) { return isOp(id, OpKind::kTanh) && isOp(graph.node(id).inputs[0], OpKind::kAdd); },
              &tanhCell, &out)) {
     return false;
   }
   r.tanhCell = tanhCell;
-  r.cell = node(tanhCell).inputs[0];
+  r.cell = graph.node(tanhCell).inputs[0];
   if (!gate(out, OpKind::kSigmoid, LstmCellRoles::kOutput)) return false;
   // cell = (f * cPrev) + (i * g), the sum in either order.
-  int m1 = -1;
-  int m2 = -1;
   const auto holdsCandidate = [&](int id) {
     if (!isOp(id, OpKind::kMultiply)) return false;
-    const Node& n = node(id);
+    const Node& n = graph.node(id);
     return isOp(n.inputs[0], OpKind::kTanh) || isOp(n.inputs[1], OpKind::kTanh);
   };
   if (!split(r.cell, holdsCandidate, &m2, &m1) || !isOp(m1, OpKind::kMultiply)) return false;
@@ -460,25 +469,31 @@ bool Graph::matchLstmCell(int hidden, FusedStep* step) const {
     return false;
   }
   int f = -1;
-  if (!split(m1, [&](int id) { return isOp(id, OpKind::kSigmoid) && isOp(node(id).inputs[0], OpKind::kSlice); }, &f,
-             &r.cPrev) ||
-      !gate(f, OpKind::kSigmoid, LstmCellRoles::kForget)) {
-    return false;
-  }
-  const int64_t h = node(hidden).rows;
+  const auto isForget = [&](int id) {
+    return isOp(id, OpKind::kSigmoid) && isOp(graph.node(id).inputs[0], OpKind::kSlice);
+  };
+  return split(m1, isForget, &f, &r.cPrev) && gate(f, OpKind::kSigmoid, LstmCellRoles::kForget);
+}
+
+// The cell's nodes, sorted, when its gates are the four chunks of one per-example
+// `gates` and it can run as one step where `hidden` stands; false otherwise.
+bool lstmCellGroup(const Graph& graph, const LstmCellRoles& r, int m1, int m2, std::vector<int>& group) {
+  const int hidden = r.hidden;
+  const int64_t h = graph.node(hidden).rows;
   std::vector<bool> seen(4, false);
   for (int64_t offset : r.offset) {
     if (offset % h != 0 || offset / h < 0 || offset / h > 3 || seen[static_cast<size_t>(offset / h)]) return false;
     seen[static_cast<size_t>(offset / h)] = true;
   }
   // Both operands hold one column per example (no broadcast parameter).
-  if (node(r.cPrev).rows != h || r.cPrev == r.gates || !node(r.cPrev).perExample || !node(r.gates).perExample) {
+  if (graph.node(r.cPrev).rows != h || r.cPrev == r.gates || !graph.node(r.cPrev).perExample ||
+      !graph.node(r.gates).perExample) {
     return false;
   }
-  std::vector<int> group = {m1, m2, r.cell, r.tanhCell, r.hidden};
+  group = {m1, m2, r.cell, r.tanhCell, r.hidden};
   for (int k = 0; k < 4; ++k) {
     group.push_back(r.act[k]);
-    group.push_back(node(r.act[k]).inputs[0]);
+    group.push_back(graph.node(r.act[k]).inputs[0]);
   }
   std::sort(group.begin(), group.end());
   if (std::adjacent_find(group.begin(), group.end()) != group.end()) return false;
@@ -486,12 +501,23 @@ bool Graph::matchLstmCell(int hidden, FusedStep* step) const {
   // and only the cell and hidden states have any.
   for (int id : group) {
     if (id == r.gates || id == r.cPrev) return false;
-    for (int user : consumers(id)) {
+    for (int user : graph.consumers(id)) {
       if (std::binary_search(group.begin(), group.end(), user)) continue;
       if ((id != r.cell && id != r.hidden) || user < hidden) return false;
     }
   }
-  if (group.back() != hidden) return false;
+  return group.back() == hidden;
+}
+
+}  // namespace
+
+bool Graph::matchLstmCell(int hidden, FusedStep* step) const {
+  LstmCellRoles r;
+  int m1 = -1;
+  int m2 = -1;
+  if (!matchLstmRoles(*this, hidden, r, m1, m2)) return false;
+  std::vector<int> group;
+  if (!lstmCellGroup(*this, r, m1, m2, group)) return false;
   step->kind = FusedStep::Kind::kLstmCell;
   step->nodes = std::move(group);
   step->lstm = r;

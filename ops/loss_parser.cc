@@ -75,82 +75,15 @@ class LineParser {
       expectPunct("=");
       dims_[name.text] = dimension();
     } else if (!assignment && (first.text == "sequence" || first.text == "state")) {
-      const Token name = expectIdent("a name");
-      expectPunct("[");
-      const int64_t rows = dimension();
-      expectPunct("]");
-      if (first.text == "sequence") {
-        try {
-          declare(name, graph_.sequence(name.text, rows, loc(name)));
-        } catch (const InputError& e) {
-          if (std::string(e.what()).rfind(source_, 0) == 0) throw;
-          throw InputError(at(name) + e.what());
-        }
-      } else {
-        declare(name, graph_.state(name.text, rows, loc(name)));
-      }
+      declareSequenceOrState(first);
     } else if (!assignment && first.text == "next") {
-      const Token name = expectIdent("the name of a state");
-      const auto it = names_.find(name.text);
-      if (it == names_.end() || graph_.node(it->second).kind != NodeKind::kState) {
-        throw InputError(fmt::format("{}'next' names '{}', which is not a state (declare it with 'state {}[SIZE]')",
-                                     at(name), name.text, name.text));
-      }
-      expectPunct("=");
-      const Value v = expression();
-      requireNode(v, name, "the next value of '" + name.text + "'");
-      graph_.setNext(it->second, v.node, loc(name));
+      nextOfState();
     } else if (first.text == "param") {
-      const Token name = expectIdent("a parameter name");
-      expectPunct("[");
-      const int64_t rows = dimension();
-      int64_t cols = 1;
-      if (acceptPunct(",")) cols = dimension();
-      expectPunct("]");
-      Init init;
-      if (acceptWord("init")) init = initSpec();
-      checkParamFits(name, rows, cols);
-      declare(name, graph_.param(name.text, rows, cols, init, loc(name)));
+      declareParam();
     } else if (first.text == "input" || first.text == "label") {
-      const Token name = expectIdent("a name");
-      expectPunct("[");
-      const int64_t rows = dimension();
-      expectPunct("]");
-      if (first.text == "input" && graph_.isCell()) {
-        throw InputError(fmt::format("{}a sequence model takes its data from the sequence; 'input' cannot be added",
-                                     at(first)));
-      }
-      declare(name, first.text == "input" ? graph_.input(name.text, rows, loc(name))
-                                          : graph_.label(name.text, rows, loc(name)));
+      declareInputOrLabel(first);
     } else if (first.text == "local") {
-      const Token name = expectIdent("a name");
-      expectPunct("[");
-      const int64_t rows = dimension();
-      expectPunct("]");
-      // One example's variable, at least: the batch's are allocated per clock.
-      checkFits(name, static_cast<double>(rows) * sizeof(float),
-                fmt::format("'{}' of {} floats per example", name.text, rows), 1.0);
-      Init init;
-      int steps = 5;
-      double lr = 0.1;
-      for (;;) {
-        if (acceptWord("init")) {
-          init = initSpec();
-        } else if (acceptWord("steps")) {
-          const Token count = expect(Token::Kind::kNumber, "a number of steps");
-          const int64_t n = integer(count);
-          if (n > Graph::kMaxInnerSteps) {
-            throw InputError(fmt::format("{}'{}' asks for {} inner steps per clock; at most {} are allowed", at(count),
-                                         name.text, n, Graph::kMaxInnerSteps));
-          }
-          steps = static_cast<int>(n);
-        } else if (acceptWord("lr")) {
-          lr = number(expect(Token::Kind::kNumber, "a learning rate"));
-        } else {
-          break;
-        }
-      }
-      declare(name, graph_.local(name.text, rows, init, steps, lr, loc(name)));
+      declareLocal();
     } else if (first.text == "loss") {
       once(first, state_.lossLine);
       acceptPunct("=");
@@ -163,18 +96,115 @@ class LineParser {
       requireNode(v, first, "the prediction");
       graph_.setPrediction(v.node);
     } else {
-      expectPunct("=");
-      const Value v = expression();
-      requireNode(v, first, "'" + first.text + "'");
-      if (names_.count(first.text) || dims_.count(first.text)) {
-        throw InputError(fmt::format("{}'{}' is already defined", at(first), first.text));
-      }
-      names_[first.text] = v.node;
+      assign(first);
     }
     if (peek().kind != Token::Kind::kEnd) fail(peek(), "end of line");
   }
 
  private:
+  // 'sequence NAME[ROWS]' or 'state NAME[ROWS]', after the keyword `first`.
+  void declareSequenceOrState(const Token& first) {
+    const Token name = expectIdent("a name");
+    expectPunct("[");
+    const int64_t rows = dimension();
+    expectPunct("]");
+    if (first.text == "sequence") {
+      try {
+        declare(name, graph_.sequence(name.text, rows, loc(name)));
+      } catch (const InputError& e) {
+        if (std::string(e.what()).rfind(source_, 0) == 0) throw;
+        throw InputError(at(name) + e.what());
+      }
+    } else {
+      declare(name, graph_.state(name.text, rows, loc(name)));
+    }
+  }
+
+  // 'next STATE = EXPR', after 'next'.
+  void nextOfState() {
+    const Token name = expectIdent("the name of a state");
+    const auto it = names_.find(name.text);
+    if (it == names_.end() || graph_.node(it->second).kind != NodeKind::kState) {
+      throw InputError(fmt::format("{}'next' names '{}', which is not a state (declare it with 'state {}[SIZE]')",
+                                   at(name), name.text, name.text));
+    }
+    expectPunct("=");
+    const Value v = expression();
+    requireNode(v, name, "the next value of '" + name.text + "'");
+    graph_.setNext(it->second, v.node, loc(name));
+  }
+
+  // 'param NAME[ROWS(, COLS)] (init ...)', after 'param'.
+  void declareParam() {
+    const Token name = expectIdent("a parameter name");
+    expectPunct("[");
+    const int64_t rows = dimension();
+    int64_t cols = 1;
+    if (acceptPunct(",")) cols = dimension();
+    expectPunct("]");
+    Init init;
+    if (acceptWord("init")) init = initSpec();
+    checkParamFits(name, rows, cols);
+    declare(name, graph_.param(name.text, rows, cols, init, loc(name)));
+  }
+
+  // 'input NAME[ROWS]' or 'label NAME[ROWS]', after the keyword `first`.
+  void declareInputOrLabel(const Token& first) {
+    const Token name = expectIdent("a name");
+    expectPunct("[");
+    const int64_t rows = dimension();
+    expectPunct("]");
+    if (first.text == "input" && graph_.isCell()) {
+      throw InputError(fmt::format("{}a sequence model takes its data from the sequence; 'input' cannot be added",
+                                   at(first)));
+    }
+    declare(name, first.text == "input" ? graph_.input(name.text, rows, loc(name))
+                                        : graph_.label(name.text, rows, loc(name)));
+  }
+
+  // 'local NAME[ROWS] (init ...) (steps N) (lr X)', after 'local'.
+  void declareLocal() {
+    const Token name = expectIdent("a name");
+    expectPunct("[");
+    const int64_t rows = dimension();
+    expectPunct("]");
+    // One example's variable, at least: the batch's are allocated per clock.
+    checkFits(name, static_cast<double>(rows) * sizeof(float),
+              fmt::format("'{}' of {} floats per example", name.text, rows), 1.0);
+    Init init;
+    int steps = 5;
+    double lr = 0.1;
+    for (;;) {
+      if (acceptWord("init")) {
+        init = initSpec();
+      } else if (acceptWord("steps")) {
+        const Token count = expect(Token::Kind::kNumber, "a number of steps");
+        const int64_t n = integer(count);
+        if (n > Graph::kMaxInnerSteps) {
+          throw InputError(fmt::format("{}'{}' asks for {} inner steps per clock; at most {} are allowed", at(count),
+                                       name.text, n, Graph::kMaxInnerSteps));
+        }
+        steps = static_cast<int>(n);
+      } else if (acceptWord("lr")) {
+        lr = number(expect(Token::Kind::kNumber, "a learning rate"));
+      } else {
+        break;
+      }
+    }
+    declare(name, graph_.local(name.text, rows, init, steps, lr, loc(name)));
+  }
+
+  // 'NAME = EXPR', after the name `first`.
+  void assign(const Token& first) {
+    expectPunct("=");
+    const Value v = expression();
+    requireNode(v, first, "'" + first.text + "'");
+    if (names_.count(first.text) || dims_.count(first.text)) {
+      throw InputError(fmt::format("{}'{}' is already defined", at(first), first.text));
+    }
+    names_[first.text] = v.node;
+  }
+
   void tokenize() {
     size_t i = 0;
     while (i < line_.size()) {

@@ -387,14 +387,11 @@ Mat<S> forward(OpKind op, const Operands<S>& in) {
   throw Error(fmt::format("unknown operator kind {}", static_cast<int>(op)));
 }
 
+// The gradient of a one-operand operator (types 1 and 2, and slices).
 template <typename S>
-Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, const Mat<S>& grad) {
-  const Checked<S> c = check(op, in);
-  ORPHEUS_ENFORCE(which >= 0 && which < arity(op), "{}: no operand {}", opName(op), which);
-  checkShape(op, "gradient", grad, c.out);
+Mat<S> unaryBackward(OpKind op, const Operands<S>& in, const Checked<S>& c, const Mat<S>& out, const Mat<S>& grad) {
   const Mat<S>& x = *c.a;
-  constexpr S tiny = std::numeric_limits<S>::min();
-  // Type 1 and 3 gradients are 1 x B: one factor per column.
+  // Type 1 gradients are 1 x B: one factor per column.
   const auto g = [&grad](Eigen::Index j) { return grad(0, j); };
   switch (op) {
     case OpKind::kSquaredL2:
@@ -434,6 +431,25 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
       return grad.cwiseQuotient(x);
     case OpKind::kScale:
       return in.attr * grad;
+    case OpKind::kSlice: {
+      Mat<S> dx = Mat<S>::Zero(x.rows(), x.cols());
+      dx.middleRows(in.first, in.rows) = grad;
+      return dx;
+    }
+    default:
+      break;
+  }
+  throw Error(fmt::format("unknown operator kind {}", static_cast<int>(op)));
+}
+
+// The gradient of a two-operand operator (types 3 to 6) with respect to operand `which`.
+template <typename S>
+Mat<S> binaryBackward(OpKind op, int which, const Checked<S>& c, const Mat<S>& grad) {
+  const Mat<S>& x = *c.a;
+  constexpr S tiny = std::numeric_limits<S>::min();
+  // Type 3 gradients are 1 x B: one factor per column.
+  const auto g = [&grad](Eigen::Index j) { return grad(0, j); };
+  switch (op) {
     case OpKind::kCrossEntropy: {
       const auto minusG = [&](Eigen::Index j) { return -g(j); };
       if (which == 0) return scaleColumns<S>(c.b->cwiseQuotient(x.cwiseMax(tiny)), minusG);
@@ -466,16 +482,22 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
       dx.noalias() = x.transpose() * grad;
       return dx;
     }
-    case OpKind::kSlice: {
-      Mat<S> dx = Mat<S>::Zero(x.rows(), x.cols());
-      dx.middleRows(in.first, in.rows) = grad;
-      return dx;
-    }
     case OpKind::kConcat:
       if (which == 0) return grad.topRows(x.rows());
       return grad.bottomRows(c.b->rows());
+    default:
+      break;
   }
   throw Error(fmt::format("unknown operator kind {}", static_cast<int>(op)));
+}
+
+template <typename S>
+Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, const Mat<S>& grad) {
+  const Checked<S> c = check(op, in);
+  ORPHEUS_ENFORCE(which >= 0 && which < arity(op), "{}: no operand {}", opName(op), which);
+  checkShape(op, "gradient", grad, c.out);
+  if (arity(op) == 1) return unaryBackward(op, in, c, out, grad);
+  return binaryBackward(op, which, c, grad);
 }
 
 template <typename S>

@@ -246,6 +246,108 @@ std::optional<std::pair<int64_t, int64_t>> readShape(hid_t group, const std::str
   return std::make_pair(shape[0], shape[1]);
 }
 
+// The bound on the CSR matrix's column indices, when one is known (-1 otherwise),
+// from its declared shape (`hasShape`: it has one) or the expected features.
+int64_t csrWidth(hid_t group, const std::string& prefix, const Rows& rows, const ReadOptions& options,
+                 const InputSet& indptr, const std::string& path, bool* hasShape) {
+  const auto shape = readShape(group, prefix, path);
+  if (shape && shape->first != rows.total) {
+    fail(path, "'{}shape' says {} rows, but '{}' has {} entries ({} rows)", prefix, shape->first, indptr.label(),
+         indptr.dim(0), indptr.dim(0) - 1);
+  }
+  if (shape && options.features >= 0 && shape->second > options.features) {
+    fail(path, "'{}shape' says {} columns (features), but {} were expected", prefix, shape->second, options.features);
+  }
+  const int64_t width = shape ? shape->second : options.features;
+  if (std::max(width, options.features) > INT32_MAX) {
+    fail(path, "{} features is too many", std::max(width, options.features));
+  }
+  *hasShape = shape.has_value();
+  return width;
+}
+
+// This shard's row offsets, checked, and the last one, which must close `values`
+// (of `nnz` entries).
+std::vector<int64_t> readRowOffsets(const InputSet& indptr, const InputSet& values, const Rows& rows, int64_t nnz,
+                                    const std::string& path) {
+  const auto offsets = indptr.readRange<int64_t>(rows.begin, rows.count + 1, H5T_NATIVE_INT64);
+  const int64_t last = indptr.readRange<int64_t>(rows.total, 1, H5T_NATIVE_INT64)[0];
+  if (last != nnz) {
+    fail(path, "'{}' ends at {} but '{}' has {} entries: the last offset must be len(data)", indptr.label(), last,
+         values.label(), nnz);
+  }
+  if (rows.begin == 0 && offsets[0] != 0) fail(path, "'{}[0]' is {}: it must be 0", indptr.label(), offsets[0]);
+  for (int64_t j = 0; j <= rows.count; ++j) {
+    const int64_t at = rows.begin + j;
+    if (offsets[j] < 0 || offsets[j] > nnz) {
+      fail(path, "'{}[{}]' is {}, outside [0, {}] (the length of '{}')", indptr.label(), at, offsets[j], nnz,
+           values.label());
+    }
+    if (j > 0 && offsets[j] < offsets[j - 1]) {
+      fail(path, "'{}' decreases: entry {} is {} after {}", indptr.label(), at, offsets[j], offsets[j - 1]);
+    }
+  }
+  return offsets;
+}
+
+// A shard's rows in CSR form, checked, each row's columns increasing.
+struct CsrRows {
+  std::vector<int32_t> starts;
+  std::vector<int32_t> inner;
+  std::vector<float> values;
+  int64_t maxColumn = -1;
+};
+
+// Rows checked and their columns sorted into place (scipy keeps a row's columns in
+// any order; the model wants them increasing). `columns` and `stored` hold the
+// shard's entries from offsets.front() on.
+CsrRows sortedRows(const std::vector<int64_t>& offsets, const std::vector<int64_t>& columns,
+                   const std::vector<float>& stored, const Rows& rows, int64_t width, bool hasShape,
+                   const InputSet& indices, const InputSet& values, const std::string& path) {
+  const int64_t lo = offsets.front();
+  const int64_t count = offsets.back() - lo;
+  CsrRows csr;
+  csr.starts.assign(static_cast<size_t>(rows.count) + 1, 0);
+  csr.inner.resize(static_cast<size_t>(count));
+  csr.values.resize(static_cast<size_t>(count));
+  std::vector<int64_t> order;
+  for (int64_t j = 0; j < rows.count; ++j) {
+    const int64_t row = rows.begin + j;
+    const int64_t begin = offsets[j] - lo;
+    const int64_t end = offsets[j + 1] - lo;
+    csr.starts[j] = static_cast<int32_t>(begin);
+    order.resize(static_cast<size_t>(end - begin));
+    std::iota(order.begin(), order.end(), begin);
+    const auto byColumn = [&](int64_t a, int64_t b) { return columns[a] < columns[b]; };
+    if (!std::is_sorted(order.begin(), order.end(), byColumn)) std::stable_sort(order.begin(), order.end(), byColumn);
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t from = order[static_cast<size_t>(k - begin)];
+      const int64_t column = columns[from];
+      const int64_t at = lo + from;
+      if (column < 0) {
+        fail(path, "'{}[{}]' is {} (row {}): column indices must be >= 0", indices.label(), at, column, row);
+      }
+      if (width >= 0 && column >= width) {
+        fail(path, "'{}[{}]' is {} (row {}), beyond the {} columns {}", indices.label(), at, column, row, width,
+             hasShape ? "of its shape" : "expected");
+      }
+      if (column > INT32_MAX - 1) fail(path, "'{}[{}]' is {} (row {}): too large", indices.label(), at, column, row);
+      if (k > begin && column == csr.inner[k - 1]) {
+        fail(path, "row {} has column {} twice ('{}[{}]'): sum duplicates first (scipy: X.sum_duplicates())", row,
+             column, indices.label(), at);
+      }
+      if (!std::isfinite(stored[from])) {
+        fail(path, "'{}[{}]' (row {}, column {}) is not finite", values.label(), at, row, column);
+      }
+      csr.inner[k] = static_cast<int32_t>(column);
+      csr.values[k] = stored[from];
+    }
+    if (end > begin) csr.maxColumn = std::max<int64_t>(csr.maxColumn, csr.inner[end - 1]);
+  }
+  csr.starts[rows.count] = static_cast<int32_t>(count);
+  return csr;
+}
+
 // Reads this shard's rows of the CSR matrix in `group` (the file's root or X).
 // `total` rows: indptr has total + 1 entries.
 void readCsr(hid_t group, const std::string& prefix, const Rows& rows, const ReadOptions& options, Dataset& data) {
@@ -264,38 +366,10 @@ void readCsr(hid_t group, const std::string& prefix, const Rows& rows, const Rea
     fail(path, "'{}' has {} entries but '{}' has {}: they must be as long", values.label(), nnz, indices.label(),
          indices.dim(0));
   }
-  const auto shape = readShape(group, prefix, path);
-  if (shape && shape->first != rows.total) {
-    fail(path, "'{}shape' says {} rows, but '{}' has {} entries ({} rows)", prefix, shape->first, indptr.label(),
-         indptr.dim(0), indptr.dim(0) - 1);
-  }
-  if (shape && options.features >= 0 && shape->second > options.features) {
-    fail(path, "'{}shape' says {} columns (features), but {} were expected", prefix, shape->second, options.features);
-  }
-  // The bound on column indices, when one is known (-1 otherwise).
-  const int64_t width = shape ? shape->second : options.features;
-  if (std::max(width, options.features) > INT32_MAX) {
-    fail(path, "{} features is too many", std::max(width, options.features));
-  }
+  bool hasShape = false;
+  const int64_t width = csrWidth(group, prefix, rows, options, indptr, path, &hasShape);
 
-  // This shard's row offsets, and the last one, which must close `data`.
-  const auto offsets = indptr.readRange<int64_t>(rows.begin, rows.count + 1, H5T_NATIVE_INT64);
-  const int64_t last = indptr.readRange<int64_t>(rows.total, 1, H5T_NATIVE_INT64)[0];
-  if (last != nnz) {
-    fail(path, "'{}' ends at {} but '{}' has {} entries: the last offset must be len(data)", indptr.label(), last,
-         values.label(), nnz);
-  }
-  if (rows.begin == 0 && offsets[0] != 0) fail(path, "'{}[0]' is {}: it must be 0", indptr.label(), offsets[0]);
-  for (int64_t j = 0; j <= rows.count; ++j) {
-    const int64_t at = rows.begin + j;
-    if (offsets[j] < 0 || offsets[j] > nnz) {
-      fail(path, "'{}[{}]' is {}, outside [0, {}] (the length of '{}')", indptr.label(), at, offsets[j], nnz,
-           values.label());
-    }
-    if (j > 0 && offsets[j] < offsets[j - 1]) {
-      fail(path, "'{}' decreases: entry {} is {} after {}", indptr.label(), at, offsets[j], offsets[j - 1]);
-    }
-  }
+  const std::vector<int64_t> offsets = readRowOffsets(indptr, values, rows, nnz, path);
   const int64_t lo = offsets.front();
   const int64_t count = offsets.back() - lo;
   if (count > INT32_MAX) fail(path, "this shard holds {} stored values, more than 2^31: use more ranks", count);
@@ -303,57 +377,16 @@ void readCsr(hid_t group, const std::string& prefix, const Rows& rows, const Rea
                     fmt::format("{}: this shard's {} stored values of X", path, count));
   const auto columns = indices.readRange<int64_t>(lo, count, H5T_NATIVE_INT64);
   const auto stored = values.readRange<float>(lo, count, H5T_NATIVE_FLOAT);
-
-  // Rows checked and their columns sorted into place, then handed to the matrix
-  // (scipy keeps a row's columns in any order; the model wants them increasing).
-  std::vector<int32_t> starts(static_cast<size_t>(rows.count) + 1, 0);
-  std::vector<int32_t> inner(static_cast<size_t>(count));
-  std::vector<float> out(static_cast<size_t>(count));
-  std::vector<int64_t> order;
-  int64_t maxColumn = -1;
-  for (int64_t j = 0; j < rows.count; ++j) {
-    const int64_t row = rows.begin + j;
-    const int64_t begin = offsets[j] - lo;
-    const int64_t end = offsets[j + 1] - lo;
-    starts[j] = static_cast<int32_t>(begin);
-    order.resize(static_cast<size_t>(end - begin));
-    std::iota(order.begin(), order.end(), begin);
-    const auto byColumn = [&](int64_t a, int64_t b) { return columns[a] < columns[b]; };
-    if (!std::is_sorted(order.begin(), order.end(), byColumn)) std::stable_sort(order.begin(), order.end(), byColumn);
-    for (int64_t k = begin; k < end; ++k) {
-      const int64_t from = order[static_cast<size_t>(k - begin)];
-      const int64_t column = columns[from];
-      const int64_t at = lo + from;
-      if (column < 0) {
-        fail(path, "'{}[{}]' is {} (row {}): column indices must be >= 0", indices.label(), at, column, row);
-      }
-      if (width >= 0 && column >= width) {
-        fail(path, "'{}[{}]' is {} (row {}), beyond the {} columns {}", indices.label(), at, column, row, width,
-             shape ? "of its shape" : "expected");
-      }
-      if (column > INT32_MAX - 1) fail(path, "'{}[{}]' is {} (row {}): too large", indices.label(), at, column, row);
-      if (k > begin && column == inner[k - 1]) {
-        fail(path, "row {} has column {} twice ('{}[{}]'): sum duplicates first (scipy: X.sum_duplicates())", row,
-             column, indices.label(), at);
-      }
-      if (!std::isfinite(stored[from])) {
-        fail(path, "'{}[{}]' (row {}, column {}) is not finite", values.label(), at, row, column);
-      }
-      inner[k] = static_cast<int32_t>(column);
-      out[k] = stored[from];
-    }
-    if (end > begin) maxColumn = std::max<int64_t>(maxColumn, inner[end - 1]);
-  }
-  starts[rows.count] = static_cast<int32_t>(count);
+  const CsrRows csr = sortedRows(offsets, columns, stored, rows, width, hasShape, indices, values, path);
 
   data.sparse = true;
-  data.features = options.features >= 0 ? options.features : width >= 0 ? width : maxColumn + 1;
+  data.features = options.features >= 0 ? options.features : width >= 0 ? width : csr.maxColumn + 1;
   SparseMatrix& x = data.sparseX;
   x.resize(data.features, rows.count);
   x.resizeNonZeros(count);
-  std::copy(starts.begin(), starts.end(), x.outerIndexPtr());
-  std::copy(inner.begin(), inner.end(), x.innerIndexPtr());
-  std::copy(out.begin(), out.end(), x.valuePtr());
+  std::copy(csr.starts.begin(), csr.starts.end(), x.outerIndexPtr());
+  std::copy(csr.inner.begin(), csr.inner.end(), x.innerIndexPtr());
+  std::copy(csr.values.begin(), csr.values.end(), x.valuePtr());
 }
 
 }  // namespace

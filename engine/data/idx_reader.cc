@@ -121,10 +121,18 @@ std::string labelsPathFor(const std::string& imagesPath) {
   return (p.parent_path() / name).string();
 }
 
-}  // namespace
+// The images file's header: its dimensions, checked against the options and, for
+// a raw file, against its size.
+struct ImagesHeader {
+  int64_t total = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t features = 0;
+  int64_t bytes = 0;  // header and every image
+};
 
-Dataset readIdx(const std::string& path, const ReadOptions& options) {
-  IdxFile images(path);
+ImagesHeader readImagesHeader(IdxFile& images, const ReadOptions& options) {
+  const std::string& path = images.path();
   std::array<unsigned char, kImagesHeaderBytes> header{};
   images.read(header.data(), kImagesHeaderBytes, "header");
   const uint32_t magic = bigEndian32(header.data());
@@ -148,9 +156,13 @@ Dataset readIdx(const std::string& path, const ReadOptions& options) {
                         "file has {} bytes",
                         path, total, rows, cols, imageBytes, raw);
   }
+  return {total, rows, cols, features, imageBytes};
+}
 
-  const std::string labelsPath = labelsPathFor(path);
-  IdxFile labelsFile(labelsPath);
+// The labels file's header: one label for each of the `total` images of `path`.
+void checkLabelsHeader(IdxFile& labelsFile, int64_t total, const std::string& path) {
+  const std::string& labelsPath = labelsFile.path();
+  std::array<unsigned char, kLabelsHeaderBytes> header{};
   labelsFile.read(header.data(), kLabelsHeaderBytes, "header");
   const uint32_t labelsMagic = bigEndian32(header.data());
   ORPHEUS_CHECK_INPUT(labelsMagic == kLabelsMagic,
@@ -164,7 +176,35 @@ Dataset readIdx(const std::string& path, const ReadOptions& options) {
                         "{}: truncated: the header promises {} labels but the file has {} bytes",
                         labelsPath, total, raw);
   }
+}
 
+// `count` images from image `begin` on, as floats in [0, 1], into `dense` (features x count).
+void readImages(IdxFile& images, int64_t begin, int64_t count, int64_t features, Matrix& dense) {
+  std::array<float, 256> scale{};
+  for (int v = 0; v < 256; ++v) scale[v] = static_cast<float>(v) / 255.0f;
+
+  dense.resize(features, count);
+  images.seek(kImagesHeaderBytes + begin * features, "shard's images");
+  const int64_t chunkExamples = std::max<int64_t>(1, kReadChunkBytes / features);
+  std::vector<unsigned char> buffer(std::min(count, chunkExamples) * features);
+  float* out = dense.data();
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min(count - done, chunkExamples);
+    images.read(buffer.data(), n * features, "image data");
+    for (int64_t k = 0; k < n * features; ++k) out[k] = scale[buffer[k]];
+    out += n * features;
+    done += n;
+  }
+}
+
+}  // namespace
+
+Dataset readIdx(const std::string& path, const ReadOptions& options) {
+  IdxFile images(path);
+  const auto [total, rows, cols, features, imageBytes] = readImagesHeader(images, options);
+  const std::string labelsPath = labelsPathFor(path);
+  IdxFile labelsFile(labelsPath);
+  checkLabelsHeader(labelsFile, total, path);
   const int64_t begin = total * options.rank / options.worldSize;
   const int64_t end = total * (options.rank + 1) / options.worldSize;
   const int64_t count = end - begin;
@@ -191,23 +231,8 @@ Dataset readIdx(const std::string& path, const ReadOptions& options) {
   data.globalOffset = begin;
   data.globalSize = total;
 
-  std::array<float, 256> scale{};
-  for (int v = 0; v < 256; ++v) scale[v] = static_cast<float>(v) / 255.0f;
-
-  data.dense.resize(features, count);
-  images.seek(kImagesHeaderBytes + begin * features, "shard's images");
-  const int64_t chunkExamples = std::max<int64_t>(1, kReadChunkBytes / features);
-  std::vector<unsigned char> buffer(std::min(count, chunkExamples) * features);
-  float* out = data.dense.data();
-  for (int64_t done = 0; done < count;) {
-    const int64_t n = std::min(count - done, chunkExamples);
-    images.read(buffer.data(), n * features, "image data");
-    for (int64_t k = 0; k < n * features; ++k) out[k] = scale[buffer[k]];
-    out += n * features;
-    done += n;
-  }
-
-  buffer.resize(count);
+  readImages(images, begin, count, features, data.dense);
+  std::vector<unsigned char> buffer(static_cast<size_t>(count));
   labelsFile.seek(kLabelsHeaderBytes + begin, "shard's labels");
   labelsFile.read(buffer.data(), count, "labels");
   data.labels.assign(buffer.begin(), buffer.end());

@@ -257,6 +257,51 @@ int64_t csvWidth(const std::string& path) {
   throw InputError(fmt::format("{}: the file has no data lines", path));
 }
 
+// One 'index:value' token of a LIBSVM line whose last feature so far is `previous`
+// (-1: none): its row (index - indexBase) and its value. `features` < 0: the width
+// is not fixed. A malformed token throws fail(why).
+template <class Fail>
+std::pair<int64_t, float> parseLibsvmFeature(std::string_view token, int indexBase, int64_t previous,
+                                             int64_t features, const Fail& fail) {
+  const size_t colon = token.find(':');
+  if (colon == std::string_view::npos) {
+    throw fail(fmt::format("expected 'index:value', got '{}'", token));
+  }
+  int64_t index = 0;
+  if (!parseInt(token.substr(0, colon), index) || index < 0) {
+    throw fail(fmt::format("expected a non-negative integer feature index, got '{}'", token));
+  }
+  float value = 0;
+  const std::string_view valueText = token.substr(colon + 1);
+  switch (parseFloat(valueText, value)) {
+    case Parsed::kMalformed:
+      throw fail(fmt::format("expected a number as the value of feature {}, got '{}'", index,
+                             valueText));
+    case Parsed::kNonFinite:
+      throw fail(fmt::format("non-finite value '{}' for feature {}", valueText, index));
+    case Parsed::kOk:
+      break;
+  }
+  if (index < indexBase) {
+    throw fail(fmt::format("feature index {} in a file read as {}-based (the index base was "
+                           "detected from the file's first lines; pass it explicitly)",
+                           index, indexBase));
+  }
+  const int64_t row = index - indexBase;
+  if (row <= previous) {
+    throw fail(fmt::format("feature indices must be strictly increasing, got {} after {}",
+                           index, previous + indexBase));
+  }
+  if (features >= 0 && row >= features) {
+    throw fail(fmt::format("feature index {} is beyond the width of {} features ({}-based "
+                           "indices stop at {})",
+                           index, features, indexBase,
+                           features - 1 + indexBase));
+  }
+  if (row > INT32_MAX - 1) throw fail(fmt::format("feature index {} is too large", index));
+  return {row, value};
+}
+
 }  // namespace
 
 int detectIndexBase(const std::string& path, Format format) {
@@ -311,42 +356,7 @@ Dataset readLibsvm(const std::string& path, const ReadOptions& options, int inde
     int64_t previous = -1;
     for (std::string_view token = nextToken(line); !token.empty(); token = nextToken(line)) {
       if (token.starts_with("qid:")) continue;  // svmlight query ids carry no feature
-      const size_t colon = token.find(':');
-      if (colon == std::string_view::npos) {
-        throw fail(fmt::format("expected 'index:value', got '{}'", token));
-      }
-      int64_t index = 0;
-      if (!parseInt(token.substr(0, colon), index) || index < 0) {
-        throw fail(fmt::format("expected a non-negative integer feature index, got '{}'", token));
-      }
-      float value = 0;
-      const std::string_view valueText = token.substr(colon + 1);
-      switch (parseFloat(valueText, value)) {
-        case Parsed::kMalformed:
-          throw fail(fmt::format("expected a number as the value of feature {}, got '{}'", index,
-                                 valueText));
-        case Parsed::kNonFinite:
-          throw fail(fmt::format("non-finite value '{}' for feature {}", valueText, index));
-        case Parsed::kOk:
-          break;
-      }
-      if (index < indexBase) {
-        throw fail(fmt::format("feature index {} in a file read as {}-based (the index base was "
-                               "detected from the file's first lines; pass it explicitly)",
-                               index, indexBase));
-      }
-      const int64_t row = index - indexBase;
-      if (row <= previous) {
-        throw fail(fmt::format("feature indices must be strictly increasing, got {} after {}",
-                               index, previous + indexBase));
-      }
-      if (fixedWidth && row >= options.features) {
-        throw fail(fmt::format("feature index {} is beyond the width of {} features ({}-based "
-                               "indices stop at {})",
-                               index, options.features, indexBase,
-                               options.features - 1 + indexBase));
-      }
-      if (row > INT32_MAX - 1) throw fail(fmt::format("feature index {} is too large", index));
+      const auto [row, value] = parseLibsvmFeature(token, indexBase, previous, options.features, fail);
       previous = row;
       rowIndices.push_back(static_cast<int32_t>(row));
       values.push_back(value);

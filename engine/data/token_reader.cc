@@ -46,32 +46,10 @@ int64_t headerValue(const std::string& header, const std::string& key, const std
   return v;
 }
 
-}  // namespace
-
-bool hasTokenHeader(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char head[kMagic.size()] = {};
-  in.read(head, static_cast<std::streamsize>(kMagic.size()));
-  return in.gcount() == static_cast<std::streamsize>(kMagic.size()) &&
-         std::string_view(head, kMagic.size()) == kMagic;
-}
-
-namespace detail {
-
-Dataset readTokens(const std::string& path, const ReadOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throwFileError(path, "cannot open", errno);
-  std::string header;
-  std::getline(in, header);
-  if (!header.empty() && header.back() == '\r') header.pop_back();  // CRLF line ends (the lines' \r is whitespace)
-  ORPHEUS_CHECK_INPUT(header.rfind(kMagic, 0) == 0, "{}:1: not a token stream (expected '{}')", path, kMagic);
-  const int64_t vocabulary = headerValue(header, "vocabulary", path);
-  ORPHEUS_CHECK_INPUT(vocabulary > 0 && vocabulary < (int64_t{1} << 24),
-                      "{}:1: the header needs vocabulary=V (1 <= V < 2^24, ids exact as floats)", path);
-  const int64_t steps = options.steps > 0 ? options.steps : headerValue(header, "steps", path);
-  ORPHEUS_CHECK_INPUT(steps > 0 && steps <= kMaxSteps, "{}:1: the header needs steps=T (1 <= T <= {})", path,
-                      kMaxSteps);
-
+// This rank's tokens: those of the lines that start in its part of the body,
+// which starts where `in` stands (after the header).
+std::vector<int32_t> readRankTokens(std::ifstream& in, const std::string& path, const ReadOptions& options,
+                                    int64_t vocabulary) {
   const auto bodyStart = static_cast<int64_t>(in.tellg());
   in.seekg(0, std::ios::end);
   const auto size = static_cast<int64_t>(in.tellg());
@@ -116,6 +94,12 @@ Dataset readTokens(const std::string& path, const ReadOptions& options) {
     pos = in.tellg() < 0 ? size : static_cast<int64_t>(in.tellg());
   }
 
+  return tokens;
+}
+
+// The tokens as `steps`-step segments of parallel streams (see the top of this file).
+Dataset segmentsOf(const std::vector<int32_t>& tokens, const std::string& path, const ReadOptions& options,
+                   int64_t steps, int64_t vocabulary) {
   const auto n = static_cast<int64_t>(tokens.size());
   ORPHEUS_CHECK_INPUT(n > 0 || options.worldSize == 1,
                       "{}: rank {} of {} got no tokens: a token stream is split between ranks at line ends, so "
@@ -155,6 +139,36 @@ Dataset readTokens(const std::string& path, const ReadOptions& options) {
   data.globalOffset = options.worldSize > 1 ? -1 : 0;
   data.globalSize = options.worldSize > 1 ? -1 : examples;
   return data;
+}
+
+}  // namespace
+
+bool hasTokenHeader(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[kMagic.size()] = {};
+  in.read(head, static_cast<std::streamsize>(kMagic.size()));
+  return in.gcount() == static_cast<std::streamsize>(kMagic.size()) &&
+         std::string_view(head, kMagic.size()) == kMagic;
+}
+
+namespace detail {
+
+Dataset readTokens(const std::string& path, const ReadOptions& options) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throwFileError(path, "cannot open", errno);
+  std::string header;
+  std::getline(in, header);
+  if (!header.empty() && header.back() == '\r') header.pop_back();  // CRLF line ends (the lines' \r is whitespace)
+  ORPHEUS_CHECK_INPUT(header.rfind(kMagic, 0) == 0, "{}:1: not a token stream (expected '{}')", path, kMagic);
+  const int64_t vocabulary = headerValue(header, "vocabulary", path);
+  ORPHEUS_CHECK_INPUT(vocabulary > 0 && vocabulary < (int64_t{1} << 24),
+                      "{}:1: the header needs vocabulary=V (1 <= V < 2^24, ids exact as floats)", path);
+  const int64_t steps = options.steps > 0 ? options.steps : headerValue(header, "steps", path);
+  ORPHEUS_CHECK_INPUT(steps > 0 && steps <= kMaxSteps, "{}:1: the header needs steps=T (1 <= T <= {})", path,
+                      kMaxSteps);
+
+  const std::vector<int32_t> tokens = readRankTokens(in, path, options, vocabulary);
+  return segmentsOf(tokens, path, options, steps, vocabulary);
 }
 
 }  // namespace detail

@@ -270,46 +270,47 @@ std::pair<double, double> divergence(const std::vector<Finished>& done) {
   return {max, sum / static_cast<double>(done.size())};
 }
 
-}  // namespace
-
-int runSimulation(const TrainConfig& given, const SimConfig& sim) {
-  checkSimulable(given, sim);
-  const int p = sim.ranks;
-  const int threads = sim.threads > 0 ? sim.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  // Waits scale with the ranks sharing each core: a peer may be P/threads turns away.
+// The job as the simulation runs it. Waits scale with the ranks sharing each core:
+// a peer may be P/threads turns away.
+TrainConfig simulatedConfig(const TrainConfig& given, int p, int threads) {
   TrainConfig config = given;
   config.timeoutSeconds = given.timeoutSeconds * std::max(1.0, static_cast<double>(p) / (8.0 * threads));
   config.progress = "off";
   // The network model times one exchange per clock after the compute (sim/trace.h).
   config.overlap = false;
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
+  return config;
+}
 
-  const auto realStart = std::chrono::steady_clock::now();
-  const Shards shards = loadShards(config, p);
+// A model per worker (a .loss model keeps scratch state per instance), once the
+// job is known to fit in memory with `threads` of them running at once.
+std::vector<std::unique_ptr<ops::Model>> makeModels(const TrainConfig& config, const Shards& shards, int p,
+                                                    int threads) {
   {
     const auto one = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
     const Dataset& first = shards.train.front();
     checkJobMemory(config, *one, {shards.features, shards.classes, first.steps, first.sparse}, p, threads);
   }
-  // A model per worker: a .loss model keeps scratch state per instance.
   std::vector<std::unique_ptr<ops::Model>> models;
   models.reserve(static_cast<size_t>(p));
   for (int r = 0; r < p; ++r) models.push_back(ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed));
-  const ops::Model& model = *models[0];
-  spdlog::info("simulating {} workers of {} ({} at once): {}", p, model.spec(), threads,
-               comm::MulticastSchedule(scheduleConfig(config, p)).describe());
+  return models;
+}
 
-  MetricsWriter writer(given.metrics);
-  ProgressLine progress(given.progress, static_cast<uint64_t>(config.clocks));
-  MetricsAggregator aggregator(p, writer, progress, model.hasAccuracy(), 1, static_cast<uint64_t>(config.clocks));
-  const VirtualClock::Mode mode = config.sync == SyncMode::kDense           ? VirtualClock::Mode::kDense
-                                  : config.consistency == Consistency::kSsp ? VirtualClock::Mode::kSsp
-                                                                            : VirtualClock::Mode::kBsp;
-  Trace trace(p, VirtualClock(sim.network, p, mode, config.staleness), aggregator);
+VirtualClock::Mode clockMode(const TrainConfig& config) {
+  return config.sync == SyncMode::kDense           ? VirtualClock::Mode::kDense
+         : config.consistency == Consistency::kSsp ? VirtualClock::Mode::kSsp
+                                                   : VirtualClock::Mode::kBsp;
+}
 
+// Every worker on a thread of its own, `threads` of them running at once; what
+// each finished with, by rank.
+std::vector<Finished> runRanks(const TrainConfig& config, const SimConfig& sim,
+                               const std::vector<std::unique_ptr<ops::Model>>& models, const Shards& shards,
+                               Trace& trace, VirtualClock::Mode mode, const comm::MulticastSchedule& schedule,
+                               int threads, std::chrono::milliseconds timeout) {
+  const int p = sim.ranks;
   auto gate = std::make_shared<comm::loopback::RunGate>(threads);
   // SSP applies batches as they arrive: in the order of the virtual clock.
-  const comm::MulticastSchedule schedule(scheduleConfig(config, p));
   std::optional<ArrivalBook> book;
   if (mode == VirtualClock::Mode::kSsp) {
     book.emplace(p, gate.get());
@@ -320,22 +321,24 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   auto group = comm::makeLoopbackGroup(p, options, gate);
   useSmallStacks();
   std::vector<Finished> done(static_cast<size_t>(p));
-  {
-    std::vector<std::thread> workers;
-    workers.reserve(static_cast<size_t>(p));
-    for (int r = 0; r < p; ++r) {
-      workers.emplace_back(runRank, r, std::cref(config), std::cref(sim), std::cref(*models[static_cast<size_t>(r)]),
-                           std::move(group[static_cast<size_t>(r)]), std::ref(*gate), std::ref(trace),
-                           book ? &*book : nullptr, book ? &schedule : nullptr, std::cref(shards), timeout,
-                           std::ref(done[static_cast<size_t>(r)]));
-    }
-    for (auto& w : workers) w.join();
+  std::vector<std::thread> workers;
+  workers.reserve(static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    workers.emplace_back(runRank, r, std::cref(config), std::cref(sim), std::cref(*models[static_cast<size_t>(r)]),
+                         std::move(group[static_cast<size_t>(r)]), std::ref(*gate), std::ref(trace),
+                         book ? &*book : nullptr, book ? &schedule : nullptr, std::cref(shards), timeout,
+                         std::ref(done[static_cast<size_t>(r)]));
   }
-  progress.finish();
-  const double realSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - realStart).count();
+  for (auto& w : workers) w.join();
+  return done;
+}
 
-  saveOutputs(config, done, model, shards);
-  const TraceTotals totals = trace.totals();
+// The metrics file's closing line: the job, its traffic, staleness and divergence,
+// the network and CPU it was simulated on, and its result.
+JsonLine simulationSummary(const TrainConfig& config, const SimConfig& sim, const ops::Model& model, int fanout,
+                           const TraceTotals& totals, const MetricsAggregator& aggregator,
+                           const std::vector<Finished>& done, double realSeconds) {
+  const int p = sim.ranks;
   const auto [divMax, divMean] = divergence(done);
   const uint64_t last = done[0].lastClock;
   const double clocks = static_cast<double>(std::max<uint64_t>(1, totals.clocks));
@@ -347,7 +350,7 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
       .add("clocks", last)
       .add("clocks_planned", config.clocks)
       .add("reached_target", reachedTarget);
-  addJobSettings(summary, config, model, p, schedule.fanout());
+  addJobSettings(summary, config, model, p, fanout);
   summary.add("seconds", totals.seconds)
       .add("seconds_per_clock", totals.seconds / clocks)
       .add("bytes_sent", aggregator.totalBytes())
@@ -395,8 +398,41 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
       summary.add("best_test_accuracy", std::max(aggregator.bestAccuracy(), eval.accuracy));
     }
   }
-  writer.write(summary);
+  return summary;
+}
 
+}  // namespace
+
+int runSimulation(const TrainConfig& given, const SimConfig& sim) {
+  checkSimulable(given, sim);
+  const int p = sim.ranks;
+  const int threads = sim.threads > 0 ? sim.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const TrainConfig config = simulatedConfig(given, p, threads);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
+
+  const auto realStart = std::chrono::steady_clock::now();
+  const Shards shards = loadShards(config, p);
+  const std::vector<std::unique_ptr<ops::Model>> models = makeModels(config, shards, p, threads);
+  const ops::Model& model = *models[0];
+  spdlog::info("simulating {} workers of {} ({} at once): {}", p, model.spec(), threads,
+               comm::MulticastSchedule(scheduleConfig(config, p)).describe());
+
+  MetricsWriter writer(given.metrics);
+  ProgressLine progress(given.progress, static_cast<uint64_t>(config.clocks));
+  MetricsAggregator aggregator(p, writer, progress, model.hasAccuracy(), 1, static_cast<uint64_t>(config.clocks));
+  const VirtualClock::Mode mode = clockMode(config);
+  Trace trace(p, VirtualClock(sim.network, p, mode, config.staleness), aggregator);
+  const comm::MulticastSchedule schedule(scheduleConfig(config, p));
+  const std::vector<Finished> done = runRanks(config, sim, models, shards, trace, mode, schedule, threads, timeout);
+  progress.finish();
+  const double realSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - realStart).count();
+
+  saveOutputs(config, done, model, shards);
+  const TraceTotals totals = trace.totals();
+  writer.write(simulationSummary(config, sim, model, schedule.fanout(), totals, aggregator, done, realSeconds));
+
+  const uint64_t last = done[0].lastClock;
+  const EvalResult& eval = done[0].eval;
   std::printf("simulated %s on %d workers: %llu clocks in %.4g simulated s (%.1f s real)", model.spec().c_str(), p,
               static_cast<unsigned long long>(last), totals.seconds, realSeconds);
   if (!config.test.empty() && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);

@@ -19,9 +19,29 @@ double VirtualClock::inThrough(int r, uint64_t c) const {
 std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<RankClock>& ranks) {
   const auto p = static_cast<size_t>(ranks_);
   std::vector<RankTiming> out(p);
+  const std::vector<Transfer> transfers = sendsOf(ranks, out);
+  std::vector<double> lastIn(p, 0.0);
+  std::vector<double> bytesIn(p, 0.0);
+  deliver(transfers, out, lastIn, bytesIn);
+  exchange(ranks, lastIn, bytesIn, out);
+  lastIn_.push_back(std::move(lastIn));
+  measureStaleness(clock, out);
+  nextStarts(clock, ranks, out);
+
+  // Keep the clocks SSP may still wait on (s + 1 back) and the staleness window.
+  const uint64_t s = static_cast<uint64_t>(std::max(0, staleness_));
+  const size_t keep = static_cast<size_t>(std::min<uint64_t>(s + 2, 64));
+  while (lastIn_.size() > keep) {
+    lastIn_.pop_front();
+    ++firstKept_;
+  }
+  return out;
+}
+
+std::vector<Transfer> VirtualClock::sendsOf(const std::vector<RankClock>& ranks, std::vector<RankTiming>& out) const {
+  const auto p = static_cast<size_t>(ranks_);
   std::vector<Transfer> transfers;
   const NetworkModel& model = network_.model();
-  const auto stack = [&](size_t r, double bytes) { return ranks[r].slowdown * model.stackSeconds(bytes); };
   for (size_t r = 0; r < p; ++r) {
     out[r].start = start_[r];
     out[r].sends = start_[r] + ranks[r].compute;
@@ -36,13 +56,16 @@ std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<Ra
     }
     // Every copy passes through the sender's stack before it can leave (multicast: one).
     const size_t copies = model.multicast ? std::min<size_t>(1, t.receivers.size()) : t.receivers.size();
-    out[r].sends += stack(r, static_cast<double>(t.bytes) * static_cast<double>(copies));
+    out[r].sends += ranks[r].slowdown * model.stackSeconds(static_cast<double>(t.bytes) * static_cast<double>(copies));
     t.ready = out[r].sends;
     if (!t.receivers.empty()) transfers.push_back(std::move(t));
   }
+  return transfers;
+}
+
+void VirtualClock::deliver(const std::vector<Transfer>& transfers, std::vector<RankTiming>& out,
+                           std::vector<double>& lastIn, std::vector<double>& bytesIn) {
   const std::vector<std::vector<double>> in = network_.deliver(transfers);
-  std::vector<double> lastIn(p, 0.0);
-  std::vector<double> bytesIn(p, 0.0);
   for (size_t i = 0; i < transfers.size(); ++i) {
     for (size_t k = 0; k < transfers[i].receivers.size(); ++k) {
       const auto to = static_cast<size_t>(transfers[i].receivers[k]);
@@ -52,7 +75,11 @@ std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<Ra
       if (recordArrivals_) out[to].arrivals.emplace_back(transfers[i].sender, in[i][k]);
     }
   }
+}
 
+void VirtualClock::exchange(const std::vector<RankClock>& ranks, const std::vector<double>& lastIn,
+                            const std::vector<double>& bytesIn, std::vector<RankTiming>& out) const {
+  const auto p = static_cast<size_t>(ranks_);
   double denseDone = 0.0;
   if (mode_ == Mode::kDense) {
     double reduced = 0.0;
@@ -69,12 +96,14 @@ std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<Ra
       case Mode::kSsp: t.exchanged = t.sends; break;
       case Mode::kDense: t.exchanged = denseDone; break;
     }
-    t.end = t.exchanged + stack(r, bytesIn[r]) + ranks[r].receive + ranks[r].update;
+    t.end = t.exchanged + ranks[r].slowdown * network_.model().stackSeconds(bytesIn[r]) + ranks[r].receive +
+            ranks[r].update;
   }
+}
 
-  lastIn_.push_back(std::move(lastIn));
-  // Staleness at this clock's start, from the clocks placed before it.
-  for (size_t r = 0; r < p; ++r) {
+// Staleness at this clock's start, from the clocks placed before it.
+void VirtualClock::measureStaleness(uint64_t clock, std::vector<RankTiming>& out) const {
+  for (size_t r = 0; r < static_cast<size_t>(ranks_); ++r) {
     uint64_t complete = clock - 1;
     while (complete >= firstKept_ && complete - firstKept_ < lastIn_.size() &&
            lastIn_[complete - firstKept_][r] > out[r].start) {
@@ -83,8 +112,11 @@ std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<Ra
     // Clocks older than the window were complete long ago.
     out[r].staleness = static_cast<int64_t>(clock - 1) - static_cast<int64_t>(complete);
   }
+}
 
-  // The next start: the consistency model, then the coordinator's barrier.
+// The next start: the consistency model, then the coordinator's barrier.
+void VirtualClock::nextStarts(uint64_t clock, const std::vector<RankClock>& ranks, std::vector<RankTiming>& out) {
+  const auto p = static_cast<size_t>(ranks_);
   double averaged = 0.0;
   double shifted = 0.0;
   for (size_t r = 0; r < p; ++r) {
@@ -105,14 +137,6 @@ std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<Ra
     for (size_t r = 0; r < p; ++r) out[r].nextStart = barrier;
   }
   for (size_t r = 0; r < p; ++r) start_[r] = out[r].nextStart;
-
-  // Keep the clocks SSP may still wait on (s + 1 back) and the staleness window.
-  const size_t keep = static_cast<size_t>(std::min<uint64_t>(s + 2, 64));
-  while (lastIn_.size() > keep) {
-    lastIn_.pop_front();
-    ++firstKept_;
-  }
-  return out;
 }
 
 }  // namespace orpheus::engine::sim

@@ -66,6 +66,17 @@ class VirtualClock {
  private:
   // The time all batches addressed to r of clocks <= c were in (0 for c < first).
   double inThrough(int r, uint64_t c) const;
+  // The phases of place(): each rank's sends (its transfers, out[r].start and
+  // .sends), what arrived where (out[r].inDegree and .arrivals; the last arrival
+  // and the bytes per rank), the exchange's end and the clock's, the staleness at
+  // the clock's start, and the next clock's start.
+  std::vector<Transfer> sendsOf(const std::vector<RankClock>& ranks, std::vector<RankTiming>& out) const;
+  void deliver(const std::vector<Transfer>& transfers, std::vector<RankTiming>& out, std::vector<double>& lastIn,
+               std::vector<double>& bytesIn);
+  void exchange(const std::vector<RankClock>& ranks, const std::vector<double>& lastIn,
+                const std::vector<double>& bytesIn, std::vector<RankTiming>& out) const;
+  void measureStaleness(uint64_t clock, std::vector<RankTiming>& out) const;
+  void nextStarts(uint64_t clock, const std::vector<RankClock>& ranks, std::vector<RankTiming>& out);
 
   Network network_;
   int ranks_;
