@@ -1,5 +1,10 @@
 # Refusals: exit code 2 (3 for an operating-system error), one line naming the
-# problem, no model file (expect_error.sh), through the real binary.
+# problem, no model file (expect_error.sh), through the real binary. The rules of
+# TrainConfig::validate() and the numeric flags' ranges are unit tests
+# (tests/engine/config_test.cc, flags_test.cc); here one of each kind goes through
+# orpheus and mpiexec: a validate() rule that needs P (bad_flag_fanout), a numeric
+# flag (bad_flag_average_every), an enum (bad_flag_optimizer_name), an unknown flag,
+# a config file, the data readers, the loss language and the job's own checks.
 set(BADOUT ${ORPHEUS_TEST_WORKDIR}/bad_input_model.h5)
 set(EXPECT ${E2E}/expect_error.sh)
 set(TRAIN_NP1 ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 2 --save ${BADOUT})
@@ -31,8 +36,6 @@ orpheus_script_test(bad_input_label_range LABEL mpi
   COMMAND ${EXPECT} "label7.libsvm.*label 7" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --test ${FIX}/label7.libsvm)
 orpheus_script_test(bad_input_classes_flag LABEL mpi
   COMMAND ${EXPECT} "label 2.*--classes is 2" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --classes 2)
-orpheus_script_test(bad_input_target_accuracy LABEL mpi
-  COMMAND ${EXPECT} "target-accuracy" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --target-accuracy 0.9)
 orpheus_script_test(bad_input_bad_sync LABEL unit
   COMMAND ${EXPECT} "--sync" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --sync gossip)
 orpheus_script_test(bad_flag_transport LABEL unit
@@ -60,23 +63,12 @@ orpheus_script_test(bad_loss_no_params LABEL mpi
   COMMAND ${EXPECT} "no_params.loss: the model declares no parameters" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --model ${LOSSFIX}/no_params.loss)
 orpheus_script_test(bad_loss_endless_steps LABEL mpi
   COMMAND ${EXPECT} "endless_steps.loss:3:[0-9]+: 's' asks for 1000000000 inner steps per clock. at most 10000" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --model ${LOSSFIX}/endless_steps.loss)
-# Selection, multicast, SSP and link failures.
-orpheus_script_test(bad_flag_select_above_batch LABEL mpi
-  COMMAND ${EXPECT} "--select 3 must be between 1 and the batch size" ${BADOUT} -- ${TRAIN_NP4} --select 3)
+# validate() on the ranks mpiexec started.
 orpheus_script_test(bad_flag_fanout LABEL mpi
   COMMAND ${EXPECT} "--fanout 4 needs at most P-1 = 3" ${BADOUT} -- ${TRAIN_NP4} --multicast random --fanout 4)
-orpheus_script_test(bad_flag_staleness LABEL mpi
-  COMMAND ${EXPECT} "--staleness: must be an integer.*got -1" ${BADOUT} -- ${TRAIN_NP4} --consistency ssp --staleness -1)
-orpheus_script_test(bad_flag_drop_links LABEL mpi
-  COMMAND ${EXPECT} "--drop-links: must be a number.*got 1.5" ${BADOUT} -- ${TRAIN_NP4} --multicast random --fanout 2 --drop-links 1.5)
-# Coordinator: averaging and rotation.
+# A numeric flag out of its range (engine/cli/flags.h).
 orpheus_script_test(bad_flag_average_every LABEL unit
   COMMAND ${EXPECT} "--average-every: must be an integer >= 1, got 0" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --average-every 0)
-orpheus_script_test(bad_flag_rotate_every LABEL unit
-  COMMAND ${EXPECT} "--rotate-every: must be an integer >= 1, got -2" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --rotate-every -2)
-# Failure injection needs a checkpoint to recover from.
-orpheus_script_test(bad_flag_fail_prob LABEL mpi
-  COMMAND ${EXPECT} "--fail-prob needs a checkpoint" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --fail-prob 0.1)
 # --inject-delay parsed strictly, on the command line and from a config file.
 orpheus_script_test(bad_flag_inject_delay LABEL unit
   COMMAND ${EXPECT} "--inject-delay: MS must be a whole number.*'xyz'" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --inject-delay 0:xyz)
@@ -88,33 +80,15 @@ orpheus_script_test(bad_flag_inject_delay_config LABEL unit
 # A file operation the operating system refuses (a full device) exits 3, not 2.
 orpheus_script_test(io_error_metrics_full_device LABEL mpi
   COMMAND env EXPECT_CODE=3 ${EXPECT} "cannot write metrics file '/dev/full': No space left on device" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --metrics /dev/full)
-# Flags that would do nothing in the chosen mode are refused, not ignored.
-orpheus_script_test(bad_flag_fanout_with_broadcast LABEL mpi
-  COMMAND ${EXPECT} "--fanout 1 applies to --multicast random" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --fanout 1)
-orpheus_script_test(bad_flag_staleness_under_bsp LABEL mpi
-  COMMAND ${EXPECT} "--staleness 3 applies to --consistency ssp" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --staleness 3)
-orpheus_script_test(bad_flag_inject_delay_rank LABEL mpi
-  COMMAND ${EXPECT} "--inject-delay 5:10 names rank 5, but the job has ranks 0..1" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --inject-delay 5:10)
+# What a job cannot hold in memory is refused before the first clock.
 orpheus_script_test(bad_flag_batch_too_large LABEL mpi
   COMMAND ${EXPECT} "--batch 2000000000: three minibatches.*needs" ${BADOUT} -- ${ORPHEUS_MPIEXEC} -n 2 --oversubscribe
           ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 2000000000 --save ${BADOUT}
           --train synthetic:examples=100,features=784,classes=10)
-# Optimizer flags: out of range, or given to an optimizer or schedule that does not use them.
-orpheus_script_test(bad_flag_beta1 LABEL mpi
-  COMMAND ${EXPECT} "--beta1: must be a number >= 0 and < 1, got 1" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --optimizer adam --beta1 1)
-orpheus_script_test(bad_flag_momentum_for_adam LABEL mpi
-  COMMAND ${EXPECT} "--momentum applies to --optimizer momentum or nesterov, not adam" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --optimizer adam --momentum 0.5)
-orpheus_script_test(bad_flag_lr_step_every LABEL mpi
-  COMMAND ${EXPECT} "--lr-schedule step needs --lr-step-every" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --lr-schedule step)
+# An optimizer name orpheus does not know.
 orpheus_script_test(bad_flag_optimizer_name LABEL unit
   COMMAND ${EXPECT} "--optimizer" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --optimizer lbfgs)
-# --sv-rank and the quasi-Newton optimizers: what they refuse.
-orpheus_script_test(bad_flag_sv_rank_overlap LABEL mpi
-  COMMAND ${EXPECT} "--sv-rank compresses a clock's whole batch after the backward pass" ${BADOUT} -- ${TRAIN_NP2}
-          --train synthetic:examples=100,features=20,classes=3 --sv-rank 1 --overlap on)
-orpheus_script_test(bad_flag_sv_rank_too_high LABEL mpi
-  COMMAND ${EXPECT} "--sv-rank 2 sends 3 SVGs per matrix" ${BADOUT} -- ${TRAIN_NP2}
-          --train synthetic:examples=100,features=20,classes=3 --sv-rank 2)
+# --sv-rank and the quasi-Newton optimizers: what only the data and the model decide.
 orpheus_script_test(bad_flag_sv_rank_sparse LABEL mpi
   COMMAND ${EXPECT} "--sv-rank factors dense updates: .*small.libsvm is sparse" ${BADOUT} -- ${ORPHEUS_MPIEXEC} -n 2
           --oversubscribe ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 4 --save ${BADOUT}
@@ -122,15 +96,3 @@ orpheus_script_test(bad_flag_sv_rank_sparse LABEL mpi
 orpheus_script_test(bad_flag_bfgs_model_too_large LABEL mpi
   COMMAND ${EXPECT} "--optimizer bfgs: model 'mlr' has 6003 parameter entries" ${BADOUT} -- ${TRAIN_NP2}
           --train synthetic:examples=10,features=2000,classes=3 --optimizer bfgs)
-orpheus_script_test(bad_flag_dfp_select LABEL mpi
-  COMMAND ${EXPECT} "--optimizer dfp needs the same curvature pair" ${BADOUT} -- ${TRAIN_NP2}
-          --train synthetic:examples=10,features=20,classes=3 --optimizer dfp --select 1)
-# Data chunks and --balance.
-orpheus_script_test(bad_flag_chunk_rows_zero LABEL unit
-  COMMAND ${EXPECT} "--chunk-rows" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --balance --chunk-rows 0)
-orpheus_script_test(bad_flag_balance_ssp LABEL mpi
-  COMMAND ${EXPECT} "--balance .* needs --consistency bsp" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --balance
-          --consistency ssp)
-orpheus_script_test(bad_flag_balance_every_without_balance LABEL mpi
-  COMMAND ${EXPECT} "--balance-every and --chunk-rows apply to --balance" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm
-          --balance-every 5)

@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <regex>
+#include <string>
+#include <vector>
 
 using namespace orpheus::engine::cli;
 using Catch::Matchers::Contains;
@@ -55,4 +58,46 @@ TEST_CASE("the validators report through CLI11 with the flag's name") {
   app.parse(std::vector<std::string>{"0.5", "--lr", "12", "--clocks"});
   REQUIRE(clocks == 12);
   REQUIRE(lr == 0.5);
+}
+
+namespace {
+
+// The line CLI11 refuses `flag value` with when the flag carries `check`, as
+// `orpheus train` declares it (engine/cli/command_flags.cc); "" when accepted.
+template <typename T>
+std::string refusal(const std::string& flag, const CLI::Validator& check, const std::string& value) {
+  CLI::App app;
+  T v{};
+  app.add_option(flag, v)->check(check);
+  try {
+    app.parse(std::vector<std::string>{value, flag});  // parse() takes the arguments reversed
+  } catch (const CLI::ValidationError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void requireMatch(const std::string& message, const std::string& pattern) {
+  INFO("message: " << message);
+  CHECK(std::regex_search(message, std::regex(pattern, std::regex::extended)));
+}
+
+}  // namespace
+
+TEST_CASE("train's numeric flags refuse out-of-range values naming the flag") {
+  // --staleness: integerIn(0, 1000000).
+  CHECK(refusal<int>("--staleness", integerIn(0, 1000000), "3").empty());
+  requireMatch(refusal<int>("--staleness", integerIn(0, 1000000), "-1"), "--staleness: must be an integer.*got -1");
+  // --drop-links: numberIn(0, 1).
+  CHECK(refusal<double>("--drop-links", numberIn(0, 1), "0.5").empty());
+  requireMatch(refusal<double>("--drop-links", numberIn(0, 1), "1.5"), "--drop-links: must be a number.*got 1.5");
+  // --beta1: numberIn(0, 1, false, true): 1 itself is out.
+  CHECK(refusal<double>("--beta1", numberIn(0, 1, false, true), "0.99").empty());
+  requireMatch(refusal<double>("--beta1", numberIn(0, 1, false, true), "1"),
+               "--beta1: must be a number >= 0 and < 1, got 1");
+  // --average-every, --rotate-every, --chunk-rows: integerIn(1).
+  requireMatch(refusal<int64_t>("--average-every", integerIn(1), "0"), "--average-every: must be an integer >= 1, got 0");
+  requireMatch(refusal<int64_t>("--rotate-every", integerIn(1), "-2"), "--rotate-every: must be an integer >= 1, got -2");
+  requireMatch(refusal<int64_t>("--chunk-rows", integerIn(1), "0"), "--chunk-rows");
+  CHECK(refusal<int64_t>("--chunk-rows", integerIn(1), "256").empty());
 }

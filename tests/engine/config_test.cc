@@ -1,0 +1,161 @@
+// TrainConfig::validate(): each refusal of a combination of flags, with the line
+// `orpheus train` prints for it (the same patterns tests/e2e/bad_input.cmake once
+// matched through mpiexec). Each case starts from a configuration validate()
+// accepts, so the one flag changed is what it refuses.
+#include "engine/base/error.h"
+#include "engine/config.h"
+
+#include <catch2/catch.hpp>
+
+#include <regex>
+#include <string>
+
+namespace engine = orpheus::engine;
+using engine::TrainConfig;
+
+namespace {
+
+// `orpheus train --progress off --clocks 5 --batch 2 --train small.libsvm`.
+TrainConfig smallJob() {
+  TrainConfig c;
+  c.train = "small.libsvm";
+  c.clocks = 5;
+  c.batch = 2;
+  return c;
+}
+
+// The InputError validate() throws for `c` on `ranks` ranks ("" when it accepts it).
+std::string refusal(const TrainConfig& c, int ranks) {
+  try {
+    engine::validate(c, ranks);
+  } catch (const orpheus::InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The refusal matches `pattern` (grep -E, as tests/e2e/expect_error.sh) and is one line.
+void requireRefusal(const TrainConfig& c, int ranks, const std::string& pattern) {
+  const std::string message = refusal(c, ranks);
+  INFO("message: " << message);
+  REQUIRE_FALSE(message.empty());
+  CHECK(std::regex_search(message, std::regex(pattern, std::regex::extended)));
+  CHECK(message.find('\n') == std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("the starting configurations are accepted", "[config]") {
+  for (int ranks : {1, 2, 4}) {
+    INFO(ranks << " ranks");
+    CHECK(refusal(smallJob(), ranks).empty());
+  }
+}
+
+TEST_CASE("--select above the batch size", "[config]") {
+  TrainConfig c = smallJob();
+  c.select = 2;
+  REQUIRE(refusal(c, 4).empty());
+  c.select = 3;
+  requireRefusal(c, 4, "--select 3 must be between 1 and the batch size");
+}
+
+TEST_CASE("--fanout beyond P-1 peers, and --fanout under broadcast", "[config]") {
+  TrainConfig c = smallJob();
+  c.multicast = orpheus::comm::MulticastKind::kRandom;
+  c.fanout = 3;
+  REQUIRE(refusal(c, 4).empty());
+  c.fanout = 4;
+  requireRefusal(c, 4, "--fanout 4 needs at most P-1 = 3");
+
+  TrainConfig broadcast = smallJob();
+  broadcast.fanout = 1;
+  requireRefusal(broadcast, 2, "--fanout 1 applies to --multicast random");
+}
+
+TEST_CASE("--staleness under BSP", "[config]") {
+  TrainConfig c = smallJob();
+  c.staleness = 3;
+  requireRefusal(c, 2, "--staleness 3 applies to --consistency ssp");
+  c.consistency = engine::Consistency::kSsp;
+  CHECK(refusal(c, 2).empty());
+}
+
+TEST_CASE("--inject-delay naming a rank the job does not have", "[config]") {
+  TrainConfig c = smallJob();
+  c.delayRank = 1;
+  c.delayMs = 10;
+  REQUIRE(refusal(c, 2).empty());
+  c.delayRank = 5;
+  requireRefusal(c, 2, "--inject-delay 5:10 names rank 5, but the job has ranks 0..1");
+}
+
+TEST_CASE("--fail-prob without a checkpoint", "[config]") {
+  TrainConfig c = smallJob();
+  c.failProb = 0.1;
+  requireRefusal(c, 2, "--fail-prob needs a checkpoint");
+  c.ckptSv = true;
+  c.ckptDir = "ckpt";
+  CHECK(refusal(c, 2).empty());
+}
+
+TEST_CASE("--target-accuracy without --test", "[config]") {
+  TrainConfig c = smallJob();
+  c.targetAccuracy = 0.9;
+  requireRefusal(c, 2, "target-accuracy");
+  c.test = "small.libsvm";
+  CHECK(refusal(c, 2).empty());
+}
+
+TEST_CASE("optimizer flags the optimizer or schedule does not use", "[config]") {
+  TrainConfig c = smallJob();
+  c.optimizer = engine::OptimizerKind::kAdam;
+  REQUIRE(refusal(c, 1).empty());
+  c.momentum = 0.5;
+  requireRefusal(c, 1, "--momentum applies to --optimizer momentum or nesterov, not adam");
+
+  TrainConfig step = smallJob();
+  step.lrSchedule = engine::LrScheduleKind::kStep;
+  requireRefusal(step, 1, "--lr-schedule step needs --lr-step-every");
+  step.lrStepEvery = 2;
+  CHECK(refusal(step, 1).empty());
+}
+
+TEST_CASE("--sv-rank with --overlap, and a rank that sends no fewer SVGs", "[config]") {
+  // --train synthetic:examples=100,features=20,classes=3 --batch 2.
+  TrainConfig c = smallJob();
+  c.train = "synthetic:examples=100,features=20,classes=3";
+  c.svRank = 1;
+  c.overlap = true;
+  requireRefusal(c, 2, "--sv-rank compresses a clock's whole batch after the backward pass");
+
+  TrainConfig high = smallJob();
+  high.train = c.train;
+  high.svRank = 2;
+  requireRefusal(high, 2, "--sv-rank 2 sends 3 SVGs per matrix");
+  high.batch = 4;
+  CHECK(refusal(high, 2).empty());
+}
+
+TEST_CASE("--optimizer dfp with --select", "[config]") {
+  TrainConfig c = smallJob();
+  c.train = "synthetic:examples=10,features=20,classes=3";
+  c.optimizer = engine::OptimizerKind::kDfp;
+  REQUIRE(refusal(c, 2).empty());
+  c.select = 1;
+  requireRefusal(c, 2, "--optimizer dfp needs the same curvature pair");
+}
+
+TEST_CASE("--balance under SSP, and its knobs without --balance", "[config]") {
+  TrainConfig c = smallJob();
+  c.balance = true;
+  REQUIRE(refusal(c, 2).empty());
+  c.consistency = engine::Consistency::kSsp;
+  requireRefusal(c, 2, "--balance .* needs --consistency bsp");
+
+  TrainConfig knobs = smallJob();
+  knobs.balanceEvery = 5;
+  requireRefusal(knobs, 2, "--balance-every and --chunk-rows apply to --balance");
+  knobs.balance = true;
+  CHECK(refusal(knobs, 2).empty());
+}
