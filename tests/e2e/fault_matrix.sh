@@ -32,6 +32,7 @@ set -uo pipefail
 # Absolute paths: some cases run from other directories.
 orpheus=$(realpath "$1"); compare=$(realpath "$2"); mpiexec=$(command -v "$3"); shift 3
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
 out=$(mktemp -d)
 groups=()
 mounts=()
@@ -89,14 +90,7 @@ rankPid() {
   done
 }
 # waitFor COUNT DIR: until replica 0 of DIR has COUNT segments (at most 20 s).
-waitFor() {
-  local i
-  for i in $(seq 200); do
-    [ "$(ls "$2"/replica-0/seg-*.h5 2>/dev/null | wc -l)" -ge "$1" ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
+waitFor() { wait_for_segments "$2/replica-0" "$1" 20; }
 # noneLeft: no process of the job's session is alive (zombies, left for init to
 # reap, do not count), after at most 3 s.
 noneLeft() {

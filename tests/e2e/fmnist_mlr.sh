@@ -5,6 +5,7 @@
 set -euo pipefail
 orpheus=$1; check=$2; mpiexec=$3
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 "$mpiexec" -n 4 --oversubscribe "$orpheus" train --train "$data/train-images-idx3-ubyte.gz" \
   --test "$data/t10k-images-idx3-ubyte.gz" --clocks 1000 --batch 100 --eval-every 250 \
@@ -12,8 +13,8 @@ data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 "$check" "$out/metrics.jsonl" "test_accuracy>=0.82" "clocks<=1000"
 line=$("$orpheus" eval --params "$out/model.h5" --model mlr --test "$data/t10k-images-idx3-ubyte.gz")
 echo "$line"
-want=$(grep '"summary": true' "$out/metrics.jsonl" | sed -E 's/.*"test_accuracy": ([0-9.]+).*/\1/')
-got=$(echo "$line" | sed -E 's/.*"test_accuracy": ([0-9.]+).*/\1/')
+want=$(json_field "$out/metrics.jsonl" test_accuracy)
+got=$(echo "$line" | json_value test_accuracy)
 [ "$want" = "$got" ] || { echo "eval accuracy $got differs from training's $want"; exit 1; }
 
 # --target-accuracy: the job stops at the first eval clock that reaches it, on every
@@ -21,14 +22,12 @@ got=$(echo "$line" | sed -E 's/.*"test_accuracy": ([0-9.]+).*/\1/')
 "$mpiexec" -n 4 --oversubscribe "$orpheus" train --train "$data/train-images-idx3-ubyte.gz" \
   --test "$data/t10k-images-idx3-ubyte.gz" --clocks 1000 --batch 100 --eval-every 50 \
   --consistency ssp --staleness 2 --target-accuracy 0.80 --progress off --metrics "$out/target.jsonl"
-summary=$(tail -n 1 "$out/target.jsonl")
-echo "$summary"
-echo "$summary" | grep -q '"reached_target": true' || { echo "target 0.80 not reported as reached"; exit 1; }
-stop=$(echo "$summary" | sed -E 's/.*"clocks": ([0-9]+).*/\1/')
+tail -n 1 "$out/target.jsonl"
+[ "$(json_field "$out/target.jsonl" reached_target)" = true ] || { echo "target 0.80 not reported as reached"; exit 1; }
+stop=$(json_field "$out/target.jsonl" clocks)
 [ "$stop" -lt 1000 ] && [ $((stop % 50)) -eq 0 ] || { echo "stopped at clock $stop"; exit 1; }
 # The stopping clock's eval reached the target; no earlier eval did.
-grep -E '"clock": [0-9]+,' "$out/target.jsonl" | grep test_accuracy |
-  sed -E 's/.*"clock": ([0-9]+),.*"test_accuracy": ([0-9.]+).*/\1 \2/' |
+json_rows "$out/target.jsonl" clock test_accuracy |
   awk -v stop="$stop" '$1 < stop && $2 >= 0.80 { bad = 1 } $1 == stop && $2 >= 0.80 { ok = 1 }
                        END { if (bad || !ok) { print "evals disagree with the stop at " stop; exit 1 } }'
 [ "$(grep -c '"clock"' "$out/target.jsonl")" -eq "$stop" ] || { echo "expected $stop clock lines"; exit 1; }

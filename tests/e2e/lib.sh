@@ -1,7 +1,9 @@
 # Sourced by the end-to-end scripts: the steps several of them share.
 
-# wait_for_segments DIR N [SECONDS]: polls until DIR holds N or more durable log
-# segments (seg-*.h5), for at most SECONDS (default 60); returns 1 if it never did.
+# wait_for_segments DIR N [SECONDS]: polls until DIR (a replica's log) holds N or more
+# durable log segments (seg-*.h5), for at most SECONDS (default 60); returns 1 if it
+# never did. With kill_job, the "kill once the log has reached disk" of the resume,
+# adapt, LSTM, elastic and fault scripts.
 wait_for_segments() {
   local dir=$1 want=$2 seconds=${3:-60} i
   for ((i = 0; i < seconds * 20; ++i)); do
@@ -46,6 +48,31 @@ import json, sys
 lines = [l for l in open(sys.argv[1]) if l.strip()]
 value = json.loads(lines[int(sys.argv[3])]).get(sys.argv[2], "") if lines else ""
 print(str(value).lower() if isinstance(value, bool) else value)
+PY
+}
+
+# json_value KEY: KEY of the JSON object on standard input (its last line that is
+# one, as `orpheus eval` prints), read with a JSON parser; empty when absent.
+json_value() {
+  /usr/bin/python3 -c '
+import json, sys
+lines = [l for l in sys.stdin if l.lstrip().startswith("{")]
+value = json.loads(lines[-1]).get(sys.argv[1], "") if lines else ""
+print(str(value).lower() if isinstance(value, bool) else value)' "$1"
+}
+
+# json_rows FILE KEY...: for every JSON line of FILE that has all the KEYs, their
+# values on one line, separated by spaces (read with a JSON parser).
+json_rows() {
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+keys = sys.argv[2:]
+for line in open(sys.argv[1]):
+    if not line.strip():
+        continue
+    record = json.loads(line)
+    if all(k in record for k in keys):
+        print(" ".join(str(record[k]) for k in keys))
 PY
 }
 

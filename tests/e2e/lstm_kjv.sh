@@ -13,6 +13,7 @@
 set -euo pipefail
 orpheus=$1; mpiexec=$2; src=$3; size=${4:-tiny}
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 case "$size" in
   tiny) vocab=500; dims=32; steps=10; batch=8; clocks=150; lr=0.1; bound=110.3 ;;
   long) vocab=2000; dims=128; steps=20; batch=20; clocks=200; lr=0.1; bound=237.0 ;;
@@ -25,13 +26,12 @@ sed -e "s/^dim embed = .*/dim embed = $dims/" -e "s/^dim hidden = .*/dim hidden 
   --train "$out/kjv/kjv.train.tokens" --test "$out/kjv/kjv.valid.tokens" \
   --clocks "$clocks" --batch "$batch" --lr "$lr" --eval-every "$clocks" --progress off \
   --metrics "$out/metrics.jsonl" --save "$out/model.h5"
-summary=$(tail -1 "$out/metrics.jsonl")
-final=$(echo "$summary" | sed -E 's/.*"test_perplexity": ([0-9.eE+-]+).*/\1/')
+final=$(json_field "$out/metrics.jsonl" test_perplexity)
 echo "validation perplexity after $((clocks * batch * 4)) examples: $final (bound $bound)"
 awk -v p="$final" -v b="$bound" 'BEGIN { exit !(p > 1 && p <= b) }'
 # orpheus eval reads the validation file as one rank: 16 streams instead of 4 x B,
 # so segment boundaries differ slightly; the perplexity must agree within 2%.
 evaluated=$("$orpheus" eval --model "$out/lstm.loss" --params "$out/model.h5" --test "$out/kjv/kjv.valid.tokens" |
-  sed -E 's/.*"test_perplexity": ([0-9.eE+-]+).*/\1/')
+  json_value test_perplexity)
 echo "orpheus eval: $evaluated"
 awk -v a="$final" -v b="$evaluated" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 * a) }'
