@@ -3,6 +3,7 @@
 #include "comm/factory.h"
 
 #include "comm/loopback/loopback_transport.h"
+#include "comm/mpi/mpi_live_group.h"
 #include "comm/mpi/mpi_transport.h"
 #include "engine/base/error.h"
 
@@ -14,11 +15,30 @@ namespace {
 struct Backend {
   const char* name;
   std::unique_ptr<Transport> (*make)();
+  std::unique_ptr<LiveGroup> (*makeLive)(std::vector<std::string> argv);
+  JoinedRank (*join)(std::vector<std::string> argv, std::chrono::milliseconds timeout);
 };
 
 constexpr Backend kBackends[] = {
-    {"mpi", [] { return std::unique_ptr<Transport>(std::make_unique<mpi::MpiTransport>(MPI_COMM_WORLD)); }},
+    {"mpi", [] { return std::unique_ptr<Transport>(std::make_unique<mpi::MpiTransport>(MPI_COMM_WORLD)); },
+     [](std::vector<std::string> argv) {
+       return std::unique_ptr<LiveGroup>(std::make_unique<mpi::MpiLiveGroup>(MPI_COMM_WORLD, std::move(argv)));
+     },
+     [](std::vector<std::string> argv, std::chrono::milliseconds timeout) {
+       auto live = mpi::MpiLiveGroup::join(std::move(argv), timeout);
+       JoinedRank joined;
+       joined.transport = live->joined();
+       joined.live = std::move(live);
+       return joined;
+     }},
 };
+
+const Backend& backendNamed(const std::string& name) {
+  checkTransport(name);
+  for (const auto& b : kBackends)
+    if (name == b.name) return b;
+  throw Error(fmt::format("transport '{}' passed the check but has no maker", name));
+}
 
 }  // namespace
 
@@ -40,15 +60,29 @@ void checkTransport(const std::string& name) {
   throw InputError(fmt::format("transport '{}' is not built; available: {}", name, available));
 }
 
+Runtime::Runtime(const std::string& transport) : mpi_(transport == "mpi") {
+  checkTransport(transport);
+  if (!mpi_) return;
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+}
+
+Runtime::~Runtime() {
+  if (mpi_) MPI_Finalize();
+}
+
 std::unique_ptr<Transport> makeTransport(const std::string& name, const TransportOptions& options) {
-  checkTransport(name);
-  for (const auto& b : kBackends) {
-    if (name != b.name) continue;
-    auto transport = b.make();
-    transport->setTimeout(options.timeout);
-    return transport;
-  }
-  throw Error(fmt::format("transport '{}' passed the check but has no maker", name));
+  auto transport = backendNamed(name).make();
+  transport->setTimeout(options.timeout);
+  return transport;
+}
+
+std::unique_ptr<LiveGroup> makeLiveGroup(const std::string& name, std::vector<std::string> argv) {
+  return backendNamed(name).makeLive(std::move(argv));
+}
+
+JoinedRank joinLiveGroup(const std::string& name, std::vector<std::string> argv, std::chrono::milliseconds timeout) {
+  return backendNamed(name).join(std::move(argv), timeout);
 }
 
 std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const TransportOptions& options) {
@@ -64,6 +98,11 @@ std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const Trans
     group.back()->setTimeout(options.timeout);
   }
   return group;
+}
+
+std::vector<std::unique_ptr<LiveGroup>> makeLoopbackLiveGroup(int ranks, std::shared_ptr<loopback::RunGate> gate,
+                                                              loopback::JoinRank join) {
+  return loopback::LoopbackLiveGroup::make(ranks, std::move(gate), std::move(join));
 }
 
 }  // namespace orpheus::comm

@@ -3,6 +3,7 @@
 // writes the outputs. Also the single-process evaluation of a saved model.
 #pragma once
 
+#include "comm/live_group.h"
 #include "comm/transport.h"
 #include "engine/config.h"
 #include "engine/failures.h"
@@ -29,7 +30,7 @@ struct DataShape {
 void checkJobMemory(const TrainConfig& config, const ops::Model& model, const DataShape& data, int replicas,
                     int running);
 
-class LiveGroup;
+using comm::LiveGroup;  // comm/live_group.h
 
 // Runs `config` on this rank (collective). Returns 0 on success, also on a rank
 // that left the running job (engine/membership/live.h: `live` null, never); throws JobFailed

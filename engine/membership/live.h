@@ -31,6 +31,7 @@
 // jobs never begin an agreement and run as before.
 #pragma once
 
+#include "comm/live_group.h"
 #include "comm/transport.h"
 
 #include <chrono>
@@ -45,25 +46,9 @@ namespace orpheus::engine {
 
 struct TrainConfig;
 
-// The backend's part of a live change: the agreement and the new group.
-class LiveGroup {
- public:
-  virtual ~LiveGroup() = default;
-  // Begins the elementwise max over the group's ranks of `values` (the same length
-  // on every rank), nonblocking; at most one is under way.
-  virtual void beginMax(std::span<const double> values) = 0;
-  virtual bool pending() const = 0;
-  // Completes it; TimeoutError after `timeout`.
-  virtual std::vector<double> finishMax(std::chrono::milliseconds timeout) = 0;
-  // Collective over the group, right after an agreement every rank completed: the
-  // ranks that stay form the next group (in their old order) and get its transport,
-  // which the group then spans; a leaving rank gets null.
-  virtual std::unique_ptr<comm::Transport> split(bool stays, std::chrono::milliseconds timeout) = 0;
-  // Collective over the group: `ranks` new processes of this program join it (their
-  // argv this process's, marked to join after `clock`), ranked after the group's.
-  // Returns the grown group's transport, which the group then spans.
-  virtual std::unique_ptr<comm::Transport> grow(int ranks, uint64_t clock, std::chrono::milliseconds timeout) = 0;
-};
+// The backend's part of a live change, the agreement and the new group, is the
+// transport's (comm/live_group.h; comm/factory.h makes it).
+using comm::LiveGroup;
 
 // SIGTERM on this rank becomes a leave notice (the handler stores the time only).
 void installLeaveNotice();

@@ -1,4 +1,4 @@
-#include "engine/cli/live_mpi.h"
+#include "comm/mpi/mpi_live_group.h"
 
 #include "comm/mpi/mpi_requests.h"
 #include "comm/mpi/mpi_transport.h"
@@ -9,7 +9,7 @@
 
 #include <filesystem>
 
-namespace orpheus::engine {
+namespace orpheus::comm::mpi {
 
 MpiLiveGroup::MpiLiveGroup(MPI_Comm comm, std::vector<std::string> argv) : argv_(std::move(argv)) {
   ORPHEUS_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
@@ -36,7 +36,7 @@ void MpiLiveGroup::beginMax(std::span<const double> values) {
 
 std::vector<double> MpiLiveGroup::finishMax(std::chrono::milliseconds timeout) {
   try {
-    comm::mpi::waitFor(request_, timeout, [&] {
+    waitFor(request_, timeout, [&] {
       return fmt::format("the membership agreement did not complete within {} s", timeout.count() / 1000.0);
     });
   } catch (...) {
@@ -47,7 +47,7 @@ std::vector<double> MpiLiveGroup::finishMax(std::chrono::milliseconds timeout) {
   return result_;
 }
 
-std::unique_ptr<comm::Transport> MpiLiveGroup::split(bool stays, std::chrono::milliseconds timeout) {
+std::unique_ptr<Transport> MpiLiveGroup::split(bool stays, std::chrono::milliseconds timeout) {
   // MPI has no nonblocking split: it comes right after an agreement every rank of
   // the group completed, so every rank is already here.
   int rank = 0;
@@ -58,22 +58,22 @@ std::unique_ptr<comm::Transport> MpiLiveGroup::split(bool stays, std::chrono::mi
   if (!stays) return nullptr;
   comm_ = next;
   ORPHEUS_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-  auto transport = std::make_unique<comm::mpi::MpiTransport>(comm_);
+  auto transport = std::make_unique<MpiTransport>(comm_);
   transport->setTimeout(timeout);
   return transport;
 }
 
-std::unique_ptr<comm::Transport> MpiLiveGroup::grow(int ranks, uint64_t clock, std::chrono::milliseconds timeout) {
+std::unique_ptr<Transport> MpiLiveGroup::grow(int ranks, uint64_t clock, std::chrono::milliseconds timeout) {
   // argv without the program, then the join marker; a joined process's own marker is dropped.
   std::vector<std::string> args;
   for (size_t i = 1; i < argv_.size(); ++i) {
-    if (argv_[i] == kJoinFlag) {
+    if (argv_[i] == kLiveJoinFlag) {
       ++i;
       continue;
     }
     args.push_back(argv_[i]);
   }
-  args.push_back(kJoinFlag);
+  args.push_back(kLiveJoinFlag);
   args.push_back(std::to_string(clock));
   std::vector<char*> cargs;
   for (auto& a : args) cargs.push_back(a.data());
@@ -93,7 +93,7 @@ std::unique_ptr<comm::Transport> MpiLiveGroup::grow(int ranks, uint64_t clock, s
   MPI_Comm_free(&comm_);
   comm_ = merged;
   ORPHEUS_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-  auto transport = std::make_unique<comm::mpi::MpiTransport>(comm_);
+  auto transport = std::make_unique<MpiTransport>(comm_);
   transport->setTimeout(timeout);
   return transport;
 }
@@ -101,14 +101,14 @@ std::unique_ptr<comm::Transport> MpiLiveGroup::grow(int ranks, uint64_t clock, s
 std::unique_ptr<MpiLiveGroup> MpiLiveGroup::join(std::vector<std::string> argv, std::chrono::milliseconds timeout) {
   MPI_Comm parent = MPI_COMM_NULL;
   ORPHEUS_MPI_CHECK(MPI_Comm_get_parent(&parent));
-  if (parent == MPI_COMM_NULL) throw InputError(fmt::format("{} is for processes a running job spawns", kJoinFlag));
+  if (parent == MPI_COMM_NULL) throw InputError(fmt::format("{} is for processes a running job spawns", kLiveJoinFlag));
   // The same calls, in the same order, as the parents' grow() after their spawn.
   std::unique_ptr<MpiLiveGroup> group(new MpiLiveGroup(std::move(argv)));
   ORPHEUS_MPI_CHECK(MPI_Intercomm_merge(parent, 1, &group->comm_));
   ORPHEUS_MPI_CHECK(MPI_Comm_set_errhandler(group->comm_, MPI_ERRORS_RETURN));
-  group->joined_ = std::make_unique<comm::mpi::MpiTransport>(group->comm_);
+  group->joined_ = std::make_unique<MpiTransport>(group->comm_);
   group->joined_->setTimeout(timeout);
   return group;
 }
 
-}  // namespace orpheus::engine
+}  // namespace orpheus::comm::mpi

@@ -1,4 +1,4 @@
-// The live membership change over MPI (engine/membership/live.h): the agreement is an
+// The live group over MPI (comm/live_group.h): the agreement is an
 // MPI_Iallreduce (MPI_MAX) on a communicator of its own, so it never matches the
 // transport's traffic; the next group is MPI_Comm_split of it, or, to grow,
 // MPI_Comm_spawn of this program merged with it (MPI_Intercomm_merge).
@@ -9,14 +9,14 @@
 // reports, the exit latency is the job's remaining time.
 #pragma once
 
-#include "engine/membership/live.h"
+#include "comm/live_group.h"
 
 #include <mpi.h>
 
 #include <string>
 #include <vector>
 
-namespace orpheus::engine {
+namespace orpheus::comm::mpi {
 
 class MpiLiveGroup final : public LiveGroup {
  public:
@@ -25,16 +25,14 @@ class MpiLiveGroup final : public LiveGroup {
   // A process grow() spawned: joins its parents' group (collective with their
   // grow()); the group's transport, ranked after the parents, is joined().
   static std::unique_ptr<MpiLiveGroup> join(std::vector<std::string> argv, std::chrono::milliseconds timeout);
-  std::unique_ptr<comm::Transport> joined() { return std::move(joined_); }
+  std::unique_ptr<Transport> joined() { return std::move(joined_); }
   ~MpiLiveGroup() override;
 
   void beginMax(std::span<const double> values) override;
   bool pending() const override { return request_ != MPI_REQUEST_NULL; }
   std::vector<double> finishMax(std::chrono::milliseconds timeout) override;
-  std::unique_ptr<comm::Transport> split(bool stays, std::chrono::milliseconds timeout) override;
-  std::unique_ptr<comm::Transport> grow(int ranks, uint64_t clock, std::chrono::milliseconds timeout) override;
-  // The flag that marks a spawned process's argv, followed by the clock it joins after.
-  static constexpr const char* kJoinFlag = "--live-join";
+  std::unique_ptr<Transport> split(bool stays, std::chrono::milliseconds timeout) override;
+  std::unique_ptr<Transport> grow(int ranks, uint64_t clock, std::chrono::milliseconds timeout) override;
 
  private:
   explicit MpiLiveGroup(std::vector<std::string> argv) : argv_(std::move(argv)) {}
@@ -45,7 +43,7 @@ class MpiLiveGroup final : public LiveGroup {
   std::vector<double> result_;
   bool abandoned_ = false;  // a request timed out and may still be active
   std::vector<std::string> argv_;
-  std::unique_ptr<comm::Transport> joined_;
+  std::unique_ptr<Transport> joined_;
 };
 
-}  // namespace orpheus::engine
+}  // namespace orpheus::comm::mpi

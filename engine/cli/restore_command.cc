@@ -1,0 +1,55 @@
+#include "engine/cli/commands.h"
+
+#include "ckpt/model_file.h"
+#include "engine/base/error.h"
+#include "engine/cli/flags.h"
+#include "engine/coordinator/balance.h"
+#include "engine/job/outputs.h"
+#include "engine/recovery/checkpoint.h"
+#include "ops/backends.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <limits>
+
+namespace orpheus::engine::cli {
+
+int restoreMain(const RestoreArgs& a) {
+  uint64_t clock = 0;
+  if (a.clock != "latest") {
+    int64_t parsed = 0;
+    std::string error;
+    if (!parseInteger(a.clock, 0, std::numeric_limits<int64_t>::max(), &parsed, &error)) {
+      throw orpheus::InputError("--clock: " + error + " (or 'latest')");
+    }
+    if (parsed == 0) throw orpheus::InputError("--clock 0 is the initial state; give a clock >= 1");
+    clock = static_cast<uint64_t>(parsed);
+  }
+  checkOutputs({{"--out", a.out, OutputPath::Kind::kFile}},
+                                {{"--ckpt-dir", a.dir, /*directory=*/true}});
+  const auto backend = ops::makeBackend(a.device);
+  const auto r = restore(a.dir, a.replica, clock, *backend);
+  const auto job = ckpt::readJobInfo(a.dir);
+  ckpt::ModelFileInfo info;
+  info.modelSpec = job.modelSpec;
+  info.clock = static_cast<int64_t>(r.clock);
+  info.seed = job.seed;
+  info.replica = r.replica;
+  info.features = job.features;
+  info.classes = job.classes;
+  // The optimizer state (none for sgd) in its own group, /optimizer.
+  ckpt::saveParams(resolveOutput(a.out),
+                            withState(r.params, r.optimizerState), info);
+  std::printf("restored replica %d at clock %llu%s (%s, %zu groups replayed) to %s\n", r.replica,
+              static_cast<unsigned long long>(r.clock), clock == 0 ? ", the newest restorable clock" : "",
+              r.fromSnapshot ? fmt::format("from the snapshot of clock {}", r.fromSnapshot).c_str() : "from W0",
+              r.groupsReplayed, a.out.c_str());
+  // A --balance job: which rank trained on which rows at that clock.
+  if (const auto chunks = describeChunksAt(a.dir, r.clock)) {
+    std::printf("data chunks at clock %llu: %s\n", static_cast<unsigned long long>(r.clock), chunks->c_str());
+  }
+  return 0;
+}
+
+}  // namespace orpheus::engine::cli
