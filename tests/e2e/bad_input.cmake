@@ -1,6 +1,6 @@
 # Refusals: exit code 2 (3 for an operating-system error), one line naming the
 # problem, no model file (expect_error.sh), through the real binary. The rules of
-# TrainConfig::validate() and the numeric flags' ranges are unit tests
+# TrainConfig::validate() and orpheus train's flag table are unit tests
 # (tests/engine/config_test.cc, flags_test.cc); here one of each kind goes through
 # orpheus and mpiexec: a validate() rule that needs P (bad_flag_fanout), a numeric
 # flag (bad_flag_average_every), an enum (bad_flag_optimizer_name), an unknown flag,
