@@ -97,6 +97,7 @@ struct TrainConfig {
   int64_t evalEvery = 100;  // 0: only at the end
   double targetAccuracy = 0.0;  // > 0: stop at the first eval clock whose test accuracy reaches it
   std::string metrics;
+  bool paramDigests = false;  // each clock's metrics line carries rank 0's replica's CRC32C
   std::string save;
   double timeoutSeconds = 300.0;
   std::string transport = "mpi";  // comm/factory.h

@@ -1,5 +1,7 @@
 #include "engine/base/params.h"
 
+#include "engine/base/crc32c.h"
+
 #include "engine/base/error.h"
 
 #include <cmath>
@@ -17,6 +19,12 @@ size_t ParamSet::numElements() const {
   size_t n = 0;
   for (const auto& p : params) n += static_cast<size_t>(p.value.size());
   return n;
+}
+
+uint32_t paramDigest(const ParamSet& set) {
+  uint32_t crc = 0;
+  for (const Param& p : set.params) crc = crc32c(crc, p.value.data(), static_cast<size_t>(p.value.size()) * sizeof(float));
+  return crc;
 }
 
 double relativeDifference(const ParamSet& a, const ParamSet& b) {

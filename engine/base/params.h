@@ -4,6 +4,7 @@
 
 #include <Eigen/Dense>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,12 @@ struct ParamSet {
   size_t size() const { return params.size(); }
   size_t numElements() const;
 };
+
+// CRC32C of every parameter's values (float32, column-major), in the set's order:
+// two sets with the same digest hold the same bits (up to CRC collisions). The
+// metrics' param_crc32c and `orpheus restore` print it, so a restored replica can
+// be checked against the live one.
+uint32_t paramDigest(const ParamSet& set);
 
 // ||a - b||_F / ||b||_F over all parameters together; shapes must match.
 double relativeDifference(const ParamSet& a, const ParamSet& b);

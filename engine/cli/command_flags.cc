@@ -253,6 +253,9 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
                  "that eval is then a collective")
       ->check(numberIn(0, 1));
   cmd.add_option("--metrics", c.metrics, "Write per-clock metrics as JSON lines to this file (rank 0)");
+  cmd.add_flag("--param-digests", c.paramDigests,
+               "Each clock's metrics line carries the CRC32C of rank 0's replica (param_crc32c, with 'replica'); "
+               "'orpheus restore' prints the same digest, so a restore can be checked against the live run");
   cmd.add_option("--save", c.save, "Save the final parameters to this HDF5 file (rank 0)");
   cmd.add_option("--timeout", c.timeoutSeconds, "Seconds any wait for a peer may take before the job fails")
       ->capture_default_str()

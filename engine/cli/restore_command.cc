@@ -1,6 +1,7 @@
 #include "engine/cli/commands.h"
 
 #include "ckpt/model_file.h"
+#include "engine/base/params.h"
 #include "engine/base/error.h"
 #include "engine/cli/flags.h"
 #include "engine/coordinator/balance.h"
@@ -45,6 +46,8 @@ int restoreMain(const RestoreArgs& a) {
               static_cast<unsigned long long>(r.clock), clock == 0 ? ", the newest restorable clock" : "",
               r.fromSnapshot ? fmt::format("from the snapshot of clock {}", r.fromSnapshot).c_str() : "from W0",
               r.groupsReplayed, a.out.c_str());
+  // The digest a --param-digests run writes in its metrics (param_crc32c).
+  std::printf("parameters crc32c %u\n", paramDigest(r.params));
   // A --balance job: which rank trained on which rows at that clock.
   if (const auto chunks = describeChunksAt(a.dir, r.clock)) {
     std::printf("data chunks at clock %llu: %s\n", static_cast<unsigned long long>(r.clock), chunks->c_str());

@@ -104,8 +104,13 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
     if (config.resume) {
       ORPHEUS_CHECK_INPUT(std::filesystem::exists(std::filesystem::path(config.ckptDir) / "job.h5"),
                           "--resume: '{}' holds no checkpoint (no job.h5)", config.ckptDir);
-      ORPHEUS_CHECK_INPUT(config.consistency == Consistency::kBsp,
-                          "--resume continues a job exactly only under --consistency bsp");
+      // Under SSP a batch may be in flight at any clock, so no clock holds a state
+      // an uninterrupted run passes through: the job can continue from the log
+      // (--elastic: the batches not yet applied at the resumed clock are dropped, as
+      // a straggler's would be), but not exactly.
+      ORPHEUS_CHECK_INPUT(config.consistency == Consistency::kBsp || config.elastic,
+                          "--resume continues a job exactly only under --consistency bsp; under ssp, --resume "
+                          "--elastic continues it from the log, without the batches in flight at the resumed clock");
     }
     checkInputExists(config.train);
     checkInputExists(config.test);

@@ -170,6 +170,7 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
       .add("failures", static_cast<int64_t>(e.sum[kFailed]))
       .add("lost_clocks", static_cast<int64_t>(e.sum[kLostClocks]));
   if (e.sum[kRankError] >= 0) line.add("sv_rank_error", e.sum[kRankError] / p);
+  if (e.sum[kParamDigest] >= 0) line.add("param_crc32c", static_cast<int64_t>(e.sum[kParamDigest]));
   if (e.sum[kAveraged] > 0) {
     line.add("averaged", true)
         .add("divergence_max", e.sum[kDivergenceMax])
@@ -258,6 +259,7 @@ ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockArou
     r[kRotated] = around.rotated ? 1.0 : 0.0;
     r[kDivergenceMax] = around.divergenceMax;
     r[kDivergenceMean] = around.divergenceMean;
+    r[kParamDigest] = around.paramDigest;
   }
   return r;
 }

@@ -93,7 +93,7 @@ enum ClockField : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
-  kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kClockFieldCount
+  kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kParamDigest, kClockFieldCount
 };
 // On the wire: the kClockFieldCount doubles as they are in memory (every rank runs
 // the same binary).
@@ -119,6 +119,7 @@ struct ClockAround {
   bool rotated = false;
   double divergenceMax = 0.0;
   double divergenceMean = 0.0;
+  double paramDigest = -1.0;  // --param-digests: the replica's paramDigest at the clock's end; -1: off
 };
 
 // This rank's record of clock `clock` (without its evaluation fields).

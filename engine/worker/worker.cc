@@ -502,6 +502,7 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   around.rotated = coordination.rotated;
   around.divergenceMax = coordination.divergenceMax;
   around.divergenceMean = coordination.divergenceMean;
+  if (config_.paramDigests && around.leader) around.paramDigest = paramDigest(replica_);
   ClockRecord r = clockRecord(clock, stats, around);
   const bool reachedTarget = evaluateAt(clock, r);
   if (reachedTarget) {
