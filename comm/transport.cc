@@ -188,6 +188,11 @@ std::optional<Message> Transport::tryReceive() {
   return doTryReceive();
 }
 
+std::optional<Message> Transport::receiveWithin(std::chrono::microseconds wait) {
+  checkUsable("receiveWithin");
+  return doReceiveWithin(wait);
+}
+
 void Transport::flushSends() {
   checkUsable("flushSends");
   guarded(std::nullopt, [&] { doFlushSends(); });

@@ -137,6 +137,11 @@ class Transport {
   void sendAsync(int peer, SharedPieces pieces);
   // A data message that has arrived from any peer, or nothing; never blocks.
   std::optional<Message> tryReceive();
+  // tryReceive that, where the backend can wait without holding other ranks up,
+  // waits up to `wait` for a message when none is there (a loopback rank under a
+  // run gate sleeps outside the gate until a peer posts); other backends answer at
+  // once, as tryReceive does.
+  std::optional<Message> receiveWithin(std::chrono::microseconds wait);
   // Waits until every data send posted so far has completed (TimeoutError after timeout()).
   void flushSends();
 
@@ -166,6 +171,10 @@ class Transport {
   virtual void doSendPiecesAsync(int peer, SharedPieces pieces);
   virtual Gathered doAllgathervPieces(const Pieces& local, uint64_t clock);
   virtual std::optional<Message> doTryReceive() = 0;
+  virtual std::optional<Message> doReceiveWithin(std::chrono::microseconds wait) {
+    (void)wait;
+    return doTryReceive();
+  }
   virtual void doFlushSends() = 0;
   // Host memory: no state (null). Any other kind: InputError naming the transport.
   virtual std::unique_ptr<BufferRegistration> doRegisterBuffer(std::span<std::byte> bytes, MemoryKind kind);

@@ -54,23 +54,28 @@ note() { echo "$(date +%s.%N) $*" >>"$faults"; say "$*"; }
 # The orpheus rank processes of the running job, as "pid rank" lines.
 ranks() {
   for p in $(pgrep -f "$ORPHEUS train" 2>/dev/null); do
-    r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -m1 '^OMPI_COMM_WORLD_RANK=' | cut -d= -f2)
+    r=$({ tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -m1 '^OMPI_COMM_WORLD_RANK=' | cut -d= -f2)
     [ -n "$r" ] && echo "$p $r"
   done
+}
+# The running job's ranks now: its newest membership epoch (4 before any change).
+members() {
+  if [ -e "$1/membership" ]; then awk '$1 == "epoch" { r = $6 } END { print r ? r : 4 }' "$1/membership"; else echo 4; fi
 }
 pickRank() {
   local all; mapfile -t all < <(ranks)
   [ ${#all[@]} -gt 0 ] && echo "${all[$((RANDOM % ${#all[@]}))]}"
 }
 
-# One fault against the running job in $1 (its ckpt dir) of mode $2.
+# One fault against the running job in $1 (its ckpt dir) of mode $2; fails when none
+# could be made (no rank up, or no live change that the job could take).
 inject() {
   local ck=$1 mode=$2 kinds=(kill kill stop stop) pick
   [ "$mounted" = 1 ] && kinds+=(full)
   [ "$mode" = bsp ] && kinds+=(shrink grow)
   local kind=${kinds[$((RANDOM % ${#kinds[@]}))]}
   pick=$(pickRank)
-  [ -n "$pick" ] || return 0
+  [ -n "$pick" ] || return 1
   set -- $pick
   local pid=$1 rank=$2
   case $kind in
@@ -85,12 +90,15 @@ inject() {
       # The job stops on the full disk (or is between attempts): free it after a while.
       sleep 8; rm -f "$disk/filler"; note "free the checkpoint disk" ;;
     shrink)
-      local n; n=$(ranks | wc -l)
-      if [ "$n" -gt 2 ] && [ "$rank" != 0 ]; then
-        note "ctl shrink $rank"; "$ORPHEUS" ctl "$ck" shrink "$rank" >>"$out/chaos.log" 2>&1
-      fi ;;
+      # Rank 0 writes the job's outputs and never leaves: the last rank of the group does.
+      local n; n=$(members "$ck")
+      [ "$n" -gt 2 ] || return 1
+      note "ctl-shrink rank $((n - 1))"
+      "$ORPHEUS" ctl "$ck" shrink $((n - 1)) >>"$out/chaos.log" 2>&1 ;;
     grow)
-      if [ "$(ranks | wc -l)" -lt 6 ]; then note "ctl grow 1"; "$ORPHEUS" ctl "$ck" grow 1 >>"$out/chaos.log" 2>&1; fi ;;
+      [ "$(members "$ck")" -lt 6 ] || return 1
+      note "ctl-grow 1"
+      "$ORPHEUS" ctl "$ck" grow 1 >>"$out/chaos.log" 2>&1 ;;
   esac
 }
 
@@ -187,8 +195,7 @@ while [ "$(date +%s)" -lt "$deadline" ]; do
       say "job $round: still running 5 minutes past the deadline: stopped"; cleanup; break
     fi
     [ "$round" -ge 2 ] && [ -e "$ck/job.h5" ] || continue
-    inject "$ck" "$mode"
-    injected=$((injected + 1))
+    inject "$ck" "$mode" && injected=$((injected + 1))
   done
   wait "$job"; rc=$?
   job=
@@ -231,7 +238,7 @@ left=$(pgrep -f "$ORPHEUS train" | wc -l)
 cleanup; trap - EXIT
 mountLeft=$(grep -c " $disk " /proc/mounts)
 [ "$mountLeft" = 0 ] || { say "the tmpfs is still mounted"; failedChecks=$((failedChecks + 1)); }
-say "faults injected: $(grep -vc 'free the' "$faults") ($(cut -d' ' -f2 "$faults" | grep -v free | sort | uniq -c | tr -s ' ' | tr '\n' ','))"
+say "faults by kind: $(cut -d' ' -f2 "$faults" | grep -v free | sort | uniq -c | awk '{printf "%s%s %s", NR > 1 ? ", " : "", $1, $2}')"
 # Seconds lost per fault: a job's wall time beyond what the fault-free job of its
 # mode (jobs 0 and 1) took per clock, divided by its faults.
 $PY - "$out/jobs.txt" <<'EOF' | tee -a "$out/chaos.log"

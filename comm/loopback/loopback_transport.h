@@ -21,11 +21,6 @@ class LoopbackTransport final : public Transport {
   int size() const override { return hub_->size(); }
   std::string name() const override { return "loopback"; }
   ControlPlane& control() override { return control_; }
-  // tryReceive that, with a run gate, waits up to `wait` (outside the gate) for a
-  // message when none is there: a simulated rank that knows it is waiting sleeps
-  // until a peer posts instead of polling.
-  std::optional<Message> receiveWithin(std::chrono::microseconds wait) { return hub_->dataMail().take(rank_, wait); }
-
  protected:
   Gathered doAllgatherv(std::span<const std::byte> local, uint64_t clock) override;
   void doAllreduceSum(std::span<float> chunk, uint64_t clock) override;
@@ -36,6 +31,11 @@ class LoopbackTransport final : public Transport {
   void doSendPiecesAsync(int peer, SharedPieces pieces) override;
   Gathered doAllgathervPieces(const Pieces& local, uint64_t clock) override;
   std::optional<Message> doTryReceive() override;
+  // With a run gate, waits up to `wait` (outside the gate) for a message: a
+  // simulated rank that knows it is waiting sleeps until a peer posts.
+  std::optional<Message> doReceiveWithin(std::chrono::microseconds wait) override {
+    return hub_->dataMail().take(rank_, wait);
+  }
   void doFlushSends() override {}  // a post is delivered at once
 
  private:

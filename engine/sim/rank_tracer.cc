@@ -80,10 +80,9 @@ TracingTransport::TracingTransport(std::unique_ptr<comm::Transport> inner, RankT
                                    const comm::MulticastSchedule* schedule)
     : inner_(std::move(inner)),
       tracer_(tracer),
-      loopback_(dynamic_cast<comm::loopback::LoopbackTransport*>(inner_.get())),
       book_(book),
       schedule_(schedule) {
-  ORPHEUS_ENFORCE(book_ == nullptr || (schedule_ != nullptr && loopback_ != nullptr),
+  ORPHEUS_ENFORCE(book_ == nullptr || (schedule_ != nullptr && inner_->name() == "loopback"),
                   "virtual-time delivery needs the schedule and a loopback transport");
   if (book_ != nullptr) inbox_.emplace(inner_->rank(), *book_);
 }
@@ -124,10 +123,10 @@ void TracingTransport::doSendAsync(int peer, comm::SharedBytes bytes) {
 
 std::optional<comm::Message> TracingTransport::doTryReceive() {
   InTransport in(tracer_);
-  if (loopback_ == nullptr) return inner_->tryReceive();
+  if (inner_->name() != "loopback") return inner_->tryReceive();
   if (book_ != nullptr) return receiveInVirtualOrder();
   newCheckPoint();
-  std::optional<comm::Message> m = loopback_->receiveWithin(idle_ ? kWaitingPoll : std::chrono::microseconds(0));
+  std::optional<comm::Message> m = inner_->receiveWithin(idle_ ? kWaitingPoll : std::chrono::microseconds(0));
   idle_ = !m.has_value();
   return m;
 }
@@ -146,7 +145,7 @@ bool TracingTransport::newCheckPoint() {
 void TracingTransport::holdPlacedThrough(uint64_t clock) {
   // On a timeout the inbox, missing what it waits for, reports the stall.
   if (clock >= 1) book_->waitPlaced(clock, timeout());
-  while (std::optional<comm::Message> m = loopback_->receiveWithin(std::chrono::microseconds(0))) {
+  while (std::optional<comm::Message> m = inner_->receiveWithin(std::chrono::microseconds(0))) {
     inbox_->hold(std::move(*m));
   }
 }
@@ -196,7 +195,7 @@ std::optional<comm::Message> TracingTransport::nextWhileWaiting() {
         return m;
       }
       if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
-      if (std::optional<comm::Message> m = loopback_->receiveWithin(kWaitingPoll)) inbox_->hold(std::move(*m));
+      if (std::optional<comm::Message> m = inner_->receiveWithin(kWaitingPoll)) inbox_->hold(std::move(*m));
     }
   }
   return std::nullopt;

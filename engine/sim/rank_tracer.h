@@ -5,7 +5,6 @@
 // shared Trace (engine/sim/trace.h).
 #pragma once
 
-#include "comm/loopback/loopback_transport.h"
 #include "comm/schedule.h"
 #include "comm/transport.h"
 #include "engine/sim/virtual_clock.h"
@@ -95,7 +94,6 @@ class TracingTransport final : public comm::Transport {
 
   std::unique_ptr<comm::Transport> inner_;
   RankTracer& tracer_;
-  comm::loopback::LoopbackTransport* loopback_;  // null: inner_ is no loopback transport
   uint64_t pointClock_ = UINT64_MAX;
   ClockPhase pointPhase_ = ClockPhase::kEnded;
   bool idle_ = false;  // the last poll at this point found nothing

@@ -2,6 +2,7 @@
 // split and grow of an in-process job, each rank a thread.
 #include "comm/factory.h"
 #include "engine/base/error.h"
+#include "tests/support/rank_threads.h"
 
 #include <catch2/catch.hpp>
 
@@ -20,20 +21,9 @@ template <typename Fn>
 void runGroup(int size, comm::loopback::JoinRank join, Fn&& fn) {
   auto transports = comm::makeLoopbackGroup(size);
   auto groups = comm::makeLoopbackLiveGroup(size, nullptr, std::move(join));
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r, std::move(transports[static_cast<size_t>(r)]), std::move(groups[static_cast<size_t>(r)]));
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  testing::onRankThreads(size, [&](int r) {
+    fn(r, std::move(transports[static_cast<size_t>(r)]), std::move(groups[static_cast<size_t>(r)]));
+  });
 }
 
 }  // namespace

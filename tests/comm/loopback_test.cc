@@ -1,5 +1,6 @@
 #include "comm/loopback/loopback_transport.h"
 #include "engine/base/error.h"
+#include "tests/support/rank_threads.h"
 
 #include <catch2/catch.hpp>
 
@@ -14,21 +15,10 @@ namespace {
 template <typename Fn>
 void runRanks(int size, Fn&& fn) {
   auto hub = std::make_shared<LoopbackHub>(size);
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        LoopbackTransport t(hub, r);
-        fn(t);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  testing::onRankThreads(size, [&](int r) {
+    LoopbackTransport t(hub, r);
+    fn(t);
+  });
 }
 
 }  // namespace

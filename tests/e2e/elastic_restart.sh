@@ -19,11 +19,7 @@ flags=(--train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3
   --save "$out/killed.h5" >"$out/killed.log" 2>&1 &
 job=$!
 # One rank is killed once two segments of every replica are durable.
-wait_for_segments "$out/ckpt/replica-3" 2 || true
-victim=$(pgrep -P "$job" | tail -n 1)
-[ -n "$victim" ] || { echo "no rank process found under $job"; exit 1; }
-kill -9 "$victim"
-wait "$job" 2>/dev/null || true
+kill_rank_when_logged "$job" "$out/ckpt/replica-3" 2
 job=
 [ ! -e "$out/killed.h5" ] || { echo "the job finished before a rank was killed"; exit 1; }
 killedAt=$(grep -o '"clock": [0-9]*' "$out/killed.jsonl" | tail -n 1 | grep -o '[0-9]*$' || echo 0)

@@ -94,3 +94,14 @@ for n in ea:
 print(f"optimizer state equal: {len(ea)} entries ({', '.join(sorted(ea)[:4])}, ...)")
 PY
 }
+
+# kill_rank_when_logged PID DIR N: once DIR (a replica's log) holds N segments (or
+# after a minute), SIGKILL one rank of the mpiexec PID (its newest child) and reap PID.
+kill_rank_when_logged() {
+  local launcher=$1 victim
+  wait_for_segments "$2" "$3" || true
+  victim=$(pgrep -P "$launcher" | tail -n 1)
+  [ -n "$victim" ] || { echo "no rank process found under $launcher"; return 1; }
+  kill -9 "$victim"
+  wait "$launcher" 2>/dev/null || true
+}

@@ -21,11 +21,7 @@ flags=(--train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3
 
 "$mpiexec" -n 4 --oversubscribe "$orpheus" train "${flags[@]}" --metrics "$out/killed.jsonl" >"$out/killed.log" 2>&1 &
 job=$!
-wait_for_segments "$out/ckpt/replica-3" 2 || true
-victim=$(pgrep -P "$job" | tail -n 1)
-[ -n "$victim" ] || { echo "no rank process found under $job"; exit 1; }
-kill -9 "$victim"
-wait "$job" 2>/dev/null || true
+kill_rank_when_logged "$job" "$out/ckpt/replica-3" 2
 job=
 
 # Plain --resume: refused.
