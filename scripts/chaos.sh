@@ -238,7 +238,7 @@ left=$(pgrep -f "$ORPHEUS train" | wc -l)
 cleanup; trap - EXIT
 mountLeft=$(grep -c " $disk " /proc/mounts)
 [ "$mountLeft" = 0 ] || { say "the tmpfs is still mounted"; failedChecks=$((failedChecks + 1)); }
-say "faults by kind: $(cut -d' ' -f2 "$faults" | grep -v free | sort | uniq -c | awk '{printf "%s%s %s", NR > 1 ? ", " : "", $1, $2}')"
+say "faults by kind: $(cut -d' ' -f2 "$faults" | grep -v free | sort | uniq -c | awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2 }')"
 # Seconds lost per fault: a job's wall time beyond what the fault-free job of its
 # mode (jobs 0 and 1) took per clock, divided by its faults.
 $PY - "$out/jobs.txt" <<'EOF' | tee -a "$out/chaos.log"
