@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include "tests/support/temp_dir.h"
+#include "tests/support/tiny_clock.h"
 
 #include <algorithm>
 #include <atomic>
@@ -69,18 +70,7 @@ std::map<uint64_t, ParamSet> writeJob(const std::string& dir, uint64_t failAt = 
       log.appendReset(c, end);
       params = states.at(end);
     }
-    Matrix x(4, 3);
-    Eigen::VectorXi labels(3);
-    for (int j = 0; j < 3; ++j) {
-      for (int i = 0; i < 4; ++i) x(i, j) = static_cast<float>(((c * 7 + i * 3 + j * 5) % 11)) / 11.0f - 0.4f;
-      labels(j) = static_cast<int>((c + j) % 3);
-    }
-    ops::ExampleBatch batch{&x, nullptr, &labels, nullptr};
-    double loss = 0.0;
-    auto svb = std::make_shared<SvBatch>(model->computeSvg(params, batch, &loss));
-    svb->header.clock = c;
-    const SvBatch* ptrs[] = {svb.get()};
-    model->computeUpdate(ptrs, params);
+    auto svb = testing::tinyClock(*model, params, c);
     log.appendGroup(c, std::vector<Record>{Record::of(svb)});
     if (c % kAverageEvery == 0) {
       log.appendEvent(c, EventKind::kAveraged);

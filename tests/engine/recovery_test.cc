@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include "tests/support/temp_dir.h"
+#include "tests/support/tiny_clock.h"
 
 #include <cstring>
 #include <map>
@@ -53,21 +54,7 @@ struct Job {
   }
 
   // Clock `c`'s SV batch, applied to `params`; returned for the log.
-  std::shared_ptr<SvBatch> step(uint64_t c) {
-    Matrix x(4, 3);
-    Eigen::VectorXi labels(3);
-    for (int j = 0; j < 3; ++j) {
-      for (int i = 0; i < 4; ++i) x(i, j) = static_cast<float>(((c * 7 + i * 3 + j * 5) % 11)) / 11.0f - 0.4f;
-      labels(j) = static_cast<int>((c + j) % 3);
-    }
-    ops::ExampleBatch batch{&x, nullptr, &labels, nullptr};
-    double loss = 0.0;
-    auto svb = std::make_shared<SvBatch>(model->computeSvg(params, batch, &loss));
-    svb->header.clock = c;
-    const SvBatch* ptrs[] = {svb.get()};
-    model->computeUpdate(ptrs, params);
-    return svb;
-  }
+  std::shared_ptr<SvBatch> step(uint64_t c) { return testing::tinyClock(*model, params, c); }
 
   ckpt::JobInfo info;
   std::vector<std::unique_ptr<comm::Transport>> transports;
