@@ -222,14 +222,16 @@ void validate(const TrainConfig& c, int ranks) {
   validateAdapt(c, ranks);
   validateBalance(c);
   if (c.svRank > 0) {
-    const int64_t sent = c.select > 0 ? c.select : c.batch;
     ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv && !c.overlap,
                         "--sv-rank compresses a clock's whole batch after the backward pass: it needs --sync sv "
                         "and no --overlap");
-    ORPHEUS_CHECK_INPUT(c.selectUnit == ops::Model::SvgUnit::kStep || c.svRank + 1 < sent,
+    ORPHEUS_CHECK_INPUT(c.select == 0 && c.adaptSelect.first < 0,
+                        "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
+                        "--select and --adapt-select (give one of them)");
+    ORPHEUS_CHECK_INPUT(c.selectUnit == ops::Model::SvgUnit::kStep || c.svRank + 1 < c.batch,
                         "--sv-rank {} sends {} SVGs per matrix: fewer than the {} a clock sends without it only "
                         "below {}",
-                        c.svRank, c.svRank + 1, sent, sent - 1);
+                        c.svRank, c.svRank + 1, c.batch, c.batch - 1);
   }
   if (isQuasiNewton(c.optimizer)) {
     ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll &&

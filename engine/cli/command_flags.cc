@@ -145,8 +145,9 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
       ->capture_default_str()
       ->check(integerIn(0));
   cmd.add_option("--sv-rank", c.svRank,
-                 "Send each matrix's update (after --select) as its best rank-R approximation, R + 1 SVGs, with "
-                 "error feedback: what a clock leaves out is sent later (engine/worker/low_rank.h; 0: off)")
+                 "Send and apply each matrix's update at rank R (R + 1 SVGs, one power iteration a clock) with "
+                 "error feedback: what a clock leaves out is sent later; replaces --select "
+                 "(engine/worker/low_rank.h; 0: off)")
       ->capture_default_str()
       ->check(integerIn(0));
   addEnumOption(cmd, "--select-method", c.selectMethod, orpheus::engine::selectionMethodNames(),

@@ -148,7 +148,7 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                optimizer.warmup > 0 ? fmt::format(", {} clocks of warmup", optimizer.warmup) : "",
                optimizer.weightDecay > 0 ? fmt::format(", weight decay {}", optimizer.weightDecay) : "");
   if (config.svRank > 0) {
-    spdlog::info("peers get each matrix's update at rank {} ({} SVGs), with error feedback", config.svRank,
+    spdlog::info("every replica applies each matrix's update at rank {} ({} SVGs), with error feedback", config.svRank,
                  config.svRank + 1);
   }
   if (shards.train.sparse && optimizer.touchesEveryEntry()) {

@@ -50,7 +50,7 @@ class SvClockLog final : public ClockLog {
         model_(model),
         // A received batch is a reference into its sender's log where a replay can
         // recompute it from there: not after --fail-prob (staged batches are lost) nor
-        // with --sv-rank (the sender's residual, not in any log, shaped it).
+        // with --sv-rank (its batches are no selection a replay recomputes).
         references_(config.ckptFormat >= ckpt::kSegmentVersion && config.failProb == 0.0 && config.svRank == 0),
         writer_(config.ckptDir, replicaId, size_t{256} << 20, 50, writerOptions(config, references_)) {}
 

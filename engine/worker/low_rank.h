@@ -1,29 +1,27 @@
-// Rank-r SV batches with error feedback (--sv-rank R): what a worker sends its peers
-// is, per parameter matrix, the best rank-R approximation of the update its batch
-// (full or selected) carries, plus what earlier clocks left out.
+// Rank-R SV batches with error feedback (--sv-rank R): what a worker sends, per
+// parameter matrix, is a rank-R form of its clock's update plus what earlier clocks
+// left out, and every replica (the sender's own included) applies exactly that.
 //
-// A matrix's update is U C V^T (C the per-column coefficients, or the least-squares
-// core of a selected batch), B columns. With the residual R_u R_v^T the earlier
-// truncations left, the update to send is
-//     G = [U R_u] blockdiag(C, I) [V R_v]^T.
-// Its rank-R truncation comes from orthonormal bases of the two factors (from their
-// m x m Gram matrices, one GEMM each) and an SVD of the small core, never from a
-// J x K matrix:
-//     [U R_u] = Q_u T_u,  [V R_v] = Q_v T_v,  T_u blockdiag(C, I) T_v^T = X S Y^T,
-//     sent:      (Q_u X_R S_R) (Q_v Y_R)^T
-//     residual:  (Q_u X_M S_M) (Q_v Y_M)^T, the next kResidualRank singular triplets
-// (the rest of the spectrum is dropped). This is PowerSGD's error feedback (Vogels et
-// al., 2019) with the exact SVD of a batch instead of a power iteration on a dense
-// gradient: the factors are already there.
+// Per matrix the sender keeps E, the part of its updates no replica has applied yet
+// (J x K, like an optimizer's momentum), and Q, a K x R basis carried from clock to
+// clock. A clock with update U C V^T (B columns) does one warm-started power iteration:
+//     M = E + U C V^T,   P = orth(M Q),   Q = M^T P,   sent = P Q^T,   E = M - P Q^T.
+// This is PowerSGD (Vogels et al., 2019) applied per worker: the power iteration of a
+// worker's own update, not of the all-reduced mean, so the P ranks' batches together
+// carry rank up to P R. Because the sender applies what it sends, replicas that apply
+// the same batches stay equal (BSP, full broadcast): nothing the peers did not get is
+// on any replica; it is in E and leaves in later clocks. Nothing is dropped: what the
+// clocks sent plus E equals what their batches carried.
 //
 // On the wire a compressed matrix is an ordinary SvMatrix of R + 1 columns with a
-// core: U' = [Q_u X_R S_R, Δb], V' = [Q_v Y_R, 0], core diag(1, ..., 1, 0), and, for
-// a matrix with a bias, biasCoeffs e_{R+1}, so the bias update Δb = U c travels
-// exactly. Receivers, the rebuild and the log need nothing new; the sender's own
-// replica still applies its whole batch.
+// core: U' = [P, Δb], V' = [Q, 0], core diag(1, ..., 1, 0), and, for a matrix with a
+// bias, biasCoeffs e_{R+1}, so the bias update Δb = U c travels exactly. Receivers,
+// the rebuild and the log need nothing new; the log holds what every replica applied,
+// so restore(T) stays bitwise.
 //
-// The residual is the sender's memory: not in the log, so after --resume it starts
-// at zero (the job says so; the resumed run is then not bitwise the uninterrupted one).
+// E and Q are the sender's memory: not in the log, so after --resume they start
+// again at zero and at the seed (the job says so; the resumed run is then not
+// bitwise the uninterrupted one).
 #pragma once
 
 #include "engine/base/sv_batch.h"
@@ -35,28 +33,29 @@ namespace orpheus::engine {
 
 class LowRankSender {
  public:
-  // Singular triplets kept as the residual, beyond the R sent.
-  static constexpr int64_t kResidualRank = 32;
+  // Q starts as a Gaussian matrix drawn from `seed` and the matrix's place.
+  LowRankSender(int64_t rank, uint64_t seed) : rank_(rank), seed_(seed) {}
 
-  explicit LowRankSender(int64_t rank) : rank_(rank) {}
-
-  // The rank-R form of `batch` plus the residual; updates the residual. Every
-  // matrix must have a dense V (checked: Error).
+  // The rank-R batch to send and to apply here for `batch` (full, coefficients or
+  // cores); updates E and Q. Every matrix must have a dense V (checked: Error).
   SvBatch compress(const SvBatch& batch);
 
-  // The relative Frobenius error of the last compress(): ||sent - G|| / ||G||, over
-  // every matrix (0 when G is 0).
+  // ||E|| / ||M|| after the last compress(), over every matrix: the share of the
+  // update carried to later clocks (0 when M is 0).
   double lastError() const { return lastError_; }
-  // Forgets the residual.
-  void reset() { residual_.clear(); }
+  // The part of matrix p's updates not sent yet (J x K; empty before its first clock).
+  Matrix carried(size_t p) const { return p < state_.size() ? state_[p].e : Matrix(); }
 
  private:
-  struct Residual {
-    Matrix u;  // J x m
-    Matrix v;  // K x m
+  struct MatrixState {
+    Matrix e;  // J x K
+    Matrix q;  // K x R
   };
+  SvMatrix compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& sent, double& whole);
+
   int64_t rank_;
-  std::vector<Residual> residual_;  // one per matrix of the batch
+  uint64_t seed_;
+  std::vector<MatrixState> state_;  // one per matrix of the batch
   double lastError_ = 0.0;
 };
 

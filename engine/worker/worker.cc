@@ -97,7 +97,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
   if (OverlappedExchange::serves(config, model)) {
     overlapped_ = std::make_unique<OverlappedExchange>(config, model, transport, *log_);
   }
-  if (config.svRank > 0) lowRank_.emplace(config.svRank);
+  if (config.svRank > 0) lowRank_.emplace(config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()));
   applyKnobs(knobs_);
 }
 
@@ -220,13 +220,15 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   if (adapt_.measuresAt(clock)) measuredBatch_ = local;
   // The C SVGs of S worth sending (all of S when selection is off).
   std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
+  // With --sv-rank this replica applies what it sends, not S.
+  const std::shared_ptr<SvBatch> own = lowRank_ ? std::make_shared<SvBatch>(*selected) : local;
   // Send S to this clock's receivers.
   exchange.send(clock, selected ? std::make_shared<const SvBatch>(std::move(*selected)) : local, stats);
   stats.computeSeconds = secondsSince(start) - exchange.sendSeconds();
   notePhase(ClockPhase::kExchange, clock);
   // Receive T, the SVG sets addressed here (rebuilt as they arrive where the exchange overlaps).
   const auto apply = [&](std::span<const SvBatchView* const> group) { updater_.applyGroup(clock, group, replica_); };
-  ClockGroup group = exchange.receive(clock, local, apply, stats, metrics);
+  ClockGroup group = exchange.receive(clock, own, apply, stats, metrics);
   notePhase(ClockPhase::kRebuild, clock);
   // W += compute_update(s) for each s in S ∪ T, rebuilt together.
   rebuild(clock, group, stats);
@@ -267,15 +269,16 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
   return local;
 }
 
-// The sender's own replica always gets the whole batch; none when selection is off
-// and --sv-rank is not given. With --sv-rank, the (selected) batch at rank R.
+// What leaves this rank: the C SVGs selection keeps, all of S (none returned) when
+// selection is off, or with --sv-rank S at rank R, which this replica applies too.
 std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) {
   const auto t = Clock::now();
-  std::optional<SvBatch> sent =
-      selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank());
+  std::optional<SvBatch> sent;
   if (lowRank_) {
-    sent = lowRank_->compress(sent ? *sent : local);
+    sent = lowRank_->compress(local);
     stats.rankError = lowRank_->lastError();
+  } else {
+    sent = selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank());
   }
   if (sent) stats.selectSeconds = secondsSince(t);
   return sent;

@@ -224,7 +224,7 @@ class Worker {
   BroadcastExchange broadcast_;
   MulticastExchange multicast_;
   std::unique_ptr<OverlappedExchange> overlapped_;
-  std::optional<LowRankSender> lowRank_;  // --sv-rank: the peers' batch at rank R, and its residual
+  std::optional<LowRankSender> lowRank_;  // --sv-rank: the batch at rank R, and what is left to send
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

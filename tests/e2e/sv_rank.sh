@@ -24,7 +24,7 @@ echo "bytes per clock $full -> $low; test accuracy $a0 -> $a2; sv_rank_error at 
   "$full" "$low" "$a0" "$a2" "$err" || fail "bytes, accuracy or sv_rank_error out of bounds"
 
 # restore(T) of a --sv-rank job: bitwise the live replica.
-"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${common[@]}" --clocks 40 --sv-rank 3 --select 20 \
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${common[@]}" --clocks 40 --sv-rank 3 \
   --ckpt sv --ckpt-dir "$out/ckpt" --save-replicas "$out/live" >/dev/null
 "$orpheus" restore --ckpt-dir "$out/ckpt" --replica 1 --clock 40 --out "$out/restored.h5" >/dev/null
 "$compare" "$out/restored.h5" "$out/live/replica-1.h5" 0 || fail "restore(40) differs from the live replica"

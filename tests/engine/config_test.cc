@@ -121,7 +121,7 @@ TEST_CASE("optimizer flags the optimizer or schedule does not use", "[config]") 
   CHECK(refusal(step, 1).empty());
 }
 
-TEST_CASE("--sv-rank with --overlap, and a rank that sends no fewer SVGs", "[config]") {
+TEST_CASE("--sv-rank with --overlap or --select, and a rank that sends no fewer SVGs", "[config]") {
   // --train synthetic:examples=100,features=20,classes=3 --batch 2.
   TrainConfig c = smallJob();
   c.train = "synthetic:examples=100,features=20,classes=3";
@@ -135,6 +135,9 @@ TEST_CASE("--sv-rank with --overlap, and a rank that sends no fewer SVGs", "[con
   requireRefusal(high, 2, "--sv-rank 2 sends 3 SVGs per matrix");
   high.batch = 4;
   CHECK(refusal(high, 2).empty());
+  high.select = 2;
+  requireRefusal(high, 2, "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
+                          "--select");
 }
 
 TEST_CASE("--optimizer dfp with --select", "[config]") {

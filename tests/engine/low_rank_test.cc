@@ -1,7 +1,8 @@
-// --sv-rank (engine/worker/low_rank.h): the sent update is the best rank-R
-// approximation of the batch's update plus the residual, the bias travels exactly,
-// and with error feedback nothing is lost: what the clocks sent, once the residual
-// has drained, sums to what their batches carried.
+// --sv-rank (engine/worker/low_rank.h): the sent update has rank R and the bias
+// travels exactly; error feedback loses nothing (what was sent plus what is carried
+// equals what the batches carried, every clock); a batch of rank <= R goes whole;
+// the warm-started power iteration finds the best rank-R approximation of an update
+// that recurs.
 #include "engine/worker/low_rank.h"
 
 #include <catch2/catch.hpp>
@@ -56,21 +57,24 @@ double rel(const MatD& a, const MatD& b) { return (a - b).norm() / b.norm(); }
 
 }  // namespace
 
-TEST_CASE("--sv-rank sends the best rank-R approximation and the bias exactly", "[low-rank]") {
+// What the clocks sent plus what the sender carries, against what the batches carried.
+double conservationError(const LowRankSender& sender, const MatD& sent, const MatD& carried, size_t p) {
+  return rel(sent + sender.carried(p).cast<double>(), carried);
+}
+
+TEST_CASE("--sv-rank sends rank R, the bias exactly, and carries the rest", "[low-rank]") {
   std::mt19937 gen(3);
   const SvBatch batch = randomBatch(10, gen);
-  LowRankSender sender(3);
+  LowRankSender sender(3, 1);
   const SvBatch sent = sender.compress(batch);
   REQUIRE(sent.matrices.size() == 2);
   CHECK(sent.numColumns() == 4);
   for (size_t p = 0; p < 2; ++p) {
     CHECK(sent.matrices[p].u.cols() == 4);
     CHECK(sent.matrices[p].core.rows() == 4);
-    const MatD g = update(batch, p);
-    const Eigen::JacobiSVD<MatD> svd(g, Eigen::ComputeThinU | Eigen::ComputeThinV);
-    const MatD best = svd.matrixU().leftCols(3) * svd.singularValues().head(3).asDiagonal() *
-                      svd.matrixV().leftCols(3).transpose();
-    CHECK(rel(update(sent, p), best) < 1e-5);
+    const Eigen::JacobiSVD<MatD> svd(update(sent, p));
+    CHECK(svd.singularValues()(3) < 1e-6 * svd.singularValues()(0));  // rank 3
+    CHECK(conservationError(sender, update(sent, p), update(batch, p), p) < 1e-6);
   }
   CHECK(sent.matrices[0].biasId == 1);
   CHECK((biasUpdate(sent, 0) - biasUpdate(batch, 0)).norm() < 1e-5 * biasUpdate(batch, 0).norm());
@@ -81,29 +85,29 @@ TEST_CASE("--sv-rank sends the best rank-R approximation and the bias exactly", 
 TEST_CASE("--sv-rank of a batch of rank <= R is exact", "[low-rank]") {
   std::mt19937 gen(5);
   const SvBatch batch = randomBatch(2, gen);
-  LowRankSender sender(2);
+  LowRankSender sender(2, 1);
   const SvBatch sent = sender.compress(batch);
   for (size_t p = 0; p < 2; ++p) CHECK(rel(update(sent, p), update(batch, p)) < 1e-5);
-  CHECK(sender.lastError() < 1e-6);
+  CHECK(sender.lastError() < 1e-5);
 }
 
-TEST_CASE("--sv-rank's error feedback loses nothing once the residual drains", "[low-rank]") {
+TEST_CASE("--sv-rank's error feedback conserves the update, clock after clock", "[low-rank]") {
   std::mt19937 gen(7);
-  LowRankSender sender(2);
+  LowRankSender sender(2, 1);
   MatD carried[2] = {MatD::Zero(12, 9), MatD::Zero(7, 12)};
   MatD delivered[2] = {MatD::Zero(12, 9), MatD::Zero(7, 12)};
-  // 4 clocks of rank-5 batches leave at most 4 * 3 = 12 triplets behind (< kResidualRank).
-  for (int clock = 0; clock < 4; ++clock) {
+  for (int clock = 0; clock < 6; ++clock) {
     const SvBatch batch = randomBatch(5, gen);
     const SvBatch sent = sender.compress(batch);
     for (size_t p = 0; p < 2; ++p) {
       carried[p] += update(batch, p);
       delivered[p] += update(sent, p);
+      CHECK(conservationError(sender, delivered[p], carried[p], p) < 1e-5);
     }
   }
   CHECK(rel(delivered[0], carried[0]) > 0.05);  // not all of it has gone yet
-  // Empty clocks (zero coefficients) drain the residual, R triplets a clock.
-  for (int clock = 0; clock < 8; ++clock) {
+  // Empty clocks (zero coefficients) drain what is carried, R directions a clock.
+  for (int clock = 0; clock < 12; ++clock) {
     SvBatch none = randomBatch(5, gen);
     none.coeffs.setZero();
     const SvBatch sent = sender.compress(none);
@@ -112,25 +116,45 @@ TEST_CASE("--sv-rank's error feedback loses nothing once the residual drains", "
   for (size_t p = 0; p < 2; ++p) CHECK(rel(delivered[p], carried[p]) < 1e-4);
 }
 
-TEST_CASE("--sv-rank compresses a selected batch (least-squares cores) as well", "[low-rank]") {
+TEST_CASE("--sv-rank sends M projected on R directions of its range", "[low-rank]") {
+  std::mt19937 gen(13);
+  LowRankSender sender(2, 1);
+  for (int clock = 0; clock < 3; ++clock) {
+    const MatD before = sender.carried(0).size() > 0 ? MatD(sender.carried(0).cast<double>()) : MatD::Zero(12, 9);
+    const SvBatch batch = randomBatch(6, gen);
+    const SvBatch sent = sender.compress(batch);
+    const MatD m = before + update(batch, 0);
+    const MatD s = update(sent, 0);
+    // sent = P P^T M with P orthonormal: M - sent is orthogonal to sent, and no more
+    // is sent than M holds.
+    CHECK(std::abs((m - s).cwiseProduct(s).sum()) < 1e-5 * m.squaredNorm());
+    CHECK(s.norm() <= m.norm() * (1 + 1e-6));
+    const Eigen::JacobiSVD<MatD> svd(m);
+    const double best = svd.singularValues().tail(svd.singularValues().size() - 2).norm();
+    CHECK((m - s).norm() >= best * (1 - 1e-5));  // Eckart-Young: no rank-2 form does better
+  }
+}
+
+TEST_CASE("--sv-rank compresses least-squares cores as well", "[low-rank]") {
   std::mt19937 gen(9);
   SvBatch batch = randomBatch(6, gen);
   for (SvMatrix& m : batch.matrices) {
     m.core = randomMatrix(6, 6, gen);
     if (m.biasId >= 0) m.biasCoeffs = randomMatrix(6, 1, gen);
   }
-  LowRankSender sender(6);
+  LowRankSender sender(6, 1);
   const SvBatch sent = sender.compress(batch);  // rank 6 of a rank-6 update: exact
   for (size_t p = 0; p < 2; ++p) CHECK(rel(update(sent, p), update(batch, p)) < 1e-5);
   CHECK((biasUpdate(sent, 0) - biasUpdate(batch, 0)).norm() < 1e-5 * biasUpdate(batch, 0).norm());
 }
 
-TEST_CASE("--sv-rank of an all-zero update sends zeros and keeps nothing", "[low-rank]") {
+TEST_CASE("--sv-rank of an all-zero update sends zeros and carries nothing", "[low-rank]") {
   std::mt19937 gen(11);
   SvBatch batch = randomBatch(4, gen);
   batch.matrices[1].u.setZero();  // e.g. a layer whose units are all inactive
-  LowRankSender sender(2);
+  LowRankSender sender(2, 1);
   const SvBatch sent = sender.compress(batch);
   CHECK(update(sent, 1).norm() == 0.0);
+  CHECK(sender.carried(1).norm() == 0.0f);
   CHECK(rel(update(sent, 0), update(batch, 0)) < 1.0);
 }
