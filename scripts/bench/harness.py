@@ -600,13 +600,13 @@ def exchange_column(runs):
     return f"{exchange:.1f} ({100 * hidden:.0f}%)" if hidden is not None else f"{exchange:.1f}"
 
 
-# Orpheus's best settings per workload (measured in vs-ddp; dense is MLR's, J = 10).
+# Orpheus's best settings per workload (measured in vs-ddp and vs-peers; dense is MLR's,
+# J = 10). SELECT25 was MLP-2048's best before --sv-rank.
+SELECT25 = ["--sync", "sv", "--select", "25", "--consistency", "ssp", "--staleness", "4", "--average-every", "50"]
 ORPHEUS_BEST = {
     "mlr": ["--sync", "dense"],
-    "mlp": ["--sync", "sv", "--select", "25", "--consistency", "ssp", "--staleness", "4",
-            "--average-every", "50"],
-    "mlp-wide": ["--sync", "sv", "--select", "25", "--consistency", "ssp", "--staleness", "4",
-                 "--average-every", "50"],
+    "mlp": SELECT25,
+    "mlp-wide": ["--sync", "sv", "--sv-rank", "1"],
 }
 
 
@@ -674,17 +674,11 @@ def vs_peers_groups(args):
             peer_keys = [c.key for c in configs]
             configs.append(Config("best", "Orpheus best", "orpheus", ORPHEUS_BEST[wname]))
             if wname != "mlr":  # MLR's best is --sync dense: nothing to factor
-                configs += [Config(f"best-rank{r}", f"Orpheus best, --sv-rank {r}", "orpheus",
-                                   ORPHEUS_BEST[wname] + ["--sv-rank", str(r)]) for r in (2, 4)]
-                # With SV bytes a tenth, the averaging's all-reduce is most of the rest:
-                # rarer averaging, under SSP and under BSP broadcast (no inbox).
-                configs += [
-                    Config("rank4-ssp-avg200", "Orpheus, select 25, --sv-rank 4, SSP 4, average every 200",
-                           "orpheus", ["--sync", "sv", "--select", "25", "--sv-rank", "4", "--consistency", "ssp",
-                                       "--staleness", "4", "--average-every", "200"]),
-                    Config("rank4-bsp-avg200", "Orpheus, select 25, --sv-rank 4, BSP, average every 200",
-                           "orpheus", ["--sync", "sv", "--select", "25", "--sv-rank", "4", "--average-every", "200"]),
-                ]
+                # Rank-R batches with error feedback (engine/worker/low_rank.h), BSP broadcast.
+                configs += [Config(f"rank{r}", f"Orpheus, --sv-rank {r}", "orpheus", ["--sync", "sv", "--sv-rank", str(r)])
+                            for r in (1, 2) if ORPHEUS_BEST[wname] != ["--sync", "sv", "--sv-rank", str(r)]]
+                if ORPHEUS_BEST[wname] != SELECT25:
+                    configs.append(Config("select25", "Orpheus, select 25, SSP 4, average every 50", "orpheus", SELECT25))
             groups.append(Group(f"{net_name}/{wname}", f"{w.name}, {network.name}, np {args.np}: Orpheus and its peers",
                                 network, w, configs, [("mean ms/step", mean_step_column)], ratio_to=peer_keys))
     return groups
