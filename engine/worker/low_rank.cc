@@ -9,7 +9,7 @@
 
 namespace orpheus::engine {
 
-SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& left,
+SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& kept,
                                        double& whole) {
   ORPHEUS_ENFORCE(!m.sparseV, "--sv-rank needs a dense V (matrix {} has a sparse one)", m.paramId);
   const int64_t r = rank_;
@@ -22,17 +22,25 @@ SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, 
     s.q.resize(k, r);
     for (Eigen::Index i = 0; i < s.q.size(); ++i) s.q.data()[i] = normal(gen);
   }
-  // M = E + U C V^T, in place.
-  const Matrix uc = m.core.size() > 0 ? Matrix(m.u * m.core) : Matrix(m.u * coeffs.asDiagonal());
-  s.e.noalias() += uc * m.vDense.transpose();
-  whole += static_cast<double>(s.e.squaredNorm());
-  // One power iteration from last clock's Q: P = orth(M Q), Q = M^T P.
-  const Matrix mq = s.e * s.q;
+  // M = E + U C V^T is never formed on its own: with A = U C,
+  //   M Q = E Q + A (V^T Q),   M^T P = E^T P + V (A^T P),   E' = E + [A, -P] [V, Q']^T,
+  // two reads of E and one update in place. ||M||^2 = ||E'||^2 + ||Q'||^2, as P P^T M is
+  // an orthogonal projection of M.
+  const Matrix a = m.core.size() > 0 ? Matrix(m.u * m.core) : Matrix(m.u * coeffs.asDiagonal());
+  const Eigen::Index n = a.cols();
+  Matrix mq = s.e * s.q;
+  mq.noalias() += a * (m.vDense.transpose() * s.q);
   const Eigen::HouseholderQR<Matrix> qr(mq);
   const Matrix basis = qr.householderQ() * Matrix::Identity(j, r);
   s.q.noalias() = s.e.transpose() * basis;
-  s.e.noalias() -= basis * s.q.transpose();
-  left += static_cast<double>(s.e.squaredNorm());
+  s.q.noalias() += m.vDense * (a.transpose() * basis);
+  Matrix left(j, n + r), right(k, n + r);
+  left << a, -basis;
+  right << m.vDense, s.q;
+  s.e.noalias() += left * right.transpose();
+  const double carried = static_cast<double>(s.e.squaredNorm());
+  kept += carried;
+  whole += carried + static_cast<double>(s.q.squaredNorm());
 
   SvMatrix o;
   o.paramId = m.paramId;
@@ -57,11 +65,11 @@ SvBatch LowRankSender::compress(const SvBatch& batch) {
   SvBatch out;
   out.header = batch.header;
   out.coeffs = Vector::Ones(rank_ + 1);  // every matrix carries a core
-  double left = 0.0, whole = 0.0;
+  double kept = 0.0, whole = 0.0;
   for (size_t p = 0; p < batch.matrices.size(); ++p) {
-    out.matrices.push_back(compressMatrix(batch.matrices[p], batch.coeffs, p, left, whole));
+    out.matrices.push_back(compressMatrix(batch.matrices[p], batch.coeffs, p, kept, whole));
   }
-  lastError_ = whole > 0.0 ? std::sqrt(left / whole) : 0.0;
+  lastError_ = whole > 0.0 ? std::sqrt(kept / whole) : 0.0;
   return out;
 }
 

@@ -51,7 +51,7 @@ class LowRankSender {
     Matrix e;  // J x K
     Matrix q;  // K x R
   };
-  SvMatrix compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& sent, double& whole);
+  SvMatrix compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& kept, double& whole);
 
   int64_t rank_;
   uint64_t seed_;
