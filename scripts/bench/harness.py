@@ -444,6 +444,22 @@ def fbytes(b):
     return f"{b:.0f} B"
 
 
+def sgemm_gflops():
+    """The machine's single-thread SGEMM rate (torch.mm on OpenBLAS, 1024^3, best of 7):
+    machines of this kind differ ~4x in compute, so every ratio is stated beside it."""
+    code = ("import time, torch\n"
+            "torch.set_num_threads(1)\n"
+            "n = 1024\n"
+            "a, b = torch.randn(n, n), torch.randn(n, n)\n"
+            "best = min((lambda t: (a @ b, time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(7))\n"
+            "print(f'{2 * n ** 3 / best / 1e9:.1f}')\n")
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True).stdout.strip()
+    return out or "unknown"
+
+
+SGEMM = None  # measured once, before the first run (the cores are quiet then)
+
+
 def versions(kinds):
     lines = []
     cpu = "unknown CPU"
@@ -454,7 +470,8 @@ def versions(kinds):
                     cpu = line.split(":", 1)[1].strip()
                     break
     lines.append(f"- **machine:** {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
-                 f"{round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GiB")
+                 f"{round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GiB, "
+                 f"single-thread SGEMM {SGEMM or sgemm_gflops()} GFLOP/s (torch.mm, 1024^3, measured before the runs)")
     mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()
     lines.append(f"- **MPI:** {mpi[0] if mpi else 'unknown'}")
     if "ddp" in kinds:
@@ -956,6 +973,9 @@ def main():
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, interrupted)
 
+    global SGEMM
+    SGEMM = sgemm_gflops()
+    say(f"single-thread SGEMM: {SGEMM} GFLOP/s")
     work = tempfile.mkdtemp(prefix="orpheus-bench-")
     runner = Runner(args, work)
     started = datetime.datetime.utcnow()
