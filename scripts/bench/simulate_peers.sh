@@ -9,13 +9,14 @@
 # $EVAL clocks), for each P in $PS:
 #   orpheus          --multicast random --fanout 4 --consistency ssp --staleness 4, with
 #                    --select 5 --average-every 50 (the best of simulate.md's scaling table)
+#   orpheus-tree     the same with its averaging all-reduce timed as a tree (--sim-allreduce tree)
 #   powersgd-tree/ring  --sync powersgd --sv-rank $RANK, --sim-allreduce tree / ring
 #   dense-ring       --sync dense (ring all-reduce)
 # Each row: simulated seconds to target, clocks, bytes per worker per clock, and the
 # time to target against Orpheus's.
 #
 # Options (environment): PS="100 1000" GBPS=10 COMPUTE_MS=0.15 SLOW=0.01:2 CLOCKS=600
-#   EVAL=20 TARGET=0.75 BATCH=10 RANK=1 RUNS="orpheus powersgd-tree powersgd-ring dense-ring"
+#   EVAL=20 TARGET=0.75 BATCH=10 RANK=1 RUNS="orpheus orpheus-tree powersgd-tree powersgd-ring dense-ring"
 #   ORPHEUS (the binary; default build-release/engine/orpheus) REUSE=1 (keep a run whose
 #   metrics file already ends in a summary) SMOKE=1 (tiny settings: the script runs)
 set -euo pipefail
@@ -25,7 +26,7 @@ ORPHEUS=${ORPHEUS:-$ROOT/build-release/engine/orpheus}
 DATA=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 PS=${PS:-100 1000}; GBPS=${GBPS:-10}; COMPUTE_MS=${COMPUTE_MS:-0.15}; SLOW=${SLOW:-0.01:2}
 CLOCKS=${CLOCKS:-600}; EVAL=${EVAL:-20}; TARGET=${TARGET:-0.75}; BATCH=${BATCH:-10}; RANK=${RANK:-1}
-RUNS=${RUNS:-orpheus powersgd-tree powersgd-ring dense-ring}
+RUNS=${RUNS:-orpheus orpheus-tree powersgd-tree powersgd-ring dense-ring}
 if [ "${SMOKE:-0}" = 1 ]; then PS="8"; CLOCKS=4; EVAL=2; fi
 RES="$ROOT/scripts/bench/results"; RAW="$ROOT/build/bench-raw/simulate_peers"
 mkdir -p "$RES" "$RAW"
@@ -36,6 +37,7 @@ common=(--train "$DATA/train-images-idx3-ubyte.gz" --test "$DATA/t10k-images-idx
 flags_of() {
   case "$1" in
     orpheus) echo "--multicast random --fanout 4 --consistency ssp --staleness 4 --select 5 --average-every 50" ;;
+    orpheus-tree) echo "$(flags_of orpheus) --sim-allreduce tree" ;;
     powersgd-tree) echo "--sync powersgd --sv-rank $RANK --sim-allreduce tree" ;;
     powersgd-ring) echo "--sync powersgd --sv-rank $RANK --sim-allreduce ring" ;;
     dense-ring) echo "--sync dense --sim-allreduce ring" ;;
