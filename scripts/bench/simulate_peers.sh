@@ -60,6 +60,7 @@ for p in $PS; do
   base=""
   for run in $RUNS; do
     m="$RAW/peers_${p}_${run}.jsonl"
+    [[ "$run" == powersgd-* ]] && [ "$RANK" != 1 ] && m="$RAW/peers_${p}_${run}-r${RANK}.jsonl"
     read -r -a extra <<<"$(flags_of "$run")"
     if ! { [ "${REUSE:-0}" = 1 ] && tail -1 "$m" 2>/dev/null | grep -q '"summary"'; }; then
       "$ORPHEUS" simulate --ranks "$p" "${common[@]}" "${extra[@]}" --metrics "$m" >/dev/null
