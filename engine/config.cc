@@ -19,7 +19,8 @@ const std::string& nameIn(const NamedValues<E>& table, E value) {
 }  // namespace
 
 const NamedValues<SyncMode>& syncModeNames() {
-  static const NamedValues<SyncMode> table{{"sv", SyncMode::kSv}, {"dense", SyncMode::kDense}};
+  static const NamedValues<SyncMode> table{
+      {"sv", SyncMode::kSv}, {"dense", SyncMode::kDense}, {"powersgd", SyncMode::kPowerSgd}};
   return table;
 }
 
@@ -185,6 +186,19 @@ void validateBalance(const TrainConfig& c) {
                       "--balance keeps chunk ownership for the ranks the job started on: it cannot --resume --elastic");
 }
 
+// --sync powersgd: replicas kept equal by one all-reduced update a clock (BSP), with
+// error feedback no checkpoint holds.
+void validatePowerSgd(const TrainConfig& c) {
+  ORPHEUS_CHECK_INPUT(c.svRank >= 1, "--sync powersgd needs --sv-rank R >= 1, the rank of its factors");
+  ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll &&
+                          c.consistency == Consistency::kBsp && c.dropLinks == 0.0 && !c.overlap,
+                      "--sync powersgd all-reduces its factors every clock (BSP): it takes no --select, --multicast, "
+                      "--consistency ssp, --drop-links or --overlap");
+  ORPHEUS_CHECK_INPUT(!c.ckptSv && !c.ckptMatrix && !c.resume,
+                      "--sync powersgd keeps each rank's error feedback in no checkpoint: it takes no --ckpt or "
+                      "--resume");
+}
+
 }  // namespace
 
 void validate(const TrainConfig& c, int ranks) {
@@ -221,7 +235,7 @@ void validate(const TrainConfig& c, int ranks) {
                       "--ckpt-format and --ckpt-writer-idle shape the SV log: they need --ckpt sv");
   validateAdapt(c, ranks);
   validateBalance(c);
-  if (c.svRank > 0) {
+  if (c.svRank > 0 && c.sync != SyncMode::kPowerSgd) {
     ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv && !c.overlap,
                         "--sv-rank compresses a clock's whole batch after the backward pass: it needs --sync sv "
                         "and no --overlap");
@@ -247,6 +261,7 @@ void validate(const TrainConfig& c, int ranks) {
                         "--sync dense allreduces whole gradients: it takes no --select, --multicast, --consistency "
                         "ssp or --drop-links");
   }
+  if (c.sync == SyncMode::kPowerSgd) validatePowerSgd(c);
 }
 
 }  // namespace orpheus::engine

@@ -15,7 +15,7 @@
 
 namespace orpheus::engine {
 
-enum class SyncMode { kSv, kDense };
+enum class SyncMode { kSv, kDense, kPowerSgd };
 enum class Consistency { kBsp, kSsp };
 
 
@@ -46,7 +46,9 @@ struct TrainConfig {
   SyncMode sync = SyncMode::kSv;
   // Communication co-designs (section 3.2) and consistency.
   int64_t select = 0;  // C: SVGs sent per clock; 0 = all B
-  int64_t svRank = 0;  // --sv-rank R: each matrix's update sent at rank R with error feedback; 0 = off
+  // --sv-rank R: each matrix's update sent at rank R with error feedback; 0 = off. With
+  // --sync powersgd: the rank of PowerSGD's factors (engine/worker/power_sgd.h).
+  int64_t svRank = 0;
   SelectionMethod selectMethod = SelectionMethod::kJmcss;
   // What one SVG is for a sequence model (ops::Model::SvgUnit): --select counts them.
   ops::Model::SvgUnit selectUnit = ops::Model::SvgUnit::kExample;

@@ -139,7 +139,8 @@ void addOptimizerFlags(CLI::App& cmd, TrainConfig& c) {
 // Synchronization: SV or dense, the communication co-designs, consistency, the coordinator.
 void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
   addEnumOption(cmd, "--sync", c.sync, orpheus::engine::syncModeNames(),
-                "sv: broadcast sufficient vectors and rebuild updates; dense: allreduce dense gradients");
+                "sv: broadcast sufficient vectors and rebuild updates; dense: allreduce dense gradients; powersgd: "
+                "allreduce PowerSGD's factors of rank --sv-rank, with error feedback (BSP)");
   cmd.add_option("--select", c.select,
                  "SV selection: send C of the B SVGs of each clock, chosen jointly across matrices (0: send all)")
       ->capture_default_str()
@@ -147,7 +148,7 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--sv-rank", c.svRank,
                  "Send and apply each matrix's update at rank R (R + 1 SVGs, one power iteration a clock) with "
                  "error feedback: what a clock leaves out is sent later; replaces --select "
-                 "(engine/worker/low_rank.h; 0: off)")
+                 "(engine/worker/low_rank.h; 0: off). With --sync powersgd: the rank of its factors")
       ->capture_default_str()
       ->check(integerIn(0));
   addEnumOption(cmd, "--select-method", c.selectMethod, orpheus::engine::selectionMethodNames(),
@@ -367,6 +368,21 @@ void addEvalFlags(CLI::App& cmd, EvalConfig& c, std::string& format) {
       ->check(integerIn(1));
 }
 
+namespace {
+
+// --sim-slow FRACTION:FACTOR, strictly: a fraction in [0, 1] and a factor >= 1.
+void parseSimSlow(const std::string& v, sim::Stragglers& s) {
+  const auto colon = v.find(':');
+  if (colon == std::string::npos) throw CLI::ValidationError("--sim-slow", "expected FRACTION:FACTOR, got '" + v + "'");
+  std::string error;
+  if (!parseNumber(v.substr(0, colon), 0.0, 1.0, false, &s.fraction, &error) ||
+      !parseNumber(v.substr(colon + 1), 1.0, 1e6, false, &s.factor, &error)) {
+    throw CLI::ValidationError("--sim-slow", fmt::format("FRACTION in [0, 1] and FACTOR >= 1: {}", error));
+  }
+}
+
+}  // namespace
+
 // The simulated machine: workers, the network model, the computation.
 void addSimulateFlags(CLI::App& cmd, sim::SimConfig& s, double& latencyUs) {
   cmd.add_option("--ranks", s.ranks, "P: workers to simulate, each a thread of this process")
@@ -392,6 +408,16 @@ void addSimulateFlags(CLI::App& cmd, sim::SimConfig& s, double& latencyUs) {
                  "(kernel TCP; 0: free)")
       ->capture_default_str()
       ->check(numberIn(0, 1e9));
+  static const NamedValues<sim::AllreduceAlgorithm> allreduceNames{{"ring", sim::AllreduceAlgorithm::kRing},
+                                                                   {"tree", sim::AllreduceAlgorithm::kTree}};
+  addEnumOption(cmd, "--sim-allreduce", s.network.allreduce, allreduceNames,
+                "Network model: how an all-reduce (dense, PowerSGD's factors, averaging) is timed: ring, 2(P-1) steps "
+                "of bytes/P; tree, 2 ceil(log2 P) steps of the whole buffer; each step pays the latency");
+  cmd.add_option_function<std::string>(
+         "--sim-slow", [&s](const std::string& v) { parseSimSlow(v, s.slow); },
+         "Stragglers: FRACTION:FACTOR makes that fraction of the workers (at least one; chosen by --seed) compute "
+         "FACTOR times as long every clock")
+      ->type_name("FRACTION:FACTOR");
   cmd.add_flag("--sim-multicast", s.network.multicast,
                "Network model: IP/IB multicast, one send reaches all of a message's receivers");
   cmd.add_option("--sim-compute-ms", s.computeMs,

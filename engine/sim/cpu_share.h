@@ -9,6 +9,9 @@
 // rank r lives on host floor(r * H / P), as `mpirun --map-by slot` fills hosts.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 namespace orpheus::engine::sim {
 
 struct CpuShare {
@@ -23,6 +26,20 @@ struct CpuShare {
   int workersOn(int host, int ranks) const;
   // How much longer than measured rank `rank`'s computation takes: >= 1.
   double slowdown(int rank, int ranks) const;
+};
+
+// Workers slower than the rest (--sim-slow FRACTION:FACTOR): round(FRACTION * P) of
+// them, at least one when FRACTION > 0, drawn from the job's seed, compute FACTOR
+// times as long every clock (on top of any core sharing). Under BSP every worker
+// waits for them; under SSP they fall behind up to the staleness bound.
+struct Stragglers {
+  double fraction = 0.0;
+  double factor = 1.0;
+
+  // Refuses a fraction outside [0, 1] or a factor below 1 (InputError naming the flag).
+  void validate() const;
+  // Each rank's factor: `factor` for the chosen ranks, 1 for the others.
+  std::vector<double> factors(int ranks, uint64_t seed) const;
 };
 
 }  // namespace orpheus::engine::sim

@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace orpheus::engine::sim {
@@ -85,6 +86,20 @@ double ringAllreduceSeconds(const NetworkModel& model, int ranks, double bytes) 
   double rate = model.sendBytesPerSecond();
   if (model.coreGbps > 0.0) rate = std::min(rate, model.coreGbps * 1e9 / 8.0 / p);
   return 2.0 * (p - 1.0) * (model.latencySeconds + bytes / p / rate);
+}
+
+double treeAllreduceSeconds(const NetworkModel& model, int ranks, double bytes) {
+  if (ranks <= 1) return 0.0;
+  double rate = model.sendBytesPerSecond();
+  // At most half the ranks send in a step.
+  if (model.coreGbps > 0.0) rate = std::min(rate, model.coreGbps * 1e9 / 8.0 / std::max(1, ranks / 2));
+  const double steps = 2.0 * std::ceil(std::log2(static_cast<double>(ranks)));
+  return steps * (model.latencySeconds + bytes / rate);
+}
+
+double allreduceSeconds(const NetworkModel& model, int ranks, double bytes) {
+  return model.allreduce == AllreduceAlgorithm::kTree ? treeAllreduceSeconds(model, ranks, bytes)
+                                                      : ringAllreduceSeconds(model, ranks, bytes);
 }
 
 double ringShiftSeconds(const NetworkModel& model, int ranks, double bytes) {

@@ -17,9 +17,11 @@
 //    costs CPU at `stack` Gbit/s of a core (kernel TCP copies), on top of its
 //    computation and slowed as that is where workers share cores (VirtualClock).
 //
-// Collectives the engine runs as a library call (dense allreduce, replica averaging,
-// rotation) cost what the bandwidth-optimal algorithms cost on this model, as
-// closed forms below. Times in seconds, sizes in bytes.
+// Collectives the engine runs as a library call (dense allreduce, PowerSGD's
+// factors, replica averaging, rotation) cost what their algorithms cost on this
+// model, as closed forms below, each step paying the per-message latency: the
+// all-reduce is the ring's or the binary tree's (--sim-allreduce). Times in
+// seconds, sizes in bytes.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,9 @@
 
 namespace orpheus::engine::sim {
 
+// How the model times an all-reduce (--sim-allreduce).
+enum class AllreduceAlgorithm { kRing, kTree };
+
 struct NetworkModel {
   double linkGbps = 10.0;       // per link, each direction
   double latencySeconds = 5e-6;  // per message, wire and switch
@@ -35,6 +40,7 @@ struct NetworkModel {
   double coreGbps = 0.0;        // the fabric's aggregate; 0: full bisection
   bool multicast = false;       // one send reaches all of a message's receivers
   double stackGbps = 0.0;       // CPU per byte sent or received, Gbit/s of a core; 0: free
+  AllreduceAlgorithm allreduce = AllreduceAlgorithm::kRing;
 
   // Seconds of a core the network stack spends on `bytes`; 0 when it is free.
   double stackSeconds(double bytes) const;
@@ -71,6 +77,13 @@ class Network {
 
 // The ring all-reduce of `bytes` over `ranks`: 2(P-1) steps of bytes/P each.
 double ringAllreduceSeconds(const NetworkModel& model, int ranks, double bytes);
+// A reduce then a broadcast over a binary tree: 2 ceil(log2 P) steps, each moving
+// the whole buffer one level and paying the latency. A step costs bytes / rate, as
+// in a double binary tree (NCCL's), where each tree carries half the buffer and a
+// parent's two children together bring it the whole buffer's worth.
+double treeAllreduceSeconds(const NetworkModel& model, int ranks, double bytes);
+// The all-reduce of `bytes` by the model's algorithm.
+double allreduceSeconds(const NetworkModel& model, int ranks, double bytes);
 // Every rank sends `bytes` to its right neighbour at once.
 double ringShiftSeconds(const NetworkModel& model, int ranks, double bytes);
 

@@ -97,6 +97,7 @@ comm::Gathered TracingTransport::doAllgatherv(std::span<const std::byte> local, 
 
 void TracingTransport::doAllreduceSum(std::span<float> chunk, uint64_t clock) {
   tracer_.current().reducedBytes += chunk.size_bytes();
+  tracer_.current().reductions.push_back(chunk.size_bytes());
   InTransport in(tracer_);
   inner_->allreduceSum(chunk, clock);
 }

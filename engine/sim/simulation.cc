@@ -124,6 +124,7 @@ void checkSimulable(const TrainConfig& config, const SimConfig& sim) {
   ORPHEUS_CHECK_INPUT(sim.computeMs >= 0.0, "--sim-compute-ms {} must not be negative", sim.computeMs);
   sim.network.validate();
   sim.cpu.validate(sim.ranks);
+  sim.slow.validate();
   validate(config, sim.ranks);
   ORPHEUS_CHECK_INPUT(!config.ckptSv && !config.ckptMatrix && !config.resume,
                       "simulate does not checkpoint: leave out --ckpt and --resume");
@@ -209,10 +210,10 @@ struct Finished {
 void runRank(int rank, const TrainConfig& config, const SimConfig& sim, const ops::Model& model,
              std::unique_ptr<comm::Transport> loopback, comm::loopback::RunGate& gate, Trace& trace,
              ArrivalBook* book, const comm::MulticastSchedule* schedule, const Shards& shards,
-             std::chrono::milliseconds timeout, Finished& out) {
+             std::chrono::milliseconds timeout, double slowdown, Finished& out) {
   gate.enter();
   try {
-    RankTracer tracer(trace, rank, sim.computeMs * 1e-3, sim.cpu.slowdown(rank, sim.ranks));
+    RankTracer tracer(trace, rank, sim.computeMs * 1e-3, slowdown);
     TracingTransport transport(std::move(loopback), tracer, book, schedule);
     transport.setTimeout(timeout);
     const Dataset* test = shards.test.empty() ? nullptr : &shards.test[static_cast<size_t>(rank)];
@@ -297,9 +298,9 @@ std::vector<std::unique_ptr<ops::Model>> makeModels(const TrainConfig& config, c
 }
 
 VirtualClock::Mode clockMode(const TrainConfig& config) {
-  return config.sync == SyncMode::kDense           ? VirtualClock::Mode::kDense
-         : config.consistency == Consistency::kSsp ? VirtualClock::Mode::kSsp
-                                                   : VirtualClock::Mode::kBsp;
+  if (config.sync == SyncMode::kDense) return VirtualClock::Mode::kDense;
+  if (config.sync == SyncMode::kPowerSgd) return VirtualClock::Mode::kPowerSgd;
+  return config.consistency == Consistency::kSsp ? VirtualClock::Mode::kSsp : VirtualClock::Mode::kBsp;
 }
 
 // Every worker on a thread of its own, `threads` of them running at once; what
@@ -321,13 +322,14 @@ std::vector<Finished> runRanks(const TrainConfig& config, const SimConfig& sim,
   auto group = comm::makeLoopbackGroup(p, options, gate);
   useSmallStacks();
   std::vector<Finished> done(static_cast<size_t>(p));
+  const std::vector<double> slow = sim.slow.factors(p, config.seed);
   std::vector<std::thread> workers;
   workers.reserve(static_cast<size_t>(p));
   for (int r = 0; r < p; ++r) {
     workers.emplace_back(runRank, r, std::cref(config), std::cref(sim), std::cref(*models[static_cast<size_t>(r)]),
                          std::move(group[static_cast<size_t>(r)]), std::ref(*gate), std::ref(trace),
                          book ? &*book : nullptr, book ? &schedule : nullptr, std::cref(shards), timeout,
-                         std::ref(done[static_cast<size_t>(r)]));
+                         sim.cpu.slowdown(r, p) * slow[static_cast<size_t>(r)], std::ref(done[static_cast<size_t>(r)]));
   }
   for (auto& w : workers) w.join();
   return done;
@@ -383,6 +385,9 @@ JsonLine simulationSummary(const TrainConfig& config, const SimConfig& sim, cons
       .add("network_core_gbps", sim.network.coreGbps)
       .add("network_multicast", sim.network.multicast)
       .add("network_stack_gbps", sim.network.stackGbps)
+      .add("network_allreduce", sim.network.allreduce == AllreduceAlgorithm::kTree ? "tree" : "ring")
+      .add("sim_slow_fraction", sim.slow.fraction)
+      .add("sim_slow_factor", sim.slow.factor)
       .add("sim_cores", sim.cpu.cores)
       .add("sim_hosts", sim.cpu.hosts)
       .add("cpu_slowdown_max", sim.cpu.slowdown(0, p))

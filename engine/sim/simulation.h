@@ -29,6 +29,7 @@ struct SimConfig {
   NetworkModel network;
   double computeMs = 0.0;  // > 0: every clock computes this long (on a core of its own); 0: as measured
   CpuShare cpu;            // the simulated hosts' cores, shared by their workers
+  Stragglers slow;         // workers that compute longer than the rest
   int threads = 0;         // workers running at once; 0: the machine's cores
 };
 

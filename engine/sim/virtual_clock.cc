@@ -77,24 +77,38 @@ void VirtualClock::deliver(const std::vector<Transfer>& transfers, std::vector<R
   }
 }
 
+// The exchange's all-reduces after the last rank's sends: dense sync's gradient
+// as one collective (its parameters bucketed together), PowerSGD's one after the
+// other (each waits for the one before). Every rank makes the same calls.
+double VirtualClock::reductionSeconds(const std::vector<RankClock>& ranks) const {
+  const NetworkModel& model = network_.model();
+  if (mode_ == Mode::kDense) {
+    double reduced = 0.0;
+    for (const RankClock& c : ranks) reduced = std::max(reduced, static_cast<double>(c.reducedBytes));
+    return allreduceSeconds(model, ranks_, reduced);
+  }
+  double seconds = 0.0;
+  for (const uint64_t bytes : ranks.front().reductions) {
+    seconds += allreduceSeconds(model, ranks_, static_cast<double>(bytes));
+  }
+  return seconds;
+}
+
 void VirtualClock::exchange(const std::vector<RankClock>& ranks, const std::vector<double>& lastIn,
                             const std::vector<double>& bytesIn, std::vector<RankTiming>& out) const {
   const auto p = static_cast<size_t>(ranks_);
   double denseDone = 0.0;
-  if (mode_ == Mode::kDense) {
-    double reduced = 0.0;
-    for (size_t r = 0; r < p; ++r) {
-      denseDone = std::max(denseDone, out[r].sends);
-      reduced = std::max(reduced, static_cast<double>(ranks[r].reducedBytes));
-    }
-    denseDone += ringAllreduceSeconds(network_.model(), ranks_, reduced);
+  if (mode_ == Mode::kDense || mode_ == Mode::kPowerSgd) {
+    for (size_t r = 0; r < p; ++r) denseDone = std::max(denseDone, out[r].sends);
+    denseDone += reductionSeconds(ranks);
   }
   for (size_t r = 0; r < p; ++r) {
     RankTiming& t = out[r];
     switch (mode_) {
       case Mode::kBsp: t.exchanged = std::max(t.sends, lastIn[r]); break;
       case Mode::kSsp: t.exchanged = t.sends; break;
-      case Mode::kDense: t.exchanged = denseDone; break;
+      case Mode::kDense:
+      case Mode::kPowerSgd: t.exchanged = denseDone; break;
     }
     t.end = t.exchanged + ranks[r].slowdown * network_.model().stackSeconds(bytesIn[r]) + ranks[r].receive +
             ranks[r].update;
@@ -132,7 +146,7 @@ void VirtualClock::nextStarts(uint64_t clock, const std::vector<RankClock>& rank
   if (averaged > 0.0 || shifted > 0.0) {
     double barrier = 0.0;
     for (size_t r = 0; r < p; ++r) barrier = std::max({barrier, out[r].end, inThrough(static_cast<int>(r), clock)});
-    barrier += ringAllreduceSeconds(network_.model(), ranks_, averaged) +
+    barrier += allreduceSeconds(network_.model(), ranks_, averaged) +
                (shifted > 0.0 ? ringShiftSeconds(network_.model(), ranks_, shifted) : 0.0);
     for (size_t r = 0; r < p; ++r) out[r].nextStart = barrier;
   }

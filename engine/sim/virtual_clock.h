@@ -6,14 +6,17 @@
 //   sends at      S + compute + stack(out)        (SVs computed and selected, copies handed to the stack)
 //   exchanged at  BSP: max(sends, last batch of clock t addressed to r is in)
 //                 SSP: sends (nothing waited for inside the clock)
-//                 dense: every rank's sends, then the ring all-reduce of the gradient
+//                 dense: every rank's sends, then one all-reduce of the gradient
+//                 powersgd: every rank's sends, then each of the clock's all-reduces
+//                 in turn (the factors P, then Q), each at its own size
 //   ends at       exchanged + stack(in) + receive + update    (taken off the stack, decoded, rebuilt, logged)
 //   where stack(bytes) is the network stack's CPU time for the bytes the rank sends
 //   or receives in the clock's batches, times the rank's CPU slowdown (NetworkModel).
 //   next start    BSP: the end; SSP: max(end, every batch addressed to r from the
 //                 clocks <= t+1-s-1 is in); after a coordinator barrier (averaging,
-//                 rotation): the last rank's end (and every batch in), plus the ring
+//                 rotation): the last rank's end (and every batch in), plus the
 //                 all-reduce of the replica and/or the ring shift.
+// All-reduces are the model's algorithm, ring or tree (allreduceSeconds).
 // Clocks are placed in order: the network sees clock t's messages before clock
 // t+1's, also where SSP lets a fast rank's later clock go out first.
 #pragma once
@@ -37,6 +40,7 @@ struct RankClock {
   std::vector<int> receivers;  // point to point: each send's peer
   bool toAllPeers = false;     // an allgather: every other rank
   uint64_t reducedBytes = 0;   // dense: gradient bytes all-reduced in the exchange
+  std::vector<uint64_t> reductions;  // the bytes of each all-reduce of the exchange, in order
   uint64_t averagedBytes = 0;  // coordinator: replica bytes averaged after the clock
   uint64_t shiftedBytes = 0;   // coordinator: replica bytes rotated after the clock
 };
@@ -55,7 +59,7 @@ struct RankTiming {
 
 class VirtualClock {
  public:
-  enum class Mode { kBsp, kSsp, kDense };
+  enum class Mode { kBsp, kSsp, kDense, kPowerSgd };
   VirtualClock(const NetworkModel& model, int ranks, Mode mode, int staleness);
 
   // Places clock `clock` (the next one) given every rank's record of it.
@@ -75,6 +79,7 @@ class VirtualClock {
                std::vector<double>& bytesIn);
   void exchange(const std::vector<RankClock>& ranks, const std::vector<double>& lastIn,
                 const std::vector<double>& bytesIn, std::vector<RankTiming>& out) const;
+  double reductionSeconds(const std::vector<RankClock>& ranks) const;
   void measureStaleness(uint64_t clock, std::vector<RankTiming>& out) const;
   void nextStarts(uint64_t clock, const std::vector<RankClock>& ranks, std::vector<RankTiming>& out);
 

@@ -97,7 +97,11 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
   if (OverlappedExchange::serves(config, model)) {
     overlapped_ = std::make_unique<OverlappedExchange>(config, model, transport, *log_);
   }
-  if (config.svRank > 0) lowRank_.emplace(config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()));
+  if (config.sync == SyncMode::kPowerSgd) {
+    powerSgd_.emplace(config.svRank, config.seed);
+  } else if (config.svRank > 0) {
+    lowRank_.emplace(config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()));
+  }
   applyKnobs(knobs_);
 }
 
@@ -326,7 +330,11 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
   notePhase(ClockPhase::kExchange, clock);
 
   t = Clock::now();
-  for (auto& p : grad.params) transport_.allreduceSum({p.value.data(), static_cast<size_t>(p.value.size())}, clock);
+  if (powerSgd_) {
+    powerSgd_->reduce(grad, transport_, clock);
+  } else {
+    for (auto& p : grad.params) transport_.allreduceSum({p.value.data(), static_cast<size_t>(p.value.size())}, clock);
+  }
   stats.commSeconds = secondsSince(t);
   stats.exchangeSeconds = stats.commSeconds;
   notePhase(ClockPhase::kRebuild, clock);

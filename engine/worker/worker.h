@@ -16,6 +16,7 @@
 #include "engine/data/dataset.h"
 #include "engine/worker/exchange.h"
 #include "engine/worker/low_rank.h"
+#include "engine/worker/power_sgd.h"
 #include "engine/metrics/metrics.h"
 #include "engine/worker/optimizer.h"
 #include "engine/recovery/recovery.h"
@@ -172,7 +173,8 @@ class Worker {
                                        std::chrono::steady_clock::time_point start, ClockStats& stats);
   std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats);
   void rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats);
-  // --sync dense: gradient, allreduce, step (the data-parallel baseline).
+  // --sync dense: gradient, allreduce, step (the data-parallel baseline); --sync
+  // powersgd: the same with the gradient all-reduced through PowerSGD's factors.
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
 
   // --adapt: this clock's measurements to the controller and, at a decision
@@ -225,6 +227,7 @@ class Worker {
   MulticastExchange multicast_;
   std::unique_ptr<OverlappedExchange> overlapped_;
   std::optional<LowRankSender> lowRank_;  // --sv-rank: the batch at rank R, and what is left to send
+  std::optional<PowerSgdReducer> powerSgd_;  // --sync powersgd: the factors' state and this rank's residual
 };
 
 ops::ExampleBatch view(const data::Batch& batch);

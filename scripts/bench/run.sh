@@ -15,6 +15,9 @@
 #   simulate orpheus simulate: calibration against the emulated 1 Gbit/s cluster at
 #            P = 4, 8 and the scaling table P = 8..1000 on a 10 Gbit/s model
 #            (scripts/bench/simulate.sh; options as environment variables).
+#   simulate-peers  orpheus simulate at P = 100 and 1000 with 1% of workers slowed 2x:
+#            Orpheus (random multicast, SSP) against --sync powersgd (tree and ring
+#            all-reduce) and --sync dense (scripts/bench/simulate_peers.sh).
 #   lstm     the KJV LSTM language model against PyTorch nn.LSTM + DDP over gloo
 #            (scripts/bench/lstm_vs_torch.sh; options as environment variables).
 #   step     one rank's MLP step (dense and SV) against PyTorch's on the same shapes and
@@ -44,9 +47,9 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/common.sh"
 suite="${1-}"
 case "$suite" in
-  vs-ddp | vs-peers | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate | lstm | step | elastic | adapt | zero-copy) shift ;;
+  vs-ddp | vs-peers | table4 | table3 | codesign | sv-vs-dense | generated | selection | simulate | simulate-peers | lstm | step | elastic | adapt | zero-copy) shift ;;
   -h | --help | "") sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) echo "run.sh: unknown suite '$suite' (vs-ddp, vs-peers, table4, table3, codesign, sv-vs-dense, generated, selection, simulate, lstm, step, elastic, adapt, zero-copy)" >&2
+  *) echo "run.sh: unknown suite '$suite' (vs-ddp, vs-peers, table4, table3, codesign, sv-vs-dense, generated, selection, simulate, simulate-peers, lstm, step, elastic, adapt, zero-copy)" >&2
      exit 2 ;;
 esac
 
@@ -70,11 +73,11 @@ fi
 
 declare -A SCRIPT=([table3]=table3.sh [codesign]=comm_codesign.sh [sv-vs-dense]=sv_vs_dense.sh
   [generated]=generated_vs_handwritten.sh [selection]=selection_error.sh [simulate]=simulate.sh
-  [lstm]=lstm_vs_torch.sh [step]=step_vs_torch.sh [elastic]=elastic.sh [adapt]=adapt.sh
-  [zero-copy]=zero_copy.sh)
+  [simulate-peers]=simulate_peers.sh [lstm]=lstm_vs_torch.sh [step]=step_vs_torch.sh [elastic]=elastic.sh
+  [adapt]=adapt.sh [zero-copy]=zero_copy.sh)
 if [ -n "${SCRIPT[$suite]-}" ]; then
   case "$suite" in table3 | codesign) build "$ROOT/build-dev" Release ;; esac
-  case "$suite" in simulate | step | elastic | zero-copy) build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF ;; esac
+  case "$suite" in simulate | simulate-peers | step | elastic | zero-copy) build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF ;; esac
   if [ "$suite" = lstm ] || [ "$suite" = adapt ]; then
     build "$ROOT/build-release" Release -DORPHEUS_BUILD_TESTS=OFF
     export BUILD_DIR="${BUILD_DIR:-$ROOT/build-release}"

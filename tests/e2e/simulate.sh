@@ -12,6 +12,9 @@
 #                  give bitwise the same parameters (batches applied in virtual-time order).
 #   cores          the CPU-share model: P = 8 on 2 simulated cores computes 4 times as
 #                  long per clock as on a core each (given compute, so exactly).
+#   peers          P = 8, one worker slowed 2x (--sim-slow), given compute: BSP waits for
+#                  it; --sync powersgd pays two all-reduces a clock, ring or tree, and
+#                  --sync dense one, each step the latency (computed by hand).
 set -euo pipefail
 orpheus=$1; compare=$2; check=$3; mpiexec=$4; shift 4
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
@@ -67,6 +70,17 @@ for c in "$@"; do
       # A core each: 10 ms per clock plus a few microseconds of wire; 2 cores for 8: 40 ms.
       "$check" "$out/cores0.jsonl" "seconds_per_clock>=0.0099" "seconds_per_clock<=0.0105" "cpu_slowdown_max<=1"
       "$check" "$out/cores2.jsonl" "seconds_per_clock>=0.0399" "seconds_per_clock<=0.0405" "cpu_slowdown_max>=4" ;;
+    peers)
+      # 10 ms a clock, 20 ms for the straggler; 100 us a message, the wire next to free.
+      run() { "$orpheus" simulate --ranks 8 "${common[@]}" --clocks 5 --batch 10 --sim-compute-ms 10 --sim-slow 0.1:2 \
+        --sim-link-gbps 1000 --sim-latency-us 100 "$@" >/dev/null; }
+      run --sync powersgd --sv-rank 1 --sim-allreduce tree --metrics "$out/tree.jsonl"
+      run --sync powersgd --sv-rank 1 --sim-allreduce ring --metrics "$out/ring.jsonl"
+      run --sync dense --metrics "$out/dense.jsonl"
+      # Tree: 2 all-reduces of 2 log2(8) = 6 steps; ring: of 2(8 - 1) = 14 steps.
+      "$check" "$out/tree.jsonl" "seconds_per_clock>=0.0212" "seconds_per_clock<=0.0213"
+      "$check" "$out/ring.jsonl" "seconds_per_clock>=0.0228" "seconds_per_clock<=0.0229"
+      "$check" "$out/dense.jsonl" "seconds_per_clock>=0.0214" "seconds_per_clock<=0.0215" ;;
     *) echo "simulate.sh: unknown check '$c'" >&2; exit 2 ;;
   esac
 done

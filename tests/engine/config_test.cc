@@ -140,6 +140,30 @@ TEST_CASE("--sv-rank with --overlap or --select, and a rank that sends no fewer 
                           "--select");
 }
 
+TEST_CASE("--sync powersgd: BSP broadcast only, a rank, no checkpoint", "[config]") {
+  TrainConfig c = smallJob();
+  c.sync = engine::SyncMode::kPowerSgd;
+  requireRefusal(c, 2, "--sync powersgd needs --sv-rank R >= 1");
+  c.svRank = 2;  // not bound by the batch: the factors are not SVGs
+  CHECK(refusal(c, 2).empty());
+
+  TrainConfig ssp = c;
+  ssp.consistency = engine::Consistency::kSsp;
+  requireRefusal(ssp, 2, "--sync powersgd all-reduces its factors every clock \\(BSP\\): it takes no --select, "
+                         "--multicast, --consistency ssp");
+  TrainConfig multicast = c;
+  multicast.multicast = orpheus::comm::MulticastKind::kRandom;
+  multicast.fanout = 1;
+  requireRefusal(multicast, 2, "--sync powersgd all-reduces its factors every clock");
+  TrainConfig overlap = c;
+  overlap.overlap = true;
+  requireRefusal(overlap, 2, "--sync powersgd all-reduces its factors every clock");
+  TrainConfig ckpt = c;
+  ckpt.ckptMatrix = true;
+  ckpt.ckptDir = "ckpt";
+  requireRefusal(ckpt, 2, "--sync powersgd keeps each rank's error feedback in no checkpoint");
+}
+
 TEST_CASE("--optimizer dfp with --select", "[config]") {
   TrainConfig c = smallJob();
   c.train = "synthetic:examples=10,features=20,classes=3";

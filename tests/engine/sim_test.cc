@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -106,6 +107,39 @@ TEST_CASE("ring collectives follow their closed forms", "[sim]") {
   CHECK(ringAllreduceSeconds(m, 4, 4 * kMb) == Approx(6 * (kLat + kWire)));
   CHECK(ringShiftSeconds(m, 4, kMb) == Approx(kLat + kWire));
   CHECK(ringAllreduceSeconds(m, 1, kMb) == 0.0);
+}
+
+TEST_CASE("a tree all-reduce moves the whole buffer 2 ceil(log2 P) times, each step paying the latency", "[sim]") {
+  NetworkModel m = gigabit();
+  // 4 ranks: 4 steps of 1 MB; 1000 ranks: 20 steps.
+  CHECK(treeAllreduceSeconds(m, 4, kMb) == Approx(4 * (kLat + kWire)));
+  CHECK(treeAllreduceSeconds(m, 1000, kMb) == Approx(20 * (kLat + kWire)));
+  CHECK(treeAllreduceSeconds(m, 5, kMb) == Approx(6 * (kLat + kWire)));
+  CHECK(treeAllreduceSeconds(m, 1, kMb) == 0.0);
+  // The ring pays the latency 2(P-1) times: at P = 1000 a small buffer costs it far more.
+  CHECK(ringAllreduceSeconds(m, 1000, 1000.0) == Approx(1998 * (kLat + 1.0 / 125e6)));
+  CHECK(allreduceSeconds(m, 4, 4 * kMb) == Approx(ringAllreduceSeconds(m, 4, 4 * kMb)));
+  m.allreduce = AllreduceAlgorithm::kTree;
+  CHECK(allreduceSeconds(m, 4, 4 * kMb) == Approx(treeAllreduceSeconds(m, 4, 4 * kMb)));
+}
+
+TEST_CASE("PowerSGD: the all-reduces after the last rank's sends, one after the other", "[sim]") {
+  NetworkModel m = gigabit();
+  m.allreduce = AllreduceAlgorithm::kTree;
+  VirtualClock clock(m, 4, VirtualClock::Mode::kPowerSgd, 0);
+  std::vector<RankClock> ranks(4);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    ranks[r].compute = 0.010 * static_cast<double>(r + 1);  // rank 3, the straggler, sends at 40 ms
+    ranks[r].update = 0.001;
+    ranks[r].reductions = {static_cast<uint64_t>(kMb), static_cast<uint64_t>(2 * kMb)};
+  }
+  const auto t = clock.place(1, ranks);
+  // Tree over 4 ranks: 4 steps each, of 1 MB then of 2 MB.
+  const double reduced = 0.040 + 4 * (kLat + kWire) + 4 * (kLat + 2 * kWire);
+  for (const auto& r : t) {
+    CHECK(r.exchanged == Approx(reduced));
+    CHECK(r.nextStart == Approx(reduced + 0.001));
+  }
 }
 
 TEST_CASE("BSP: a clock ends when its last batch is in, then the rebuild", "[sim]") {
@@ -228,6 +262,49 @@ TEST_CASE("workers sharing a host's cores compute W/C times as long", "[sim]") {
   CHECK_THROWS_AS((CpuShare{-1, 1}.validate(4)), orpheus::InputError);
   CHECK_THROWS_AS((CpuShare{2, 5}.validate(4)), orpheus::InputError);
   CHECK_NOTHROW((CpuShare{2, 4}.validate(4)));
+}
+
+TEST_CASE("stragglers: round(fraction * P) ranks, at least one, drawn from the seed", "[sim]") {
+  const auto slowed = [](const std::vector<double>& f) {
+    return std::count_if(f.begin(), f.end(), [](double x) { return x == 2.0; });
+  };
+  const Stragglers onePercent{0.01, 2.0};
+  const std::vector<double> a = onePercent.factors(1000, 7);
+  CHECK(slowed(a) == 10);
+  CHECK(std::count(a.begin(), a.end(), 1.0) == 990);
+  CHECK(a == onePercent.factors(1000, 7));  // repeatable
+  CHECK(a != onePercent.factors(1000, 8));  // and the seed's
+  CHECK(slowed(onePercent.factors(100, 7)) == 1);
+  CHECK(slowed(onePercent.factors(8, 7)) == 1);  // at least one
+  const std::vector<double> none = Stragglers{}.factors(8, 7);
+  CHECK(std::count(none.begin(), none.end(), 1.0) == 8);
+  CHECK_THROWS_AS((Stragglers{1.5, 2.0}.validate()), orpheus::InputError);
+  CHECK_THROWS_AS((Stragglers{0.1, 0.5}.validate()), orpheus::InputError);
+  CHECK_NOTHROW((Stragglers{0.01, 2.0}.validate()));
+}
+
+TEST_CASE("BSP waits for a straggler; SSP lets the others run up to s clocks ahead of it", "[sim]") {
+  for (const auto mode : {VirtualClock::Mode::kBsp, VirtualClock::Mode::kSsp}) {
+    VirtualClock clock(gigabit(), 2, mode, 2);
+    std::vector<RankClock> ranks(2);
+    ranks[0].compute = 0.010;
+    ranks[1].compute = 0.020;  // slowed 2x
+    for (auto& r : ranks) {
+      r.messageBytes = 1000;
+      r.toAllPeers = true;
+    }
+    std::vector<RankTiming> t;
+    for (uint64_t c = 1; c <= 6; ++c) t = clock.place(c, ranks);
+    if (mode == VirtualClock::Mode::kBsp) {
+      // Everyone at the straggler's pace: clock 7 starts after 6 of its clocks.
+      CHECK(t[0].nextStart == Approx(t[1].nextStart).epsilon(0.01));
+      CHECK(t[0].nextStart > 6 * 0.020);
+    } else {
+      // The fast rank waits only for batches s + 1 clocks old: it stays s clocks ahead.
+      CHECK(t[0].nextStart < t[1].nextStart);
+      CHECK(t[0].nextStart >= 4 * 0.020);
+    }
+  }
 }
 
 TEST_CASE("SSP: batches are handed on by virtual arrival, not as the threads posted them", "[sim]") {

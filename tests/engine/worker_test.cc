@@ -126,6 +126,27 @@ TEST_CASE("SV broadcast training equals dense allreduce training (loopback, 4 ra
   for (int r = 1; r < 4; ++r) CHECK(bitwiseEqual(sv[0], sv[static_cast<size_t>(r)]));
 }
 
+TEST_CASE("--sync powersgd keeps every replica equal and trains at rank 1 (loopback, 2 ranks)", "[engine]") {
+  engine::TrainConfig config;
+  config.batch = 16;
+  config.lr = 0.5;
+  config.sync = engine::SyncMode::kPowerSgd;
+  config.svRank = 1;
+  const auto compressed = train(config, 2, 30);
+  config.sync = engine::SyncMode::kDense;
+  config.svRank = 0;
+  const auto dense = train(config, 2, 30);
+  const ParamSet init = ops::MultinomialLogisticRegression(kFeatures, kClasses).initParams(config.seed);
+  CHECK(bitwiseEqual(compressed[0], compressed[1]));
+  CHECK(relativeDifference(compressed[0], init) > 0.1);
+  // Rank 1 of a 5 x 40 gradient is not the gradient, but it moves the parameters
+  // towards where dense training takes them.
+  const double diff = relativeDifference(compressed[0], dense[0]);
+  INFO("relative difference to dense " << diff << ", of the start " << relativeDifference(init, dense[0]));
+  CHECK(diff > 1e-4);
+  CHECK(diff < relativeDifference(init, dense[0]));
+}
+
 TEST_CASE("same seed and flags give bitwise the same parameters; another seed does not", "[engine]") {
   engine::TrainConfig config;
   config.batch = 8;
