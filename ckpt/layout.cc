@@ -51,6 +51,8 @@ fs::path jobPath(const std::string& dir) { return fs::path(dir) / "job.h5"; }
 
 fs::path membershipPath(const std::string& dir) { return fs::path(dir) / "membership"; }
 
+fs::path chunksPath(const std::string& dir) { return fs::path(dir) / "chunks"; }
+
 fs::path replicaDir(const std::string& dir, int replica) {
   return fs::path(dir) / fmt::format("{}{}", kReplicaPrefix, replica);
 }

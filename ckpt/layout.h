@@ -16,6 +16,8 @@
 //   DIR/membership                 the job's membership epochs after its first, one
 //                                  line each (engine/membership/elastic.h); absent until the
 //                                  number of ranks first changes
+//   DIR/chunks                     --balance: the chunk layout, then every change of
+//                                  chunk ownership, one line each (ckpt/replay.h)
 //   DIR/states-<clock>/rank-<r>.h5 what rank r's model carried from one clock to the
 //                                  next beyond the parameters (a sequence model's
 //                                  recurrent states per stream) after <clock>, written
@@ -67,6 +69,7 @@ std::string clockName(uint64_t clock);
 
 std::filesystem::path jobPath(const std::string& dir);
 std::filesystem::path membershipPath(const std::string& dir);
+std::filesystem::path chunksPath(const std::string& dir);
 std::filesystem::path replicaDir(const std::string& dir, int replica);
 std::filesystem::path segmentPath(const std::string& dir, int replica, uint64_t first, uint64_t last);
 std::filesystem::path snapshotDir(const std::string& dir, uint64_t clock);

@@ -1,6 +1,7 @@
 #include "engine/adapt/controller.h"
 
-#include "ckpt/log_reader.h"
+#include "ckpt/log_entry.h"
+#include "ckpt/replay.h"
 #include "engine/base/error.h"
 #include "engine/metrics/metrics.h"
 #include "engine/worker/select.h"
@@ -255,21 +256,9 @@ Decision Controller::decide(uint64_t clock, const Knobs& current) {
 }
 
 std::optional<Knobs> knobsAt(const std::string& dir, int replica, uint64_t clock) {
-  ckpt::InspectScope scope;
-  scope.replica = replica;
-  scope.upTo = clock;
-  const ckpt::Inventory inventory = ckpt::inspect(dir, scope);
-  std::optional<Knobs> found;
-  for (const auto& r : inventory.replicas) {
-    if (r.replica != replica) continue;
-    for (const auto& s : r.segments) {
-      for (const ckpt::LogEntry& e : s.events) {
-        if (e.kind != ckpt::EventKind::kKnobs || e.clock > clock || e.records.size() != 1) continue;
-        found = decodeKnobs(e.records.front());  // segments and their events come in clock order
-      }
-    }
-  }
-  return found;
+  const std::optional<std::vector<std::byte>> record = ckpt::knobsRecordAt(dir, replica, clock);
+  if (!record) return std::nullopt;
+  return decodeKnobs(*record);
 }
 
 std::array<std::byte, kKnobsRecordBytes> encodeKnobs(const Knobs& k) {

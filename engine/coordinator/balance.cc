@@ -1,6 +1,6 @@
 #include "engine/coordinator/balance.h"
 
-#include "ckpt/durable.h"
+#include "ckpt/layout.h"
 #include "engine/base/error.h"
 #include "engine/failures.h"
 
@@ -22,16 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path chunkLogPath(const std::string& dir) { return fs::path(dir) / "chunks"; }
-
-std::string describeMoves(std::span<const data::ChunkMove> moves) {
-  std::string out;
-  for (const data::ChunkMove& m : moves) {
-    if (!out.empty()) out += ' ';
-    out += fmt::format("{}:{}>{}", m.chunk, m.from, m.to);
-  }
-  return out;
-}
+fs::path chunkLogPath(const std::string& dir) { return ckpt::chunksPath(dir); }
 
 // Each rank's minibatch under `owners`: B everywhere until a chunk is away from
 // its origin, then the rows' shares of P·B.
@@ -57,63 +48,6 @@ int64_t injectedDelayMs(const TrainConfig& config, int rank, int64_t examples) {
   if (!config.balance) return config.delayMs;
   return std::llround(static_cast<double>(config.delayMs) * static_cast<double>(examples) /
                       static_cast<double>(config.batch));
-}
-
-ChunkLog readChunkLog(const std::string& dir) {
-  ChunkLog log;
-  const fs::path path = chunkLogPath(dir);
-  const int lines = ckpt::forEachTextLine(path, [&](int lineNo, const std::string& line) {
-    std::istringstream words(line);
-    std::string head;
-    words >> head;
-    const auto bad = [&](const char* expected) {
-      return InputError(fmt::format("'{}' line {}: expected '{}', got '{}'", path.string(), lineNo, expected, line));
-    };
-    if (lineNo == 1) {
-      std::string rows, shards;
-      words >> rows >> log.chunkRows >> shards;
-      if (!words || head != "layout" || rows != "rows" || shards != "shards" || log.chunkRows < 1) {
-        throw bad("layout rows R shards n0 n1 ...");
-      }
-      int64_t n = 0;
-      while (words >> n) {
-        if (n < 1) throw bad("layout rows R shards n0 n1 ...");
-        log.shardRows.push_back(n);
-      }
-      if (log.shardRows.empty() || !words.eof()) throw bad("layout rows R shards n0 n1 ...");
-      return;
-    }
-    Rebalance change;
-    std::string moves;
-    words >> change.clock >> moves;
-    if (!words || head != "clock" || moves != "moves" ||
-        (!log.changes.empty() && change.clock <= log.changes.back().clock)) {
-      throw bad("clock K moves c:f>t ... (K increasing)");
-    }
-    std::string move;
-    while (words >> move) {
-      data::ChunkMove m;
-      char colon = 0, arrow = 0;
-      std::istringstream parts(move);
-      parts >> m.chunk >> colon >> m.from >> arrow >> m.to;
-      if (!parts || colon != ':' || arrow != '>' || !parts.eof() || m.chunk < 0 || m.from < 0 || m.to < 0) {
-        throw bad("clock K moves c:f>t ... (K increasing)");
-      }
-      change.moves.push_back(m);
-    }
-    if (change.moves.empty()) throw bad("clock K moves c:f>t ... (K increasing)");
-    log.changes.push_back(std::move(change));
-  });
-  if (lines > 0 && log.chunkRows == 0) {
-    throw InputError(fmt::format("'{}' holds no layout line", path.string()));
-  }
-  return log;
-}
-
-void writeChunkLog(const std::string& dir, const ChunkLog& log) {
-  std::string text = fmt::format("layout rows {} shards {}\n", log.chunkRows, fmt::join(log.shardRows, " "));
-  for (const Rebalance& c : log.changes) text += fmt::format("clock {} moves {}\n", c.clock, describeMoves(c.moves));
-  ckpt::writeTextDurably(chunkLogPath(dir), text);
 }
 
 data::ChunkOwnership ownershipAt(const data::ChunkLayout& layout, const std::vector<Rebalance>& changes,
@@ -402,7 +336,7 @@ void DataFeed::record(uint64_t clock, const std::vector<data::ChunkMove>& moves,
   line.add("rebalance", true).add("clock", clock);
   if (resumed) line.add("resumed", true);
   line.add("moves", static_cast<int64_t>(moves.size()))
-      .add("moved", describeMoves(moves))
+      .add("moved", ckpt::describeMoves(moves))
       .add("chunks", counts)
       .add("batch", batches);
   if (!secondsPerExample.empty()) {

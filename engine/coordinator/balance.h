@@ -34,6 +34,7 @@
 // lines after that clock; `orpheus restore` reads the same ownership at any clock.
 #pragma once
 
+#include "ckpt/replay.h"
 #include "comm/transport.h"
 #include "engine/config.h"
 #include "engine/data/chunks.h"
@@ -56,23 +57,12 @@ namespace orpheus::engine {
 // slow per example), so a smaller minibatch sleeps less.
 int64_t injectedDelayMs(const TrainConfig& config, int rank, int64_t examples);
 
-// One change of ownership, after clock `clock`.
-struct Rebalance {
-  uint64_t clock = 0;
-  std::vector<data::ChunkMove> moves;
-};
+// The chunk log DIR/chunks is read and written by the checkpoint's replay (ckpt/replay.h).
+using ckpt::ChunkLog;
+using ckpt::readChunkLog;
+using ckpt::Rebalance;
+using ckpt::writeChunkLog;
 
-struct ChunkLog {
-  int64_t chunkRows = 0;          // 0: no log
-  std::vector<int64_t> shardRows;
-  std::vector<Rebalance> changes;
-};
-
-// DIR/chunks; an empty log (chunkRows 0) when the file is absent. InputError on a
-// malformed line, naming the file and line.
-ChunkLog readChunkLog(const std::string& dir);
-// Rewrites DIR/chunks with `log`, durably (rank 0 only).
-void writeChunkLog(const std::string& dir, const ChunkLog& log);
 // The ownership after clock `clock`: the layout's, with every change up to it applied.
 data::ChunkOwnership ownershipAt(const data::ChunkLayout& layout, const std::vector<Rebalance>& changes,
                                  uint64_t clock);

@@ -18,6 +18,7 @@
 // (whose row offsets are unknown without reading the file).
 #pragma once
 
+#include "ckpt/replay.h"
 #include "engine/data/dataset.h"
 
 #include <cstddef>
@@ -28,12 +29,8 @@
 
 namespace orpheus::data {
 
-struct ChunkMove {
-  int64_t chunk = 0;
-  int from = 0;
-  int to = 0;
-  bool operator==(const ChunkMove&) const = default;
-};
+// As the checkpoint directory records it (DIR/chunks, ckpt/replay.h).
+using ChunkMove = ckpt::ChunkMove;
 
 class ChunkLayout {
  public:

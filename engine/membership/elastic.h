@@ -18,7 +18,7 @@
 // gives the averaged state. Replicas of earlier epochs stay restorable up to C.
 #pragma once
 
-#include "ckpt/membership.h"
+#include "ckpt/replay.h"
 #include "comm/transport.h"
 #include "engine/base/params.h"
 #include "engine/config.h"

@@ -5,7 +5,7 @@
 #include "ckpt/model_file.h"
 #include "engine/base/error.h"
 #include "engine/base/sv_batch.h"
-#include "ckpt/membership.h"
+#include "ckpt/replay.h"
 #include "engine/failures.h"
 #include "engine/recovery/job_record.h"
 #include "engine/worker/select.h"

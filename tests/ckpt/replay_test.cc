@@ -1,0 +1,126 @@
+// The replay of a checkpoint directory (ckpt/replay.h): membership, chunk
+// ownership and the knobs as they stood at a clock, from the records a job wrote,
+// and from a directory as earlier jobs wrote it.
+#include "ckpt/job_info.h"
+#include "ckpt/layout.h"
+#include "ckpt/replay.h"
+#include "ckpt/sv_log_writer.h"
+#include "engine/base/error.h"
+
+#include <catch2/catch.hpp>
+
+#include "tests/support/temp_dir.h"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+using namespace orpheus;
+using namespace orpheus::ckpt;
+namespace fs = std::filesystem;
+using orpheus::testing::TempDir;
+
+namespace {
+
+void writeJob(const std::string& dir, int ranks) {
+  JobInfo info;
+  info.modelName = "mlr";
+  info.features = 4;
+  info.classes = 2;
+  info.ranks = ranks;
+  info.batch = 8;
+  info.lr = 0.1;
+  writeJobInfo(dir, info);
+}
+
+std::array<std::byte, kKnobsRecordBytes> knobsRecord(int64_t first) {
+  std::array<std::byte, kKnobsRecordBytes> out{};
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::byte>(first + static_cast<int64_t>(i));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("membership replays the epoch and the replica a rank holds at a clock") {
+  TempDir dir("replay-membership");
+  writeJob(dir.str(), 4);
+  CHECK(readMembership(dir.str()).size() == 1);
+  appendEpoch(dir.str(), {1, 20, 2});
+  appendEpoch(dir.str(), {2, 40, 3});
+  const std::vector<Epoch> epochs = readMembership(dir.str());
+  REQUIRE(epochs.size() == 3);
+  CHECK(epochs[0].ranks == 4);
+  CHECK(epochAfter(epochs, 19).epoch == 0);
+  CHECK(epochAfter(epochs, 20).ranks == 2);
+  CHECK(epochAfter(epochs, 99).ranks == 3);
+  CHECK(replicaCount(epochs) == 4);
+  CHECK(replicaHeldAt(1, epochs, 5, 0) == 1);
+  CHECK(replicaHeldAt(0, epochs, 10, 10) == 3);  // one rotation among 4 ranks
+  CHECK(replicaHeldAt(0, epochs, 30, 10) == 1);  // epoch 1 rotates from its own clock
+}
+
+TEST_CASE("chunk ownership replays the changes up to a clock") {
+  TempDir dir("replay-chunks");
+  CHECK(readChunkLog(dir.str()).chunkRows == 0);
+  ChunkLog log;
+  log.chunkRows = 4;
+  log.shardRows = {8, 8};
+  log.changes = {{5, {{1, 0, 1}}}, {10, {{1, 1, 0}, {2, 1, 0}}}};
+  writeChunkLog(dir.str(), log);
+  const ChunkLog read = readChunkLog(dir.str());
+  CHECK(changesUpTo(read, 4).empty());
+  REQUIRE(changesUpTo(read, 9).size() == 1);
+  CHECK(changesUpTo(read, 9)[0].moves == log.changes[0].moves);
+  CHECK(changesUpTo(read, 10).size() == 2);
+  CHECK(describeMoves(log.changes[1].moves) == "1:1>0 2:1>0");
+}
+
+TEST_CASE("the knobs replay as the newest record at or before a clock") {
+  TempDir dir("replay-knobs");
+  writeJob(dir.str(), 1);
+  {
+    SvLogWriter w(dir.str(), 0, size_t{64} << 20, 5);
+    for (uint64_t c = 1; c <= 12; ++c) {
+      if (c == 3) w.appendKnobs(c, knobsRecord(3));
+      if (c == 8) w.appendKnobs(c, knobsRecord(8));
+      w.endClock(c);
+    }
+    w.flush();
+  }
+  CHECK_FALSE(knobsRecordAt(dir.str(), 0, 2));
+  const auto at3 = knobsRecordAt(dir.str(), 0, 7);
+  REQUIRE(at3);
+  const auto wrote3 = knobsRecord(3);
+  CHECK(std::equal(at3->begin(), at3->end(), wrote3.begin(), wrote3.end()));
+  const auto at8 = knobsRecordAt(dir.str(), 0, 10);
+  REQUIRE(at8);
+  const auto wrote8 = knobsRecord(8);
+  CHECK(std::equal(at8->begin(), at8->end(), wrote8.begin(), wrote8.end()));
+  CHECK_FALSE(knobsRecordAt(dir.str(), 1, 10));
+}
+
+TEST_CASE("a directory as earlier jobs wrote it replays: the text logs are read as they are") {
+  TempDir dir("replay-old");
+  writeJob(dir.str(), 2);
+  std::ofstream(dir / "membership") << "epoch 1 clock 30 ranks 3\n";
+  std::ofstream(dir / "chunks") << "layout rows 4 shards 8 8\nclock 5 moves 1:0>1\nclock 10 moves 1:1>0 2:1>0\n";
+  const std::vector<Epoch> epochs = readMembership(dir.str());
+  REQUIRE(epochs.size() == 2);
+  CHECK(epochs[1].clock == 30);
+  CHECK(replicaCount(epochs) == 3);
+  const ChunkLog chunks = readChunkLog(dir.str());
+  CHECK(chunks.chunkRows == 4);
+  CHECK(chunks.shardRows == std::vector<int64_t>{8, 8});
+  REQUIRE(chunks.changes.size() == 2);
+  CHECK(chunks.changes[1].moves == std::vector<ChunkMove>{{1, 1, 0}, {2, 1, 0}});
+  // Rewriting the chunk log keeps the earlier spelling byte for byte.
+  writeChunkLog(dir.str(), chunks);
+  std::ifstream in(dir / "chunks");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "layout rows 4 shards 8 8\nclock 5 moves 1:0>1\nclock 10 moves 1:1>0 2:1>0\n");
+  std::ofstream(dir / "membership", std::ios::app) << "epoch 3 clock 40 ranks 2\n";  // epochs count up by one
+  CHECK_THROWS_WITH(readMembership(dir.str()), Catch::Contains("line 2"));
+}
