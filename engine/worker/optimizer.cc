@@ -136,6 +136,25 @@ void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
     quasiNewtonStep(clock, d, params);
     return;
   }
+  if (s.kind == OptimizerKind::kMomentum || s.kind == OptimizerKind::kNesterov) {
+    // One pass over g, b and w per parameter (memory-bound): the same float operations,
+    // in the same order, as the expressions of the other optimizers below.
+    const auto mu = static_cast<float>(s.momentum);
+    const bool nesterov = s.kind == OptimizerKind::kNesterov;
+    for (size_t i = 0; i < params.size(); ++i) {
+      float* w = params[i].data();
+      float* b = buffers_[0].values[i].data();
+      const float* g = gradient[i].data();
+      const Eigen::Index n = params[i].size();
+      for (Eigen::Index k = 0; k < n; ++k) {
+        const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];  // L2 weight decay on the gradient
+        const float next = mu * b[k] + d;
+        b[k] = next;
+        w[k] -= lr * (nesterov ? d + mu * next : next);
+      }
+    }
+    return;
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     auto w = params[i].array();
     // d = g + wd w (L2 weight decay on the gradient).
@@ -149,17 +168,8 @@ void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
         w -= lr * d;
         break;
       case OptimizerKind::kMomentum:
-      case OptimizerKind::kNesterov: {
-        const auto mu = static_cast<float>(s.momentum);
-        auto b = buffers_[0].values[i].array();
-        b = mu * b + d;
-        if (s.kind == OptimizerKind::kNesterov) {
-          w -= lr * (d + mu * b);
-        } else {
-          w -= lr * b;
-        }
-        break;
-      }
+      case OptimizerKind::kNesterov:
+        break;  // above
       case OptimizerKind::kAdagrad: {
         auto sum = buffers_[0].values[i].array();
         sum += d * d;

@@ -18,7 +18,7 @@ localsgd (parameters averaged every --local-steps H) or diloco (an outer Nestero
             (std sqrt(2 / fan_in)), W3 Glorot uniform (a = sqrt(6 / (fan_in + fan_out))),
             biases zero.
   Step      mean softmax cross-entropy over the rank's batch; DDP averages gradients over ranks,
-            so SGD (no momentum, constant --lr) steps by lr x the mean gradient over all P x B
+            so SGD (constant --lr, no momentum unless --nesterov) steps by lr x the mean gradient over all P x B
             examples, the meaning of the engine's --lr (localsgd and diloco step on the rank's
             own gradient between synchronisations).
   Timing    per step around forward + backward + the peer's communication + optimizer step;
@@ -106,6 +106,9 @@ def parse_args(argv):
     p.add_argument("--clocks", type=int, default=1000, help="steps to run at most (default 1000)")
     p.add_argument("--batch", type=int, default=100, help="examples per rank per step (default 100)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD step on the mean loss of the global batch (default 0.1)")
+    p.add_argument("--nesterov", type=float, default=0.0, metavar="MU",
+                   help="SGD with Nesterov momentum MU (torch.optim.SGD(momentum=MU, nesterov=True), as orpheus "
+                        "--optimizer nesterov --momentum MU); 0: plain SGD (default)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=50, help="evaluate every E steps and at the end; 0: at the end only")
     p.add_argument("--target-accuracy", type=float, default=0.0,
@@ -144,6 +147,8 @@ def parse_args(argv):
         p.error(f"--clocks must be at least 1, got {a.clocks}")
     if a.batch < 1:
         p.error(f"--batch must be at least 1, got {a.batch}")
+    if not 0 <= a.nesterov < 1:
+        p.error(f"--nesterov must be in [0, 1), got {a.nesterov}")
     if a.hidden < 1:
         p.error(f"--hidden must be at least 1, got {a.hidden}")
     if a.eval_every < 0:
@@ -305,7 +310,7 @@ def worker(rank, args, init_method):
     dtype = getattr(torch, args.dtype)
     model.to(dtype)
     peer = peers.make(args, model, world)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.nesterov, nesterov=args.nesterov > 0)
     sampler = Sampler(len(ytr), args.batch, args.seed, rank)
     leader = rank == 0
 

@@ -688,8 +688,18 @@ def vs_peers_groups(args):
             for peer, label in (("localsgd", "local SGD"), ("diloco", "DiLoCo")):
                 configs += [Config(f"{peer}-h{h}", f"{label}, H = {h}", "ddp",
                                    ["--peer", peer, "--local-steps", str(h)]) for h in (10, 50)]
+            # The same peers with Nesterov momentum 0.9 (DiLoCo has its own, outer): a user
+            # whose model trains faster with momentum would turn it on for any of them.
+            nag = ["--nesterov", "0.9"]
+            configs += [Config("ddp-nag", "PyTorch DDP, Nesterov 0.9", "ddp", nag),
+                        Config("powersgd-r2-nag", "PowerSGD rank 2, Nesterov 0.9", "ddp",
+                               ["--peer", "powersgd", "--rank-r", "2", *nag])]
+            configs += [Config(f"localsgd-h{h}-nag", f"local SGD, H = {h}, Nesterov 0.9", "ddp",
+                               ["--peer", "localsgd", "--local-steps", str(h), *nag]) for h in (10, 50)]
             peer_keys = [c.key for c in configs]
             configs.append(Config("best", "Orpheus best", "orpheus", ORPHEUS_BEST[wname]))
+            configs.append(Config("best-nag", "Orpheus best, Nesterov 0.9", "orpheus",
+                                  ORPHEUS_BEST[wname] + ["--optimizer", "nesterov", "--momentum", "0.9"]))
             if wname != "mlr":  # MLR's best is --sync dense: nothing to factor
                 # Rank-R batches with error feedback (engine/worker/low_rank.h), BSP broadcast.
                 configs += [Config(f"rank{r}", f"Orpheus, --sv-rank {r}", "orpheus", ["--sync", "sv", "--sv-rank", str(r)])
