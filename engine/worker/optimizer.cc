@@ -41,6 +41,24 @@ std::vector<std::string> bufferNames(OptimizerKind kind) {
   return {};
 }
 
+// Momentum and Nesterov in one pass over g, b and w (memory-bound): the same float
+// operations, in the same order, as the expressions of the other optimizers.
+void momentumStep(const OptimizerSettings& s, float lr, float wd, const Matrix& gradient, Matrix& buffer,
+                  Matrix& param) {
+  const auto mu = static_cast<float>(s.momentum);
+  const bool nesterov = s.kind == OptimizerKind::kNesterov;
+  float* w = param.data();
+  float* b = buffer.data();
+  const float* g = gradient.data();
+  const Eigen::Index n = param.size();
+  for (Eigen::Index k = 0; k < n; ++k) {
+    const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];  // L2 weight decay on the gradient
+    const float next = mu * b[k] + d;
+    b[k] = next;
+    w[k] -= lr * (nesterov ? d + mu * next : next);
+  }
+}
+
 }  // namespace
 
 double defaultLearningRate(OptimizerKind kind) {
@@ -137,21 +155,8 @@ void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
     return;
   }
   if (s.kind == OptimizerKind::kMomentum || s.kind == OptimizerKind::kNesterov) {
-    // One pass over g, b and w per parameter (memory-bound): the same float operations,
-    // in the same order, as the expressions of the other optimizers below.
-    const auto mu = static_cast<float>(s.momentum);
-    const bool nesterov = s.kind == OptimizerKind::kNesterov;
     for (size_t i = 0; i < params.size(); ++i) {
-      float* w = params[i].data();
-      float* b = buffers_[0].values[i].data();
-      const float* g = gradient[i].data();
-      const Eigen::Index n = params[i].size();
-      for (Eigen::Index k = 0; k < n; ++k) {
-        const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];  // L2 weight decay on the gradient
-        const float next = mu * b[k] + d;
-        b[k] = next;
-        w[k] -= lr * (nesterov ? d + mu * next : next);
-      }
+      momentumStep(s, lr, wd, gradient[i], buffers_[0].values[i], params[i]);
     }
     return;
   }
