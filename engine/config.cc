@@ -239,9 +239,9 @@ void validate(const TrainConfig& c, int ranks) {
     ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv && !c.overlap,
                         "--sv-rank compresses a clock's whole batch after the backward pass: it needs --sync sv "
                         "and no --overlap");
-    ORPHEUS_CHECK_INPUT(c.select == 0 && c.adaptSelect.first < 0,
+    ORPHEUS_CHECK_INPUT(c.select == 0 && !c.adapt,
                         "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
-                        "--select and --adapt-select (give one of them)");
+                        "--select, and the C that --adapt sets (give one of them)");
     ORPHEUS_CHECK_INPUT(c.selectUnit == ops::Model::SvgUnit::kStep || c.svRank + 1 < c.batch,
                         "--sv-rank {} sends {} SVGs per matrix: fewer than the {} a clock sends without it only "
                         "below {}",

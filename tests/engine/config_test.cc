@@ -138,6 +138,10 @@ TEST_CASE("--sv-rank with --overlap or --select, and a rank that sends no fewer 
   high.select = 2;
   requireRefusal(high, 2, "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
                           "--select");
+  high.select = 0;
+  high.adapt = true;
+  requireRefusal(high, 2, "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
+                          "--select, and the C that --adapt sets");
 }
 
 TEST_CASE("--sync powersgd: BSP broadcast only, a rank, no checkpoint", "[config]") {
