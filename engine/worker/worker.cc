@@ -224,15 +224,15 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   if (adapt_.measuresAt(clock)) measuredBatch_ = local;
   // The C SVGs of S worth sending (all of S when selection is off).
   std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
-  // With --sv-rank this replica applies what it sends, not S.
-  const std::shared_ptr<SvBatch> own = lowRank_ ? std::make_shared<SvBatch>(*selected) : local;
+  const std::shared_ptr<SvBatch> sent = selected ? std::make_shared<SvBatch>(std::move(*selected)) : local;
   // Send S to this clock's receivers.
-  exchange.send(clock, selected ? std::make_shared<const SvBatch>(std::move(*selected)) : local, stats);
+  exchange.send(clock, sent, stats);
   stats.computeSeconds = secondsSince(start) - exchange.sendSeconds();
   notePhase(ClockPhase::kExchange, clock);
   // Receive T, the SVG sets addressed here (rebuilt as they arrive where the exchange overlaps).
   const auto apply = [&](std::span<const SvBatchView* const> group) { updater_.applyGroup(clock, group, replica_); };
-  ClockGroup group = exchange.receive(clock, own, apply, stats, metrics);
+  // With --sv-rank this replica applies what it sends, not S.
+  ClockGroup group = exchange.receive(clock, lowRank_ ? sent : local, apply, stats, metrics);
   notePhase(ClockPhase::kRebuild, clock);
   // W += compute_update(s) for each s in S ∪ T, rebuilt together.
   rebuild(clock, group, stats);
