@@ -12,6 +12,73 @@
 
 namespace orpheus::ops {
 
+namespace {
+
+EwOp elementwiseOp(OpKind op) {
+  switch (op) {
+    case OpKind::kSigmoid: return EwOp::kSigmoid;
+    case OpKind::kTanh: return EwOp::kTanh;
+    case OpKind::kRelu: return EwOp::kRelu;
+    case OpKind::kExp: return EwOp::kExp;
+    case OpKind::kLog: return EwOp::kLog;
+    case OpKind::kScale: return EwOp::kScale;
+    case OpKind::kAdd: return EwOp::kAdd;
+    case OpKind::kSubtract: return EwOp::kSubtract;
+    case OpKind::kMultiply: return EwOp::kMultiply;
+    default: break;
+  }
+  throw Error(fmt::format("{} is not an elementwise operator", opName(op)));
+}
+
+}  // namespace
+
+ChainPlan chainPlan(const Graph& graph, std::span<const int> nodes) {
+  ChainPlan plan;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const Node& n = graph.node(nodes[k]);
+    EwStep s;
+    s.op = elementwiseOp(n.op);
+    s.attr = n.attr;
+    for (size_t o = 0; o < n.inputs.size(); ++o) {
+      const int operand = n.inputs[o];
+      const auto inChain = std::find(nodes.begin(), nodes.begin() + static_cast<long>(k), operand);
+      if (inChain != nodes.begin() + static_cast<long>(k)) {
+        s.operand[o] = {EwRef::Kind::kStep, static_cast<int>(inChain - nodes.begin())};
+        continue;
+      }
+      const auto known = std::find(plan.inputNodes.begin(), plan.inputNodes.end(), operand);
+      s.operand[o] = {EwRef::Kind::kInput, static_cast<int>(known - plan.inputNodes.begin())};
+      if (known == plan.inputNodes.end()) plan.inputNodes.push_back(operand);
+    }
+    plan.chain.steps.push_back(s);
+  }
+  plan.chain.inputs = static_cast<int>(plan.inputNodes.size());
+  return plan;
+}
+
+std::vector<bool> nodesNeedingGradients(const Graph& graph) {
+  const size_t n = graph.nodes().size();
+  std::vector<bool> variable(n, false);
+  for (const Node& node : graph.nodes()) {
+    if (node.kind == NodeKind::kParam || node.kind == NodeKind::kLocal) variable[static_cast<size_t>(node.id)] = true;
+    for (int in : node.inputs) {
+      if (variable[static_cast<size_t>(in)]) variable[static_cast<size_t>(node.id)] = true;
+    }
+  }
+  std::vector<bool> feedsLoss(n, false);
+  if (graph.loss() >= 0) feedsLoss[static_cast<size_t>(graph.loss())] = true;
+  for (int id = graph.loss(); id >= 0; --id) {
+    if (!feedsLoss[static_cast<size_t>(id)]) continue;
+    for (int in : graph.node(id).inputs) feedsLoss[static_cast<size_t>(in)] = true;
+  }
+  std::vector<bool> needsGrad(n, false);
+  for (const Node& node : graph.nodes()) {
+    const size_t i = static_cast<size_t>(node.id);
+    needsGrad[i] = feedsLoss[i] && variable[i] && node.kind != NodeKind::kParam;
+  }
+  return needsGrad;
+}
+
 template <typename S>
 int64_t GraphInputs<S>::batch() const {
   if (dense) return dense->cols();
@@ -27,7 +94,9 @@ GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse, Backend* backend)
       backend_(backend ? backend : ownBackend_.get()) {
   sites_ = graph.identifySvs();
   if (fuse) plan_ = graph.fusionPlan();
-  for (const FusedStep& step : plan_) chains_.push_back(chainOf(step));
+  for (const FusedStep& step : plan_) {
+    chains_.push_back(step.kind == FusedStep::Kind::kElementwise ? chainPlan(graph, step.nodes) : ChainPlan{});
+  }
   const size_t n = graph.nodes().size();
   stepEnding_.assign(n, -1);
   inStep_.assign(n, false);
@@ -35,26 +104,7 @@ GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse, Backend* backend)
     stepEnding_[static_cast<size_t>(plan_[s].nodes.back())] = static_cast<int>(s);
     for (int id : plan_[s].nodes) inStep_[static_cast<size_t>(id)] = true;
   }
-  // A node needs a gradient when the loss depends on it and it depends on a
-  // parameter or a data-dependent variable.
-  std::vector<bool> variable(n, false);
-  for (const Node& node : graph.nodes()) {
-    if (node.kind == NodeKind::kParam || node.kind == NodeKind::kLocal) variable[static_cast<size_t>(node.id)] = true;
-    for (int in : node.inputs) {
-      if (variable[static_cast<size_t>(in)]) variable[static_cast<size_t>(node.id)] = true;
-    }
-  }
-  std::vector<bool> feedsLoss(n, false);
-  if (graph.loss() >= 0) feedsLoss[static_cast<size_t>(graph.loss())] = true;
-  for (int id = graph.loss(); id >= 0; --id) {
-    if (!feedsLoss[static_cast<size_t>(id)]) continue;
-    for (int in : graph.node(id).inputs) feedsLoss[static_cast<size_t>(in)] = true;
-  }
-  needsGrad_.assign(n, false);
-  for (const Node& node : graph.nodes()) {
-    const size_t i = static_cast<size_t>(node.id);
-    needsGrad_[i] = feedsLoss[i] && variable[i] && node.kind != NodeKind::kParam;
-  }
+  needsGrad_ = nodesNeedingGradients(graph);
   values_.resize(n);
   grads_.resize(n);
   live_.assign(n, 0);
@@ -234,52 +284,6 @@ Operands<S> GraphExecutor<S>::operands(const Node& n, const std::vector<const Ma
 template <typename S>
 const Mat<S>& GraphExecutor<S>::value(int id) const {
   return values_[static_cast<size_t>(id)];
-}
-
-namespace {
-
-EwOp elementwiseOp(OpKind op) {
-  switch (op) {
-    case OpKind::kSigmoid: return EwOp::kSigmoid;
-    case OpKind::kTanh: return EwOp::kTanh;
-    case OpKind::kRelu: return EwOp::kRelu;
-    case OpKind::kExp: return EwOp::kExp;
-    case OpKind::kLog: return EwOp::kLog;
-    case OpKind::kScale: return EwOp::kScale;
-    case OpKind::kAdd: return EwOp::kAdd;
-    case OpKind::kSubtract: return EwOp::kSubtract;
-    case OpKind::kMultiply: return EwOp::kMultiply;
-    default: break;
-  }
-  throw Error(fmt::format("{} is not an elementwise operator", opName(op)));
-}
-
-}  // namespace
-
-template <typename S>
-typename GraphExecutor<S>::ChainPlan GraphExecutor<S>::chainOf(const FusedStep& step) const {
-  ChainPlan plan;
-  if (step.kind != FusedStep::Kind::kElementwise) return plan;
-  for (size_t k = 0; k < step.nodes.size(); ++k) {
-    const Node& n = graph_.node(step.nodes[k]);
-    EwStep s;
-    s.op = elementwiseOp(n.op);
-    s.attr = n.attr;
-    for (size_t o = 0; o < n.inputs.size(); ++o) {
-      const int operand = n.inputs[o];
-      const auto inChain = std::find(step.nodes.begin(), step.nodes.begin() + static_cast<long>(k), operand);
-      if (inChain != step.nodes.begin() + static_cast<long>(k)) {
-        s.operand[o] = {EwRef::Kind::kStep, static_cast<int>(inChain - step.nodes.begin())};
-        continue;
-      }
-      const auto known = std::find(plan.inputNodes.begin(), plan.inputNodes.end(), operand);
-      s.operand[o] = {EwRef::Kind::kInput, static_cast<int>(known - plan.inputNodes.begin())};
-      if (known == plan.inputNodes.end()) plan.inputNodes.push_back(operand);
-    }
-    plan.chain.steps.push_back(s);
-  }
-  plan.chain.inputs = static_cast<int>(plan.inputNodes.size());
-  return plan;
 }
 
 // Forward when `upstream` is null, else backward (values read, inputGrads accumulated).

@@ -22,9 +22,24 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 namespace orpheus::ops {
+
+// A run of elementwise nodes as a backend sees it (ops/backend.h EwChain): the
+// chain, and the graph nodes that are its external inputs (in the chain's input order).
+struct ChainPlan {
+  EwChain chain;
+  std::vector<int> inputNodes;
+};
+// The chain of the elementwise nodes `nodes` of `graph`, in evaluation order (a
+// fused step's nodes, or a single node). Throws Error for a node that is not elementwise.
+ChainPlan chainPlan(const Graph& graph, std::span<const int> nodes);
+// Per node: whether the reverse pass computes its gradient, i.e. the loss depends
+// on it and it depends on a parameter or a data-dependent variable (parameters
+// themselves excluded: their gradients are the SVs').
+std::vector<bool> nodesNeedingGradients(const Graph& graph);
 
 template <typename S>
 struct GraphInputs {
@@ -99,13 +114,6 @@ class GraphExecutor {
                                  const GraphInputs<S>& in);
   S* resized(int node, int64_t rows, int64_t cols);  // values_[node], resized
 
-  // A fused elementwise step as the backend sees it: the chain, and the graph
-  // nodes that are its external inputs (in the chain's input order).
-  struct ChainPlan {
-    EwChain chain;
-    std::vector<int> inputNodes;
-  };
-  ChainPlan chainOf(const FusedStep& step) const;
   void runChain(const ChainPlan& plan, const std::vector<const Mat<S>*>& inputs, const std::vector<Mat<S>*>& values,
                 const Mat<S>* upstream, const std::vector<Mat<S>*>& inputGrads);
 
