@@ -55,6 +55,7 @@ GraphModel::GraphModel(Graph graph, std::string spec, uint64_t seed)
     oneSitePerMatrix_ = oneSitePerMatrix_ && ++uses[static_cast<size_t>(site.param)] == 1;
     if (site.bias >= 0) oneSitePerMatrix_ = oneSitePerMatrix_ && ++uses[static_cast<size_t>(site.bias)] == 1;
   }
+  deviceRefusal_ = DeviceExecutor::unsupported(graph_);
 }
 
 std::unique_ptr<GraphModel> GraphModel::fromFile(const std::string& path, const LossDims& dims, uint64_t seed) {
@@ -381,6 +382,98 @@ ParamSet GraphModel::denseGradient(const ParamSet& w, const ExampleBatch& x, dou
     if (!written[i]) grad[i].setZero();
   }
   return grad;
+}
+
+DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
+                                        double* meanLoss) const {
+  if (!deviceRefusal_.empty()) throw Error(fmt::format("model {} does not run on a device: {}", spec_, deviceRefusal_));
+  ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
+                      graph_.params().size(), w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    const Node& n = graph_.node(graph_.params()[i]);
+    ORPHEUS_CHECK_INPUT(w[i].rows() == n.rows && w[i].cols() == n.cols,
+                        "parameter '{}' has shape {}x{}, the model expects {}x{}", n.name, w[i].rows(), w[i].cols(),
+                        n.rows, n.cols);
+    ORPHEUS_ENFORCE(w[i].device() == backend.device(), "parameter '{}' lives in {} memory, the backend is {}", n.name,
+                    deviceName(w[i].device()), backend.name());
+  }
+  if (!deviceExec_ || &deviceExec_->backend() != &backend) {
+    deviceExec_.reset();  // its tensors go back to the backend they came from first
+    deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
+  }
+  static const Eigen::VectorXi kNoLabels;
+  const double loss = deviceExec_->run(w, x.dense, x.sparse, x.labels ? *x.labels : kNoLabels);
+  const int64_t b = x.dense ? x.dense->cols() : x.sparse ? x.sparse->cols() : x.size();
+  if (meanLoss) *meanLoss = b > 0 ? loss / static_cast<double>(b) : 0.0;
+  return *deviceExec_;
+}
+
+SvBatch GraphModel::computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                       Backend& backend) const {
+  DeviceExecutor& exec = runOnDevice(w, x, backend, meanLoss);
+  const std::vector<SvSite>& sites = exec.sites();
+  SvBatch batch;
+  batch.matrices.resize(sites.size());
+  for (size_t i = 0; i < sites.size(); ++i) {
+    SvMatrix& m = batch.matrices[i];
+    m.paramId = static_cast<uint32_t>(sites[i].param);
+    m.biasId = sites[i].bias;
+    const Tensor& u = exec.siteU(i);
+    m.u.resize(u.rows(), u.cols());
+    Tensor hostU = cpu::view(m.u);
+    backend.copy(u, hostU);
+    // V of the input is the batch itself, already in host memory.
+    if (exec.siteVIsInput(i)) {
+      m.sparseV = x.sparse != nullptr;
+      if (m.sparseV) {
+        m.vSparse = *x.sparse;
+      } else {
+        m.vDense = *x.dense;
+      }
+      continue;
+    }
+    const Tensor& v = *exec.siteVDense(i);
+    m.vDense.resize(v.rows(), v.cols());
+    Tensor hostV = cpu::view(m.vDense);
+    backend.copy(v, hostV);
+  }
+  batch.coeffs = Vector::Ones(x.dense ? x.dense->cols() : x.sparse ? x.sparse->cols() : x.size());
+  return batch;
+}
+
+void GraphModel::denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                       Backend& backend, std::span<Tensor> grad) const {
+  ORPHEUS_CHECK_INPUT(grad.size() == w.size(), "{} gradient tensors for {} parameters", grad.size(), w.size());
+  for (size_t i = 0; i < grad.size(); ++i) {
+    ORPHEUS_ENFORCE(grad[i].rows() == w[i].rows() && grad[i].cols() == w[i].cols() &&
+                        grad[i].device() == backend.device(),
+                    "gradient {} is a {}x{} tensor in {} memory, its parameter {}x{} on {}", i, grad[i].rows(),
+                    grad[i].cols(), deviceName(grad[i].device()), w[i].rows(), w[i].cols(), backend.name());
+  }
+  DeviceExecutor& exec = runOnDevice(w, x, backend, meanLoss);
+  // A parameter's first term overwrites its gradient (beta 0), later ones add to it.
+  std::vector<bool> written(grad.size(), false);
+  const auto beta = [&](int param) { return written[static_cast<size_t>(param)] ? 1.0f : 0.0f; };
+  const std::vector<SvSite>& sites = exec.sites();
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const SvSite& site = sites[i];
+    const Tensor& u = exec.siteU(i);
+    Tensor& g = grad[static_cast<size_t>(site.param)];
+    if (const SparseTensor* v = exec.siteVSparse(i)) {
+      backend.gemmSparse(1.0f, u, *v, Trans::kYes, beta(site.param), g);
+    } else {
+      backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, *exec.siteVDense(i), beta(site.param), g);
+    }
+    written[static_cast<size_t>(site.param)] = true;
+    if (site.bias >= 0) {
+      backend.sumColumns(u, beta(site.bias), grad[static_cast<size_t>(site.bias)]);
+      written[static_cast<size_t>(site.bias)] = true;
+    }
+  }
+  // identifySvs refuses a parameter that is neither a site's matrix nor its bias.
+  for (size_t i = 0; i < written.size(); ++i) {
+    ORPHEUS_ENFORCE(written[i], "parameter '{}' has no SV site", graph_.node(graph_.params()[i]).name);
+  }
 }
 
 EvalSums GraphModel::evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const {

@@ -2,6 +2,7 @@
 // engine derives compute_svg and compute_update from the loss alone.
 #pragma once
 
+#include "ops/device_exec.h"
 #include "ops/graph.h"
 #include "ops/graph_exec.h"
 #include "ops/loss_parser.h"
@@ -58,6 +59,21 @@ class GraphModel final : public Model {
   ParamSet carriedState() const override;
   void restoreCarriedState(const ParamSet& state) const override;
 
+  // On a device: graphs DeviceExecutor runs (feed-forward products, elementwise
+  // operators, softmax + cross-entropy). The executor is made for the backend
+  // given and made anew when another one is; its tensors live on that backend's
+  // device, so the backend must outlive the model or be replaced before it dies.
+  // On the cpu and strict backends the batch and the gradient are bitwise
+  // computeSvg's and denseGradient's where every matrix has one SV site (see
+  // ops/device_exec.h for the operators that holds for); a matrix with several
+  // sites gets their products summed one after another (beta 1), not one GEMM
+  // over their columns, and so may differ in the last bits.
+  std::string deviceRefusal() const override { return deviceRefusal_; }
+  SvBatch computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                             Backend& backend) const override;
+  void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
+                             std::span<Tensor> grad) const override;
+
   const Graph& graph() const { return graph_; }
 
  private:
@@ -87,6 +103,9 @@ class GraphModel final : public Model {
   using CarriedStates = std::unordered_map<int64_t, Carried>;
   std::vector<Matrix> carriedStates(const Matrix& segments, const CarriedStates& kept) const;
   void keepStates(const Matrix& segments, CarriedStates& kept) const;
+  // The device executor's forward and backward pass on the batch; returns the mean loss.
+  DeviceExecutor& runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
+                              double* meanLoss) const;
   EvalSums evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const;
 
   Graph graph_;
@@ -96,6 +115,8 @@ class GraphModel final : public Model {
   // The compute thread owns these; a model is used by one worker.
   mutable std::unique_ptr<GraphExecutor<float>> exec_;
   bool oneSitePerMatrix_ = false;  // denseGradient's direct path applies
+  std::string deviceRefusal_;
+  mutable std::unique_ptr<DeviceExecutor> deviceExec_;  // for one backend
   mutable std::vector<std::unordered_map<int64_t, Vector>> kept_;  // per local, by example index
   mutable CarriedStates trainStates_;  // by stream
   mutable CarriedStates evalStates_;

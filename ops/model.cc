@@ -44,6 +44,17 @@ ParamSet Model::denseGradient(const ParamSet& w, const ExampleBatch& x, double* 
   return denseGradient(w, x, meanLoss, backend, buffers);
 }
 
+std::string Model::deviceRefusal() const { return "this model has no device form"; }
+
+SvBatch Model::computeSvgOnDevice(std::span<const Tensor>, const ExampleBatch&, double*, Backend&) const {
+  throw Error(fmt::format("model {} does not run on a device: {}", spec(), deviceRefusal()));
+}
+
+void Model::denseGradientOnDevice(std::span<const Tensor>, const ExampleBatch&, double*, Backend&,
+                                  std::span<Tensor>) const {
+  throw Error(fmt::format("model {} does not run on a device: {}", spec(), deviceRefusal()));
+}
+
 std::vector<std::pair<int64_t, int64_t>> Model::paramShapes() const {
   std::vector<std::pair<int64_t, int64_t>> shapes;
   for (const auto& s : paramSpecs()) shapes.emplace_back(s.rows, s.cols);

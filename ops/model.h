@@ -93,6 +93,21 @@ class Model {
   // The same on a CPU backend (tests and tools).
   ParamSet denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const;
 
+  // Device residency: compute_svg with the parameters as tensors of a backend
+  // (ops/backend.h), every value and gradient kept on its device.
+  // "" when this model's computeSvgOnDevice runs on a backend, else why not.
+  virtual std::string deviceRefusal() const;
+  // computeSvg with the parameters `w` as tensors on `backend`'s device
+  // (paramSpecs() order). The batch comes back in host memory (the wire and the
+  // SV log need it). The default throws "model <spec> does not run on a device".
+  virtual SvBatch computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                     Backend& backend) const;
+  // The dense gradient of the summed loss into `grad` (tensors on backend's device,
+  // the parameters' shapes), with no host round trip: one GEMM U V^T per site, a
+  // bias the column sum of its U. The default throws as computeSvgOnDevice's.
+  virtual void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                     Backend& backend, std::span<Tensor> grad) const;
+
   virtual EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const = 0;
   // False for models without a predicted class (e.g. topic models): no accuracy.
   virtual bool hasAccuracy() const { return true; }

@@ -1,0 +1,384 @@
+#include "ops/device_exec.h"
+
+#include "engine/base/error.h"
+#include "ops/cpu/cpu_backend.h"
+
+#include <algorithm>
+
+namespace orpheus::ops {
+
+namespace {
+
+const char* terminalName(NodeKind kind) {
+  switch (kind) {
+    case NodeKind::kParam: return "param";
+    case NodeKind::kInput: return "input";
+    case NodeKind::kLabel: return "label";
+    case NodeKind::kLocal: return "local";
+    case NodeKind::kOp: return "op";
+    case NodeKind::kToken: return "token";
+    case NodeKind::kState: return "state";
+  }
+  return "unknown";
+}
+
+Tensor hostView(Matrix& m) { return Tensor::host(m.data(), m.rows(), m.cols()); }
+Tensor hostView(const Matrix& m) { return Tensor::host(m.data(), m.rows(), m.cols()); }
+
+}  // namespace
+
+std::string DeviceExecutor::unsupported(const Graph& graph) {
+  if (graph.isCell()) return "a recurrent cell (carried states and tokens) does not run on a device";
+  if (graph.loss() < 0) return "the graph has no loss";
+  const std::vector<FusedStep> plan = graph.fusionPlan();
+  std::vector<int> stepOf(graph.nodes().size(), -1);
+  for (size_t s = 0; s < plan.size(); ++s) {
+    for (int id : plan[s].nodes) stepOf[static_cast<size_t>(id)] = static_cast<int>(s);
+  }
+  for (const Node& n : graph.nodes()) {
+    const auto refused = [&](const char* what, const char* why) {
+      return fmt::format("{}node '{}' ({}): {} not supported on a device", graph.where(n.id), n.name, what, why);
+    };
+    switch (n.kind) {
+      case NodeKind::kParam:
+      case NodeKind::kInput:
+      case NodeKind::kLabel:
+        continue;
+      case NodeKind::kLocal:
+        return refused(terminalName(n.kind), "data-dependent variables are");
+      case NodeKind::kToken:
+      case NodeKind::kState:
+        return refused(terminalName(n.kind), "sequence inputs and carried states are");
+      case NodeKind::kOp:
+        break;
+    }
+    const int s = stepOf[static_cast<size_t>(n.id)];
+    if (s >= 0) {
+      if (plan[static_cast<size_t>(s)].kind == FusedStep::Kind::kLstmCell) {
+        return refused(opName(n.op), "LSTM cells are");
+      }
+      continue;
+    }
+    if (n.op == OpKind::kMatVec || isElementwise(n.op)) continue;
+    return refused(opName(n.op), "outside a fused step, only matrix-vector products and elementwise operators are");
+  }
+  return "";
+}
+
+DeviceExecutor::DeviceExecutor(const Graph& graph, Backend& backend) : graph_(graph), backend_(backend) {
+  const std::string refusal = unsupported(graph);
+  ORPHEUS_ENFORCE(refusal.empty(), "DeviceExecutor: {}", refusal);
+  sites_ = graph.identifySvs();
+  plan_ = graph.fusionPlan();
+  const size_t n = graph.nodes().size();
+  stepEnding_.assign(n, -1);
+  inStep_.assign(n, false);
+  for (size_t s = 0; s < plan_.size(); ++s) {
+    const FusedStep& step = plan_[s];
+    chains_.push_back(step.kind == FusedStep::Kind::kElementwise ? chainPlan(graph, step.nodes) : ChainPlan{});
+    stepEnding_[static_cast<size_t>(step.nodes.back())] = static_cast<int>(s);
+    for (int id : step.nodes) inStep_[static_cast<size_t>(id)] = true;
+  }
+  lone_.resize(n);
+  paramOf_.assign(n, -1);
+  for (const Node& node : graph.nodes()) {
+    const size_t i = static_cast<size_t>(node.id);
+    if (node.kind == NodeKind::kParam) paramOf_[i] = graph.paramIndex(node.id);
+    if (node.kind == NodeKind::kOp && !inStep_[i] && isElementwise(node.op)) {
+      lone_[i] = chainPlan(graph, std::span<const int>(&node.id, 1));
+    }
+  }
+  needsGrad_ = nodesNeedingGradients(graph);
+  if (graph.inputNode() >= 0) {
+    for (int u : graph.consumers(graph.inputNode())) {
+      const Node& user = graph.node(u);
+      const bool product = user.op == OpKind::kMatVec && user.inputs[1] == graph.inputNode();
+      if (!product || user.inputs[0] == graph.inputNode()) inputReadDensely_ = true;
+    }
+  }
+  values_.resize(n);
+  grads_.resize(n);
+  live_.assign(n, 0);
+}
+
+void DeviceExecutor::reserve(int64_t batch) {
+  if (batch == batch_) return;
+  batch_ = batch;
+  int64_t largest = 0;
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (n.kind == NodeKind::kOp) values_[i] = backend_.allocate(n.rows, batch);
+    if (needsGrad_[i]) {
+      grads_[i] = backend_.allocate(n.rows, batch);
+      largest = std::max(largest, n.rows * batch);
+    }
+  }
+  if (graph_.labelNode() >= 0) {
+    const int64_t classes = graph_.node(graph_.labelNode()).rows;
+    oneHot_ = backend_.allocate(classes, batch);
+    hostOneHot_.resize(classes, batch);
+  }
+  // The backward pass starts from d(sum of the loss row)/d(loss) = 1; nothing writes it.
+  const int loss = graph_.loss();
+  const Matrix ones = Matrix::Ones(1, batch);
+  backend_.copy(hostView(ones), grads_[static_cast<size_t>(loss)]);
+  const Matrix zeros = Matrix::Zero(largest, 1);
+  zeros_ = backend_.allocate(largest, 1);
+  backend_.copy(hostView(zeros), zeros_);
+  scratch_ = backend_.allocate(largest, 1);
+  hostLoss_.resize(1, batch);
+}
+
+void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels) {
+  const int input = graph_.inputNode();
+  int64_t batch = labels.size();
+  if (input >= 0) {
+    ORPHEUS_ENFORCE((dense != nullptr) != (sparse != nullptr), "a batch is either dense or sparse");
+    const int64_t features = graph_.node(input).rows;
+    const int64_t rows = dense ? dense->rows() : sparse->rows();
+    ORPHEUS_CHECK_INPUT(rows == features, "the model has {} features, the data {}", features, rows);
+    batch = dense ? dense->cols() : sparse->cols();
+  }
+  reserve(batch);
+  sparseBatch_ = sparse != nullptr;
+  const auto uploadDense = [&](const Matrix& m) {
+    if (input_.rows() != m.rows() || input_.cols() != m.cols()) input_ = backend_.allocate(m.rows(), m.cols());
+    backend_.copy(hostView(m), input_);
+  };
+  if (dense != nullptr) uploadDense(*dense);
+  if (sparse != nullptr) {
+    if (sparse->isCompressed()) {
+      sparse_ = backend_.copySparse(cpu::view(*sparse));
+    } else {
+      SparseMatrix compressed = *sparse;
+      compressed.makeCompressed();
+      sparse_ = backend_.copySparse(cpu::view(compressed));
+    }
+    if (inputReadDensely_) {
+      hostDense_ = *sparse;
+      uploadDense(hostDense_);
+    }
+  }
+  const int label = graph_.labelNode();
+  if (label < 0) return;
+  ORPHEUS_CHECK_INPUT(labels.size() == batch, "the batch has {} examples but {} labels", batch, labels.size());
+  hostOneHot_.setZero();
+  for (int64_t j = 0; j < batch; ++j) {
+    const int t = labels(j);
+    ORPHEUS_CHECK_INPUT(t >= 0 && t < hostOneHot_.rows(), "label {} out of range: the model has {} classes", t,
+                        hostOneHot_.rows());
+    hostOneHot_(t, j) = 1.0f;
+  }
+  backend_.copy(hostView(hostOneHot_), oneHot_);
+}
+
+const Tensor& DeviceExecutor::value(int id, std::span<const Tensor> params) const {
+  const size_t i = static_cast<size_t>(id);
+  switch (graph_.node(id).kind) {
+    case NodeKind::kParam:
+      return params[static_cast<size_t>(paramOf_[i])];
+    case NodeKind::kInput:
+      ORPHEUS_ENFORCE(!sparseBatch_ || inputReadDensely_, "the sparse input is read only by products");
+      return input_;
+    case NodeKind::kLabel:
+      return oneHot_;
+    default:
+      return values_[i];
+  }
+}
+
+void DeviceExecutor::forwardChain(const ChainPlan& plan, std::span<const int> nodes, std::span<const Tensor> params) {
+  chainIn_.clear();
+  chainVal_.clear();
+  for (int id : plan.inputNodes) chainIn_.push_back(&value(id, params));
+  for (int id : nodes) chainVal_.push_back(&values_[static_cast<size_t>(id)]);
+  backend_.elementwise(plan.chain, chainIn_, chainVal_);
+}
+
+double DeviceExecutor::forward(std::span<const Tensor> params) {
+  ORPHEUS_ENFORCE(params.size() == graph_.params().size(), "the graph has {} parameters, got {}",
+                  graph_.params().size(), params.size());
+  for (const Node& n : graph_.nodes()) {
+    if (n.kind != NodeKind::kOp) continue;
+    const size_t i = static_cast<size_t>(n.id);
+    // A fused step runs where its last node stands, when all its outside operands exist.
+    const int s = stepEnding_[i];
+    if (s >= 0) {
+      const FusedStep& step = plan_[static_cast<size_t>(s)];
+      if (step.kind == FusedStep::Kind::kSoftmaxCrossEntropy) {
+        const Node& softmax = graph_.node(step.nodes[0]);
+        const Node& ce = graph_.node(step.nodes[1]);
+        backend_.softmaxCrossEntropy(value(softmax.inputs[0], params), value(ce.inputs[1], params),
+                                     values_[static_cast<size_t>(softmax.id)], values_[i]);
+      } else {
+        forwardChain(chains_[static_cast<size_t>(s)], step.nodes, params);
+      }
+      continue;
+    }
+    if (inStep_[i]) continue;
+    if (n.op == OpKind::kMatVec) {
+      const Tensor& w = value(n.inputs[0], params);
+      if (n.inputs[1] == graph_.inputNode() && sparseBatch_) {
+        backend_.gemmSparse(1.0f, w, sparse_.view, Trans::kNo, 0.0f, values_[i]);
+      } else {
+        backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w, value(n.inputs[1], params), 0.0f, values_[i]);
+      }
+      continue;
+    }
+    forwardChain(lone_[i], std::span<const int>(&n.id, 1), params);
+  }
+  Tensor lossRow = hostView(hostLoss_);
+  backend_.copy(values_[static_cast<size_t>(graph_.loss())], lossRow);
+  return hostLoss_.sum();  // as GraphExecutor::forward sums it
+}
+
+void DeviceExecutor::setZero(Tensor& t) {
+  ORPHEUS_ENFORCE(t.size() <= zeros_.size(), "no zeros for a {}x{} tensor", t.rows(), t.cols());
+  backend_.copy(Tensor::view(zeros_.device(), zeros_.data(), t.rows(), t.cols()), t);
+}
+
+Tensor& DeviceExecutor::zeroedGrad(int id) {
+  Tensor& g = grads_[static_cast<size_t>(id)];
+  char& live = live_[static_cast<size_t>(id)];
+  if (!live) {
+    setZero(g);
+    live = 1;
+  }
+  return g;
+}
+
+Tensor DeviceExecutor::scratchLike(const Tensor& t) {
+  return Tensor::view(scratch_.device(), scratch_.data(), t.rows(), t.cols());
+}
+
+void DeviceExecutor::backwardChain(const ChainPlan& plan, std::span<const int> nodes, std::span<const Tensor> params) {
+  chainIn_.clear();
+  chainGrad_.clear();
+  chainValConst_.clear();
+  for (int operand : plan.inputNodes) {
+    chainIn_.push_back(&value(operand, params));
+    chainGrad_.push_back(needsGrad_[static_cast<size_t>(operand)] ? &zeroedGrad(operand) : nullptr);
+  }
+  for (int id : nodes) chainValConst_.push_back(&values_[static_cast<size_t>(id)]);
+  backend_.elementwiseBackward(plan.chain, chainIn_, chainValConst_, grads_[static_cast<size_t>(nodes.back())],
+                               chainGrad_);
+}
+
+// A second term of a gradient is computed apart and added, as the host executor
+// does (its sums in the same order).
+void DeviceExecutor::backwardSoftmaxCrossEntropy(const FusedStep& step, std::span<const Tensor> params) {
+  const Node& softmax = graph_.node(step.nodes[0]);
+  const Node& ce = graph_.node(step.nodes[1]);
+  const int z = softmax.inputs[0];
+  if (!needsGrad_[static_cast<size_t>(z)]) return;
+  const Tensor& p = values_[static_cast<size_t>(softmax.id)];
+  const Tensor& t = value(ce.inputs[1], params);
+  const Tensor& upstream = grads_[static_cast<size_t>(ce.id)];
+  Tensor& dz = grads_[static_cast<size_t>(z)];
+  if (!live_[static_cast<size_t>(z)]) {
+    backend_.softmaxCrossEntropyBackward(p, t, upstream, 0.0f, dz);
+    live_[static_cast<size_t>(z)] = 1;
+    return;
+  }
+  Tensor term = scratchLike(dz);
+  backend_.softmaxCrossEntropyBackward(p, t, upstream, 0.0f, term);
+  backend_.axpy(1.0f, term, dz);
+}
+
+void DeviceExecutor::backwardMatVec(const Node& n, std::span<const Tensor> params) {
+  const int v = n.inputs[1];
+  if (!needsGrad_[static_cast<size_t>(v)]) return;
+  const Tensor& w = value(n.inputs[0], params);
+  const Tensor& upstream = grads_[static_cast<size_t>(n.id)];
+  Tensor& dv = grads_[static_cast<size_t>(v)];
+  if (!live_[static_cast<size_t>(v)]) {
+    backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, w, upstream, 0.0f, dv);
+    live_[static_cast<size_t>(v)] = 1;
+    return;
+  }
+  Tensor term = scratchLike(dv);
+  backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, w, upstream, 0.0f, term);
+  backend_.axpy(1.0f, term, dv);
+}
+
+void DeviceExecutor::backward(std::span<const Tensor> params, const std::function<void(size_t)>& siteReady) {
+  std::fill(live_.begin(), live_.end(), 0);
+  const int loss = graph_.loss();
+  live_[static_cast<size_t>(loss)] = 1;
+  // Sites by decreasing product node: a product's readers all have larger ids, so
+  // its gradient is final when the loop passes it.
+  pendingSites_.clear();
+  for (size_t i = 0; i < sites_.size(); ++i) pendingSites_.emplace_back(sites_[i].matvecNode, i);
+  std::sort(pendingSites_.begin(), pendingSites_.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  const auto ready = [&](size_t site) {
+    const int product = sites_[site].matvecNode;
+    if (!live_[static_cast<size_t>(product)]) setZero(grads_[static_cast<size_t>(product)]);  // no term reached it
+    if (siteReady) siteReady(site);
+  };
+  auto next = pendingSites_.begin();
+  for (int id = loss; id >= 0; --id) {
+    for (; next != pendingSites_.end() && next->first >= id; ++next) ready(next->second);
+    const Node& n = graph_.node(id);
+    const size_t i = static_cast<size_t>(id);
+    if (n.kind != NodeKind::kOp || !live_[i]) continue;
+    const int s = stepEnding_[i];
+    if (s >= 0) {
+      const FusedStep& step = plan_[static_cast<size_t>(s)];
+      if (step.kind == FusedStep::Kind::kSoftmaxCrossEntropy) {
+        backwardSoftmaxCrossEntropy(step, params);
+      } else {
+        backwardChain(chains_[static_cast<size_t>(s)], step.nodes, params);
+      }
+      continue;
+    }
+    if (inStep_[i]) continue;  // handled with its step
+    if (n.op == OpKind::kMatVec) {
+      backwardMatVec(n, params);
+    } else {
+      backwardChain(lone_[i], std::span<const int>(&n.id, 1), params);
+    }
+  }
+  for (; next != pendingSites_.end(); ++next) ready(next->second);
+}
+
+double DeviceExecutor::run(std::span<const Tensor> params, const Matrix* dense, const SparseMatrix* sparse,
+                           const Eigen::VectorXi& labels, const std::function<void(size_t)>& siteReady) {
+  upload(dense, sparse, labels);
+  const double loss = forward(params);
+  backward(params, siteReady);
+  return loss;
+}
+
+double DeviceExecutor::evaluate(std::span<const Tensor> params, const Matrix* dense, const SparseMatrix* sparse,
+                                const Eigen::VectorXi& labels, Matrix* prediction) {
+  upload(dense, sparse, labels);
+  const double loss = forward(params);
+  if (prediction != nullptr) {
+    const int id = graph_.prediction();
+    ORPHEUS_ENFORCE(id >= 0, "the graph has no prediction");
+    const Tensor& p = value(id, params);
+    prediction->resize(p.rows(), p.cols());
+    Tensor out = hostView(*prediction);
+    backend_.copy(p, out);
+  }
+  return loss;
+}
+
+const Tensor& DeviceExecutor::siteU(size_t i) const {
+  return grads_[static_cast<size_t>(sites_.at(i).matvecNode)];
+}
+
+bool DeviceExecutor::siteVIsInput(size_t i) const { return sites_.at(i).vectorNode == graph_.inputNode(); }
+
+const Tensor* DeviceExecutor::siteVDense(size_t i) const {
+  if (!siteVIsInput(i)) return &values_[static_cast<size_t>(sites_[i].vectorNode)];
+  return sparseBatch_ ? nullptr : &input_;
+}
+
+const SparseTensor* DeviceExecutor::siteVSparse(size_t i) const {
+  return siteVIsInput(i) && sparseBatch_ ? &sparse_.view : nullptr;
+}
+
+}  // namespace orpheus::ops

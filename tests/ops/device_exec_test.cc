@@ -1,0 +1,314 @@
+// The device executor (ops/device_exec.h) against the host executor: on the cpu
+// and strict backends, computeSvgOnDevice gives computeSvg's batch and
+// denseGradientOnDevice denseGradient's gradient, bit for bit, for examples/mlp.loss
+// and examples/mlr.loss with dense and sparse data; the strict device gives the
+// CPU backend's bits; a second clock of the same shapes allocates no tensor; and
+// graphs it cannot run are refused naming a node.
+#include "engine/base/error.h"
+#include "ops/cpu/cpu_backend.h"
+#include "ops/device_exec.h"
+#include "ops/graph_model.h"
+#include "ops/loss_parser.h"
+#include "ops/strict/strict_backend.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+
+using namespace orpheus;
+using namespace orpheus::ops;
+
+namespace {
+
+const std::string kExamples = std::string(ORPHEUS_SOURCE_DIR) + "/examples/";
+constexpr int64_t kFeatures = 20;
+constexpr int64_t kClasses = 5;
+constexpr int64_t kBatch = 7;
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// examples/mlp.loss with hidden layers of 16 and 12.
+Graph smallMlp() {
+  std::string text = readFile(kExamples + "mlp.loss");
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"hidden1 = 1024", "hidden1 = 16"},
+                                 std::pair<std::string, std::string>{"hidden2 = 1024", "hidden2 = 12"}}) {
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+  }
+  return parseLoss(text, "mlp.loss", {kFeatures, kClasses});
+}
+
+Graph mlr() { return parseLossFile(kExamples + "mlr.loss", {kFeatures, kClasses}); }
+
+// A hidden layer read by two products (its gradient gets two terms) and the input
+// read by an elementwise chain (a sparse batch is densified for it).
+Graph sharedHidden() {
+  return parseLoss(
+      "dim h = 9\nparam W1[h, features] init he\nparam b1[h]\nparam W2[classes, h] init glorot\n"
+      "param W3[classes, h] init glorot\nparam W4[classes, features] init glorot\n"
+      "input x[features]\nlabel y[classes]\nhx = relu(W1 * x + b1)\ns = relu(scale(x, 0.5))\n"
+      "a = W2 * hx + W3 * hx + W4 * s\nloss cross_entropy(softmax(a), y)\npredict a\n",
+      "shared.loss", {kFeatures, kClasses});
+}
+
+// Parameters with every entry random (biases too, so broadcasts are exercised).
+ParamSet randomParams(const GraphModel& model, std::mt19937& gen) {
+  std::normal_distribution<float> d(0.0f, 0.4f);
+  ParamSet w = model.initParams(3);
+  for (Param& p : w.params) {
+    for (int64_t i = 0; i < p.value.size(); ++i) p.value.data()[i] = d(gen);
+  }
+  return w;
+}
+
+struct Data {
+  Matrix dense;
+  SparseMatrix sparse;
+  Eigen::VectorXi labels;
+
+  ExampleBatch batch(bool useSparse) const {
+    ExampleBatch x;
+    if (useSparse) {
+      x.sparse = &sparse;
+    } else {
+      x.dense = &dense;
+    }
+    x.labels = &labels;
+    return x;
+  }
+};
+
+Data randomData(std::mt19937& gen, int64_t batch = kBatch) {
+  Data data;
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::uniform_real_distribution<double> keep(0.0, 1.0);
+  std::uniform_int_distribution<int> label(0, static_cast<int>(kClasses) - 1);
+  data.dense = Matrix::Zero(kFeatures, batch);
+  for (int64_t j = 0; j < batch; ++j) {
+    for (int64_t i = 0; i < kFeatures; ++i) {
+      if (keep(gen) < 0.3) data.dense(i, j) = d(gen);
+    }
+  }
+  data.sparse = data.dense.sparseView();
+  data.sparse.makeCompressed();
+  data.labels.resize(batch);
+  for (int64_t j = 0; j < batch; ++j) data.labels(j) = label(gen);
+  return data;
+}
+
+std::vector<Tensor> upload(Backend& backend, const ParamSet& w) {
+  std::vector<Tensor> out;
+  for (const Param& p : w.params) {
+    out.push_back(backend.allocate(p.value.rows(), p.value.cols()));
+    backend.copy(cpu::view(p.value), out.back());
+  }
+  return out;
+}
+
+std::vector<Tensor> allocateLike(Backend& backend, const ParamSet& w) {
+  std::vector<Tensor> out;
+  for (const Param& p : w.params) out.push_back(backend.allocate(p.value.rows(), p.value.cols()));
+  return out;
+}
+
+ParamSet download(Backend& backend, const ParamSet& like, const std::vector<Tensor>& t) {
+  ParamSet out = like;
+  for (size_t i = 0; i < t.size(); ++i) {
+    Tensor host = cpu::view(out[i]);
+    backend.copy(t[i], host);
+  }
+  return out;
+}
+
+bool bitwise(const Matrix& a, const Matrix& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         (a.size() == 0 || std::memcmp(a.data(), b.data(), static_cast<size_t>(a.size()) * sizeof(float)) == 0);
+}
+
+bool bitwise(const SparseMatrix& a, const SparseMatrix& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && bitwise(Matrix(a), Matrix(b));
+}
+
+void requireSameBatch(const SvBatch& a, const SvBatch& b) {
+  REQUIRE(a.matrices.size() == b.matrices.size());
+  CHECK(bitwise(Matrix(a.coeffs), Matrix(b.coeffs)));
+  for (size_t i = 0; i < a.matrices.size(); ++i) {
+    INFO("site " << i);
+    const SvMatrix& x = a.matrices[i];
+    const SvMatrix& y = b.matrices[i];
+    CHECK(x.paramId == y.paramId);
+    CHECK(x.biasId == y.biasId);
+    REQUIRE(x.sparseV == y.sparseV);
+    CHECK(bitwise(x.u, y.u));
+    if (x.sparseV) {
+      CHECK(bitwise(x.vSparse, y.vSparse));
+    } else {
+      CHECK(bitwise(x.vDense, y.vDense));
+    }
+  }
+}
+
+void requireSameParams(const ParamSet& a, const ParamSet& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("parameter " << a.params[i].name);
+    CHECK(bitwise(a[i], b[i]));
+  }
+}
+
+// A CPU backend that counts the tensors it allocates and the sparse copies it makes.
+class CountingBackend final : public cpu::CpuBackend {
+ public:
+  Tensor allocate(int64_t rows, int64_t cols) override {
+    ++allocations;
+    return cpu::CpuBackend::allocate(rows, cols);
+  }
+  SparseCopy copySparse(const SparseTensor& src) override {
+    ++sparseCopies;
+    return cpu::CpuBackend::copySparse(src);
+  }
+  int allocations = 0;
+  int sparseCopies = 0;
+};
+
+struct Case {
+  const char* name;
+  Graph (*graph)();
+};
+
+const Case kCases[] = {{"mlp", smallMlp}, {"mlr", mlr}, {"shared hidden layer", sharedHidden}};
+
+}  // namespace
+
+TEST_CASE("device SVs and gradients are bitwise the host executor's on the cpu and strict backends",
+          "[ops][device][strict]") {
+  cpu::CpuBackend cpu;
+  const auto strict = strict::makeStrictBackend();
+  for (const Case& c : kCases) {
+    for (bool useSparse : {false, true}) {
+      INFO(c.name << (useSparse ? ", sparse" : ", dense"));
+      GraphModel model(c.graph(), c.name, 1);
+      REQUIRE(model.deviceRefusal().empty());
+      std::mt19937 gen(17);
+      const ParamSet w = randomParams(model, gen);
+      const Data data = randomData(gen);
+      const ExampleBatch x = data.batch(useSparse);
+
+      double hostLoss = 0.0;
+      const SvBatch host = model.computeSvg(w, x, &hostLoss);
+      for (const SvMatrix& m : host.matrices) REQUIRE(m.u.norm() > 0.0f);  // the comparisons below see values
+      double hostGradLoss = 0.0;
+      const ParamSet hostGrad = model.denseGradient(w, x, &hostGradLoss);
+
+      std::vector<SvBatch> batches;
+      std::vector<ParamSet> grads;
+      for (Backend* backend : {static_cast<Backend*>(&cpu), strict.get()}) {
+        INFO("backend " << backend->name());
+        const std::vector<Tensor> dw = upload(*backend, w);
+        double loss = 0.0;
+        batches.push_back(model.computeSvgOnDevice(dw, x, &loss, *backend));
+        CHECK(loss == hostLoss);
+        requireSameBatch(batches.back(), host);
+        std::vector<Tensor> dg = allocateLike(*backend, w);
+        double gradLoss = 0.0;
+        model.denseGradientOnDevice(dw, x, &gradLoss, *backend, dg);
+        CHECK(gradLoss == hostGradLoss);
+        grads.push_back(download(*backend, w, dg));
+        requireSameParams(grads.back(), hostGrad);
+      }
+      // The strict device against the CPU backend, directly.
+      requireSameBatch(batches[1], batches[0]);
+      requireSameParams(grads[1], grads[0]);
+    }
+  }
+}
+
+TEST_CASE("the device executor's evaluation gives the host's prediction and loss", "[ops][device]") {
+  cpu::CpuBackend cpu;
+  const Graph g = smallMlp();
+  GraphModel model(g, "mlp", 1);
+  std::mt19937 gen(5);
+  const ParamSet w = randomParams(model, gen);
+  const Data data = randomData(gen);
+  GraphExecutor<float> host(g);
+  std::vector<const Matrix*> ptrs;
+  for (const Param& p : w.params) ptrs.push_back(&p.value);
+  GraphInputs<float> in;
+  in.dense = &data.dense;
+  in.labels = &data.labels;
+  const float hostLoss = host.forward(ptrs, in);
+  DeviceExecutor exec(g, cpu);
+  const std::vector<Tensor> dw = upload(cpu, w);
+  Matrix prediction;
+  CHECK(exec.evaluate(dw, &data.dense, nullptr, data.labels, &prediction) == static_cast<double>(hostLoss));
+  CHECK(bitwise(prediction, host.value(g.prediction())));
+}
+
+TEST_CASE("a second clock of the same shapes allocates no tensor", "[ops][device]") {
+  CountingBackend backend;
+  GraphModel model(smallMlp(), "mlp", 1);
+  std::mt19937 gen(9);
+  const ParamSet w = randomParams(model, gen);
+  const std::vector<Tensor> dw = upload(backend, w);
+  std::vector<Tensor> dg = allocateLike(backend, w);
+  for (bool useSparse : {false, true}) {
+    INFO((useSparse ? "sparse" : "dense"));
+    const Data first = randomData(gen);
+    const Data second = randomData(gen);
+    double loss = 0.0;
+    model.computeSvgOnDevice(dw, first.batch(useSparse), &loss, backend);
+    const int allocated = backend.allocations;
+    const int copies = backend.sparseCopies;
+    const SvBatch b = model.computeSvgOnDevice(dw, second.batch(useSparse), &loss, backend);
+    model.denseGradientOnDevice(dw, second.batch(useSparse), &loss, backend, dg);
+    CHECK(backend.allocations == allocated);
+    // A sparse batch's arrays are copied to the device once per pass.
+    CHECK(backend.sparseCopies == copies + (useSparse ? 2 : 0));
+    double hostLoss = 0.0;
+    requireSameBatch(b, model.computeSvg(w, second.batch(useSparse), &hostLoss));
+  }
+  // Another batch size: new buffers, the right results.
+  const Data small = randomData(gen, 3);
+  double loss = 0.0;
+  double hostLoss = 0.0;
+  const int allocated = backend.allocations;
+  requireSameBatch(model.computeSvgOnDevice(dw, small.batch(false), &loss, backend),
+                   model.computeSvg(w, small.batch(false), &hostLoss));
+  CHECK(loss == hostLoss);
+  CHECK(backend.allocations > allocated);
+}
+
+TEST_CASE("graphs the device executor cannot run are refused naming a node", "[ops][device]") {
+  CHECK(DeviceExecutor::unsupported(smallMlp()).empty());
+  CHECK(DeviceExecutor::unsupported(mlr()).empty());
+  const Graph lstm = parseLossFile(kExamples + "lstm.loss", {0, 9, 3});
+  const std::string whyLstm = DeviceExecutor::unsupported(lstm);
+  CHECK_THAT(whyLstm, Catch::Contains("node '") && Catch::Contains("not supported on a device"));
+  const Graph tm = parseLossFile(kExamples + "tm.loss", {kFeatures, kClasses});
+  CHECK_THAT(DeviceExecutor::unsupported(tm), Catch::Contains("node 'theta' (local)"));
+  const Graph concat = parseLoss("param W[3, 2 * features]\ninput x[features]\nloss sq_l2(W * concat(x, x))\n",
+                                 "c.loss", {kFeatures, kClasses});
+  CHECK_THAT(DeviceExecutor::unsupported(concat), Catch::Contains("(concat)"));
+  CHECK_THROWS_WITH(DeviceExecutor(tm, *strict::makeStrictBackend()), Catch::Contains("node 'theta' (local)"));
+
+  GraphModel topics(tm, "tm", 1);
+  CHECK_THAT(topics.deviceRefusal(), Catch::Contains("theta"));
+  cpu::CpuBackend cpu;
+  std::mt19937 gen(2);
+  const ParamSet w = topics.initParams(1);
+  const std::vector<Tensor> dw = upload(cpu, w);
+  const Data data = randomData(gen);
+  double loss = 0.0;
+  CHECK_THROWS_WITH(topics.computeSvgOnDevice(dw, data.batch(false), &loss, cpu),
+                    Catch::Contains("does not run on a device") && Catch::Contains("theta"));
+}
