@@ -233,6 +233,36 @@ TEST_CASE("device SVs and gradients are bitwise the host executor's on the cpu a
   }
 }
 
+TEST_CASE("at examples/mlp.loss's own sizes the device SVs are still bitwise the host's", "[ops][device][strict]") {
+  // Products large enough for BLAS and Eigen's blocked GEMM (784 features, 1024 hidden).
+  const int64_t features = 784;
+  const int64_t batch = 32;
+  cpu::CpuBackend cpu;
+  const auto strict = strict::makeStrictBackend();
+  GraphModel model(parseLossFile(kExamples + "mlp.loss", {features, 10}), "mlp", 1);
+  std::mt19937 gen(23);
+  const ParamSet w = randomParams(model, gen);
+  Matrix dense = Matrix::Random(features, batch);
+  Eigen::VectorXi labels(batch);
+  for (int64_t j = 0; j < batch; ++j) labels(j) = static_cast<int>(j % 10);
+  ExampleBatch x;
+  x.dense = &dense;
+  x.labels = &labels;
+  double hostLoss = 0.0;
+  const SvBatch host = model.computeSvg(w, x, &hostLoss);
+  const ParamSet hostGrad = model.denseGradient(w, x, &hostLoss);
+  for (Backend* backend : {static_cast<Backend*>(&cpu), strict.get()}) {
+    INFO("backend " << backend->name());
+    const std::vector<Tensor> dw = upload(*backend, w);
+    double loss = 0.0;
+    requireSameBatch(model.computeSvgOnDevice(dw, x, &loss, *backend), host);
+    CHECK(loss == hostLoss);
+    std::vector<Tensor> dg = allocateLike(*backend, w);
+    model.denseGradientOnDevice(dw, x, &loss, *backend, dg);
+    requireSameParams(download(*backend, w, dg), hostGrad);
+  }
+}
+
 TEST_CASE("the device executor's evaluation gives the host's prediction and loss", "[ops][device]") {
   cpu::CpuBackend cpu;
   const Graph g = smallMlp();
