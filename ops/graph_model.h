@@ -103,7 +103,8 @@ class GraphModel final : public Model {
   using CarriedStates = std::unordered_map<int64_t, Carried>;
   std::vector<Matrix> carriedStates(const Matrix& segments, const CarriedStates& kept) const;
   void keepStates(const Matrix& segments, CarriedStates& kept) const;
-  // The device executor's forward and backward pass on the batch; returns the mean loss.
+  // The device executor's forward and backward pass on the batch: sets *meanLoss and
+  // returns the executor, which holds every site's U and V.
   DeviceExecutor& runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
                               double* meanLoss) const;
   EvalSums evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const;
