@@ -34,6 +34,7 @@
 
 #include "engine/base/error.h"
 #include "ops/elementwise_ops.h"
+#include "ops/optimizer_step.h"
 
 #include <array>
 #include <cstdint>
@@ -60,7 +61,7 @@ inline const char* deviceName(Device d) {
 
 // Bumped whenever Backend's virtual interface or Tensor's layout changes: a
 // backend plugin (liborpheus_cuda.so) built against another version is refused.
-inline constexpr int kBackendAbiVersion = 2;
+inline constexpr int kBackendAbiVersion = 3;
 
 class Tensor {
  public:
@@ -209,6 +210,15 @@ class Backend {
   virtual void axpy(float alpha, const Tensor& x, Tensor& y) = 0;
   // x *= alpha.
   virtual void scale(float alpha, Tensor& x) = 0;
+
+  // One optimizer step on one parameter matrix (ops/optimizer_step.h has the
+  // formulas): param moves by the step for `gradient`, and the state buffers are
+  // updated in place. buffer0 is momentum's buffer, adagrad's sum or adam's m;
+  // buffer1 is adam's v. The buffers a kind uses (optimizerBuffers) must be given,
+  // the same shape as param; the others are ignored and may be null. No operand
+  // may alias another.
+  virtual void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
+                             Tensor* buffer1) = 0;
 
  protected:
   // Throws "backend <name> does not support <what>".

@@ -4,6 +4,8 @@
 
 #include "ops/backend.h"
 
+#include <utility>
+
 namespace orpheus::ops::checks {
 
 inline void onDevice(const Backend& b, const char* op, const Tensor& t) {
@@ -93,6 +95,26 @@ inline void all(const Backend& b, const char* op, std::span<const Tensor* const>
     ORPHEUS_ENFORCE(t->rows() == shape.rows && t->cols() == shape.cols, "{}: an operand is {}x{}, expected {}x{}", op,
                     t->rows(), t->cols(), shape.rows, shape.cols);
   }
+}
+
+// The operands of optimizerStep(): gradient, param and the buffers s.kind uses,
+// on b's device and of one shape. Returns those buffers (the others as null).
+inline std::pair<Tensor*, Tensor*> optimizerStep(const Backend& b, const OptimizerStep& s, const Tensor& gradient,
+                                                 const Tensor& param, Tensor* buffer0, Tensor* buffer1) {
+  const int buffers = optimizerBuffers(s.kind);
+  if (buffers < 1) buffer0 = nullptr;
+  if (buffers < 2) buffer1 = nullptr;
+  ORPHEUS_ENFORCE((buffers < 1 || buffer0 != nullptr) && (buffers < 2 || buffer1 != nullptr),
+                  "optimizerStep: this kind needs {} state buffer(s)", buffers);
+  onDevice(b, "optimizerStep", gradient);
+  onDevice(b, "optimizerStep", param);
+  sameShape("optimizerStep", gradient, param);
+  for (const Tensor* t : {buffer0, buffer1}) {
+    if (t == nullptr) continue;
+    onDevice(b, "optimizerStep", *t);
+    sameShape("optimizerStep", *t, param);
+  }
+  return {buffer0, buffer1};
 }
 
 // The checks every backend runs on elementwise() and elementwiseBackward()

@@ -1,6 +1,7 @@
 #include "engine/worker/optimizer.h"
 
 #include "engine/base/error.h"
+#include "ops/cpu/optimizer_step.h"
 #include "ops/quasi_newton.h"
 
 #include <algorithm>
@@ -41,24 +42,6 @@ std::vector<std::string> bufferNames(OptimizerKind kind) {
   return {};
 }
 
-// Momentum and Nesterov in one pass over g, b and w (memory-bound): the same float
-// operations, in the same order, as the expressions of the other optimizers.
-void momentumStep(const OptimizerSettings& s, float lr, float wd, const Matrix& gradient, Matrix& buffer,
-                  Matrix& param) {
-  const auto mu = static_cast<float>(s.momentum);
-  const bool nesterov = s.kind == OptimizerKind::kNesterov;
-  float* w = param.data();
-  float* b = buffer.data();
-  const float* g = gradient.data();
-  const Eigen::Index n = param.size();
-  for (Eigen::Index k = 0; k < n; ++k) {
-    const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];  // L2 weight decay on the gradient
-    const float next = mu * b[k] + d;
-    b[k] = next;
-    w[k] -= lr * (nesterov ? d + mu * next : next);
-  }
-}
-
 }  // namespace
 
 double defaultLearningRate(OptimizerKind kind) {
@@ -97,6 +80,34 @@ double learningRate(const OptimizerSettings& s, uint64_t clock) {
   }
   if (s.warmup > 0 && clock <= static_cast<uint64_t>(s.warmup)) factor *= c / static_cast<double>(s.warmup);
   return s.lr * factor;
+}
+
+ops::OptimizerStep stepSettings(const OptimizerSettings& s, uint64_t clock, int64_t step) {
+  using Kind = ops::OptimizerStep::Kind;
+  ops::OptimizerStep st;
+  switch (s.kind) {
+    case OptimizerKind::kSgd: st.kind = Kind::kSgd; break;
+    case OptimizerKind::kMomentum: st.kind = Kind::kMomentum; break;
+    case OptimizerKind::kNesterov: st.kind = Kind::kNesterov; break;
+    case OptimizerKind::kAdagrad: st.kind = Kind::kAdagrad; break;
+    case OptimizerKind::kAdam: st.kind = Kind::kAdam; break;
+    case OptimizerKind::kBfgs:
+    case OptimizerKind::kDfp:
+      throw Error("quasi-Newton steps are not whole-matrix steps");
+  }
+  const double lr = learningRate(s, clock);
+  st.lr = static_cast<float>(lr);
+  st.weightDecay = static_cast<float>(s.weightDecay);
+  st.momentum = static_cast<float>(s.momentum);
+  st.eps = static_cast<float>(s.eps);
+  st.beta1 = static_cast<float>(s.beta1);
+  st.beta2 = static_cast<float>(s.beta2);
+  if (s.kind == OptimizerKind::kAdam) {
+    const auto t = static_cast<double>(step);
+    st.adamStepSize = static_cast<float>(lr / (1.0 - std::pow(s.beta1, t)));
+    st.adamBc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, t)));
+  }
+  return st;
 }
 
 Optimizer::Optimizer(const OptimizerSettings& settings, const ParamSet& shapes) : settings_(settings) {
@@ -154,46 +165,13 @@ void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
     quasiNewtonStep(clock, d, params);
     return;
   }
-  if (s.kind == OptimizerKind::kMomentum || s.kind == OptimizerKind::kNesterov) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      momentumStep(s, lr, wd, gradient[i], buffers_[0].values[i], params[i]);
-    }
-    return;
-  }
+  const ops::OptimizerStep st = stepSettings(s, clock, steps_);
   for (size_t i = 0; i < params.size(); ++i) {
-    auto w = params[i].array();
-    // d = g + wd w (L2 weight decay on the gradient).
-    Eigen::ArrayXXf d = gradient[i].array();
-    if (wd != 0.0f) d += wd * w;
-    switch (s.kind) {
-      case OptimizerKind::kBfgs:
-      case OptimizerKind::kDfp:
-        break;  // above
-      case OptimizerKind::kSgd:
-        w -= lr * d;
-        break;
-      case OptimizerKind::kMomentum:
-      case OptimizerKind::kNesterov:
-        break;  // above
-      case OptimizerKind::kAdagrad: {
-        auto sum = buffers_[0].values[i].array();
-        sum += d * d;
-        w -= lr * d / (sum.sqrt() + static_cast<float>(s.eps));
-        break;
-      }
-      case OptimizerKind::kAdam: {
-        auto m = buffers_[0].values[i].array();
-        auto v = buffers_[1].values[i].array();
-        const auto t = static_cast<double>(steps_);
-        const auto b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
-        m = b1 * m + (1.0f - b1) * d;
-        v = b2 * v + (1.0f - b2) * d * d;
-        const auto stepSize = static_cast<float>(learningRate(s, clock) / (1.0 - std::pow(s.beta1, t)));
-        const auto bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, t)));
-        w -= stepSize * m / (v.sqrt() / bc2Sqrt + static_cast<float>(s.eps));
-        break;
-      }
-    }
+    ORPHEUS_ENFORCE(gradient[i].size() == params[i].size(), "gradient {} has {} entries, its parameter {}", i,
+                    gradient[i].size(), params[i].size());
+    float* b0 = buffers_.size() > 0 ? buffers_[0].values[i].data() : nullptr;
+    float* b1 = buffers_.size() > 1 ? buffers_[1].values[i].data() : nullptr;
+    ops::cpu::applyOptimizerStep(st, params[i].size(), gradient[i].data(), params[i].data(), b0, b1);
   }
 }
 

@@ -53,6 +53,7 @@
 #include "engine/base/params.h"
 #include "engine/base/sv_batch.h"
 #include "ops/model.h"
+#include "ops/optimizer_step.h"
 
 #include <cstdint>
 #include <span>
@@ -105,6 +106,12 @@ struct OptimizerSettings {
 
 // The learning rate of clock `clock` (1-based): a pure function of the clock.
 double learningRate(const OptimizerSettings& s, uint64_t clock);
+
+// The settings of one whole-matrix step of a first-order optimizer (not bfgs or
+// dfp) at local clock `clock`, the optimizer's `step`-th step (1-based): what
+// Optimizer::step takes on each parameter matrix, and what a backend's
+// optimizerStep takes to give the same step (ops/optimizer_step.h).
+ops::OptimizerStep stepSettings(const OptimizerSettings& s, uint64_t clock, int64_t step);
 
 // One replica's optimizer and its state: ParamSet-shaped buffers (none for sgd)
 // and the step count. Copyable; not thread-safe.

@@ -2,6 +2,7 @@
 
 #include "ops/backend_checks.h"
 #include "ops/cpu/elementwise_chain.h"
+#include "ops/cpu/optimizer_step.h"
 
 #include <algorithm>
 #include <cstring>
@@ -260,6 +261,13 @@ void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
 void CpuBackend::scale(float alpha, Tensor& x) {
   checks::onDevice(*this, "scale", x);
   map(x) *= alpha;
+}
+
+void CpuBackend::optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
+                               Tensor* buffer1) {
+  const auto [b0, b1] = checks::optimizerStep(*this, s, gradient, param, buffer0, buffer1);
+  applyOptimizerStep(s, param.size(), gradient.data(), param.data(), b0 ? b0->data() : nullptr,
+                     b1 ? b1->data() : nullptr);
 }
 
 }  // namespace orpheus::ops::cpu

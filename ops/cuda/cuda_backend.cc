@@ -260,6 +260,15 @@ class CudaBackend final : public Backend {
     ORPHEUS_CUBLAS_CHECK(cublasSscal(blas_, blasInt(x.size()), &alpha, x.data(), 1));
   }
 
+  void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
+                     Tensor* buffer1) override {
+    const auto [b0, b1] = checks::optimizerStep(*this, s, gradient, param, buffer0, buffer1);
+    if (param.size() == 0) return;
+    activate();
+    ORPHEUS_CUDA_CHECK(launchOptimizerStep(s, param.size(), gradient.data(), param.data(), b0 ? b0->data() : nullptr,
+                                           b1 ? b1->data() : nullptr, stream_));
+  }
+
  private:
   // cudaSetDevice is per host thread: set it on every entry, so a backend works
   // from whichever thread uses it (one at a time).

@@ -171,6 +171,41 @@ __global__ void denseTimesCsc(float alpha, const float* a, int64_t m, const int3
   }
 }
 
+// One thread per element, the formulas of ops/optimizer_step.h (nvcc may fuse a
+// multiply and an add, so results differ from the CPU's in the last bits).
+__global__ void optimizerStep(const OptimizerStep s, int64_t n, const float* g, float* w, float* b0, float* b1) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float d = s.weightDecay != 0.0f ? g[k] + s.weightDecay * w[k] : g[k];
+    switch (s.kind) {
+      case OptimizerStep::Kind::kSgd:
+        w[k] -= s.lr * d;
+        break;
+      case OptimizerStep::Kind::kMomentum:
+      case OptimizerStep::Kind::kNesterov: {
+        const float next = s.momentum * b0[k] + d;
+        b0[k] = next;
+        w[k] -= s.lr * (s.kind == OptimizerStep::Kind::kNesterov ? d + s.momentum * next : next);
+        break;
+      }
+      case OptimizerStep::Kind::kAdagrad: {
+        const float sum = b0[k] + d * d;
+        b0[k] = sum;
+        w[k] -= s.lr * d / (sqrtf(sum) + s.eps);
+        break;
+      }
+      case OptimizerStep::Kind::kAdam: {
+        const float m = s.beta1 * b0[k] + (1.0f - s.beta1) * d;
+        const float v = s.beta2 * b1[k] + (1.0f - s.beta2) * d * d;
+        b0[k] = m;
+        b1[k] = v;
+        w[k] -= s.adamStepSize * m / (sqrtf(v) / s.adamBc2Sqrt + s.eps);
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t launchChainForward(const ChainArgs& args, cudaStream_t stream) {
@@ -219,5 +254,11 @@ cudaError_t launchDenseTimesCsc(float alpha, const float* a, int64_t m, const in
   return cudaGetLastError();
 }
 
+cudaError_t launchOptimizerStep(const OptimizerStep& s, int64_t n, const float* g, float* w, float* b0, float* b1,
+                                cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  optimizerStep<<<blocksFor(n), kThreads, 0, stream>>>(s, n, g, w, b0, b1);
+  return cudaGetLastError();
+}
 
 }  // namespace orpheus::ops::cuda

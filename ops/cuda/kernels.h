@@ -6,6 +6,7 @@
 #pragma once
 
 #include "ops/elementwise_ops.h"
+#include "ops/optimizer_step.h"
 
 #include <cuda_runtime_api.h>
 
@@ -54,5 +55,10 @@ cudaError_t launchSumRows(const float* a, float beta, float* out, int64_t rows, 
 // c (m x n) = alpha a (m x k) s + beta c, s a k x n CSC matrix.
 cudaError_t launchDenseTimesCsc(float alpha, const float* a, int64_t m, const int32_t* outer, const int32_t* inner,
                                 const float* values, int64_t n, float beta, float* c, cudaStream_t stream);
+
+// One optimizer step on n elements (ops/optimizer_step.h): w, b0 and b1 updated
+// in place; the buffers s.kind does not use may be null.
+cudaError_t launchOptimizerStep(const OptimizerStep& s, int64_t n, const float* g, float* w, float* b0, float* b1,
+                                cudaStream_t stream);
 
 }  // namespace orpheus::ops::cuda

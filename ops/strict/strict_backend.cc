@@ -246,6 +246,16 @@ class StrictBackend final : public Backend {
     cpu_.scale(alpha, h);
   }
 
+  void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
+                     Tensor* buffer1) override {
+    const auto [b0, b1] = checks::optimizerStep(*this, s, gradient, param, buffer0, buffer1);
+    Opened o(*registry_, "optimizerStep");
+    Tensor hp = o.host(param);
+    Tensor hb0 = b0 ? o.host(*b0) : Tensor();
+    Tensor hb1 = b1 ? o.host(*b1) : Tensor();
+    cpu_.optimizerStep(s, o.host(gradient), hp, b0 ? &hb0 : nullptr, b1 ? &hb1 : nullptr);
+  }
+
  private:
   // Host views of a list of operands (null entries stay null).
   struct HostList {

@@ -218,6 +218,35 @@ TEST_CASE("cuda elementwise chains and reductions run past one grid", "[gpu]") {
   CHECK(relativeError(runScale(*gpu, 0.5f, tall), MatF(0.5f * tall)) < 1e-6);
 }
 
+TEST_CASE("cuda optimizer steps match cpu", "[gpu]") {
+  const auto gpu = makeBackend("cuda", 0);
+  cpu::CpuBackend cpu;
+  std::mt19937 rng(33);
+  std::vector<std::pair<int64_t, int64_t>> sizes = shapes();
+  sizes.emplace_back(300, 77);
+  sizes.emplace_back(4096, 4200);  // more than 65535 blocks of 256 threads
+  for (const OptimizerStep::Kind kind : {OptimizerStep::Kind::kSgd, OptimizerStep::Kind::kMomentum,
+                                         OptimizerStep::Kind::kNesterov, OptimizerStep::Kind::kAdagrad,
+                                         OptimizerStep::Kind::kAdam}) {
+    for (const float wd : {0.0f, 0.01f}) {
+      std::vector<OptimizerStep> steps;
+      for (int t = 1; t <= 3; ++t) steps.push_back(optimizerSettings(kind, wd, t));
+      for (const auto& [rows, cols] : sizes) {
+        if (rows * cols > 1000000 && kind != OptimizerStep::Kind::kAdam) continue;  // the grid-stride loop, once
+        std::vector<MatF> gradients;
+        for (size_t t = 0; t < steps.size(); ++t) gradients.push_back(randomMatrix(rng, rows, cols));
+        const OptimizerState start{randomMatrix(rng, rows, cols), MatF(), MatF()};
+        const OptimizerState got = runOptimizerSteps(*gpu, steps, gradients, start);
+        const OptimizerState want = runOptimizerSteps(cpu, steps, gradients, start);
+        INFO("kind " << static_cast<int>(kind) << " wd " << wd << " " << rows << "x" << cols);
+        CHECK(relativeError(got.param, want.param) < 1e-6);
+        CHECK(relativeError(got.buffer0, want.buffer0) < 1e-6);
+        CHECK(relativeError(got.buffer1, want.buffer1) < 1e-6);
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   constexpr int kSkipped = 77;
   try {

@@ -9,6 +9,7 @@
 #include <Eigen/Dense>
 #include <Eigen/SparseCore>
 
+#include <cmath>
 #include <optional>
 #include <random>
 #include <vector>
@@ -165,6 +166,50 @@ inline MatF runScale(Backend& b, float alpha, const MatF& x) {
   Tensor t = upload(b, x);
   b.scale(alpha, t);
   return download(b, t);
+}
+
+// One parameter matrix and the optimizer state buffers its kind uses (the others empty).
+struct OptimizerState {
+  MatF param;
+  MatF buffer0;
+  MatF buffer1;
+};
+
+// The settings of step `t` (1-based) of `kind` with PyTorch's defaults and a
+// learning rate that changes from step to step; Adam's corrections in double,
+// rounded once, as the engine computes them.
+inline OptimizerStep optimizerSettings(OptimizerStep::Kind kind, float weightDecay, int t) {
+  OptimizerStep s;
+  s.kind = kind;
+  const double lr = (kind == OptimizerStep::Kind::kAdam ? 1e-3 : 0.1) / t;
+  s.lr = static_cast<float>(lr);
+  s.weightDecay = weightDecay;
+  s.momentum = 0.9f;
+  s.eps = 1e-8f;
+  s.beta1 = 0.9f;
+  s.beta2 = 0.999f;
+  s.adamStepSize = static_cast<float>(lr / (1.0 - std::pow(0.9, t)));
+  s.adamBc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(0.999, t)));
+  return s;
+}
+
+// Runs the steps on b, gradients[k] for steps[k], from `state` (empty buffers
+// start at zero); returns the state after the last step.
+inline OptimizerState runOptimizerSteps(Backend& b, const std::vector<OptimizerStep>& steps,
+                                        const std::vector<MatF>& gradients, OptimizerState state) {
+  const int buffers = steps.empty() ? 0 : optimizerBuffers(steps.front().kind);
+  const MatF zero = MatF::Zero(state.param.rows(), state.param.cols());
+  Tensor w = upload(b, state.param);
+  std::optional<Tensor> b0, b1;
+  if (buffers >= 1) b0 = upload(b, state.buffer0.size() > 0 ? state.buffer0 : zero);
+  if (buffers >= 2) b1 = upload(b, state.buffer1.size() > 0 ? state.buffer1 : zero);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    b.optimizerStep(steps[k], upload(b, gradients[k]), w, b0 ? &*b0 : nullptr, b1 ? &*b1 : nullptr);
+  }
+  OptimizerState out{download(b, w), MatF(), MatF()};
+  if (b0) out.buffer0 = download(b, *b0);
+  if (b1) out.buffer1 = download(b, *b1);
+  return out;
 }
 
 // A chain using every elementwise operator, over inputs x (r x B), bias (r x 1) and y (r x B):
