@@ -178,8 +178,66 @@ void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Re
   applySvBatches(batches, w, backend, buffers);
 }
 
-void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Backend& backend,
-                    RebuildBuffers& buffers) {
+namespace {
+
+// Where a rebuild writes: the host parameters (their products on the CPU backend
+// where they lie, or through a device's buffers), or tensors on the backend's
+// device (a resident replica).
+class HostTargets {
+ public:
+  explicit HostTargets(ParamSet& w) : w_(w) {}
+  size_t size() const { return w_.size(); }
+  int64_t rows(size_t i) const { return w_[i].rows(); }
+  int64_t cols(size_t i) const { return w_[i].cols(); }
+  const std::string& name(size_t i) const { return w_.params[i].name; }
+  void addBias(size_t i, const Vector& delta, Backend&, DeviceOperands&) { w_[i].col(0) += delta; }
+  void apply(size_t i, ParamRebuild& r, Backend& backend, DeviceOperands& d) {
+    if (backend.device() == Device::kCpu) {
+      applyOnHost(r, w_[i], backend);
+    } else {
+      applyOnDevice(r, w_[i], i, backend, d);
+    }
+  }
+
+ private:
+  ParamSet& w_;
+};
+
+class DeviceTargets {
+ public:
+  explicit DeviceTargets(std::span<Tensor> w) : w_(w) {}
+  size_t size() const { return w_.size(); }
+  int64_t rows(size_t i) const { return w_[i].rows(); }
+  int64_t cols(size_t i) const { return w_[i].cols(); }
+  std::string name(size_t i) const { return fmt::format("#{}", i); }
+  // The bias's delta uploaded and added where the bias lies (y += 1 * x: the host's sum).
+  void addBias(size_t i, const Vector& delta, Backend& backend, DeviceOperands& d) {
+    const Tensor t = uploaded(backend, d.bias, Tensor::host(delta.data(), delta.size(), 1));
+    backend.axpy(1.0f, t, w_[i]);
+  }
+  void apply(size_t i, ParamRebuild& r, Backend& backend, DeviceOperands& d) {
+    Tensor& target = w_[i];
+    ORPHEUS_ENFORCE(target.device() == backend.device(), "parameter #{} is on {}, the rebuild on {}", i,
+                    deviceName(target.device()), backend.name());
+    if (r.denseCols() > 0) {
+      const Tensor v = r.uploadDenseV(backend, d.v, target.cols());
+      const Tensor u = uploaded(backend, d.u, r.uPart(0, r.denseCols()));
+      backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, v, 1.0f, target);
+    }
+    if (r.sparseCols() > 0) {
+      const SparseMatrix host = r.sparseV(target.cols());
+      const SparseCopy v = backend.copySparse(cpu::view(host));
+      const Tensor u = uploaded(backend, d.u, r.uPart(r.denseCols(), r.sparseCols()));
+      backend.gemmSparse(1.0f, u, v.view, Trans::kYes, 1.0f, target);
+    }
+  }
+
+ private:
+  std::span<Tensor> w_;
+};
+
+template <class Targets>
+void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backend& backend, RebuildBuffers& buffers) {
   const size_t params = w.size();
   std::vector<std::vector<Piece>>& byParam = buffers.pieces;
   byParam.resize(params);
@@ -192,16 +250,15 @@ void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Ba
   for (const SvBatchView* b : batches) {
     for (const SvMatrixView& m : b->matrices) {
       ORPHEUS_ENFORCE(m.paramId < params, "SV matrix refers to parameter {} of {}", m.paramId, params);
-      const Matrix& target = w[m.paramId];
-      ORPHEUS_ENFORCE(m.rows == target.rows() && m.vRows == target.cols(),
+      ORPHEUS_ENFORCE(m.rows == w.rows(m.paramId) && m.vRows == w.cols(m.paramId),
                       "SVs of shape {}x{} do not fit parameter '{}' of shape {}x{}", m.rows, m.vRows,
-                      w.params[m.paramId].name, target.rows(), target.cols());
+                      w.name(m.paramId), w.rows(m.paramId), w.cols(m.paramId));
       (m.sparseV ? sparseAt : denseCols)[m.paramId] += m.columns;
     }
   }
   buffers.u.resize(params);
   for (size_t i = 0; i < params; ++i) {
-    buffers.u[i].resize(w[i].rows(), denseCols[i] + sparseAt[i]);
+    buffers.u[i].resize(w.rows(i), denseCols[i] + sparseAt[i]);
     sparseAt[i] = denseCols[i];
   }
   std::vector<int64_t>& denseAt = buffers.denseAt;
@@ -213,18 +270,19 @@ void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Ba
       auto weighted = buffers.u[m.paramId].middleCols(at, m.columns);
       weightColumns(m, b->coeffs, weighted);
       if (m.biasId >= 0) {
-        ORPHEUS_ENFORCE(static_cast<size_t>(m.biasId) < params && w[m.biasId].rows() == m.rows &&
-                            w[m.biasId].cols() == 1,
+        const auto bias = static_cast<size_t>(m.biasId);
+        ORPHEUS_ENFORCE(bias < params && w.rows(bias) == m.rows && w.cols(bias) == 1,
                         "bias {} does not fit SVs with {} rows", m.biasId, m.rows);
         if (m.withCore) {
           // With a core the bias is not U core 1: selection fits the bias update on its own.
           ORPHEUS_ENFORCE(m.biasCoeffs != nullptr,
                           "SV matrix for parameter '{}' has a core and bias {} but no bias coefficients for {} columns",
-                          w.params[m.paramId].name, m.biasId, m.columns);
-          w[m.biasId].col(0).noalias() += m.uMap() * m.biasCoeffsMap();
+                          w.name(m.paramId), m.biasId, m.columns);
+          buffers.biasDelta.noalias() = m.uMap() * m.biasCoeffsMap();
         } else {
-          w[m.biasId].col(0) += weighted.rowwise().sum();
+          buffers.biasDelta = weighted.rowwise().sum();
         }
+        w.addBias(bias, buffers.biasDelta, backend, buffers.device);
       }
       byParam[m.paramId].push_back(Piece{&m, at});
       at += m.columns;
@@ -233,12 +291,22 @@ void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Ba
   for (size_t i = 0; i < params; ++i) {
     if (byParam[i].empty()) continue;
     ParamRebuild r(byParam[i], buffers.u[i], denseCols[i], buffers.v);
-    if (backend.device() == Device::kCpu) {
-      applyOnHost(r, w[i], backend);
-    } else {
-      applyOnDevice(r, w[i], i, backend, buffers.device);
-    }
+    w.apply(i, r, backend, buffers.device);
   }
+}
+
+}  // namespace
+
+void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Backend& backend,
+                    RebuildBuffers& buffers) {
+  HostTargets targets(w);
+  rebuildInto(batches, targets, backend, buffers);
+}
+
+void applySvBatches(std::span<const SvBatchView* const> batches, std::span<Tensor> w, Backend& backend,
+                    RebuildBuffers& buffers) {
+  DeviceTargets targets(w);
+  rebuildInto(batches, targets, backend, buffers);
 }
 
 void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const Matrix& u, const Matrix* vDense,

@@ -29,6 +29,7 @@ struct DeviceOperands {
   std::vector<Tensor> w;  // per parameter, its shape
   Tensor u;               // flat, at least the largest U of a clock
   Tensor v;               // flat, at least the largest dense V of a clock
+  Tensor bias;            // a bias update, when the parameters live on the device
 };
 
 // What a rebuild works in, kept by a caller that rebuilds every clock so the
@@ -41,6 +42,7 @@ struct RebuildBuffers {
   std::vector<int64_t> denseCols;
   std::vector<int64_t> denseAt;
   std::vector<int64_t> sparseAt;
+  Vector biasDelta;  // one bias update (U C 1, or U times the bias coefficients), added to the bias
 };
 
 // Applies all batches to `w`. Matrix and bias ids index into `w`; shapes must match
@@ -57,6 +59,13 @@ void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w, Backen
 // result of the SvBatch calls on the same batches.
 void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, RebuildBuffers& buffers);
 void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Backend& backend,
+                    RebuildBuffers& buffers);
+// The same into parameters that live on the backend's device (a resident replica,
+// engine/worker/device_replica.h): `w` in parameter order, each of its parameter's
+// shape. The products run where W lies; each bias update is summed on the host, as
+// above, and added on the device (y += 1 x): bitwise the host's result on the
+// strict device.
+void applySvBatches(std::span<const SvBatchView* const> batches, std::span<Tensor> w, Backend& backend,
                     RebuildBuffers& buffers);
 
 // target = U V^T (V dense or sparse, K x n; the old contents of target are never

@@ -133,8 +133,17 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
                transport.size(), model.spec(), transport.name(), static_cast<int64_t>(counts[0]),
                static_cast<int64_t>(counts[1]), toString(config.sync), config.clocks, config.batch);
-  spdlog::info("device {} (rank 0; the rebuild and the dense gradient run there, the rest of a clock on the host)",
-               backend.describe());
+  if (backend.device() == ops::Device::kCpu) {
+    spdlog::info("device {}", backend.describe());
+  } else if (const std::string why = deviceResidency(config, model, backend); why.empty()) {
+    spdlog::info("device {} (rank 0; resident: parameters, gradients and optimizer state stay there, SV batches "
+                 "cross to the host for the wire and the log)",
+                 backend.describe());
+  } else {
+    spdlog::info("device {} (rank 0; the rebuild and the dense gradient run there, the rest of a clock on the host: "
+                 "{})",
+                 backend.describe(), why);
+  }
   if (config.sync == SyncMode::kSv && transport.size() > 1) {
     spdlog::info("{}; {} consistency{}; {}", comm::MulticastSchedule(scheduleConfig(config, transport.size())).describe(),
                  toString(config.consistency),

@@ -1,4 +1,5 @@
 #include "engine/recovery/checkpoint.h"
+#include "engine/worker/device_replica.h"
 #include "ops/model_factory.h"
 
 #include "ckpt/layout.h"
@@ -105,6 +106,9 @@ class Replayer {
     }
     *from = start;
     if (clock == start) return {std::move(params), updater.optimizer().exportState()};
+    // Where training keeps its replica on the device, the replay does too: the same
+    // operations, so the same bits.
+    if (residencyRefusal(model_, backend_, settings_.kind).empty()) updater.reside(params);
 
     for (const ckpt::LogEntry& e : ckpt::readLog(dir_, replica_, start, clock)) {
       switch (e.kind) {
@@ -128,8 +132,10 @@ class Replayer {
           if (e.resetTo < here) {
             uint64_t ignored = 0;
             Replica back = at(e.resetTo, &ignored);
+            updater.toHost(params);
             params = std::move(back.params);
             updater.optimizer().importState(back.optimizerState);
+            updater.hostChanged();
           }
           break;
         }
@@ -145,7 +151,7 @@ class Replayer {
           break;
       }
     }
-    updater.finishClock(params);
+    updater.settle(params);
     return {std::move(params), updater.optimizer().exportState()};
   }
 

@@ -185,7 +185,7 @@ std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transpor
 
 void Recovery::checkpoint(uint64_t clock, ParamSet& replica, ReplicaUpdater& updater, int replicaId) {
   if (!config_.ckptMatrix || clock % static_cast<uint64_t>(config_.ckptEvery) != 0) return;
-  updater.finishClock(replica);
+  updater.settle(replica);
   collectively(transport_, [&] {
     // The baseline of the paper: computation halts while the whole replica is written.
     ckpt::ModelFileInfo info;
@@ -211,6 +211,7 @@ Recovery::Failure Recovery::maybeFail(uint64_t clock, ParamSet& replica, Replica
   ++failures_;
   uint64_t recovered = 0;
   updater.discardPending();
+  updater.toHost(replica);
   // A replica back at W0 has a fresh optimizer.
   const ParamSet freshState = Optimizer(updater.optimizer().settings(), model_.zeroParams()).exportState();
   if (config_.ckptSv) {
@@ -234,6 +235,7 @@ Recovery::Failure Recovery::maybeFail(uint64_t clock, ParamSet& replica, Replica
     updater.optimizer().importState(matrixCheckpointClock_ > 0 ? matrixCheckpointState_ : freshState);
     recovered = matrixCheckpointClock_;
   }
+  updater.hostChanged();
   Failure failure{true, clock - recovered};
   lostClocks_ += failure.lostClocks;
   spdlog::debug("rank {} failed at clock {}: replica {} recovered at clock {} ({} clocks lost)", transport_.rank(),

@@ -1,6 +1,7 @@
 #include "engine/worker/optimizer.h"
 
 #include "engine/base/error.h"
+#include "engine/worker/device_replica.h"
 #include "ops/cpu/optimizer_step.h"
 #include "ops/quasi_newton.h"
 
@@ -134,19 +135,18 @@ void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
   ORPHEUS_ENFORCE(gradient.size() == params.size(), "gradient of {} parameters for {}", gradient.size(), params.size());
   ++steps_;
   const OptimizerSettings& s = settings_;
-  const auto lr = static_cast<float>(learningRate(s, clock));
   const auto wd = static_cast<float>(s.weightDecay);
   if (columns != nullptr) {
     ORPHEUS_ENFORCE(s.stepsTouchedColumns() && columns->size() == params.size(),
                     "a step over touched columns is for adagrad without weight decay");
-    const auto eps = static_cast<float>(s.eps);
+    // Each visited column is one call of the whole step's arithmetic: the same bits.
+    const ops::OptimizerStep kernel = stepSettings(s, clock, steps_);
     for (size_t i = 0; i < params.size(); ++i) {
       const Columns& cols = (*columns)[i];
+      const int64_t rows = params[i].rows();
       const auto visit = [&](Eigen::Index j) {
-        const auto d = gradient[i].col(j).array();
-        auto sum = buffers_[0].values[i].col(j).array();
-        sum += d * d;
-        params[i].col(j).array() -= lr * d / (sum.sqrt() + eps);
+        ops::cpu::applyOptimizerStep(kernel, rows, gradient[i].col(j).data(), params[i].col(j).data(),
+                                     buffers_[0].values[i].col(j).data(), nullptr);
       };
       if (cols.all) {
         for (Eigen::Index j = 0; j < params[i].cols(); ++j) visit(j);
@@ -351,7 +351,34 @@ void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatch* const> 
   applyGroup(clock, pointers, params);
 }
 
+ReplicaUpdater::~ReplicaUpdater() = default;
+
+void ReplicaUpdater::reside(const ParamSet& params) {
+  ORPHEUS_ENFORCE(!isQuasiNewton(optimizer_.settings().kind), "a quasi-Newton optimizer does not run on a device");
+  device_ = std::make_unique<DeviceReplica>(backend_, params, optimizer_);
+}
+
+std::span<const ops::Tensor> ReplicaUpdater::deviceParams(ParamSet& params) {
+  ORPHEUS_ENFORCE(device_ != nullptr, "the replica is not on a device");
+  return device_->params(params, optimizer_);
+}
+
+void ReplicaUpdater::toHost(ParamSet& params) {
+  if (device_ != nullptr) device_->toHost(params, optimizer_);
+}
+
+void ReplicaUpdater::hostChanged() {
+  if (device_ != nullptr) device_->hostChanged();
+}
+
 void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params) {
+  if (device_ != nullptr) {
+    const bool folds = optimizer_.settings().foldsLearningRate();
+    if (!folds && pendingClock_ != 0 && pendingClock_ != clock) finishClock(params);
+    device_->rebuild(batches, !folds, params, optimizer_);
+    if (!folds) pendingClock_ = clock;
+    return;
+  }
   if (optimizer_.settings().foldsLearningRate()) {
     model_.computeUpdate(batches, params, backend_, rebuild_);
     trimBuffers();
@@ -381,6 +408,16 @@ void ReplicaUpdater::trimBuffers() {
 }
 
 void ReplicaUpdater::applyDense(uint64_t clock, ParamSet& gradient, float scale, ParamSet& params) {
+  if (device_ != nullptr) {
+    if (optimizer_.settings().foldsLearningRate()) {
+      device_->addScaled(gradient, scale, params, optimizer_);
+      return;
+    }
+    finishClock(params);
+    device_->loadGradient(gradient, scale, params, optimizer_);
+    device_->step(clock, params, optimizer_);  // a dense gradient: every column
+    return;
+  }
   if (optimizer_.settings().foldsLearningRate()) {
     for (size_t i = 0; i < params.size(); ++i) params[i].noalias() += scale * gradient[i];
     return;
@@ -392,12 +429,18 @@ void ReplicaUpdater::applyDense(uint64_t clock, ParamSet& gradient, float scale,
 
 void ReplicaUpdater::finishClock(ParamSet& params) {
   if (pendingClock_ == 0) return;
+  if (device_ != nullptr) {
+    device_->step(pendingClock_, params, optimizer_);
+    pendingClock_ = 0;
+    return;
+  }
   optimizer_.step(pendingClock_, gradient_, params, touched_.empty() ? nullptr : &touched_);
   clearGradient();
   pendingClock_ = 0;
 }
 
 void ReplicaUpdater::discardPending() {
+  if (device_ != nullptr) device_->zeroGradient();
   if (!touched_.empty()) {
     for (Optimizer::Columns& cols : touched_) cols.all = true;
   }
@@ -409,6 +452,13 @@ ParamSet ReplicaUpdater::peek(const ParamSet& params) const {
   ParamSet out = params;
   if (pendingClock_ == 0) return out;
   Optimizer copy = optimizer_;
+  if (device_ != nullptr) {
+    // The mirrors are current (toHost before a peek); the pending gradient is on the device.
+    ParamSet gradient = model_.zeroParams();
+    device_->gradientToHost(gradient);
+    copy.step(pendingClock_, gradient, out);
+    return out;
+  }
   copy.step(pendingClock_, gradient_, out);
   return out;
 }

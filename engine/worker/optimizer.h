@@ -56,6 +56,7 @@
 #include "ops/optimizer_step.h"
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -175,10 +176,13 @@ class Optimizer {
 //    local clock is taken once no more groups of it can come: at the first group
 //    of a later clock, or when finishClock() is called (before averaging,
 //    rotation, a reset, a snapshot, at the end).
+class DeviceReplica;
+
 class ReplicaUpdater {
  public:
   // The rebuilds run on `backend`, the job's (ops/backends.h), which must outlive the updater.
   ReplicaUpdater(const OptimizerSettings& settings, const ops::Model& model, ops::Backend& backend);
+  ~ReplicaUpdater();
 
   // The factor the SV coefficients of a batch computed at `clock` carry, for
   // updates averaged over `heard` examples: -lr(clock)/heard when folding, else 1/heard.
@@ -201,6 +205,25 @@ class ReplicaUpdater {
   ops::Backend& backend() const { return backend_; }
   const Optimizer& optimizer() const { return optimizer_; }
 
+  // Device residency (engine/worker/device_replica.h): from here on the replica
+  // `params`, the gradient and the optimizer's state live on the backend's device,
+  // and the ParamSet every call passes is the host's mirror of the parameters.
+  void reside(const ParamSet& params);
+  bool resident() const { return device_ != nullptr; }
+  // The parameters on the device (resident only).
+  std::span<const ops::Tensor> deviceParams(ParamSet& params);
+  // The mirrors of the parameters and of the optimizer's state made current
+  // (nothing to do unless resident).
+  void toHost(ParamSet& params);
+  // The host changed the parameters or the optimizer's state (averaging, rotation,
+  // a resume): the device takes them before its next operation.
+  void hostChanged();
+  // The pending step taken and the mirrors made current: before the host reads the replica.
+  void settle(ParamSet& params) {
+    finishClock(params);
+    toHost(params);
+  }
+
  private:
   void noteTouched(std::span<const SvBatchView* const> batches);
   void trimBuffers();
@@ -216,6 +239,7 @@ class ReplicaUpdater {
   // stepsTouchedColumns(): the columns the pending clock's groups touched.
   std::vector<Optimizer::Columns> touched_;
   std::vector<std::vector<char>> touchedMask_;
+  std::unique_ptr<DeviceReplica> device_;  // resident: the replica on the device
 };
 
 // The parameters and the optimizer state as one ParamSet (snapshots, files):

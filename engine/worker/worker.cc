@@ -1,4 +1,5 @@
 #include "engine/worker/worker.h"
+#include "engine/worker/device_replica.h"
 
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
@@ -103,9 +104,16 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
     lowRank_.emplace(config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()));
   }
   applyKnobs(knobs_);
+  if (deviceResidency(config, model, backend).empty()) updater_.reside(replica_);
 }
 
 Worker::~Worker() = default;
+
+std::string deviceResidency(const TrainConfig& config, const ops::Model& model, const ops::Backend& backend) {
+  if (std::string why = residencyRefusal(model, backend, optimizerSettings(config).kind); !why.empty()) return why;
+  if (config.sync != SyncMode::kSv && config.overlap) return "--overlap's all-reduce per layer runs on the host";
+  return "";
+}
 
 void Worker::applyKnobs(const adapt::Knobs& knobs) {
   knobs_ = knobs;
@@ -146,9 +154,11 @@ void Worker::adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordi
 }
 
 void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id) {
+  updater_.toHost(replica_);
   replica_ = std::move(replica);
   updater_.discardPending();
   updater_.optimizer().importState(optimizerState);
+  updater_.hostChanged();
   replicaId_ = id;
   clock_ = clock;
   inbox_.resumeAt(clock);
@@ -255,7 +265,14 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
   auto local = std::make_shared<SvBatch>();
   exchange.begin(clock, header(clock), scale, start, local);
   const bool selects = knobs_.select > 0 && knobs_.select < examples.size();
-  if (exchange.streams(selects)) {
+  if (updater_.resident()) {
+    // The pass runs where the replica lives; the batch comes back whole, and a
+    // streaming exchange gets its sites last to first (as Model's default does).
+    *local = model_.computeSvgOnDevice(updater_.deviceParams(replica_), examples, &stats.loss, updater_.backend());
+    if (exchange.streams(selects) && std::isfinite(stats.loss)) {
+      for (size_t i = local->matrices.size(); i-- > 0;) exchange.siteReady(i, local->matrices[i]);
+    }
+  } else if (exchange.streams(selects)) {
     bool finite = true;
     // The batch the backward pass builds is moved in here, arrays and all: the
     // sites sent from inside the pass keep it alive until their sends complete.
@@ -325,7 +342,9 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
     return;
   }
   auto t = Clock::now();
-  ParamSet grad = model_.denseGradient(replica_, examples, &stats.loss, updater_.backend(), gradientBuffers_);
+  ParamSet grad = updater_.resident() ? residentDenseGradient(examples, stats)
+                                      : model_.denseGradient(replica_, examples, &stats.loss, updater_.backend(),
+                                                             gradientBuffers_);
   stats.computeSeconds = secondsSince(t);
   notePhase(ClockPhase::kExchange, clock);
 
@@ -342,6 +361,22 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
   t = Clock::now();
   updater_.applyDense(clock, grad, updater_.coefficientScale(clock, heard_), replica_);
   stats.updateSeconds = secondsSince(t);
+}
+
+// The dense gradient computed where the replica lives, copied to the host for the
+// all-reduce (the host collective).
+ParamSet Worker::residentDenseGradient(const ops::ExampleBatch& examples, ClockStats& stats) {
+  ops::Backend& backend = updater_.backend();
+  if (deviceGradient_.empty()) {
+    for (const Param& p : replica_.params) deviceGradient_.push_back(backend.allocate(p.value.rows(), p.value.cols()));
+  }
+  model_.denseGradientOnDevice(updater_.deviceParams(replica_), examples, &stats.loss, backend, deviceGradient_);
+  ParamSet grad = model_.zeroParams();
+  for (size_t i = 0; i < grad.size(); ++i) {
+    ops::Tensor host = ops::Tensor::host(grad[i].data(), grad[i].rows(), grad[i].cols());
+    backend.copy(deviceGradient_[i], host);
+  }
+  return grad;
 }
 
 void Worker::drain(uint64_t lastClock) {
@@ -371,10 +406,11 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
   // Nobody has sent anything newer, since every rank stops here after `clock`.
   if (pointToPoint_) multicast_.waitComplete(clock, clock, clock_ + 1, metrics);
   // Every group of this clock is in: its optimizer step, before the state moves.
-  updater_.finishClock(replica_);
+  updater_.settle(replica_);
   Optimizer& optimizer = updater_.optimizer();
   if (coordinator_.averagesAfter(clock)) {
     done = coordinator_.average(replica_, optimizer, clock);
+    updater_.hostChanged();
     // Every replica is the average: a snapshot point, with the optimizer state.
     if (optimizer.hasState()) {
       log_->averaged(clock, withState(replica_, optimizer.exportState()));
@@ -386,14 +422,16 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
     // The log moves with the replica: the next holder continues it.
     log_->handOff(clock);
     coordinator_.rotate(replica_, optimizer, replicaId_, clock);
+    updater_.hostChanged();
     log_->takeOver(clock, replicaId_);
     done.rotated = true;
   }
   return done;
 }
 
-ops::EvalSums Worker::evaluateLocal() const {
+ops::EvalSums Worker::evaluateLocal() {
   if (test_ == nullptr) return {};
+  updater_.toHost(replica_);
   // Under SSP a clock's step may wait for batches still to come: score the
   // replica as that step would leave it, without taking it.
   if (updater_.pending()) return evaluateOn(model_, updater_.peek(replica_), *test_);
@@ -470,8 +508,10 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
   if (tally.membershipChanges) {
     // The next epoch's ranks continue from here (engine/job/job.cc): nothing more on this group.
     changesAfter_ = tally.last;
+    updater_.toHost(replica_);
     return replica_;
   }
+  updater_.toHost(replica_);
   if (test_ != nullptr) lastEval_ = evaluate();
   if (transport_.rank() == 0) writeSummary(metrics, tally, initialEval);
   return replica_;
@@ -513,7 +553,10 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   around.rotated = coordination.rotated;
   around.divergenceMax = coordination.divergenceMax;
   around.divergenceMean = coordination.divergenceMean;
-  if (config_.paramDigests && around.leader) around.paramDigest = paramDigest(replica_);
+  if (config_.paramDigests && around.leader) {
+    updater_.toHost(replica_);
+    around.paramDigest = paramDigest(replica_);
+  }
   ClockRecord r = clockRecord(clock, stats, around);
   const bool reachedTarget = evaluateAt(clock, r);
   if (reachedTarget) {
@@ -568,6 +611,7 @@ void Worker::writeSummary(MetricsWriter& metrics, const Tally& tally, const Eval
   run.ranks = transport_.size();
   run.fanout = schedule_.fanout();
   run.device = updater_.backend().describe();
+  if (updater_.resident()) run.device += " (resident)";
   run.replica = replicaId_;
   run.knobs = knobs_;
   run.evaluated = test_ != nullptr;

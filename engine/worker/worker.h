@@ -53,6 +53,11 @@ class ClockObserver {
   virtual void reported(const ClockRecord& record) = 0;
 };
 
+// Why this job's replica cannot live on its device (--device), or "" when it does
+// (engine/worker/device_replica.h): the model has no device form, the optimizer
+// or the exchange runs on the host, or the device is the host.
+std::string deviceResidency(const TrainConfig& config, const ops::Model& model, const ops::Backend& backend);
+
 class Worker {
  public:
   // All references must outlive the worker. `test` may be null (no evaluation).
@@ -85,17 +90,25 @@ class Worker {
   Coordination coordinate(uint64_t clock);
   // Periodic centralized synchronization: every replica becomes the average (collective).
   Coordination averageReplicas(uint64_t clock) {
-    updater_.finishClock(replica_);
-    return coordinator_.average(replica_, updater_.optimizer(), clock);
+    updater_.settle(replica_);
+    const Coordination done = coordinator_.average(replica_, updater_.optimizer(), clock);
+    updater_.hostChanged();
+    return done;
   }
   // Replica rotation: this rank's replica goes to rank+1, rank-1's comes here (collective).
   void rotateReplica(uint64_t clock) {
-    updater_.finishClock(replica_);
+    updater_.settle(replica_);
     coordinator_.rotate(replica_, updater_.optimizer(), replicaId_, clock);
+    updater_.hostChanged();
   }
   // The id of the replica this rank holds (its rank at the start; rotation moves it).
   int replicaId() const { return replicaId_; }
-  ParamSet& mutableReplica() { return replica_; }
+  // The replica for the caller to change (tests): current, and taken back by the device.
+  ParamSet& mutableReplica() {
+    updater_.toHost(replica_);
+    updater_.hostChanged();
+    return replica_;
+  }
   // Resume: continue from `clock` with `replica` (id `id`) and its optimizer state
   // (Optimizer::exportState()) restored from a checkpoint.
   void resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id);
@@ -117,7 +130,7 @@ class Worker {
   // Loss and accuracy over every rank's test shard, each with its own replica (collective).
   EvalResult evaluate();
   // This rank's replica on this rank's test shard.
-  ops::EvalSums evaluateLocal() const;
+  ops::EvalSums evaluateLocal();
 
   const ParamSet& replica() const { return replica_; }
   uint64_t clock() const { return clock_; }
@@ -176,6 +189,7 @@ class Worker {
   // --sync dense: gradient, allreduce, step (the data-parallel baseline); --sync
   // powersgd: the same with the gradient all-reduced through PowerSGD's factors.
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
+  ParamSet residentDenseGradient(const ops::ExampleBatch& examples, ClockStats& stats);
 
   // --adapt: this clock's measurements to the controller and, at a decision
   // barrier, the knobs it announces (logged, then in force from the next clock).
@@ -214,6 +228,7 @@ class Worker {
   // The optimizer and its state, and the pending clock's gradient (engine/worker/optimizer.h).
   ReplicaUpdater updater_;
   ops::RebuildBuffers gradientBuffers_;  // --sync dense: the gradient's products, reused every clock
+  std::vector<ops::Tensor> deviceGradient_;  // --sync dense, resident: the gradient on the device
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
   RunTotals totals_;  // the earlier epochs' (continueRun), then through this one

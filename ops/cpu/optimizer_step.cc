@@ -1,14 +1,10 @@
 #include "ops/cpu/optimizer_step.h"
 
-#include <Eigen/Dense>
-
+#include <cmath>
 #include <cstdint>
 
 namespace orpheus::ops::cpu {
 namespace {
-
-using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
-using ArrayMap = Eigen::Map<Eigen::ArrayXf>;
 
 // Momentum and Nesterov in one pass over the parameter, its gradient and its buffer.
 void momentumStep(const OptimizerStep& s, int64_t n, const float* g, float* w, float* b) {
@@ -24,43 +20,48 @@ void momentumStep(const OptimizerStep& s, int64_t n, const float* g, float* w, f
   }
 }
 
-// Every other kind, as Eigen expressions. Eigen runs an expression in packets from
-// the first element of its destination at an aligned one (else from the first
-// aligned element on), and its packet square root approximates (EIGEN_FAST_MATH),
-// so where the packets start shows in adagrad's and adam's last bits: the
-// destinations (param and the buffers) must be aligned.
-void expressionStep(const OptimizerStep& s, int64_t n, const float* gradient, float* param, float* buffer0,
-                    float* buffer1) {
-  ArrayMap w(param, n);
-  // d = g + wd w (L2 weight decay on the gradient).
-  Eigen::ArrayXf d = ConstArrayMap(gradient, n);
-  if (s.weightDecay != 0.0f) d += s.weightDecay * w;
+// Every other kind, element by element with IEEE square roots (std::sqrt: exact,
+// like the packet square root the compiler vectorizes it into, ops/CMakeLists.txt
+// builds this file with -fno-math-errno), so every element's bits are the same
+// wherever it lies and however many elements a call steps: a whole matrix, one
+// column of it (adagrad's touched columns) or a view inside an allocation.
+void elementStep(const OptimizerStep& s, int64_t n, const float* g, float* w, float* b0, float* b1) {
+  const float lr = s.lr;
+  const float wd = s.weightDecay;
+  const float eps = s.eps;
   switch (s.kind) {
     case OptimizerStep::Kind::kSgd:
-      w -= s.lr * d;
+      for (int64_t k = 0; k < n; ++k) {
+        const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
+        w[k] -= lr * d;
+      }
       break;
     case OptimizerStep::Kind::kMomentum:
     case OptimizerStep::Kind::kNesterov:
-      break;  // above
-    case OptimizerStep::Kind::kAdagrad: {
-      ArrayMap sum(buffer0, n);
-      sum += d * d;
-      w -= s.lr * d / (sum.sqrt() + s.eps);
+      break;  // momentumStep
+    case OptimizerStep::Kind::kAdagrad:
+      for (int64_t k = 0; k < n; ++k) {
+        const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
+        const float sum = b0[k] + d * d;
+        b0[k] = sum;
+        w[k] -= lr * d / (std::sqrt(sum) + eps);
+      }
       break;
-    }
     case OptimizerStep::Kind::kAdam: {
-      ArrayMap m(buffer0, n);
-      ArrayMap v(buffer1, n);
-      const float b1 = s.beta1, b2 = s.beta2;
-      m = b1 * m + (1.0f - b1) * d;
-      v = b2 * v + (1.0f - b2) * d * d;
-      w -= s.adamStepSize * m / (v.sqrt() / s.adamBc2Sqrt + s.eps);
+      const float beta1 = s.beta1, beta2 = s.beta2;
+      const float c1 = 1.0f - beta1, c2 = 1.0f - beta2;
+      for (int64_t k = 0; k < n; ++k) {
+        const float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
+        const float m = beta1 * b0[k] + c1 * d;
+        const float v = beta2 * b1[k] + c2 * d * d;
+        b0[k] = m;
+        b1[k] = v;
+        w[k] -= s.adamStepSize * m / (std::sqrt(v) / s.adamBc2Sqrt + eps);
+      }
       break;
     }
   }
 }
-
-bool aligned(const float* p) { return reinterpret_cast<uintptr_t>(p) % EIGEN_DEFAULT_ALIGN_BYTES == 0; }
 
 }  // namespace
 
@@ -71,20 +72,7 @@ void applyOptimizerStep(const OptimizerStep& s, int64_t n, const float* gradient
     momentumStep(s, n, gradient, param, buffer0);
     return;
   }
-  const int buffers = optimizerBuffers(s.kind);
-  if (aligned(param) && (buffers < 1 || aligned(buffer0)) && (buffers < 2 || aligned(buffer1))) {
-    expressionStep(s, n, gradient, param, buffer0, buffer1);
-    return;
-  }
-  // A view that starts inside an allocation (Tensor::middleCols): stepped in aligned
-  // copies, so that the bits do not depend on where a matrix lies.
-  Eigen::ArrayXf w = ArrayMap(param, n);
-  Eigen::ArrayXf b0 = buffers >= 1 ? Eigen::ArrayXf(ArrayMap(buffer0, n)) : Eigen::ArrayXf();
-  Eigen::ArrayXf b1 = buffers >= 2 ? Eigen::ArrayXf(ArrayMap(buffer1, n)) : Eigen::ArrayXf();
-  expressionStep(s, n, gradient, w.data(), b0.data(), b1.data());
-  ArrayMap(param, n) = w;
-  if (buffers >= 1) ArrayMap(buffer0, n) = b0;
-  if (buffers >= 2) ArrayMap(buffer1, n) = b1;
+  elementStep(s, n, gradient, param, buffer0, buffer1);
 }
 
 }  // namespace orpheus::ops::cpu

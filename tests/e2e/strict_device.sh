@@ -6,13 +6,21 @@
 # as a GPU needs. A stray host access would end the strict run with SIGSEGV.
 # CASE: mlr (SV, broadcast, sgd; restore --device strict equals the cpu restore),
 # mlp (selection, random multicast, averaging and rotation, adam), lstm (adagrad),
-# dense (--sync dense with and without --overlap), sparse (LIBSVM rows, sparse V).
+# dense (--sync dense with and without --overlap), sparse (LIBSVM rows, sparse V),
+# optimizers (examples/mlr.loss, the replica resident on the device, with each
+# optimizer), recovery (failures and the checkpoint log, resident), ssp (an SSP job
+# resident, its replica against the host's replay of its log).
+# Where the replica is resident (engine/worker/device_replica.h), the strict device
+# also fills the host's mirror of the replica with NaN whenever it falls behind, so
+# host code that reads the replica without bringing it up to date fails too.
 set -euo pipefail
 orpheus=$1; compare=$2; mpiexec=$3; np=$4; case=$5
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 fmnist=(--train "$data/train-images-idx3-ubyte.gz")
+# With a test set: evaluation reads the replica on the host.
+tested=(--test "$data/t10k-images-idx3-ubyte.gz")
 
 # run NAME DEVICE FLAGS...: one training job, its parameters in $out/NAME-DEVICE.h5.
 run() {
@@ -22,6 +30,20 @@ run() {
   # The summary names the device the job ran on.
   grep -q "\"device\": *\"$device" "$out/$name-$device.jsonl" ||
     { echo "strict_device.sh: the $name job's summary does not name device $device" >&2; exit 1; }
+}
+# resident NAME: the strict run of NAME kept its replica on the device.
+resident() {
+  grep -q "\"device\": *\"strict[^\"]*(resident)\"" "$out/$1-strict.jsonl" ||
+    { echo "strict_device.sh: the $1 job's replica was not resident on the strict device" >&2; exit 1; }
+}
+# losses FILE: every test loss a metrics file records (the evaluation clocks' and the summary's).
+losses() { grep -o '"test_loss": *[^,}]*' "$1" | sed 's/.*: *//' | tr '\n' ' '; }
+# scored NAME: the strict run's test losses, which must be numbers (evaluating a
+# replica whose host mirror was left behind its device scores NaN).
+scored() {
+  local l; l=$(losses "$out/$1-strict.jsonl")
+  case "$l" in ''|*[Nn]a[Nn]*|*inf*|*null*) echo "strict_device.sh: the $1 job's test losses are '$l'" >&2; exit 1 ;; esac
+  echo "$l"
 }
 # same NAME FLAGS...: the job on both devices, compared bitwise.
 same() {
@@ -47,6 +69,7 @@ case "$case" in
       "$here/../../examples/mlp.loss" >"$out/mlp.loss"
     same mlp "${fmnist[@]}" --model "$out/mlp.loss" --clocks 30 --batch 40 --select 10 --multicast random --fanout 1 \
       --average-every 10 --rotate-every 7 --optimizer adam
+    resident mlp
     ;;
   lstm)
     "$here/synthetic_tokens.sh" "$out/tokens"
@@ -59,6 +82,47 @@ case "$case" in
     sed -e 's/^dim hidden1 = .*/dim hidden1 = 48/' -e 's/^dim hidden2 = .*/dim hidden2 = 24/' \
       "$here/../../examples/mlp.loss" >"$out/mlp.loss"
     same dense-overlap "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.1 --sync dense --overlap on
+    same dense-resident "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.1 --sync dense \
+      --overlap off --optimizer nesterov --weight-decay 0.001
+    resident dense-resident
+    ;;
+  optimizers)
+    mlr="$here/../../examples/mlr.loss"
+    same sgd "${fmnist[@]}" --model "$mlr" --clocks 20 --batch 40 --lr 0.1
+    same momentum "${fmnist[@]}" --model "$mlr" --clocks 20 --batch 40 --optimizer momentum --lr-schedule cosine
+    same nesterov "${fmnist[@]}" --model "$mlr" --clocks 20 --batch 40 --optimizer nesterov --weight-decay 0.01
+    same adagrad "${fmnist[@]}" --model "$mlr" --clocks 20 --batch 40 --optimizer adagrad
+    same adam "${fmnist[@]}" --model "$mlr" --clocks 20 --batch 40 --optimizer adam --weight-decay 0.001
+    for name in sgd momentum nesterov adagrad adam; do resident "$name"; done
+    ;;
+  recovery)
+    sed -e 's/^dim hidden1 = .*/dim hidden1 = 32/' -e 's/^dim hidden2 = .*/dim hidden2 = 16/' \
+      "$here/../../examples/mlp.loss" >"$out/mlp.loss"
+    for device in cpu strict; do
+      run recovery "$device" "${fmnist[@]}" "${tested[@]}" --model "$out/mlp.loss" --clocks 30 --batch 30 --optimizer momentum \
+        --eval-every 10 --fail-prob 0.08 --ckpt sv --ckpt-dir "$out/ck-$device"
+      "$orpheus" restore --ckpt-dir "$out/ck-$device" --clock 25 --device "$device" --out "$out/r25-$device.h5"
+    done
+    grep -q '"failures": *[1-9]' "$out/recovery-strict.jsonl" ||
+      { echo "strict_device.sh: no failure was injected in the recovery job" >&2; exit 1; }
+    "$compare" "$out/recovery-cpu.h5" "$out/recovery-strict.h5" 0
+    "$compare" "$out/r25-cpu.h5" "$out/r25-strict.h5" 0
+    resident recovery
+    # Evaluation scored the same replica on both devices.
+    [ "$(scored recovery)" = "$(losses "$out/recovery-cpu.jsonl")" ] ||
+      { echo "strict_device.sh: the recovery job's test loss differs between cpu and strict" >&2; exit 1; }
+    ;;
+  ssp)
+    # Under SSP arrival order varies from run to run: the resident replica is held to
+    # the host's replay of its own log instead (restore --device cpu of the last clock).
+    sed -e 's/^dim hidden1 = .*/dim hidden1 = 32/' -e 's/^dim hidden2 = .*/dim hidden2 = 16/' \
+      "$here/../../examples/mlp.loss" >"$out/mlp.loss"
+    run ssp strict "${fmnist[@]}" "${tested[@]}" --model "$out/mlp.loss" --clocks 30 --batch 30 --consistency ssp --staleness 2 \
+      --multicast random --fanout 1 --optimizer adam --eval-every 10 --ckpt sv --ckpt-dir "$out/ck"
+    "$orpheus" restore --ckpt-dir "$out/ck" --clock 30 --device cpu --out "$out/r30-cpu.h5"
+    "$compare" "$out/ssp-strict.h5" "$out/r30-cpu.h5" 0
+    resident ssp
+    scored ssp >/dev/null
     ;;
   sparse)
     # 900 rows of 300 features, about 12 nonzeros each, 6 classes.

@@ -1,0 +1,140 @@
+#include "engine/worker/device_replica.h"
+
+#include "engine/base/error.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace orpheus::engine {
+namespace {
+
+ops::Tensor hostView(Matrix& m) { return ops::Tensor::host(m.data(), m.rows(), m.cols()); }
+ops::Tensor hostView(const Matrix& m) { return ops::Tensor::host(m.data(), m.rows(), m.cols()); }
+
+}  // namespace
+
+std::string residencyRefusal(const ops::Model& model, const ops::Backend& backend, OptimizerKind optimizer) {
+  if (backend.device() == ops::Device::kCpu) return "the host is the device";
+  if (std::string why = model.deviceRefusal(); !why.empty()) return why;
+  if (isQuasiNewton(optimizer)) return "a quasi-Newton optimizer runs on the host";
+  return "";
+}
+
+DeviceReplica::DeviceReplica(ops::Backend& backend, const ParamSet& params, Optimizer& optimizer)
+    : backend_(backend), poisons_(backend.device() == ops::Device::kStrict) {
+  int64_t largest = 1;
+  for (const Param& p : params.params) {
+    params_.push_back(backend.allocate(p.value.rows(), p.value.cols()));
+    if (!optimizer.settings().foldsLearningRate()) gradient_.push_back(backend.allocate(p.value.rows(), p.value.cols()));
+    largest = std::max<int64_t>(largest, p.value.size());
+  }
+  for (const Matrix* b : optimizer.buffers()) state_.push_back(backend.allocate(b->rows(), b->cols()));
+  zeros_ = backend.allocate(largest, 1);
+  const Vector zero = Vector::Zero(largest);
+  backend.copy(ops::Tensor::host(zero.data(), largest, 1), zeros_);
+  zeroGradient();
+}
+
+void DeviceReplica::upload(ParamSet& host, Optimizer& optimizer) {
+  ORPHEUS_ENFORCE(host.size() == params_.size(), "a replica of {} parameters for a device replica of {}", host.size(),
+                  params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) backend_.copy(hostView(host[i]), params_[i]);
+  const std::vector<Matrix*> buffers = optimizer.buffers();
+  ORPHEUS_ENFORCE(buffers.size() == state_.size(), "optimizer state of {} buffers for {}", buffers.size(),
+                  state_.size());
+  for (size_t i = 0; i < state_.size(); ++i) backend_.copy(hostView(*buffers[i]), state_[i]);
+  current_ = Current::kBoth;
+}
+
+void DeviceReplica::moved(ParamSet& host, Optimizer& optimizer) {
+  if (current_ == Current::kDevice) return;
+  current_ = Current::kDevice;
+  if (!poisons_) return;
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  for (Param& p : host.params) p.value.setConstant(kNaN);
+  for (Matrix* b : optimizer.buffers()) b->setConstant(kNaN);
+}
+
+std::span<const ops::Tensor> DeviceReplica::params(ParamSet& host, Optimizer& optimizer) {
+  if (current_ == Current::kHost) upload(host, optimizer);
+  return params_;
+}
+
+void DeviceReplica::rebuild(std::span<const SvBatchView* const> batches, bool intoGradient, ParamSet& host,
+                            Optimizer& optimizer) {
+  if (current_ == Current::kHost) upload(host, optimizer);
+  ORPHEUS_ENFORCE(!intoGradient || !gradient_.empty(), "a rebuild into the gradient of an optimizer that folds");
+  ops::applySvBatches(batches, intoGradient ? std::span<ops::Tensor>(gradient_) : std::span<ops::Tensor>(params_),
+                      backend_, rebuild_);
+  if (!intoGradient) moved(host, optimizer);
+}
+
+void DeviceReplica::loadGradient(const ParamSet& gradient, float scale, ParamSet& host, Optimizer& optimizer) {
+  if (current_ == Current::kHost) upload(host, optimizer);
+  for (size_t i = 0; i < gradient_.size(); ++i) {
+    backend_.copy(hostView(gradient[i]), gradient_[i]);
+    backend_.scale(scale, gradient_[i]);
+  }
+}
+
+void DeviceReplica::addScaled(const ParamSet& gradient, float scale, ParamSet& host, Optimizer& optimizer) {
+  if (current_ == Current::kHost) upload(host, optimizer);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    // The rebuild's V buffer holds the gradient on its way: no tensor of its own.
+    ops::Tensor& store = rebuild_.device.v;
+    if (store.size() < gradient[i].size()) store = backend_.allocate(1, gradient[i].size());
+    ops::Tensor g = ops::Tensor::view(backend_.device(), store.data(), gradient[i].rows(), gradient[i].cols());
+    backend_.copy(hostView(gradient[i]), g);
+    backend_.axpy(scale, g, params_[i]);
+  }
+  moved(host, optimizer);
+}
+
+void DeviceReplica::step(uint64_t clock, ParamSet& host, Optimizer& optimizer) {
+  if (current_ == Current::kHost) upload(host, optimizer);
+  // The step count moves as Optimizer::step moves it.
+  optimizer.setSteps(optimizer.steps() + 1);
+  const ops::OptimizerStep s = stepSettings(optimizer.settings(), clock, optimizer.steps());
+  const size_t n = params_.size();
+  for (size_t i = 0; i < n; ++i) {
+    ops::Tensor* b0 = state_.size() >= n ? &state_[i] : nullptr;
+    ops::Tensor* b1 = state_.size() >= 2 * n ? &state_[n + i] : nullptr;
+    backend_.optimizerStep(s, gradient_[i], params_[i], b0, b1);
+  }
+  zeroGradient();
+  moved(host, optimizer);
+}
+
+void DeviceReplica::zeroGradient() {
+  for (ops::Tensor& g : gradient_) {
+    backend_.copy(ops::Tensor::view(backend_.device(), zeros_.data(), g.rows(), g.cols()), g);
+  }
+}
+
+void DeviceReplica::gradientToHost(ParamSet& out) {
+  for (size_t i = 0; i < gradient_.size(); ++i) {
+    ops::Tensor h = hostView(out[i]);
+    backend_.copy(gradient_[i], h);
+  }
+}
+
+void DeviceReplica::hostChanged() {
+  ORPHEUS_ENFORCE(current_ != Current::kDevice, "the host changed a replica whose mirror was behind its device");
+  current_ = Current::kHost;
+}
+
+void DeviceReplica::toHost(ParamSet& host, Optimizer& optimizer) {
+  if (current_ != Current::kDevice) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ops::Tensor h = hostView(host[i]);
+    backend_.copy(params_[i], h);
+  }
+  const std::vector<Matrix*> buffers = optimizer.buffers();
+  for (size_t i = 0; i < state_.size(); ++i) {
+    ops::Tensor h = hostView(*buffers[i]);
+    backend_.copy(state_[i], h);
+  }
+  current_ = Current::kBoth;
+}
+
+}  // namespace orpheus::engine

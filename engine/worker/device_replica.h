@@ -1,0 +1,83 @@
+// A replica that lives on the job's device (--device other than cpu, a model with
+// a device form, ops::Model::deviceRefusal): the parameters, the gradient buffer
+// of a clock and the optimizer's state are tensors of the backend, from clock to
+// clock. Only SV batches (their U C and V, for the rebuild) and the dense gradient
+// around the host collective cross to the device each clock; the parameters and
+// the state cross only where the host needs them (evaluation, averaging and
+// rotation, snapshots, the end) and back after the host changed them.
+//
+// The host's ParamSet and the Optimizer's buffers are mirrors of the tensors. Which
+// side is current is tracked: toHost() copies the device's values into the
+// mirrors when they are behind, and hostChanged() marks the mirrors newer, so the
+// next device operation copies them in first. On the strict device (ops/strict)
+// a mirror that falls behind is filled with NaN, so that host code reading it
+// without toHost() fails loudly in CI instead of reading old values.
+#pragma once
+
+#include "engine/base/params.h"
+#include "engine/base/sv_batch.h"
+#include "engine/worker/optimizer.h"
+#include "ops/backend.h"
+#include "ops/rebuild.h"
+
+#include <span>
+#include <string>
+#include <vector>
+
+namespace orpheus::engine {
+
+// Why a replica of `model` stepped by `optimizer` cannot live on `backend`'s device,
+// or "" when it can: the device is the host, the model has no device form, or the
+// optimizer runs on the host (quasi-Newton).
+std::string residencyRefusal(const ops::Model& model, const ops::Backend& backend, OptimizerKind optimizer);
+
+class DeviceReplica {
+ public:
+  // Tensors of `params`' shapes on `backend`, and of the optimizer's buffers; a
+  // gradient buffer when the optimizer does not fold the learning rate. The host
+  // values are copied in before the first device operation.
+  DeviceReplica(ops::Backend& backend, const ParamSet& params, Optimizer& optimizer);
+
+  // The parameters on the device, current (the host's copied in first if newer).
+  std::span<const ops::Tensor> params(ParamSet& host, Optimizer& optimizer);
+
+  // W (folding) or the gradient buffer += the batches' updates.
+  void rebuild(std::span<const SvBatchView* const> batches, bool intoGradient, ParamSet& host,
+               Optimizer& optimizer);
+  // The gradient buffer = `gradient` (host) * scale.
+  void loadGradient(const ParamSet& gradient, float scale, ParamSet& host, Optimizer& optimizer);
+  // W += scale * gradient (host): folding's dense update.
+  void addScaled(const ParamSet& gradient, float scale, ParamSet& host, Optimizer& optimizer);
+  // One optimizer step from the gradient buffer at local clock `clock`; the buffer
+  // is zeroed for the next clock.
+  void step(uint64_t clock, ParamSet& host, Optimizer& optimizer);
+  void zeroGradient();
+  // The gradient buffer copied to `out` (shaped like the parameters).
+  void gradientToHost(ParamSet& out);
+
+  // The mirrors made current: the parameters and the optimizer's buffers.
+  void toHost(ParamSet& host, Optimizer& optimizer);
+  // The mirrors changed on the host: copied in before the next device operation.
+  // They must have been current (toHost()) before the host changed them.
+  void hostChanged();
+  bool hostCurrent() const { return current_ != Current::kDevice; }
+
+  ops::Backend& backend() const { return backend_; }
+
+ private:
+  enum class Current { kBoth, kHost, kDevice };
+  void upload(ParamSet& host, Optimizer& optimizer);
+  // After a device operation: the device is ahead of the mirrors.
+  void moved(ParamSet& host, Optimizer& optimizer);
+
+  ops::Backend& backend_;
+  std::vector<ops::Tensor> params_;
+  std::vector<ops::Tensor> gradient_;  // empty when folding
+  std::vector<ops::Tensor> state_;     // Optimizer::buffers() order
+  ops::Tensor zeros_;                  // the largest parameter's size, zero: copied to clear the gradient
+  ops::RebuildBuffers rebuild_;
+  Current current_ = Current::kHost;
+  bool poisons_ = false;  // the strict device: mirrors that fall behind are NaN
+};
+
+}  // namespace orpheus::engine
