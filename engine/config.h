@@ -104,6 +104,7 @@ struct TrainConfig {
   double timeoutSeconds = 300.0;
   std::string transport = "mpi";  // comm/factory.h
   std::string device = "cpu";     // ops/backends.h: cpu, cuda, cuda:N, strict
+  bool resident = true;           // the replica lives on a device where it can (engine/worker/device_replica.h)
   bool overwrite = false;         // a fresh job may replace the checkpoint in --ckpt-dir
   int blasThreads = 1;
   std::string logLevel = "info";

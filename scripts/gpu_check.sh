@@ -14,15 +14,17 @@
 # The checks (against --device cpu on the same host, same flags):
 #   gpu         nvidia-smi; the `gpu` test tier (CUDA backend against CPU, op by op)
 #   memcheck    compute-sanitizer memcheck on a short training run (where present)
-#   mlr, mlp    parameters after 200 clocks within 1e-4 (MLR) and 1e-3 (MLP, or within
-#               twice the CPU's own drift, 1 thread against THREADS), the MLP within 1e-5 at 50
+#   device      the device can be made, and the MLP's replica is resident on it
+#   mlr, mlp    parameters after 200 clocks within 1e-4 (MLR: the built-in and the resident
+#               mlr.loss with Adam) and 1e-3 (MLP, or within twice the CPU's own drift, 1
+#               thread against THREADS), the MLP within 1e-5 at 50; seconds for 200 MLP
+#               clocks resident, with --resident off, and on the CPU (a figure)
 #   accuracy    MLP test accuracy after ACC_CLOCKS clocks within 0.01 of the CPU's
 #   lstm        LSTM validation perplexity within 2% of the CPU's
 #   shared      4 ranks sharing the GPU train examples/mlp.loss to >= 0.85
 #   sv_dense    --sync sv equals --sync dense on the GPU (<= 1e-5 after 50 clocks)
 #   bitwise     two GPU runs (dense and sparse V) bitwise equal
 #   restore     restore(T) of a GPU job bitwise equal to the live replica
-#   speed       seconds per clock, MLP-1024, GPU against CPU (a figure, not a check)
 set -uo pipefail
 
 BUDGET=${BUDGET:-300}
@@ -117,6 +119,10 @@ check_memcheck() {
   [ "$DEVICE" = cuda ] || skip "DEVICE=$DEVICE"
   "$mpirun" -n 1 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
     "$orpheus" train --device cuda "${fmnist[@]}" --clocks 5 --batch 50 --progress off --eval-every 0
+  # The resident path: the device executor, the rebuild into device W, Adam's kernel.
+  "$mpirun" -n 1 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+    "$orpheus" train --device cuda "${fmnist[@]}" --model "$examples/mlp.loss" --optimizer adam --clocks 3 --batch 50 \
+    --progress off --eval-every 0
 }
 check_mlr() {
   # The built-in mlr (its rebuild on the device) and examples/mlr.loss (resident).
@@ -138,11 +144,16 @@ check_mlp() {
   THREADS=1 train cpu 1 mlp-cpu1 "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 200 --batch 100 --lr 0.1 --eval-every 0
   train "$DEVICE" 1 mlp50-dev "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 50 --batch 100 --lr 0.1 --eval-every 0
   train cpu 1 mlp50-cpu "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 50 --batch 100 --lr 0.1 --eval-every 0
+  # What residency gives: the same job with only the rebuild and the dense gradient on the device.
+  train "$DEVICE" 1 mlpA-dev "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 200 --batch 100 --lr 0.1 \
+    --eval-every 0 --resident off
   local d d1 d50; d=$(relDiff "$work/mlp-dev.h5" "$work/mlp-cpu.h5"); d1=$(relDiff "$work/mlp-cpu1.h5" "$work/mlp-cpu.h5")
   d50=$(relDiff "$work/mlp50-dev.h5" "$work/mlp50-cpu.h5")
-  local sd sc; sd=$(summaryField "$work/mlp-dev.jsonl" seconds); sc=$(summaryField "$work/mlp-cpu.jsonl" seconds)
+  local sd sc sa; sd=$(summaryField "$work/mlp-dev.jsonl" seconds); sc=$(summaryField "$work/mlp-cpu.jsonl" seconds)
+  sa=$(summaryField "$work/mlpA-dev.jsonl" seconds)
   figure "relative difference $d50 after 50 clocks (goal <= 1e-5); $d after 200 clocks (goal <= 1e-3, or within" \
-    "2x the cpu's own: $THREADS threads against 1 differ by $d1); 200 clocks in ${sd}s on $DEVICE, ${sc}s on cpu"
+    "2x the cpu's own: $THREADS threads against 1 differ by $d1); 200 clocks in ${sd}s on $DEVICE resident," \
+    "${sa}s with --resident off, ${sc}s on cpu"
   within "$d50" 1e-5 || return 1
   within "$d" 1e-3 || within "$d" "$("$python" -c 'import sys; print(2 * float(sys.argv[1]))' "$d1")"
 }
@@ -176,9 +187,12 @@ check_shared() {
 check_sv_dense() {
   for sync in sv dense; do
     train "$DEVICE" 2 sync-$sync "${fmnist[@]}" --clocks 50 --batch 100 --lr 0.1 --sync "$sync" --eval-every 0
+    train "$DEVICE" 2 rsync-$sync "${fmnist[@]}" --model "$examples/mlr.loss" --clocks 50 --batch 100 --lr 0.1 \
+      --sync "$sync" --eval-every 0
   done
-  local d; d=$(relDiff "$work/sync-sv.h5" "$work/sync-dense.h5"); figure "relative difference $d (goal <= 1e-5)"
-  within "$d" 1e-5
+  local d r; d=$(relDiff "$work/sync-sv.h5" "$work/sync-dense.h5"); r=$(relDiff "$work/rsync-sv.h5" "$work/rsync-dense.h5")
+  figure "relative difference $d (built-in mlr), $r (mlr.loss, resident) (goal <= 1e-5)"
+  within "$d" 1e-5 && within "$r" 1e-5
 }
 check_bitwise() {
   awk 'BEGIN { s = 99; for (r = 0; r < 3000; r++) { s = (s * 1103515245 + 12345) % 2147483648

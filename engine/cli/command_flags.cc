@@ -266,10 +266,18 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
                  fmt::format("How ranks talk: {} (launch with mpirun)", fmt::join(orpheus::comm::availableTransports(), ", ")))
       ->capture_default_str();
   cmd.add_option("--device", c.device,
-                 "Where the rebuild and the dense gradient run: cpu, cuda (GPU = local rank modulo the GPUs; "
-                 "ranks may share one), cuda:N, or strict (the CPU behind memory host code cannot touch; for tests)")
+                 "Where a clock runs: cpu, cuda (GPU = local rank modulo the GPUs; ranks may share one), cuda:N, or "
+                 "strict (the CPU behind memory host code cannot touch; for tests). Feed-forward .loss models keep "
+                 "their replica there; other models run their rebuild and dense gradient there")
       ->capture_default_str()
       ->check(deviceName);
+  cmd.add_option("--resident", c.resident,
+                 "on: the replica (parameters, gradient, optimizer state) stays on --device where the model and "
+                 "optimizer can run there; off: only the rebuild and the dense gradient run there, W copied in and "
+                 "out (to measure what residency gives; restore replays resident, so on a GPU such a job restores to "
+                 "float rounding, not bitwise)")
+      ->type_name("on|off")
+      ->default_str("on");
   // One knob for a rank's compute threads: the GEMMs run in OpenBLAS, everything
   // else in one thread. --blas-threads is its earlier name.
   cmd.add_option("--threads,--blas-threads", c.blasThreads,

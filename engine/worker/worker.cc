@@ -111,6 +111,7 @@ Worker::~Worker() = default;
 
 std::string deviceResidency(const TrainConfig& config, const ops::Model& model, const ops::Backend& backend) {
   if (std::string why = residencyRefusal(model, backend, optimizerSettings(config).kind); !why.empty()) return why;
+  if (!config.resident) return "--resident off";
   if (config.sync != SyncMode::kSv && config.overlap) return "--overlap's all-reduce per layer runs on the host";
   return "";
 }

@@ -94,6 +94,13 @@ case "$case" in
     same adagrad "${fmnist[@]}" --model "$mlr" --clocks 20 --batch 40 --optimizer adagrad
     same adam "${fmnist[@]}" --model "$mlr" --clocks 20 --batch 40 --optimizer adam --weight-decay 0.001
     for name in sgd momentum nesterov adagrad adam; do resident "$name"; done
+    # --resident off: the rebuild alone on the device, W copied in and out; the same bits.
+    run adam-off strict "${fmnist[@]}" --model "$mlr" --clocks 20 --batch 40 --optimizer adam --weight-decay 0.001 \
+      --resident off
+    if grep -q '(resident)' "$out/adam-off-strict.jsonl"; then
+      echo "strict_device.sh: --resident off kept the replica on the device" >&2; exit 1
+    fi
+    "$compare" "$out/adam-cpu.h5" "$out/adam-off-strict.h5" 0
     ;;
   recovery)
     sed -e 's/^dim hidden1 = .*/dim hidden1 = 32/' -e 's/^dim hidden2 = .*/dim hidden2 = 16/' \
