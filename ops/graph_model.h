@@ -73,6 +73,7 @@ class GraphModel final : public Model {
                              Backend& backend) const override;
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
+  void releaseDevice() const override { deviceExec_.reset(); }
 
   const Graph& graph() const { return graph_; }
 

@@ -107,6 +107,9 @@ class Model {
   // bias the column sum of its U. The default throws as computeSvgOnDevice's.
   virtual void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
                                      Backend& backend, std::span<Tensor> grad) const;
+  // Drops what the model keeps on a device between calls (the device executor's
+  // tensors): called by the worker that used it, while its backend still lives.
+  virtual void releaseDevice() const {}
 
   virtual EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const = 0;
   // False for models without a predicted class (e.g. topic models): no accuracy.

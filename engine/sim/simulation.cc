@@ -218,7 +218,11 @@ void runRank(int rank, const TrainConfig& config, const SimConfig& sim, const op
     transport.setTimeout(timeout);
     const Dataset* test = shards.test.empty() ? nullptr : &shards.test[static_cast<size_t>(rank)];
     const std::unique_ptr<ops::Backend> backend = ops::makeBackend(config.device, rank);  // this rank's, once
-    Worker worker(config, model, *backend, transport, shards.train[static_cast<size_t>(rank)], test);
+    // One model serves every simulated worker, and its device executor is one: the
+    // replicas stay on the host, their rebuilds on the device.
+    TrainConfig own = config;
+    own.resident = false;
+    Worker worker(own, model, *backend, transport, shards.train[static_cast<size_t>(rank)], test);
     worker.observeClocks(&tracer);
     MetricsWriter discard("");
     worker.run(discard);

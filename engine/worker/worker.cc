@@ -107,7 +107,8 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
   if (deviceResidency(config, model, backend).empty()) updater_.reside(replica_);
 }
 
-Worker::~Worker() = default;
+// The model's device state goes before the backend it came from (the job's, which outlives the worker).
+Worker::~Worker() { model_.releaseDevice(); }
 
 std::string deviceResidency(const TrainConfig& config, const ops::Model& model, const ops::Backend& backend) {
   if (std::string why = residencyRefusal(model, backend, optimizerSettings(config).kind); !why.empty()) return why;
