@@ -61,7 +61,7 @@ inline const char* deviceName(Device d) {
 
 // Bumped whenever Backend's virtual interface or Tensor's layout changes: a
 // backend plugin (liborpheus_cuda.so) built against another version is refused.
-inline constexpr int kBackendAbiVersion = 3;
+inline constexpr int kBackendAbiVersion = 4;
 
 class Tensor {
  public:
@@ -220,11 +220,27 @@ class Backend {
   virtual void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
                              Tensor* buffer1) = 0;
 
+  // Bytes copy() and copySparse() moved from host memory to this backend's device
+  // and back, since the backend was made (0 on the CPU backend, whose device is the host).
+  struct Transfers {
+    uint64_t toDevice = 0;
+    uint64_t toHost = 0;
+  };
+  const Transfers& transfers() const { return transfers_; }
+
  protected:
   // Throws "backend <name> does not support <what>".
   [[noreturn]] void unsupported(const std::string& what) const {
     throw Error(fmt::format("backend {} does not support {}", name(), what));
   }
+  // Counts a copy of `bytes` from `from` to `to` memory in transfers().
+  void countCopy(Device from, Device to, uint64_t bytes) {
+    if (from == Device::kCpu && to != Device::kCpu) transfers_.toDevice += bytes;
+    if (from != Device::kCpu && to == Device::kCpu) transfers_.toHost += bytes;
+  }
+
+ private:
+  Transfers transfers_;
 };
 
 }  // namespace orpheus::ops

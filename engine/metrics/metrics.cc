@@ -169,6 +169,11 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
       .add("ckpt_writer_cpu_seconds", e.sum[kCkptCpu] / p)
       .add("failures", static_cast<int64_t>(e.sum[kFailed]))
       .add("lost_clocks", static_cast<int64_t>(e.sum[kLostClocks]));
+  // Host <-> device copies, all ranks (a device's jobs only).
+  if (e.sum[kDeviceIn] > 0 || e.sum[kDeviceOut] > 0) {
+    line.add("device_in_bytes", static_cast<uint64_t>(e.sum[kDeviceIn]))
+        .add("device_out_bytes", static_cast<uint64_t>(e.sum[kDeviceOut]));
+  }
   if (e.sum[kRankError] >= 0) line.add("sv_rank_error", e.sum[kRankError] / p);
   if (e.sum[kParamDigest] >= 0) line.add("param_crc32c", static_cast<int64_t>(e.sum[kParamDigest]));
   if (e.sum[kAveraged] > 0) {
@@ -252,6 +257,8 @@ ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockArou
   r[kCkptCpu] = around.ckptCpuSeconds;
   r[kFailed] = around.failed ? 1.0 : 0.0;
   r[kLostClocks] = static_cast<double>(around.lostClocks);
+  r[kDeviceIn] = static_cast<double>(around.deviceInBytes);
+  r[kDeviceOut] = static_cast<double>(around.deviceOutBytes);
   r[kRankError] = stats.rankError;
   if (around.leader) {
     r[kReplica] = around.replica;

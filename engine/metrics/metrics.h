@@ -91,7 +91,7 @@ class MetricsWriter {
 // only, so their sum is rank 0's value.
 enum ClockField : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
-  kHasEval, kEvalLoss, kEvalCorrect, kEvalCount,
+  kHasEval, kEvalLoss, kEvalCorrect, kEvalCount, kDeviceIn, kDeviceOut,
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
   kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kParamDigest, kClockFieldCount
 };
@@ -112,6 +112,10 @@ struct ClockAround {
   double ckptCpuSeconds = 0.0;     // the writer's CPU time
   bool failed = false;             // an injected failure hit this rank
   uint64_t lostClocks = 0;
+  // Bytes copied between host memory and the job's device during the clock
+  // (ops::Backend::transfers; 0 on the CPU).
+  uint64_t deviceInBytes = 0;
+  uint64_t deviceOutBytes = 0;
   // Set by rank 0 only (the fields after kReplica).
   bool leader = false;
   int replica = 0;

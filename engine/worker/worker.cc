@@ -527,6 +527,7 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   const auto start = Clock::now();
   const double ckptWaitBefore = log_->waitSeconds();
   const double ckptCpuBefore = log_->writerCpuSeconds();
+  const ops::Backend::Transfers transfersBefore = updater_.backend().transfers();
   const data::Batch batch = feed_.next();
   const ClockStats stats = runClock(clock, batch, sink);
   const uint64_t bytesBefore = transport_.counters().bytesSent;
@@ -549,6 +550,8 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   around.ckptCpuSeconds = log_->writerCpuSeconds() - ckptCpuBefore;
   around.failed = failure.failed;
   around.lostClocks = failure.lostClocks;
+  around.deviceInBytes = updater_.backend().transfers().toDevice - transfersBefore.toDevice;
+  around.deviceOutBytes = updater_.backend().transfers().toHost - transfersBefore.toHost;
   around.leader = transport_.rank() == 0;
   around.replica = replicaId_;
   around.averaged = coordination.averaged;

@@ -99,6 +99,7 @@ class CudaBackend final : public Backend {
   void copy(const Tensor& src, Tensor& dst) override {
     checks::sameShape("copy", src, dst);
     if (src.size() == 0) return;
+    countCopy(src.device(), dst.device(), static_cast<uint64_t>(src.size()) * sizeof(float));
     activate();
     ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(src.size()) * sizeof(float),
                                        cudaMemcpyDefault, stream_));
@@ -120,6 +121,7 @@ class CudaBackend final : public Backend {
     const size_t ints = static_cast<size_t>(outerSize) + nnz + (other ? static_cast<size_t>(otherSize) + nnz : 0);
     const size_t floats = nnz * (other ? 2 : 1);
     void* block = deviceAlloc((ints + floats + 1) * sizeof(float));
+    countCopy(src.device, Device::kCuda, (ints + floats) * sizeof(float));
     std::shared_ptr<void> storage(block, [free = deviceFree()](void* p) { free(static_cast<float*>(p)); });
     // Indices first, values after them (both are 4 bytes wide, so values stay aligned).
     auto* outer = static_cast<int32_t*>(block);

@@ -128,6 +128,7 @@ class StrictBackend final : public Backend {
     checks::sameShape("copy", src, dst);
     ORPHEUS_ENFORCE(src.device() != Device::kCuda && dst.device() != Device::kCuda,
                     "backend strict: copy from {} to {} memory", deviceName(src.device()), deviceName(dst.device()));
+    countCopy(src.device(), dst.device(), static_cast<uint64_t>(src.size()) * sizeof(float));
     Opened o(*registry_, "copy");
     const Tensor s = o.host(src);
     Tensor d = o.host(dst);
@@ -141,6 +142,7 @@ class StrictBackend final : public Backend {
     const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
     const size_t indexBytes = static_cast<size_t>(outerSize + src.nonZeros) * sizeof(int32_t);
     void* block = registry_->map(indexBytes + static_cast<size_t>(src.nonZeros) * sizeof(float));
+    countCopy(src.device, Device::kStrict, indexBytes + static_cast<size_t>(src.nonZeros) * sizeof(float));
     std::shared_ptr<Registry> registry = registry_;
     std::shared_ptr<void> storage(block, [registry](void* p) { registry->unmap(p); });
     auto* outer = static_cast<int32_t*>(block);

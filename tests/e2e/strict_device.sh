@@ -101,6 +101,14 @@ case "$case" in
       echo "strict_device.sh: --resident off kept the replica on the device" >&2; exit 1
     fi
     "$compare" "$out/adam-cpu.h5" "$out/adam-off-strict.h5" 0
+    # What crosses to the host each clock (device_out_bytes, both ranks): resident,
+    # the batch's U and loss row, far less than one replica (W and b, 7850 floats
+    # = 31400 bytes); with --resident off, W on its way back, on each rank.
+    outs() { grep -o '"device_out_bytes": *[0-9]*' "$1" | sed 's/.*: *//'; }
+    [ "$(outs "$out/adam-strict.jsonl" | wc -l)" -eq 20 ] ||
+      { echo "strict_device.sh: the resident job's clocks do not all report device_out_bytes" >&2; exit 1; }
+    outs "$out/adam-strict.jsonl" | awk '$1 >= 31400 { print "strict_device.sh: " $1 " bytes left the device in a resident clock"; bad = 1 } END { exit bad }' >&2
+    outs "$out/adam-off-strict.jsonl" | awk '$1 < 2 * 31360 { print "strict_device.sh: only " $1 " bytes left the device with --resident off"; bad = 1 } END { exit bad }' >&2
     ;;
   recovery)
     sed -e 's/^dim hidden1 = .*/dim hidden1 = 32/' -e 's/^dim hidden2 = .*/dim hidden2 = 16/' \
