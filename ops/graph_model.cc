@@ -408,6 +408,30 @@ DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const Example
   return *deviceExec_;
 }
 
+EvalSums GraphModel::evaluateOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend) const {
+  if (!deviceRefusal_.empty()) throw Error(fmt::format("model {} does not run on a device: {}", spec_, deviceRefusal_));
+  ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
+                      graph_.params().size(), w.size());
+  if (!evalExec_ || &evalExec_->backend() != &backend) {
+    evalExec_.reset();
+    evalExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
+  }
+  static const Eigen::VectorXi kNoLabels;
+  Matrix scores;
+  EvalSums sums;
+  sums.lossSum = evalExec_->evaluate(w, x.dense, x.sparse, x.labels ? *x.labels : kNoLabels,
+                                     hasAccuracy() ? &scores : nullptr);
+  sums.count = static_cast<double>(x.size());
+  if (hasAccuracy()) {
+    for (int64_t j = 0; j < x.size(); ++j) {
+      Eigen::Index best = 0;
+      scores.col(j).maxCoeff(&best);
+      sums.correct += best == (*x.labels)(j) ? 1.0 : 0.0;
+    }
+  }
+  return sums;
+}
+
 SvBatch GraphModel::computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
                                        Backend& backend) const {
   DeviceExecutor& exec = runOnDevice(w, x, backend, meanLoss);

@@ -73,7 +73,12 @@ class GraphModel final : public Model {
                              Backend& backend) const override;
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
-  void releaseDevice() const override { deviceExec_.reset(); }
+  void releaseDevice() const override {
+    deviceExec_.reset();
+    evalExec_.reset();
+  }
+  // Test batches run on an executor of their own, so training's buffers keep their shapes.
+  EvalSums evaluateOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend) const override;
 
   const Graph& graph() const { return graph_; }
 
@@ -119,6 +124,7 @@ class GraphModel final : public Model {
   bool oneSitePerMatrix_ = false;  // denseGradient's direct path applies
   std::string deviceRefusal_;
   mutable std::unique_ptr<DeviceExecutor> deviceExec_;  // for one backend
+  mutable std::unique_ptr<DeviceExecutor> evalExec_;    // evaluateOnDevice's, for one backend
   mutable std::vector<std::unordered_map<int64_t, Vector>> kept_;  // per local, by example index
   mutable CarriedStates trainStates_;  // by stream
   mutable CarriedStates evalStates_;

@@ -55,6 +55,10 @@ void Model::denseGradientOnDevice(std::span<const Tensor>, const ExampleBatch&, 
   throw Error(fmt::format("model {} does not run on a device: {}", spec(), deviceRefusal()));
 }
 
+EvalSums Model::evaluateOnDevice(std::span<const Tensor>, const ExampleBatch&, Backend&) const {
+  throw Error(fmt::format("model {} does not run on a device: {}", spec(), deviceRefusal()));
+}
+
 std::vector<std::pair<int64_t, int64_t>> Model::paramShapes() const {
   std::vector<std::pair<int64_t, int64_t>> shapes;
   for (const auto& s : paramSpecs()) shapes.emplace_back(s.rows, s.cols);

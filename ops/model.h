@@ -110,6 +110,9 @@ class Model {
   // Drops what the model keeps on a device between calls (the device executor's
   // tensors): called by the worker that used it, while its backend still lives.
   virtual void releaseDevice() const {}
+  // evaluate() with the parameters as tensors on `backend` (paramSpecs order), for
+  // a model whose deviceRefusal() is empty: the same sums, bitwise on cpu and strict.
+  virtual EvalSums evaluateOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend) const;
 
   virtual EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const = 0;
   // False for models without a predicted class (e.g. topic models): no accuracy.

@@ -12,6 +12,7 @@
 #include "ops/rebuild.h"
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -45,16 +46,22 @@ ops::ExampleBatch view(const data::Batch& batch) {
   return x;
 }
 
-ops::EvalSums evaluateOn(const ops::Model& model, const ParamSet& params, const data::Dataset& test) {
+// The sums of `score` over the test set, in chunks of kEvalChunk examples.
+ops::EvalSums evaluateOn(const data::Dataset& test,
+                         const std::function<ops::EvalSums(const ops::ExampleBatch&)>& score) {
   ops::EvalSums sums;
   for (int64_t begin = 0; begin < test.size(); begin += kEvalChunk) {
     const data::Batch chunk = data::slice(test, begin, std::min(test.size(), begin + kEvalChunk));
-    const ops::EvalSums part = model.evaluate(params, view(chunk));
+    const ops::EvalSums part = score(view(chunk));
     sums.lossSum += part.lossSum;
     sums.correct += part.correct;
     sums.count += part.count;
   }
   return sums;
+}
+
+ops::EvalSums evaluateOn(const ops::Model& model, const ParamSet& params, const data::Dataset& test) {
+  return evaluateOn(test, [&](const ops::ExampleBatch& chunk) { return model.evaluate(params, chunk); });
 }
 
 // A clock whose batches every rank gets, applied in the same clock, is a broadcast
@@ -433,6 +440,13 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
 
 ops::EvalSums Worker::evaluateLocal() {
   if (test_ == nullptr) return {};
+  // A resident replica is scored where it lives (a pending SSP step is taken on the host, below).
+  if (updater_.resident() && !updater_.pending()) {
+    const std::span<const ops::Tensor> w = updater_.deviceParams(replica_);
+    return evaluateOn(*test_, [&](const ops::ExampleBatch& chunk) {
+      return model_.evaluateOnDevice(w, chunk, updater_.backend());
+    });
+  }
   updater_.toHost(replica_);
   // Under SSP a clock's step may wait for batches still to come: score the
   // replica as that step would leave it, without taking it.
