@@ -132,22 +132,27 @@ Tensor& deviceParam(Backend& backend, DeviceOperands& d, size_t param, const Mat
   return t;
 }
 
-// On a device: W, U and V in the persistent buffers, the products there, W back.
-void applyOnDevice(ParamRebuild& r, Matrix& w, size_t param, Backend& backend, DeviceOperands& d) {
-  Tensor& target = deviceParam(backend, d, param, w);
-  Tensor host = cpu::view(w);
-  backend.copy(host, target);
+// target += the products, on the device: U and V in the persistent buffers.
+void productsOnDevice(ParamRebuild& r, Tensor& target, Backend& backend, DeviceOperands& d) {
   if (r.denseCols() > 0) {
-    const Tensor v = r.uploadDenseV(backend, d.v, w.cols());
+    const Tensor v = r.uploadDenseV(backend, d.v, target.cols());
     const Tensor u = uploaded(backend, d.u, r.uPart(0, r.denseCols()));
     backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, v, 1.0f, target);
   }
   if (r.sparseCols() > 0) {
-    const SparseMatrix host = r.sparseV(w.cols());
+    const SparseMatrix host = r.sparseV(target.cols());
     const SparseCopy v = backend.copySparse(cpu::view(host));
     const Tensor u = uploaded(backend, d.u, r.uPart(r.denseCols(), r.sparseCols()));
     backend.gemmSparse(1.0f, u, v.view, Trans::kYes, 1.0f, target);
   }
+}
+
+// On a device: W copied into its buffer, the products there, W back.
+void applyOnDevice(ParamRebuild& r, Matrix& w, size_t param, Backend& backend, DeviceOperands& d) {
+  Tensor& target = deviceParam(backend, d, param, w);
+  Tensor host = cpu::view(w);
+  backend.copy(host, target);
+  productsOnDevice(r, target, backend, d);
   backend.copy(target, host);
 }
 
@@ -219,17 +224,7 @@ class DeviceTargets {
     Tensor& target = w_[i];
     ORPHEUS_ENFORCE(target.device() == backend.device(), "parameter #{} is on {}, the rebuild on {}", i,
                     deviceName(target.device()), backend.name());
-    if (r.denseCols() > 0) {
-      const Tensor v = r.uploadDenseV(backend, d.v, target.cols());
-      const Tensor u = uploaded(backend, d.u, r.uPart(0, r.denseCols()));
-      backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, v, 1.0f, target);
-    }
-    if (r.sparseCols() > 0) {
-      const SparseMatrix host = r.sparseV(target.cols());
-      const SparseCopy v = backend.copySparse(cpu::view(host));
-      const Tensor u = uploaded(backend, d.u, r.uPart(r.denseCols(), r.sparseCols()));
-      backend.gemmSparse(1.0f, u, v.view, Trans::kYes, 1.0f, target);
-    }
+    productsOnDevice(r, target, backend, d);
   }
 
  private:
