@@ -1,0 +1,145 @@
+// The replica resident on a device (engine/worker/device_replica.h), on the strict
+// device: the same steps as the host's replica, bit for bit, for every first-order
+// optimizer; a mirror that falls behind is NaN and cannot be handed back.
+#include "engine/worker/device_replica.h"
+#include "engine/worker/optimizer.h"
+#include "ops/backends.h"
+#include "ops/graph_model.h"
+#include "ops/loss_parser.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+using namespace orpheus;
+using engine::OptimizerKind;
+using engine::OptimizerSettings;
+using engine::ReplicaUpdater;
+
+namespace {
+
+constexpr int64_t kFeatures = 20;
+constexpr int64_t kClasses = 5;
+constexpr int64_t kBatch = 6;
+
+ops::GraphModel mlrModel() {
+  return ops::GraphModel(ops::parseLossFile(std::string(ORPHEUS_SOURCE_DIR) + "/examples/mlr.loss",
+                                            {kFeatures, kClasses}),
+                         "mlr.loss", 5);
+}
+
+// One clock's batch of SVs from random data at `w`, scaled as the worker scales it.
+SvBatch clockBatch(const ops::GraphModel& model, const ParamSet& w, std::mt19937& gen, float scale) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::uniform_int_distribution<int> label(0, static_cast<int>(kClasses) - 1);
+  Matrix x(kFeatures, kBatch);
+  for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = d(gen);
+  Eigen::VectorXi y(kBatch);
+  for (int64_t j = 0; j < kBatch; ++j) y(j) = label(gen);
+  ops::ExampleBatch batch;
+  batch.dense = &x;
+  batch.labels = &y;
+  double loss = 0.0;
+  SvBatch b = model.computeSvg(w, batch, &loss);
+  ops::scaleCoefficients(b, scale);
+  return b;
+}
+
+bool bitwiseEqual(const ParamSet& a, const ParamSet& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].rows() != b[i].rows() || a[i].cols() != b[i].cols()) return false;
+    if (std::memcmp(a[i].data(), b[i].data(), static_cast<size_t>(a[i].size()) * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+bool allNaN(const ParamSet& a) {
+  for (const Param& p : a.params) {
+    for (int64_t i = 0; i < p.value.size(); ++i) {
+      if (!std::isnan(p.value.data()[i])) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a resident replica takes the host replica's steps, bitwise", "[device_replica][strict]") {
+  const ops::GraphModel model = mlrModel();
+  const auto kind = GENERATE(OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kNesterov,
+                             OptimizerKind::kAdagrad, OptimizerKind::kAdam);
+  const double wd = GENERATE(0.0, 0.01);
+  OptimizerSettings s;
+  s.kind = kind;
+  s.lr = kind == OptimizerKind::kAdam ? 0.01 : 0.1;
+  s.weightDecay = wd;
+  CAPTURE(static_cast<int>(kind), wd);
+
+  const auto cpu = ops::makeBackend("cpu");
+  const auto strict = ops::makeBackend("strict");
+  REQUIRE(engine::residencyRefusal(model, *strict, kind).empty());
+  REQUIRE(!engine::residencyRefusal(model, *cpu, kind).empty());
+  ReplicaUpdater host(s, model, *cpu);
+  ReplicaUpdater device(s, model, *strict);
+  ParamSet hostW = model.initParams(5);
+  ParamSet deviceW = hostW;
+  device.reside(deviceW);
+  REQUIRE(device.resident());
+
+  std::mt19937 gen(11);
+  for (uint64_t clock = 1; clock <= 4; ++clock) {
+    // Both replicas are equal here, so the batches computed from either are the same.
+    const SvBatch b = clockBatch(model, hostW, gen, host.coefficientScale(clock, 2.0 * kBatch));
+    const SvBatch* one[] = {&b};
+    host.applyGroup(clock, one, hostW);
+    device.applyGroup(clock, one, deviceW);
+    host.finishClock(hostW);
+    device.finishClock(deviceW);
+    // The host's mirror is behind the device: NaN on the strict device.
+    CHECK(allNaN(deviceW));
+    device.toHost(deviceW);
+    REQUIRE(bitwiseEqual(hostW, deviceW));
+    CHECK(bitwiseEqual(host.optimizer().exportState(), device.optimizer().exportState()));
+  }
+}
+
+TEST_CASE("the host hands a resident replica back only from a current mirror", "[device_replica][strict]") {
+  const ops::GraphModel model = mlrModel();
+  OptimizerSettings s;
+  s.kind = OptimizerKind::kMomentum;
+  const auto cpu = ops::makeBackend("cpu");
+  const auto strict = ops::makeBackend("strict");
+  ReplicaUpdater host(s, model, *cpu);
+  ReplicaUpdater device(s, model, *strict);
+  ParamSet hostW = model.initParams(5);
+  ParamSet deviceW = hostW;
+  device.reside(deviceW);
+  std::mt19937 gen(3);
+
+  const SvBatch first = clockBatch(model, hostW, gen, host.coefficientScale(1, kBatch));
+  const SvBatch* one[] = {&first};
+  host.applyGroup(1, one, hostW);
+  device.applyGroup(1, one, deviceW);
+  host.settle(hostW);
+  device.finishClock(deviceW);
+  // Changing a mirror that is behind would send old values back: refused.
+  CHECK_THROWS_WITH(device.hostChanged(), Catch::Contains("behind its device"));
+  device.settle(deviceW);
+  REQUIRE(bitwiseEqual(hostW, deviceW));
+
+  // The host changes the replica (as averaging does) and hands it back: the next
+  // clock starts from the change on both.
+  for (ParamSet* w : {&hostW, &deviceW}) (*w)[0] *= 0.5f;
+  device.hostChanged();
+  const SvBatch second = clockBatch(model, hostW, gen, host.coefficientScale(2, kBatch));
+  const SvBatch* two[] = {&second};
+  host.applyGroup(2, two, hostW);
+  device.applyGroup(2, two, deviceW);
+  host.settle(hostW);
+  device.settle(deviceW);
+  CHECK(bitwiseEqual(hostW, deviceW));
+  CHECK(bitwiseEqual(host.optimizer().exportState(), device.optimizer().exportState()));
+}
