@@ -39,6 +39,23 @@ CLI::Option* addEnumOption(CLI::App& cmd, const std::string& flag, E& value, con
   return cmd.add_option(flag, value, help)->transform(byName)->type_name("{" + choices + "}")->default_str(current);
 }
 
+// A switch: on or off (CLI11's other spellings of true and false too, any case).
+const CLI::Validator& onOff() {
+  static const CLI::Validator v(
+      [](std::string& s) -> std::string {
+        const std::string lower = CLI::detail::to_lower(s);
+        for (const char* yes : {"on", "true", "yes", "1"}) {
+          if (lower == yes) return {};
+        }
+        for (const char* no : {"off", "false", "no", "0"}) {
+          if (lower == no) return {};
+        }
+        return fmt::format("expected on or off, got '{}'", s);
+      },
+      "");
+  return v;
+}
+
 // A whole decimal integer in [min, max], or nothing.
 std::optional<int64_t> parseInteger(const std::string& s, int64_t min, int64_t max) {
   int64_t v = 0;
@@ -159,6 +176,7 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
                  "backward pass produces it, overlapping communication with compute; off: after the whole pass. The "
                  "parameters are bitwise the same. Off by default: on the emulated 1 Gbit/s cluster the per-peer sends "
                  "were slower than one collective")
+      ->check(onOff())
       ->type_name("on|off")
       ->default_str("off");
   addEnumOption(cmd, "--select-unit", c.selectUnit, orpheus::engine::svgUnitNames(),
@@ -276,6 +294,7 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
                  "optimizer can run there; off: only the rebuild and the dense gradient run there, W copied in and "
                  "out (to measure what residency gives; restore replays resident, so on a GPU such a job restores to "
                  "float rounding, not bitwise)")
+      ->check(onOff())
       ->type_name("on|off")
       ->default_str("on");
   // One knob for a rank's compute threads: the GEMMs run in OpenBLAS, everything

@@ -107,5 +107,8 @@ TEST_CASE("train's other flags: names, --inject-delay and unknown flags") {
   requireMatch(trainRefusal({"--inject-delay", "0:99999999999"}), "--inject-delay: MS must be a whole number.*'99999999999'");
   requireMatch(trainRefusal({"--inject-delay", "x:5"}), "--inject-delay: RANK must be a whole number.*'x'");
   requireMatch(trainRefusal({"--bogus", "3"}), "--bogus");
+  requireMatch(trainRefusal({"--resident", "maybe"}), "--resident: expected on or off, got 'maybe'");
+  requireMatch(trainRefusal({"--overlap", "2"}), "--overlap: expected on or off, got '2'");
+  CHECK(trainRefusal({"--resident", "off", "--overlap", "ON"}).empty());
   CHECK(trainRefusal({"--inject-delay", "1:10", "--optimizer", "adam", "--sync", "dense"}).empty());
 }
