@@ -415,9 +415,10 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
   // Nobody has sent anything newer, since every rank stops here after `clock`.
   if (pointToPoint_) multicast_.waitComplete(clock, clock, clock_ + 1, metrics);
   // Every group of this clock is in: its optimizer step, before the state moves.
-  updater_.settle(replica_);
+  updater_.finishClock(replica_);
   Optimizer& optimizer = updater_.optimizer();
   if (coordinator_.averagesAfter(clock)) {
+    updater_.toHost(replica_);  // averaged on the host, around the collective
     done = coordinator_.average(replica_, optimizer, clock);
     updater_.hostChanged();
     // Every replica is the average: a snapshot point, with the optimizer state.
@@ -430,6 +431,7 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
   if (coordinator_.rotatesAfter(clock)) {
     // The log moves with the replica: the next holder continues it.
     log_->handOff(clock);
+    updater_.toHost(replica_);
     coordinator_.rotate(replica_, optimizer, replicaId_, clock);
     updater_.hostChanged();
     log_->takeOver(clock, replicaId_);
