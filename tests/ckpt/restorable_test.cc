@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/bitwise.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/tiny_clock.h"
 
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 using namespace orpheus;
+using orpheus::testing::bitwiseEqual;
 using namespace orpheus::ckpt;
 namespace fs = std::filesystem;
 using orpheus::testing::TempDir;
@@ -35,15 +37,6 @@ constexpr uint64_t kClocks = 100;
 constexpr int kClocksPerSegment = 10;
 constexpr uint64_t kAverageEvery = 20;
 constexpr int kSnapshotParts = 2;
-
-bool bitwiseEqual(const ParamSet& a, const ParamSet& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].rows() != b[i].rows() || a[i].cols() != b[i].cols()) return false;
-    if (std::memcmp(a[i].data(), b[i].data(), static_cast<size_t>(a[i].size()) * sizeof(float)) != 0) return false;
-  }
-  return true;
-}
 
 // A one-replica MLR job of kClocks clocks: every clock one real SV batch, logged and
 // applied; every kAverageEvery clocks an averaging (a snapshot in kSnapshotParts

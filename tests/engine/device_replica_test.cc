@@ -6,6 +6,7 @@
 #include "ops/backends.h"
 #include "ops/graph_model.h"
 #include "ops/loss_parser.h"
+#include "tests/support/bitwise.h"
 
 #include <catch2/catch.hpp>
 
@@ -14,6 +15,7 @@
 #include <random>
 
 using namespace orpheus;
+using orpheus::testing::bitwiseEqual;
 using engine::OptimizerKind;
 using engine::OptimizerSettings;
 using engine::ReplicaUpdater;
@@ -45,15 +47,6 @@ SvBatch clockBatch(const ops::GraphModel& model, const ParamSet& w, std::mt19937
   SvBatch b = model.computeSvg(w, batch, &loss);
   ops::scaleCoefficients(b, scale);
   return b;
-}
-
-bool bitwiseEqual(const ParamSet& a, const ParamSet& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].rows() != b[i].rows() || a[i].cols() != b[i].cols()) return false;
-    if (std::memcmp(a[i].data(), b[i].data(), static_cast<size_t>(a[i].size()) * sizeof(float)) != 0) return false;
-  }
-  return true;
 }
 
 bool allNaN(const ParamSet& a) {

@@ -14,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/bitwise.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/tiny_clock.h"
 
@@ -22,18 +23,10 @@
 #include <memory>
 
 using namespace orpheus;
+using orpheus::testing::bitwiseEqual;
 using orpheus::testing::TempDir;
 
 namespace {
-
-bool bitwiseEqual(const ParamSet& a, const ParamSet& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].rows() != b[i].rows() || a[i].cols() != b[i].cols()) return false;
-    if (std::memcmp(a[i].data(), b[i].data(), static_cast<size_t>(a[i].size()) * sizeof(float)) != 0) return false;
-  }
-  return true;
-}
 
 // A one-rank MLR job (4 features, 3 classes, B = 3) with its checkpoint in `dir`.
 struct Job {
