@@ -41,6 +41,12 @@ const NamedValues<comm::MulticastKind>& multicastNames() {
   return table;
 }
 
+const NamedValues<SvDtype>& svDtypeNames() {
+  static const NamedValues<SvDtype> table{{svDtypeName(SvDtype::kF32), SvDtype::kF32},
+                                          {svDtypeName(SvDtype::kBf16), SvDtype::kBf16}};
+  return table;
+}
+
 const NamedValues<SelectionMethod>& selectionMethodNames() {
   static const NamedValues<SelectionMethod> table = [] {
     NamedValues<SelectionMethod> t;
@@ -246,6 +252,11 @@ void validate(const TrainConfig& c, int ranks) {
                         "--sv-rank {} sends {} SVGs per matrix: fewer than the {} a clock sends without it only "
                         "below {}",
                         c.svRank, c.svRank + 1, c.batch, c.batch - 1);
+  }
+  if (c.svDtype != SvDtype::kF32) {
+    ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv && !c.overlap,
+                        "--sv-dtype {} rounds a clock's batch before it is sent: it needs --sync sv and no --overlap",
+                        svDtypeName(c.svDtype));
   }
   if (isQuasiNewton(c.optimizer)) {
     ORPHEUS_CHECK_INPUT(c.select == 0 && c.multicast == comm::MulticastKind::kAll &&

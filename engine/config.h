@@ -49,6 +49,8 @@ struct TrainConfig {
   // --sv-rank R: each matrix's update sent at rank R with error feedback; 0 = off. With
   // --sync powersgd: the rank of PowerSGD's factors (engine/worker/power_sgd.h).
   int64_t svRank = 0;
+  // --sv-dtype: U and V on the wire (and in the log) as f32 or bf16 (engine/base/sv_batch.h).
+  SvDtype svDtype = SvDtype::kF32;
   SelectionMethod selectMethod = SelectionMethod::kJmcss;
   // What one SVG is for a sequence model (ops::Model::SvgUnit): --select counts them.
   ops::Model::SvgUnit selectUnit = ops::Model::SvgUnit::kExample;
@@ -121,6 +123,7 @@ const NamedValues<Consistency>& consistencyNames();
 // value has one spelling in the whole program.
 const NamedValues<comm::MulticastKind>& multicastNames();
 const NamedValues<SelectionMethod>& selectionMethodNames();
+const NamedValues<SvDtype>& svDtypeNames();
 const NamedValues<ops::Model::SvgUnit>& svgUnitNames();
 const NamedValues<OptimizerKind>& optimizerNames();
 const NamedValues<LrScheduleKind>& lrScheduleNames();

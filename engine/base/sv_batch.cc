@@ -4,12 +4,49 @@
 #include "engine/base/sv_batch_wire.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 
 namespace orpheus {
+
+const char* svDtypeName(SvDtype dtype) {
+  switch (dtype) {
+    case SvDtype::kF32: return "f32";
+    case SvDtype::kBf16: return "bf16";
+  }
+  return "unknown";
+}
+
+float roundToBf16(float x) {
+  // Ties to even on the 16 bits dropped; finite values only (an SV batch holds no
+  // others). A value above bf16's largest rounds to infinity, which the encoder refuses.
+  const auto bits = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  return std::bit_cast<float>(rounded);
+}
+
+namespace {
+void roundAll(float* p, Eigen::Index count) {
+  for (Eigen::Index i = 0; i < count; ++i) p[i] = roundToBf16(p[i]);
+}
+}  // namespace
+
+void roundToBf16(SvBatch& batch) {
+  for (SvMatrix& m : batch.matrices) {
+    roundAll(m.u.data(), m.u.size());
+    if (m.sparseV) {
+      roundAll(m.vSparse.valuePtr(), static_cast<Eigen::Index>(m.vSparse.data().size()));
+    } else {
+      roundAll(m.vDense.data(), m.vDense.size());
+    }
+  }
+  batch.dtype = SvDtype::kBf16;
+}
 
 SvBatchView viewOf(const SvBatch& batch) {
   SvBatchView v;
   v.header = batch.header;
+  v.dtype = batch.dtype;
   v.columns = batch.numColumns();
   v.coeffs = batch.coeffs.data();
   v.matrices.reserve(batch.matrices.size());
@@ -51,6 +88,7 @@ SvBatchView viewOf(std::shared_ptr<const SvBatch> batch) {
 SvBatch toBatch(const SvBatchView& view) {
   SvBatch b;
   b.header = view.header;
+  b.dtype = view.dtype;
   b.coeffs = view.coeffsMap();
   b.matrices.resize(view.matrices.size());
   for (size_t i = 0; i < view.matrices.size(); ++i) {

@@ -14,19 +14,21 @@
 //     0  magic "ORSV"            4  version u16 (=1)      6  flags u16 (=0)
 //     8  job id u64             16  sender u32           20  replica u32
 //    24  clock u64              32  epoch u32            36  matrices u32
-//    40  columns n u32          44  dtype u8 (1 = f32)   45  reserved (3 bytes, zero)
+//    40  columns n u32          44  dtype u8             45  reserved (3 bytes, zero)
 //    48  payload length u64     56  crc32c u32 of header (crc field zero) + table + payload
 //    60  reserved u32 (zero)
 //   matrix table, 32 bytes per matrix
 //     0 param id u32   4 bias id i32 (-1 none)   8 rows J u32   12 cols K u32
 //    16 v kind u8 (0 dense, 1 sparse)   17 coeff kind u8 (0 per column, 1 core)
 //    18 reserved u16   20 reserved u32   24 nnz of V u64 (dense: K*n)
-//   payload
+//   payload (V below: U, dense V and sparse V's values, in the dtype's width: f32
+//   for dtype 1, bf16 (the upper 16 bits of an f32) for dtype 2; everything
+//   else is always f32)
 //     coeffs: n f32
 //     per matrix, in table order:
-//       U: J*n f32, column-major
-//       V dense: K*n f32, column-major | V sparse (CSC): n+1 u64 column starts,
-//         nnz u32 row indices (strictly increasing within a column), nnz f32 values
+//       U: J*n V, column-major
+//       V dense: K*n V, column-major | V sparse (CSC): n+1 u64 column starts,
+//         nnz u32 row indices (strictly increasing within a column), nnz V values
 //       core (coeff kind 1 only): n*n f32, column-major
 //       bias coefficients (coeff kind 1 and bias id >= 0 only): n f32
 // Decoding validates every field, the CRC, index ranges and that all values are
@@ -52,6 +54,19 @@ inline constexpr uint32_t kSvBatchMagic = 0x5653524fu;  // "ORSV" read little-en
 inline constexpr uint16_t kSvBatchVersion = 1;
 inline constexpr size_t kSvBatchHeaderBytes = 64;
 inline constexpr size_t kSvBatchMatrixEntryBytes = 32;
+
+// How a batch's SV values (U, V) are encoded: f32, or bf16 (--sv-dtype bf16:
+// half the bytes; a receiver widens them back to f32 exactly). Coefficients,
+// cores and bias coefficients are always f32.
+enum class SvDtype : uint8_t { kF32 = 1, kBf16 = 2 };
+const char* svDtypeName(SvDtype dtype);
+// Rounds every U and V value of `batch` to the nearest bf16 (ties to even) in
+// place and marks the batch kBf16, so that its encoding is exact: what a
+// receiver decodes is bitwise what the sender holds. Idempotent.
+struct SvBatch;
+void roundToBf16(SvBatch& batch);
+// The nearest bf16 of x (ties to even), as an f32.
+float roundToBf16(float x);
 
 // SVs of one parameter matrix for the n SVGs of a batch.
 struct SvMatrix {
@@ -80,6 +95,9 @@ struct SvBatch {
   SvBatchHeader header;
   Vector coeffs;                  // n per-column coefficients (used where a matrix has no core)
   std::vector<SvMatrix> matrices;
+  // How every encoder writes U and V; kBf16 rounds any value that is not a bf16
+  // value already (roundToBf16 makes them all exact).
+  SvDtype dtype = SvDtype::kF32;
 
   int64_t numColumns() const { return coeffs.size(); }
 };
@@ -122,6 +140,7 @@ struct SvMatrixView {
 
 struct SvBatchView {
   SvBatchHeader header;
+  SvDtype dtype = SvDtype::kF32;  // as the record was encoded (the views hold f32)
   int64_t columns = 0;
   const float* coeffs = nullptr;  // n per-column coefficients
   std::vector<SvMatrixView> matrices;

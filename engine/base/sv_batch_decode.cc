@@ -78,6 +78,7 @@ class Decoder {
   SvBatchView run(std::shared_ptr<const void> owner) {
     SvBatchView batch;
     const Layout layout = readHeader(batch.header);
+    batch.dtype = dtype_;
     checkCrc();
     checkSenderAndClock(batch.header);
     const std::vector<TableEntry> table = readTable(layout);
@@ -116,7 +117,10 @@ class Decoder {
     const uint16_t flags = getLe<uint16_t>(h + kOffFlags);
     if (flags != 0) corrupt("unknown flags 0x{:04x}", flags);
     const uint8_t dtype = getLe<uint8_t>(h + kOffDtype);
-    if (dtype != kDtypeF32) corrupt("unsupported dtype {}, expected {} (f32)", dtype, kDtypeF32);
+    if (dtype != kDtypeF32 && dtype != kDtypeBf16) {
+      corrupt("unsupported dtype {}, expected {} (f32) or {} (bf16)", dtype, kDtypeF32, kDtypeBf16);
+    }
+    dtype_ = static_cast<SvDtype>(dtype);
     if (!allZero(h + kOffReserved1, 3) || !allZero(h + kOffReserved2, 4)) corrupt("reserved header bytes are not zero");
 
     Layout layout;
@@ -148,17 +152,18 @@ class Decoder {
   std::vector<TableEntry> readTable(const Layout& layout) const {
     const std::byte* h = bytes_.data();
     const uint64_t n = layout.n;
+    const uint64_t vb = valueBytes();
     std::vector<TableEntry> table(layout.numMatrices);
     uint64_t expectedPayload = 0;
     bool fits = addProduct(expectedPayload, 4, n);
     for (uint32_t i = 0; i < layout.numMatrices; ++i) {
       table[i] = readEntry(i, h + kSvBatchHeaderBytes + size_t{kSvBatchMatrixEntryBytes} * i, n);
       const TableEntry& e = table[i];
-      fits = fits && addProduct(expectedPayload, 4 * uint64_t{e.rows}, n);
+      fits = fits && addProduct(expectedPayload, vb * uint64_t{e.rows}, n);
       if (e.vKind == kVDense) {
-        fits = fits && addProduct(expectedPayload, 4 * uint64_t{e.cols}, n);
+        fits = fits && addProduct(expectedPayload, vb * uint64_t{e.cols}, n);
       } else {
-        fits = fits && addProduct(expectedPayload, 8, n + 1) && addProduct(expectedPayload, 8, e.nnz);
+        fits = fits && addProduct(expectedPayload, 8, n + 1) && addProduct(expectedPayload, 4 + vb, e.nnz);
       }
       if (e.coeffKind == kCoeffCore) fits = fits && addProduct(expectedPayload, 4 * n, n);
       if (e.coeffKind == kCoeffCore && e.biasId >= 0) fits = fits && addProduct(expectedPayload, 4, n);
@@ -188,7 +193,7 @@ class Decoder {
     batch.matrices.resize(layout.numMatrices);
     for (uint32_t i = 0; i < layout.numMatrices; ++i) readMatrix(r, i, table[i], n, batch.matrices[i]);
     ORPHEUS_ENFORCE(r.atEnd(), "SV batch payload not fully consumed");
-    if (sparse == 0 && kHostLittleEndian) {
+    if (sparse == 0 && kHostLittleEndian && dtype_ == SvDtype::kF32) {
       batch.owner = std::move(owner);
     } else {
       made->record = std::move(owner);
@@ -269,8 +274,9 @@ class Decoder {
     return e;
   }
 
-  // What decoding makes beside the record: sparse V's 32-bit column starts and,
-  // on a big-endian host, the arrays in host order. Kept with the view.
+  // What decoding makes beside the record: sparse V's 32-bit column starts, bf16
+  // values widened to f32 and, on a big-endian host, the arrays in host order.
+  // Kept with the view.
   struct Made {
     std::shared_ptr<const void> record;
     std::vector<int32_t> starts;
@@ -287,10 +293,22 @@ class Decoder {
     return reinterpret_cast<const std::byte*>(copy.data());
   }
 
+  uint64_t valueBytes() const { return dtype_ == SvDtype::kBf16 ? 2 : 4; }
+
+  // `count` SV values (U, V) as f32: words(), or bf16 widened into a copy.
+  const float* svValues(Reader& r, uint64_t count) const {
+    if (dtype_ == SvDtype::kF32) return reinterpret_cast<const float*>(words(r, count));
+    const std::byte* p = r.take(2 * count);
+    std::vector<uint32_t>& wide = made_->words.emplace_back(count);
+    for (uint64_t i = 0; i < count; ++i) wide[i] = uint32_t{getLe<uint16_t>(p + 2 * i)} << 16;
+    return reinterpret_cast<const float*>(wide.data());
+  }
+
   // Takes count floats laid out column-major with `rows` rows and checks them; `what`
-  // and `matrix` (-1 for none) name them in an error.
-  const float* readFloats(Reader& r, uint64_t count, int64_t rows, const char* what, int64_t matrix) const {
-    const auto* values = reinterpret_cast<const float*>(words(r, count));
+  // and `matrix` (-1 for none) name them in an error. `sv`: U or V, in the record's dtype.
+  const float* readFloats(Reader& r, uint64_t count, int64_t rows, const char* what, int64_t matrix,
+                          bool sv = false) const {
+    const float* values = sv ? svValues(r, count) : reinterpret_cast<const float*>(words(r, count));
     if (!allFinite(values, count)) {
       const size_t bad = firstNonFinite(values, count);
       const int64_t row = rows > 0 ? static_cast<int64_t>(bad) % rows : 0;
@@ -307,12 +325,12 @@ class Decoder {
     m.rows = e.rows;
     m.vRows = e.cols;
     m.columns = static_cast<int64_t>(n);
-    m.u = readFloats(r, uint64_t{e.rows} * n, e.rows, "U", i);
+    m.u = readFloats(r, uint64_t{e.rows} * n, e.rows, "U", i, /*sv=*/true);
     m.sparseV = e.vKind == kVSparse;
     if (m.sparseV) {
       readSparse(r, i, e, n, m);
     } else {
-      m.vDense = readFloats(r, uint64_t{e.cols} * n, e.cols, "V", i);
+      m.vDense = readFloats(r, uint64_t{e.cols} * n, e.cols, "V", i, /*sv=*/true);
     }
     if (e.coeffKind == kCoeffCore) {
       m.withCore = true;
@@ -355,7 +373,7 @@ class Decoder {
     }
     m.vRowIndices = inner;
 
-    const auto* values = reinterpret_cast<const float*>(words(r, e.nnz));
+    const float* values = svValues(r, e.nnz);
     if (!allFinite(values, e.nnz)) {
       const auto bad = static_cast<int64_t>(firstNonFinite(values, e.nnz));
       const int64_t col = std::upper_bound(outer, outer + n + 1, bad) - outer - 1;
@@ -370,6 +388,7 @@ class Decoder {
   std::string clock_ = "?";
   Made* made_ = nullptr;
   size_t startsUsed_ = 0;
+  SvDtype dtype_ = SvDtype::kF32;
 };
 
 }  // namespace

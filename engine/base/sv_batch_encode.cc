@@ -7,6 +7,7 @@
 #include "engine/base/sv_batch_wire.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #if defined(__SSE2__)
@@ -82,14 +83,36 @@ class Parts {
     std::span<const SvMatrix* const> m_;
   };
 
-  Parts(const SvBatchHeader& header, const Vector& coeffs, std::span<const SvMatrix* const> matrices)
-      : header(header), coeffs(coeffs), matrices(matrices) {}
+  Parts(const SvBatchHeader& header, const Vector& coeffs, std::span<const SvMatrix* const> matrices,
+        SvDtype dtype = SvDtype::kF32)
+      : header(header), coeffs(coeffs), matrices(matrices), dtype(dtype) {}
   int64_t numColumns() const { return coeffs.size(); }
+  // Bytes of one U or V value on the wire.
+  size_t valueBytes() const { return dtype == SvDtype::kBf16 ? 2 : 4; }
 
   const SvBatchHeader& header;
   const Vector& coeffs;
   Matrices matrices;
+  SvDtype dtype;
 };
+
+// The batch's SV arrays (U, dense V, sparse V's values) and their lengths, in record order.
+template <class F>
+void forEachValueArray(const SvMatrix& m, F&& f) {
+  f(m.u.data(), static_cast<size_t>(m.u.size()));
+  if (!m.sparseV) {
+    f(m.vDense.data(), static_cast<size_t>(m.vDense.size()));
+  } else {
+    f(m.vSparse.valuePtr(), static_cast<size_t>(m.vSparse.nonZeros()));
+  }
+}
+
+// count floats as bf16 (the nearest, ties to even), little-endian u16 each.
+void packBf16(std::byte* out, const float* src, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    putLe(out + 2 * i, static_cast<uint16_t>(std::bit_cast<uint32_t>(roundToBf16(src[i])) >> 16));
+  }
+}
 
 std::vector<const SvMatrix*> pointersTo(const SvBatch& batch) {
   std::vector<const SvMatrix*> out;
@@ -162,13 +185,14 @@ void checkForEncode(const Parts& batch, bool scanValues = true) {
 
 size_t encodedSizeOf(const Parts& batch) {
   const auto n = static_cast<size_t>(batch.numColumns());
+  const size_t vb = batch.valueBytes();
   size_t size = kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size() + 4 * n;
   for (const SvMatrix& m : batch.matrices) {
-    size += 4 * static_cast<size_t>(m.u.rows()) * n;
+    size += vb * static_cast<size_t>(m.u.rows()) * n;
     if (m.sparseV) {
-      size += 8 * (n + 1) + 8 * static_cast<size_t>(m.vSparse.nonZeros());
+      size += 8 * (n + 1) + (4 + vb) * static_cast<size_t>(m.vSparse.nonZeros());
     } else {
-      size += 4 * static_cast<size_t>(m.vDense.rows()) * n;
+      size += vb * static_cast<size_t>(m.vDense.rows()) * n;
     }
     if (hasCore(m)) size += 4 * n * n;
     if (hasBiasCoeffs(m)) size += 4 * n;
@@ -190,7 +214,7 @@ void writeHead(const Parts& batch, size_t size, std::byte* h) {
   putLe(h + kOffEpoch, batch.header.epoch);
   putLe(h + kOffMatrices, static_cast<uint32_t>(batch.matrices.size()));
   putLe(h + kOffColumns, static_cast<uint32_t>(n));
-  putLe(h + kOffDtype, kDtypeF32);
+  putLe(h + kOffDtype, static_cast<uint8_t>(batch.dtype));
   putLe(h + kOffPayloadLength,
         static_cast<uint64_t>(size - kSvBatchHeaderBytes - kSvBatchMatrixEntryBytes * batch.matrices.size()));
   std::byte* e = h + kSvBatchHeaderBytes;
@@ -215,11 +239,19 @@ void writeHead(const Parts& batch, size_t size, std::byte* h) {
 template <class Sink>
 void writeRecord(const Parts& batch, size_t size, Sink& sink) {
   const auto n = static_cast<size_t>(batch.numColumns());
+  // U and V values: the batch's words, or bf16 made here.
+  const auto values = [&](const float* data, size_t count) {
+    if (batch.dtype == SvDtype::kBf16) {
+      sink.build(2 * count, [&](std::byte* p) { packBf16(p, data, count); });
+    } else {
+      sink.words(data, count);
+    }
+  };
   sink.build(kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size(),
              [&](std::byte* h) { writeHead(batch, size, h); });
   sink.words(batch.coeffs.data(), n);
   for (const SvMatrix& m : batch.matrices) {
-    sink.words(m.u.data(), static_cast<size_t>(m.u.size()));
+    values(m.u.data(), static_cast<size_t>(m.u.size()));
     if (m.sparseV) {
       const SparseMatrix& s = m.vSparse;
       const SparseColumns cols(s);
@@ -234,7 +266,7 @@ void writeRecord(const Parts& batch, size_t size, Sink& sink) {
       // Row indices were checked non-negative, so their int32 bits are the u32 wire value.
       if (cols.compressed) {
         sink.words(s.innerIndexPtr(), nnz);
-        sink.words(s.valuePtr(), nnz);
+        values(s.valuePtr(), nnz);
       } else {
         for (size_t j = 0; j < n; ++j) {
           const auto jj = static_cast<int64_t>(j);
@@ -242,11 +274,11 @@ void writeRecord(const Parts& batch, size_t size, Sink& sink) {
         }
         for (size_t j = 0; j < n; ++j) {
           const auto jj = static_cast<int64_t>(j);
-          sink.words(s.valuePtr() + cols.begin(jj), static_cast<size_t>(cols.size(jj)));
+          values(s.valuePtr() + cols.begin(jj), static_cast<size_t>(cols.size(jj)));
         }
       }
     } else {
-      sink.words(m.vDense.data(), static_cast<size_t>(m.vDense.size()));
+      values(m.vDense.data(), static_cast<size_t>(m.vDense.size()));
     }
     if (hasCore(m)) sink.words(m.core.data(), static_cast<size_t>(m.core.size()));
     if (hasBiasCoeffs(m)) sink.words(m.biasCoeffs.data(), n);
@@ -357,6 +389,8 @@ SvBatchPieces piecesOf(const Parts& batch, bool scanValues) {
   size_t headBytes = kSvBatchHeaderBytes + kSvBatchMatrixEntryBytes * batch.matrices.size();
   for (const SvMatrix& m : batch.matrices) {
     if (m.sparseV) headBytes += 8 * (n + 1);
+    // bf16 values are made here, beside the header.
+    if (batch.dtype == SvDtype::kBf16) forEachValueArray(m, [&](const float*, size_t count) { headBytes += 2 * count; });
   }
   out.head.assign(headBytes, std::byte{0});
   PiecesSink sink(out);
@@ -371,12 +405,12 @@ SvBatchPieces piecesOf(const Parts& batch, bool scanValues) {
 
 size_t encodedSize(const SvBatch& batch) {
   const std::vector<const SvMatrix*> matrices = pointersTo(batch);
-  return encodedSizeOf(Parts(batch.header, batch.coeffs, matrices));
+  return encodedSizeOf(Parts(batch.header, batch.coeffs, matrices, batch.dtype));
 }
 
 SvBatchPieces encodePieces(const SvBatch& batch, bool scanValues) {
   const std::vector<const SvMatrix*> matrices = pointersTo(batch);
-  return piecesOf(Parts(batch.header, batch.coeffs, matrices), scanValues);
+  return piecesOf(Parts(batch.header, batch.coeffs, matrices, batch.dtype), scanValues);
 }
 
 SvBatchPieces encodePieces(const SvBatchHeader& header, const Vector& coeffs,
@@ -431,7 +465,7 @@ uint32_t copyWithCrc(const std::byte* in, size_t size, std::byte* out, uint32_t 
 
 uint32_t encodeInto(const SvBatch& svBatch, std::byte* out) {
   const std::vector<const SvMatrix*> matrices = pointersTo(svBatch);
-  const Parts batch(svBatch.header, svBatch.coeffs, matrices);
+  const Parts batch(svBatch.header, svBatch.coeffs, matrices, svBatch.dtype);
   checkForEncode(batch, /*scanValues=*/false);
   const size_t size = encodedSizeOf(batch);
   BufferSink sink(out);
@@ -443,7 +477,7 @@ uint32_t encodeInto(const SvBatch& svBatch, std::byte* out) {
 
 void encode(const SvBatch& svBatch, std::vector<std::byte>& out) {
   const std::vector<const SvMatrix*> matrices = pointersTo(svBatch);
-  const Parts batch(svBatch.header, svBatch.coeffs, matrices);
+  const Parts batch(svBatch.header, svBatch.coeffs, matrices, svBatch.dtype);
   checkForEncode(batch);
   const size_t start = out.size();
   const size_t size = encodedSizeOf(batch);

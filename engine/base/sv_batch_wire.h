@@ -42,7 +42,8 @@ inline constexpr size_t kEntReserved1 = 18;  // u16
 inline constexpr size_t kEntReserved2 = 20;  // u32
 inline constexpr size_t kEntNnz = 24;
 
-inline constexpr uint8_t kDtypeF32 = 1;
+inline constexpr uint8_t kDtypeF32 = static_cast<uint8_t>(SvDtype::kF32);
+inline constexpr uint8_t kDtypeBf16 = static_cast<uint8_t>(SvDtype::kBf16);
 inline constexpr uint8_t kVDense = 0;
 inline constexpr uint8_t kVSparse = 1;
 inline constexpr uint8_t kCoeffPerColumn = 0;

@@ -168,6 +168,9 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
                  "(engine/worker/low_rank.h; 0: off). With --sync powersgd: the rank of its factors")
       ->capture_default_str()
       ->check(integerIn(0));
+  addEnumOption(cmd, "--sv-dtype", c.svDtype, orpheus::engine::svDtypeNames(),
+                "f32, or bf16: U and V rounded to bf16 before they are sent (half the bytes on the wire and in the "
+                "log); every replica applies the rounded values, and --sv-rank carries the rounding error forward");
   addEnumOption(cmd, "--select-method", c.selectMethod, orpheus::engine::selectionMethodNames(),
                 "jmcss: joint matrix column subset selection with a least-squares core; uniform: C at random, "
                 "rescaled by B/C");

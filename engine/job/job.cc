@@ -160,6 +160,10 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
     spdlog::info("every replica applies each matrix's update at rank {} ({} SVGs), with error feedback", config.svRank,
                  config.svRank + 1);
   }
+  if (config.svDtype == SvDtype::kBf16) {
+    spdlog::info("SVs sent as bf16: U and V rounded before they leave, half their bytes{}",
+                 config.svRank > 0 ? "; the rounding error is carried forward with the rank's" : "");
+  }
   if (shards.train.sparse && optimizer.touchesEveryEntry()) {
     spdlog::info("note: --optimizer {}{} updates every parameter entry each clock, so a clock costs the whole model, "
                  "not only the features the sparse input touches (sgd and adagrad without weight decay keep that cost)",

@@ -50,6 +50,7 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   // Recorded only when not the default, so records of earlier jobs still match.
   if (c.selectUnit != ops::Model::SvgUnit::kExample) add("--select-unit", "step");
   if (c.svRank > 0) add("--sv-rank", c.svRank);
+  if (c.svDtype != SvDtype::kF32) add("--sv-dtype", svDtypeName(c.svDtype));
   add("--multicast", comm::multicastName(c.multicast));
   add("--fanout", c.fanout);
   add("--consistency", toString(c.consistency));

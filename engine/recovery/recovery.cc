@@ -49,9 +49,11 @@ class SvClockLog final : public ClockLog {
         knobs_(knobs),
         model_(model),
         // A received batch is a reference into its sender's log where a replay can
-        // recompute it from there: not after --fail-prob (staged batches are lost) nor
-        // with --sv-rank (its batches are no selection a replay recomputes).
-        references_(config.ckptFormat >= ckpt::kSegmentVersion && config.failProb == 0.0 && config.svRank == 0),
+        // recompute it from there: not after --fail-prob (staged batches are lost), nor
+        // with --sv-rank (its batches are no selection a replay recomputes), nor with
+        // --sv-dtype bf16 (a selection is rounded after it is made).
+        references_(config.ckptFormat >= ckpt::kSegmentVersion && config.failProb == 0.0 && config.svRank == 0 &&
+                    config.svDtype == SvDtype::kF32),
         writer_(config.ckptDir, replicaId, size_t{256} << 20, 50, writerOptions(config, references_)) {}
 
   bool keepsRecords() const override { return !references_; }

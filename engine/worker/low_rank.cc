@@ -9,6 +9,12 @@
 
 namespace orpheus::engine {
 
+namespace {
+void roundAllToBf16(Matrix& m) {
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = roundToBf16(m.data()[i]);
+}
+}  // namespace
+
 SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& kept,
                                        double& whole) {
   ORPHEUS_ENFORCE(!m.sparseV, "--sv-rank needs a dense V (matrix {} has a sparse one)", m.paramId);
@@ -31,9 +37,12 @@ SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, 
   Matrix mq = s.e * s.q;
   mq.noalias() += a * (m.vDense.transpose() * s.q);
   const Eigen::HouseholderQR<Matrix> qr(mq);
-  const Matrix basis = qr.householderQ() * Matrix::Identity(j, r);
+  Matrix basis = qr.householderQ() * Matrix::Identity(j, r);
+  const bool bf16 = dtype_ == SvDtype::kBf16;
+  if (bf16) roundAllToBf16(basis);
   s.q.noalias() = s.e.transpose() * basis;
   s.q.noalias() += m.vDense * (a.transpose() * basis);
+  if (bf16) roundAllToBf16(s.q);
   Matrix left(j, n + r), right(k, n + r);
   left << a, -basis;
   right << m.vDense, s.q;
@@ -52,8 +61,15 @@ SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, 
   o.vDense.leftCols(r) = s.q;
   for (Eigen::Index i = 0; i < r; ++i) o.core(i, i) = 1.0f;
   if (m.biasId >= 0) {
-    // The bias update, exactly: U times the bias coefficients.
+    // The bias update, exactly: U times the bias coefficients (in bf16, with the
+    // rounding error of earlier clocks added and this clock's carried on).
     o.u.col(r) = m.u * (m.core.size() > 0 ? m.biasCoeffs : coeffs);
+    if (bf16) {
+      if (s.eb.size() != j) s.eb = Vector::Zero(j);
+      const Vector want = o.u.col(r) + s.eb;
+      for (Eigen::Index i = 0; i < j; ++i) o.u(i, r) = roundToBf16(want(i));
+      s.eb = want - o.u.col(r);
+    }
     o.biasCoeffs = Vector::Zero(r + 1);
     o.biasCoeffs(r) = 1.0f;
   }
@@ -65,6 +81,7 @@ SvBatch LowRankSender::compress(const SvBatch& batch) {
   SvBatch out;
   out.header = batch.header;
   out.coeffs = Vector::Ones(rank_ + 1);  // every matrix carries a core
+  out.dtype = dtype_;
   double kept = 0.0, whole = 0.0;
   for (size_t p = 0; p < batch.matrices.size(); ++p) {
     out.matrices.push_back(compressMatrix(batch.matrices[p], batch.coeffs, p, kept, whole));

@@ -19,6 +19,10 @@
 // the rebuild and the log need nothing new; the log holds what every replica applied,
 // so restore(T) stays bitwise.
 //
+// With bf16 SVs (--sv-dtype bf16) P, Q and the bias column are rounded before E is
+// updated, so E also carries the rounding error: E = M - round(P) round(Q)^T, and the
+// bias's rounding error is carried to the next clock's bias column.
+//
 // E and Q are the sender's memory: not in the log, so after --resume they start
 // again at zero and at the seed (the job says so; the resumed run is then not
 // bitwise the uninterrupted one).
@@ -34,7 +38,7 @@ namespace orpheus::engine {
 class LowRankSender {
  public:
   // Q starts as a Gaussian matrix drawn from `seed` and the matrix's place.
-  LowRankSender(int64_t rank, uint64_t seed) : rank_(rank), seed_(seed) {}
+  LowRankSender(int64_t rank, uint64_t seed, SvDtype dtype = SvDtype::kF32) : rank_(rank), seed_(seed), dtype_(dtype) {}
 
   // The rank-R batch to send and to apply here for `batch` (full, coefficients or
   // cores); updates E and Q. Every matrix must have a dense V (checked: Error).
@@ -45,16 +49,20 @@ class LowRankSender {
   double lastError() const { return lastError_; }
   // The part of matrix p's updates not sent yet (J x K; empty before its first clock).
   Matrix carried(size_t p) const { return p < state_.size() ? state_[p].e : Matrix(); }
+  // The part of matrix p's bias updates not sent yet (bf16 rounding; empty otherwise).
+  Vector carriedBias(size_t p) const { return p < state_.size() ? state_[p].eb : Vector(); }
 
  private:
   struct MatrixState {
-    Matrix e;  // J x K
-    Matrix q;  // K x R
+    Matrix e;   // J x K
+    Matrix q;   // K x R
+    Vector eb;  // J: the bias's rounding error (bf16)
   };
   SvMatrix compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& kept, double& whole);
 
   int64_t rank_;
   uint64_t seed_;
+  SvDtype dtype_;
   std::vector<MatrixState> state_;  // one per matrix of the batch
   double lastError_ = 0.0;
 };

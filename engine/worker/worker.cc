@@ -108,7 +108,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
   if (config.sync == SyncMode::kPowerSgd) {
     powerSgd_.emplace(config.svRank, config.seed);
   } else if (config.svRank > 0) {
-    lowRank_.emplace(config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()));
+    lowRank_.emplace(config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()), config.svDtype);
   }
   applyKnobs(knobs_);
   if (deviceResidency(config, model, backend).empty()) updater_.reside(replica_);
@@ -244,6 +244,9 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   // The C SVGs of S worth sending (all of S when selection is off).
   std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
   const std::shared_ptr<SvBatch> sent = selected ? std::make_shared<SvBatch>(std::move(*selected)) : local;
+  // --sv-dtype bf16: what is sent is rounded first, so receivers get exactly what
+  // it holds (S itself when it is all sent: then this replica applies it rounded too).
+  if (config_.svDtype == SvDtype::kBf16 && sent->dtype != SvDtype::kBf16) roundToBf16(*sent);
   // Send S to this clock's receivers.
   exchange.send(clock, sent, stats);
   stats.computeSeconds = secondsSince(start) - exchange.sendSeconds();

@@ -158,3 +158,29 @@ TEST_CASE("--sv-rank of an all-zero update sends zeros and carries nothing", "[l
   CHECK(sender.carried(1).norm() == 0.0f);
   CHECK(rel(update(sent, 0), update(batch, 0)) < 1.0);
 }
+
+TEST_CASE("--sv-rank with bf16 SVs sends bf16 values and carries their rounding error", "[low-rank][bf16]") {
+  std::mt19937 gen(5);
+  LowRankSender sender(2, 1, SvDtype::kBf16);
+  MatD sent0 = MatD::Zero(12, 9), whole0 = MatD::Zero(12, 9);
+  Eigen::VectorXd sentBias = Eigen::VectorXd::Zero(12), wholeBias = Eigen::VectorXd::Zero(12);
+  for (int clock = 0; clock < 6; ++clock) {
+    const SvBatch batch = randomBatch(8, gen);
+    const SvBatch sent = sender.compress(batch);
+    CHECK(sent.dtype == SvDtype::kBf16);
+    for (const SvMatrix& m : sent.matrices) {
+      for (Eigen::Index i = 0; i < m.u.size(); ++i) CHECK(m.u.data()[i] == roundToBf16(m.u.data()[i]));
+      for (Eigen::Index i = 0; i < m.vDense.size(); ++i) CHECK(m.vDense.data()[i] == roundToBf16(m.vDense.data()[i]));
+    }
+    sent0 += update(sent, 0);
+    whole0 += update(batch, 0);
+    sentBias += biasUpdate(sent, 0);
+    wholeBias += biasUpdate(batch, 0);
+    // Sent plus carried is every clock's update, rounding error included.
+    CHECK(conservationError(sender, sent0, whole0, 0) < 1e-5);
+    CHECK((sentBias + sender.carriedBias(0).cast<double>() - wholeBias).norm() < 1e-5 * wholeBias.norm());
+  }
+  // The bias's rounding error is carried, not lost: it is bf16-sized, not zero.
+  CHECK(sender.carriedBias(0).norm() > 0.0f);
+  CHECK(sender.carriedBias(0).cwiseAbs().maxCoeff() < 0.05f * static_cast<float>(wholeBias.cwiseAbs().maxCoeff()));
+}
