@@ -204,7 +204,7 @@ RegisteredBuffer Transport::registerBuffer(std::span<std::byte> bytes, MemoryKin
 }
 
 std::unique_ptr<BufferRegistration> Transport::doRegisterBuffer(std::span<std::byte> /*bytes*/, MemoryKind kind) {
-  if (kind == MemoryKind::kHost) return nullptr;
+  if (kind == MemoryKind::kHost || (kind == MemoryKind::kDevice && doDeviceMemoryAware())) return nullptr;
   throw InputError(fmt::format("transport {} does not support {} buffers", name(), memoryKindName(kind)));
 }
 

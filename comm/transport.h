@@ -147,6 +147,10 @@ class Transport {
 
   // See comm/buffer.h.
   RegisteredBuffer registerBuffer(std::span<std::byte> bytes, MemoryKind kind);
+  // True when the data plane can send from and receive into device memory itself
+  // (an MPI library that says, at run time, that it is CUDA-aware); otherwise SVs
+  // on a device cross host memory ("staged").
+  bool deviceMemoryAware() const { return doDeviceMemoryAware(); }
 
   const TrafficCounters& counters() const { return counters_; }
   // Sets the deadline of the data plane and of control().
@@ -176,8 +180,10 @@ class Transport {
     return doTryReceive();
   }
   virtual void doFlushSends() = 0;
-  // Host memory: no state (null). Any other kind: InputError naming the transport.
+  // Host memory, and device memory where doDeviceMemoryAware(): no state (null).
+  // Any other kind: InputError naming the transport.
   virtual std::unique_ptr<BufferRegistration> doRegisterBuffer(std::span<std::byte> bytes, MemoryKind kind);
+  virtual bool doDeviceMemoryAware() const { return false; }
 
  private:
   // Runs one backend call; a TimeoutError it throws makes the data plane unusable.

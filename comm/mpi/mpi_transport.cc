@@ -2,6 +2,11 @@
 
 #include "engine/base/error.h"
 
+#include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 
@@ -9,6 +14,15 @@ namespace orpheus::comm::mpi {
 namespace {
 constexpr int kDataTag = 1;
 constexpr int kRingTag = 3;
+// Open MPI's run-time answer (its mpi-ext.h declares the query whether or not the
+// library it was built against was CUDA-aware; the library loaded now decides).
+bool queryCudaAware() {
+#if defined(OMPI_HAVE_MPI_EXT_CUDA) && OMPI_HAVE_MPI_EXT_CUDA
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
 }  // namespace
 
 MpiTransport::MpiTransport(MPI_Comm comm) : control_(comm) {
@@ -18,6 +32,7 @@ MpiTransport::MpiTransport(MPI_Comm comm) : control_(comm) {
   // Errors come back as return codes so they become exceptions with context.
   ORPHEUS_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   sends_.emplace(comm_, kDataTag);
+  cudaAware_ = queryCudaAware();
 }
 
 MpiTransport::~MpiTransport() {

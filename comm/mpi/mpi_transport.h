@@ -49,6 +49,8 @@ class MpiTransport final : public Transport {
   Gathered doAllgathervPieces(const Pieces& local, uint64_t clock) override;
   std::optional<Message> doTryReceive() override;
   void doFlushSends() override;
+  // What the library says at run time (MPIX_Query_cuda_support), asked once.
+  bool doDeviceMemoryAware() const override { return cudaAware_; }
 
  private:
   // Memory a pending request reads or writes, kept here (not on the stack) so
@@ -76,6 +78,7 @@ class MpiTransport final : public Transport {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  bool cudaAware_ = false;
   MpiControlPlane control_;
   std::optional<SendQueue> sends_;
   std::unique_ptr<Scratch> scratch_ = std::make_unique<Scratch>();

@@ -144,6 +144,11 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                  "{})",
                  backend.describe(), why);
   }
+  if (backend.device() != ops::Device::kCpu && transport.size() > 1) {
+    // Device buffers are never handed to the transport yet, even where it could take them.
+    spdlog::info("transfer: staged (SV batches and gradients cross host memory; transport {} {} device memory)",
+                 transport.name(), transport.deviceMemoryAware() ? "could take" : "cannot take");
+  }
   if (config.sync == SyncMode::kSv && transport.size() > 1) {
     spdlog::info("{}; {} consistency{}; {}", comm::MulticastSchedule(scheduleConfig(config, transport.size())).describe(),
                  toString(config.consistency),

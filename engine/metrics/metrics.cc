@@ -166,6 +166,7 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
       .add("clock_gap", static_cast<int64_t>(e.maxGap))
       .add("replica", static_cast<int64_t>(e.sum[kReplica]))
       .add("ckpt_wait_seconds", e.sum[kCkptWait] / p)
+      .add("data_wait_seconds", e.sum[kDataWait] / p)
       .add("ckpt_writer_cpu_seconds", e.sum[kCkptCpu] / p)
       .add("failures", static_cast<int64_t>(e.sum[kFailed]))
       .add("lost_clocks", static_cast<int64_t>(e.sum[kLostClocks]));
@@ -259,6 +260,7 @@ ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockArou
   r[kLostClocks] = static_cast<double>(around.lostClocks);
   r[kDeviceIn] = static_cast<double>(around.deviceInBytes);
   r[kDeviceOut] = static_cast<double>(around.deviceOutBytes);
+  r[kDataWait] = around.dataWaitSeconds;
   r[kRankError] = stats.rankError;
   if (around.leader) {
     r[kReplica] = around.replica;

@@ -91,7 +91,7 @@ class MetricsWriter {
 // only, so their sum is rank 0's value.
 enum ClockField : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
-  kHasEval, kEvalLoss, kEvalCorrect, kEvalCount, kDeviceIn, kDeviceOut,
+  kHasEval, kEvalLoss, kEvalCorrect, kEvalCount, kDeviceIn, kDeviceOut, kDataWait,
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
   kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kParamDigest, kClockFieldCount
 };
@@ -116,6 +116,8 @@ struct ClockAround {
   // (ops::Backend::transfers; 0 on the CPU).
   uint64_t deviceInBytes = 0;
   uint64_t deviceOutBytes = 0;
+  // Waited for the clock's minibatch (the prefetch queue had none ready).
+  double dataWaitSeconds = 0.0;
   // Set by rank 0 only (the fields after kReplica).
   bool leader = false;
   int replica = 0;

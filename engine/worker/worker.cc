@@ -548,6 +548,7 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   const double ckptCpuBefore = log_->writerCpuSeconds();
   const ops::Backend::Transfers transfersBefore = updater_.backend().transfers();
   const data::Batch batch = feed_.next();
+  const double dataWaitSeconds = secondsSince(start);
   const ClockStats stats = runClock(clock, batch, sink);
   const uint64_t bytesBefore = transport_.counters().bytesSent;
   const Coordination coordination = coordinate(clock, sink);
@@ -571,6 +572,7 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   around.lostClocks = failure.lostClocks;
   around.deviceInBytes = updater_.backend().transfers().toDevice - transfersBefore.toDevice;
   around.deviceOutBytes = updater_.backend().transfers().toHost - transfersBefore.toHost;
+  around.dataWaitSeconds = dataWaitSeconds;
   around.leader = transport_.rank() == 0;
   around.replica = replicaId_;
   around.averaged = coordination.averaged;

@@ -108,6 +108,7 @@ TEST_CASE("buffer registration: host memory is accepted, device memory refused b
   CHECK_THROWS_AS(t.registerBuffer(host, comm::MemoryKind::kDevice), InputError);
   CHECK_THROWS_WITH(t.registerBuffer(host, comm::MemoryKind::kDevice),
                     "transport recording does not support device buffers");
+  CHECK_FALSE(t.deviceMemoryAware());
 }
 
 TEST_CASE("the factory names what is built", "[comm]") {

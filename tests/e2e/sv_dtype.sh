@@ -28,6 +28,9 @@ a0=$(json_field "$out/f32.jsonl" test_accuracy); a1=$(json_field "$out/bf16.json
 echo "bytes per clock $full -> $half; test accuracy $a0 -> $a1"
 /usr/bin/python3 -c 'import sys; f, h, a, b = map(float, sys.argv[1:]); sys.exit(0 if 0.45 < h / f < 0.55 and abs(a - b) <= 0.01 else 1)' \
   "$full" "$half" "$a0" "$a1" || fail "bytes or accuracy out of bounds"
+# Every clock says how long it waited for its minibatch (the prefetch queue).
+wait=$(json_field "$out/f32.jsonl" data_wait_seconds 5)
+[ -n "$wait" ] || fail "the clock records carry no data_wait_seconds"
 for name in bf16 rank; do
   "$compare" "$out/$name/replica-0.h5" "$out/$name/replica-1.h5" 0 || fail "$name: the replicas differ under BSP broadcast"
 done

@@ -47,6 +47,7 @@ ClockRecord record(int rank, uint64_t clock) {
   r[kBytes] = 100.0 * (rank + 1);            // sum 600
   r[kMessages] = 1.0;
   r[kWait] = 0.25 * rank;                    // max 0.5, mean 0.25
+  r[kDataWait] = 0.5 * rank;                 // mean 0.5
   r[kGap] = rank == 1 ? static_cast<double>(clock) : 0.0;
   r[kFailed] = rank == 2 && clock == 2 ? 1.0 : 0.0;
   r[kLostClocks] = rank == 2 && clock == 2 ? 2.0 : 0.0;
@@ -99,6 +100,7 @@ TEST_CASE("records from every rank, interleaved and out of order, become lines i
     CHECK(has(lines[i], "\"messages\": 3,"));
     CHECK(has(lines[i], "\"wait_seconds\": 0.25,"));
     CHECK(has(lines[i], "\"max_wait_seconds\": 0.5,"));
+    CHECK(has(lines[i], "\"data_wait_seconds\": 0.5,"));
     CHECK(has(lines[i], "\"clock_gap\": " + std::to_string(i + 1) + ","));
     CHECK(has(lines[i], "\"replica\": 7,"));
     CHECK(has(lines[i], "\"seconds\": " + fmt::format("{:.9g}", 0.5 * static_cast<double>(i + 1)) + ","));
