@@ -1,9 +1,12 @@
 // Everything a training job is configured by, in one struct built from the
-// command line (engine/cli) and passed down; no globals.
+// command line (engine/cli); no globals. The job and the worker hold it; each part
+// the worker builds takes its own options struct, made from it in one place
+// (engine/worker/part_options.h).
 #pragma once
 
 #include "comm/schedule.h"
 #include "engine/data/dataset.h"
+#include "engine/sync_modes.h"
 #include "engine/worker/optimizer.h"
 #include "engine/worker/select.h"
 #include "ops/model.h"
@@ -14,10 +17,6 @@
 #include <vector>
 
 namespace orpheus::engine {
-
-enum class SyncMode { kSv, kDense, kPowerSgd };
-enum class Consistency { kBsp, kSsp };
-
 
 struct TrainConfig {
   std::string model = "mlr";

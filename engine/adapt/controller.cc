@@ -73,78 +73,79 @@ const Trace::Timing& Trace::at(uint64_t clock) const {
   return std::prev(it)->second;
 }
 
-Knobs startKnobs(const TrainConfig& c, int startFanout) {
+Knobs startKnobs(const ControllerOptions& o, int startFanout) {
   Knobs k;
-  k.select = c.select;
+  k.select = o.select;
   k.fanout = startFanout;
-  k.staleness = c.staleness;
-  k.averageEvery = c.averageEvery;
+  k.staleness = o.staleness;
+  k.averageEvery = o.averageEvery;
   return k;
 }
 
-Bounds boundsFor(const TrainConfig& c, int ranks, int startFanout) {
+Bounds boundsFor(const ControllerOptions& o, int ranks, int startFanout) {
   Bounds b;
-  b.select = rangeOf(c.adaptSelect, {1, c.batch});
-  const bool multicast = c.multicast != comm::MulticastKind::kAll && ranks > 1;
-  b.fanout = multicast ? rangeOf(c.adaptFanout, {1, ranks - 1}) : Range{startFanout, startFanout};
-  b.staleness = c.consistency == Consistency::kSsp
-                    ? rangeOf(c.adaptStaleness, {0, std::max<int64_t>(8, 2 * c.staleness)})
-                    : Range{c.staleness, c.staleness};
-  b.averageEvery = c.averageEvery > 0 ? rangeOf(c.adaptAverageEvery, {std::max<int64_t>(1, c.averageEvery / 4),
-                                                                      4 * c.averageEvery})
+  b.select = rangeOf(o.selectRange, {1, o.batch});
+  const bool multicast = o.multicast != comm::MulticastKind::kAll && ranks > 1;
+  b.fanout = multicast ? rangeOf(o.fanoutRange, {1, ranks - 1}) : Range{startFanout, startFanout};
+  b.staleness = o.consistency == Consistency::kSsp
+                    ? rangeOf(o.stalenessRange, {0, std::max<int64_t>(8, 2 * o.staleness)})
+                    : Range{o.staleness, o.staleness};
+  b.averageEvery = o.averageEvery > 0 ? rangeOf(o.averageEveryRange, {std::max<int64_t>(1, o.averageEvery / 4),
+                                                                      4 * o.averageEvery})
                                       : Range{0, 0};
-  b.maxBytesPerClock = c.maxBytesPerClock;
-  b.commShare = c.adaptCommShare;
+  b.maxBytesPerClock = o.maxBytesPerClock;
+  b.commShare = o.commShare;
   return b;
 }
 
-void Controller::checkBudget(const TrainConfig& config, int ranks,
+void Controller::checkBudget(const ControllerOptions& options, int ranks,
                              const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout) {
-  if (!config.adapt || config.maxBytesPerClock <= 0.0) return;
-  const Bounds bounds = boundsFor(config, ranks, startFanout);
-  const ByteModel bytes = byteModelFor(shapes, config.batch);
-  const Decision d = initialKnobs(startKnobs(config, startFanout), bounds, bytes, config.consistency == Consistency::kSsp);
+  if (!options.enabled || options.maxBytesPerClock <= 0.0) return;
+  const Bounds bounds = boundsFor(options, ranks, startFanout);
+  const ByteModel bytes = byteModelFor(shapes, options.batch);
+  const Decision d =
+      initialKnobs(startKnobs(options, startFanout), bounds, bytes, options.consistency == Consistency::kSsp);
   ORPHEUS_CHECK_INPUT(d.predictedBytes <= bounds.maxBytesPerClock,
                       "--max-bytes-per-clock {}: even with every knob at its bound ({}) a rank sends about {:.0f} "
                       "bytes per clock; raise the budget or widen the --adapt-* bounds",
                       bounds.maxBytesPerClock, toString(d.knobs), d.predictedBytes);
 }
 
-Controller::Controller(const TrainConfig& config, comm::Transport& transport,
+Controller::Controller(const ControllerOptions& options, comm::Transport& transport,
                        const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout)
-    : config_(config),
+    : options_(options),
       transport_(transport),
-      bounds_(boundsFor(config, transport.size(), startFanout)),
-      bytes_(byteModelFor(shapes, config.batch)) {
-  const Knobs start = startKnobs(config, startFanout);
-  if (!config.adapt) {
+      bounds_(boundsFor(options, transport.size(), startFanout)),
+      bytes_(byteModelFor(shapes, options.batch)) {
+  const Knobs start = startKnobs(options, startFanout);
+  if (!options.enabled) {
     initial_ = {start, "off", "", bytes_.perClock(start)};
     return;
   }
-  initial_ = initialKnobs(start, bounds_, bytes_, config.consistency == Consistency::kSsp);
-  checkBudget(config, transport.size(), shapes, startFanout);
-  if (!config.adaptTrace.empty()) trace_ = Trace::read(config.adaptTrace);
+  initial_ = initialKnobs(start, bounds_, bytes_, options.consistency == Consistency::kSsp);
+  checkBudget(options, transport.size(), shapes, startFanout);
+  if (!options.trace.empty()) trace_ = Trace::read(options.trace);
 }
 
 bool Controller::decidesAfter(uint64_t clock) const {
-  return config_.adapt && transport_.size() > 1 && config_.adaptEvery > 0 &&
-         clock % static_cast<uint64_t>(config_.adaptEvery) == 0 && clock < static_cast<uint64_t>(config_.clocks);
+  return options_.enabled && transport_.size() > 1 && options_.every > 0 &&
+         clock % static_cast<uint64_t>(options_.every) == 0 && clock < static_cast<uint64_t>(options_.clocks);
 }
 
 bool Controller::measuresAt(uint64_t clock) const {
-  return decidesAfter(clock) && config_.selectMethod == SelectionMethod::kJmcss;
+  return decidesAfter(clock) && options_.jmcss;
 }
 
 void Controller::measure(uint64_t clock, const SvBatch& local, const Knobs& current, ClockSample& sample) const {
   const auto start = std::chrono::steady_clock::now();
-  const std::array<int64_t, 3> counts = errorCounts(current, bounds_, config_.batch);
-  const std::vector<double> errors = selectionErrors(local, counts, config_.seed, clock, transport_.rank());
+  const std::array<int64_t, 3> counts = errorCounts(current, bounds_, options_.batch);
+  const std::vector<double> errors = selectionErrors(local, counts, options_.seed, clock, transport_.rank());
   std::copy(errors.begin(), errors.end(), sample.errors.begin());
   sample.measureSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void Controller::observe(uint64_t clock, const ClockSample& s) {
-  if (!config_.adapt) return;
+  if (!options_.enabled) return;
   ++clocks_;
   lastClock_ = clock;
   if (trace_) {
@@ -214,9 +215,9 @@ Decision Controller::decide(uint64_t clock, const Knobs& current) {
 
   // Rank 0 decides; the others take its knobs (a sum of integers with zeros: exact).
   const bool leader = transport_.rank() == 0;
-  const std::array<int64_t, 3> counts = errorCounts(current, bounds_, config_.batch);
+  const std::array<int64_t, 3> counts = errorCounts(current, bounds_, options_.batch);
   Decision d;
-  if (leader) d = adapt::decide(current, w, bounds_, bytes_, config_.consistency == Consistency::kSsp);
+  if (leader) d = adapt::decide(current, w, bounds_, bytes_, options_.consistency == Consistency::kSsp);
   double knobs[4] = {0, 0, 0, 0};
   if (leader) {
     knobs[0] = static_cast<double>(d.knobs.select);

@@ -13,10 +13,11 @@
 // decisions taken.
 #pragma once
 
+#include "comm/schedule.h"
 #include "comm/transport.h"
 #include "engine/adapt/policy.h"
 #include "engine/base/sv_batch.h"
-#include "engine/config.h"
+#include "engine/sync_modes.h"
 
 #include <array>
 #include <cstdint>
@@ -31,6 +32,33 @@ class MetricsAggregator;
 }  // namespace orpheus::engine
 
 namespace orpheus::engine::adapt {
+
+// What the controller reads of the job (engine/worker/part_options.h makes it from
+// the flags): --adapt's own settings and the job the knobs start from.
+struct ControllerOptions {
+  bool enabled = false;  // --adapt
+  int64_t every = 50;    // --adapt-every K
+  // --adapt-select, --adapt-fanout, --adapt-staleness, --adapt-average-every as
+  // [min, max]; {-1, -1}: the default of boundsFor.
+  std::pair<int64_t, int64_t> selectRange{-1, -1};
+  std::pair<int64_t, int64_t> fanoutRange{-1, -1};
+  std::pair<int64_t, int64_t> stalenessRange{-1, -1};
+  std::pair<int64_t, int64_t> averageEveryRange{-1, -1};
+  double maxBytesPerClock = 0.0;  // 0: no budget
+  double commShare = 0.5;
+  std::string trace;              // --adapt-trace: timing from a recorded metrics file
+  // The job: its clocks, B, seed, the flags' C, s and R, the schedule's kind and the
+  // consistency model; the errors e(c) are measured only under JMCSS selection.
+  int64_t clocks = 1000;
+  int64_t batch = 100;
+  uint64_t seed = 1;
+  int64_t select = 0;
+  int64_t staleness = 0;
+  int64_t averageEvery = 0;
+  comm::MulticastKind multicast = comm::MulticastKind::kAll;
+  Consistency consistency = Consistency::kBsp;
+  bool jmcss = true;
+};
 
 // What one clock measured on this rank, as the controller needs it.
 struct ClockSample {
@@ -75,25 +103,25 @@ class Trace {
 };
 
 // The bounds --adapt-* and the job's shape give (defaults filled in).
-Bounds boundsFor(const TrainConfig& config, int ranks, int startFanout);
+Bounds boundsFor(const ControllerOptions& options, int ranks, int startFanout);
 
 // The knobs a job starts with, from its flags (Q as the schedule resolves it).
-Knobs startKnobs(const TrainConfig& config, int startFanout);
+Knobs startKnobs(const ControllerOptions& options, int startFanout);
 
 class Controller {
  public:
   // `shapes`: the model's parameter shapes; `startFanout`: Q as the schedule
   // resolved it. The references must outlive the controller.
-  Controller(const TrainConfig& config, comm::Transport& transport,
+  Controller(const ControllerOptions& options, comm::Transport& transport,
              const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout);
 
   // Throws InputError naming --max-bytes-per-clock when no setting within the
   // bounds meets the budget (a promise the job cannot keep). The constructor
   // checks it too; a job checks it first on all ranks together, so it is said once.
-  static void checkBudget(const TrainConfig& config, int ranks, const std::vector<std::pair<int64_t, int64_t>>& shapes,
-                          int startFanout);
+  static void checkBudget(const ControllerOptions& options, int ranks,
+                          const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout);
 
-  bool enabled() const { return config_.adapt; }
+  bool enabled() const { return options_.enabled; }
   // The knobs to start from: the flags, inside the bounds and the budget.
   const Decision& initial() const { return initial_; }
   // Whether the ranks decide after `clock` (never after the last clock).
@@ -119,7 +147,7 @@ class Controller {
  private:
   Window pooled();
 
-  const TrainConfig& config_;
+  ControllerOptions options_;
   comm::Transport& transport_;
   Bounds bounds_;
   ByteModel bytes_;

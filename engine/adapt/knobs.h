@@ -1,7 +1,7 @@
 // The knobs of the communication co-designs that may change while a job runs
 // (--adapt): selection C, fanout Q, staleness s and the averaging period R. The
 // worker, the coordinator and the checkpoint log read them from one Knobs object
-// owned by the worker, never from the TrainConfig they started from, so a change
+// owned by the worker, never from the flags they started from, so a change
 // takes effect for all of them at the same clock.
 #pragma once
 

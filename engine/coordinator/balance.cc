@@ -43,11 +43,11 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-int64_t injectedDelayMs(const TrainConfig& config, int rank, int64_t examples) {
-  if (rank != config.delayRank || config.delayMs <= 0) return 0;
-  if (!config.balance) return config.delayMs;
-  return std::llround(static_cast<double>(config.delayMs) * static_cast<double>(examples) /
-                      static_cast<double>(config.batch));
+int64_t injectedDelayMs(const BalanceOptions& options, int rank, int64_t examples) {
+  if (rank != options.delayRank || options.delayMs <= 0) return 0;
+  if (!options.balance) return options.delayMs;
+  return std::llround(static_cast<double>(options.delayMs) * static_cast<double>(examples) /
+                      static_cast<double>(options.batch));
 }
 
 data::ChunkOwnership ownershipAt(const data::ChunkLayout& layout, const std::vector<Rebalance>& changes,
@@ -138,23 +138,23 @@ std::vector<data::ChunkMove> decideMoves(const data::ChunkLayout& layout, const 
   return out;
 }
 
-DataFeed::DataFeed(const TrainConfig& config, comm::Transport& transport, const data::Dataset& shard)
-    : config_(config), transport_(transport), shard_(shard), batch_(config.batch) {}
+DataFeed::DataFeed(const BalanceOptions& options, comm::Transport& transport, const data::Dataset& shard)
+    : options_(options), transport_(transport), shard_(shard), batch_(options.batch) {}
 
 DataFeed::~DataFeed() = default;
 
-bool DataFeed::logs() const { return config_.ckptSv && !config_.ckptDir.empty(); }
+bool DataFeed::logs() const { return !options_.chunkLogDir.empty(); }
 
 void DataFeed::start(uint64_t first) {
-  if (!config_.balance) {
+  if (!options_.balance) {
     // A token stream's minibatches are every stream's next segment, in order.
-    data::MinibatchSampler sampler(shard_.size(), config_.batch, config_.seed, transport_.rank(),
+    data::MinibatchSampler sampler(shard_.size(), options_.batch, options_.seed, transport_.rank(),
                                    shard_.streams > 0 ? data::MinibatchSampler::Order::kInOrder
                                                       : data::MinibatchSampler::Order::kShuffled);
     for (uint64_t c = 1; c < first; ++c) sampler.next();  // the sampler where the resumed job left it
     queue_ = std::make_unique<data::PrefetchQueue>(
         shard_, std::move(sampler), 2,
-        std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
+        std::chrono::milliseconds(static_cast<int64_t>(options_.timeoutSeconds * 1000)));
     return;
   }
   agreeLayout();
@@ -162,12 +162,12 @@ void DataFeed::start(uint64_t first) {
   if (logs()) {
     collectively(transport_, [&] {
       if (first > 1) {
-        const ChunkLog old = readChunkLog(config_.ckptDir);
+        const ChunkLog old = readChunkLog(options_.chunkLogDir);
         const std::vector<int64_t>& shardRows = layout_.shardRows();
         ORPHEUS_CHECK_INPUT(old.chunkRows == 0 || (old.chunkRows == layout_.chunkRows() && old.shardRows == shardRows),
                             "--resume --balance: the chunk layout '{}' records ({} rows per chunk over shards of {}) "
                             "is not this job's ({} over {})",
-                            chunkLogPath(config_.ckptDir).string(), old.chunkRows, fmt::join(old.shardRows, ", "),
+                            chunkLogPath(options_.chunkLogDir).string(), old.chunkRows, fmt::join(old.shardRows, ", "),
                             layout_.chunkRows(), fmt::join(shardRows, ", "));
         for (const Rebalance& c : old.changes) {
           if (c.clock < first) changes.push_back(c);
@@ -176,13 +176,13 @@ void DataFeed::start(uint64_t first) {
       try {
         for (const Rebalance& c : changes) owners_->apply(c.moves);
       } catch (const Error& e) {
-        throw InputError(fmt::format("'{}': {}", chunkLogPath(config_.ckptDir).string(), e.what()));
+        throw InputError(fmt::format("'{}': {}", chunkLogPath(options_.chunkLogDir).string(), e.what()));
       }
       log_.chunkRows = layout_.chunkRows();
       log_.shardRows = layout_.shardRows();
       log_.changes = changes;
       // Lines after the resume clock belong to clocks the killed job lost.
-      if (transport_.rank() == 0) writeChunkLog(config_.ckptDir, log_);
+      if (transport_.rank() == 0) writeChunkLog(options_.chunkLogDir, log_);
     });
   }
   const uint64_t streamClock = changes.empty() ? 0 : changes.back().clock;
@@ -192,7 +192,7 @@ void DataFeed::start(uint64_t first) {
   }
   fetchAndInstall(first - 1, away);
   restartSampler(streamClock, first - 1 - streamClock);
-  if (first > 1 && first <= static_cast<uint64_t>(config_.clocks)) record(first - 1, {}, {}, true);
+  if (first > 1 && first <= static_cast<uint64_t>(options_.clocks)) record(first - 1, {}, {}, true);
 }
 
 void DataFeed::agreeLayout() {
@@ -202,7 +202,7 @@ void DataFeed::agreeLayout() {
   transport_.control().sum(rows);
   std::vector<int64_t> shardRows;
   for (const double n : rows) shardRows.push_back(static_cast<int64_t>(n));
-  layout_ = data::ChunkLayout(shardRows, config_.chunkRows);
+  layout_ = data::ChunkLayout(shardRows, options_.chunkRows);
   owners_ = std::make_unique<data::ChunkOwnership>(layout_);
 }
 
@@ -233,7 +233,7 @@ void DataFeed::fetchAndInstall(uint64_t clock, std::span<const int64_t> incoming
   for (auto it = foreign_.begin(); it != foreign_.end();) {
     it = owners_->owner(it->first) == rank ? std::next(it) : foreign_.erase(it);
   }
-  batch_ = batchesOf(*owners_, config_.batch, layout_.ranks())[static_cast<size_t>(rank)];
+  batch_ = batchesOf(*owners_, options_.batch, layout_.ranks())[static_cast<size_t>(rank)];
   if (!owners_->moved()) {
     owned_ = data::Dataset();
     return;
@@ -263,22 +263,22 @@ void DataFeed::fetchAndInstall(uint64_t clock, std::span<const int64_t> incoming
 void DataFeed::restartSampler(uint64_t streamClock, uint64_t skip) {
   queue_.reset();  // its thread reads the rows about to change
   const data::Dataset& rows = owners_->moved() ? owned_ : shard_;
-  data::MinibatchSampler sampler(rows.size(), batch_, config_.seed, transport_.rank(),
+  data::MinibatchSampler sampler(rows.size(), batch_, options_.seed, transport_.rank(),
                                  data::MinibatchSampler::Order::kShuffled, streamClock);
   for (uint64_t c = 0; c < skip; ++c) sampler.next();
   queue_ = std::make_unique<data::PrefetchQueue>(
-      rows, std::move(sampler), 2, std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
+      rows, std::move(sampler), 2, std::chrono::milliseconds(static_cast<int64_t>(options_.timeoutSeconds * 1000)));
 }
 
 data::Batch DataFeed::next() { return queue_->next(); }
 
 bool DataFeed::decidesAfter(uint64_t clock) const {
-  return config_.balance && transport_.size() > 1 && clock % static_cast<uint64_t>(config_.balanceEvery) == 0 &&
-         clock < static_cast<uint64_t>(config_.clocks);
+  return options_.balance && transport_.size() > 1 && clock % static_cast<uint64_t>(options_.balanceEvery) == 0 &&
+         clock < static_cast<uint64_t>(options_.clocks);
 }
 
 bool DataFeed::afterClock(uint64_t clock, double busySeconds) {
-  if (!config_.balance) return false;
+  if (!options_.balance) return false;
   window_.push_back(busySeconds / static_cast<double>(std::max<int64_t>(batch_, 1)));
   if (!decidesAfter(clock)) return false;
   const int ranks = transport_.size();
@@ -291,7 +291,7 @@ bool DataFeed::afterClock(uint64_t clock, double busySeconds) {
   std::vector<double> owners(static_cast<size_t>(layout_.chunks()), 0.0);
   if (rank == 0) {
     data::ChunkOwnership next = *owners_;
-    next.apply(decideMoves(layout_, *owners_, times, config_.batch * ranks));
+    next.apply(decideMoves(layout_, *owners_, times, options_.batch * ranks));
     for (size_t c = 0; c < owners.size(); ++c) owners[c] = static_cast<double>(next.owners()[c]);
   }
   transport_.control().sum(owners);
@@ -304,7 +304,7 @@ bool DataFeed::afterClock(uint64_t clock, double busySeconds) {
     collectively(transport_, [&] {
       if (rank != 0) return;
       log_.changes.push_back({clock, moves});
-      writeChunkLog(config_.ckptDir, log_);
+      writeChunkLog(options_.chunkLogDir, log_);
     });
   }
   owners_->apply(moves);
@@ -326,7 +326,7 @@ void DataFeed::record(uint64_t clock, const std::vector<data::ChunkMove>& moves,
                       std::span<const double> secondsPerExample, bool resumed) {
   if (transport_.rank() != 0) return;
   const std::vector<int64_t> counts = owners_->chunkCounts();
-  const std::vector<int64_t> batches = batchesOf(*owners_, config_.batch, layout_.ranks());
+  const std::vector<int64_t> batches = batchesOf(*owners_, options_.batch, layout_.ranks());
   if (!moves.empty()) {
     spdlog::info("rebalance after clock {}: {} chunk{} moved; chunks per rank {}, batch per rank {}", clock,
                  moves.size(), moves.size() == 1 ? "" : "s", fmt::join(counts, " "), fmt::join(batches, " "));

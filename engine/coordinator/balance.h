@@ -36,7 +36,6 @@
 
 #include "ckpt/replay.h"
 #include "comm/transport.h"
-#include "engine/config.h"
 #include "engine/data/chunks.h"
 #include "engine/data/dataset.h"
 #include "engine/data/sampler.h"
@@ -52,10 +51,25 @@
 
 namespace orpheus::engine {
 
+// What the data feed reads of the job (engine/worker/part_options.h makes it from
+// the flags): the sampler's, --balance's and --inject-delay's settings.
+struct BalanceOptions {
+  int64_t batch = 100;  // B: examples per rank per clock
+  uint64_t seed = 1;
+  int64_t clocks = 1000;  // the job's last clock: no decision after it
+  double timeoutSeconds = 300.0;
+  bool balance = false;
+  int64_t balanceEvery = 20;
+  int64_t chunkRows = 256;
+  std::string chunkLogDir;  // --ckpt sv: the checkpoint directory DIR/chunks goes in; empty: no chunk log
+  int delayRank = -1;       // --inject-delay RANK:MS
+  int delayMs = 0;
+};
+
 // Milliseconds --inject-delay has `rank` sleep for a minibatch of `examples`: the
 // flag's MS per clock, which with --balance is per B examples (a slow machine is
 // slow per example), so a smaller minibatch sleeps less.
-int64_t injectedDelayMs(const TrainConfig& config, int rank, int64_t examples);
+int64_t injectedDelayMs(const BalanceOptions& options, int rank, int64_t examples);
 
 // The chunk log DIR/chunks is read and written by the checkpoint's replay (ckpt/replay.h).
 using ckpt::ChunkLog;
@@ -82,7 +96,7 @@ std::vector<data::ChunkMove> decideMoves(const data::ChunkLayout& layout, const 
 class DataFeed {
  public:
   // The references must outlive the feed.
-  DataFeed(const TrainConfig& config, comm::Transport& transport, const data::Dataset& shard);
+  DataFeed(const BalanceOptions& options, comm::Transport& transport, const data::Dataset& shard);
   ~DataFeed();
   DataFeed(const DataFeed&) = delete;
   DataFeed& operator=(const DataFeed&) = delete;
@@ -102,6 +116,7 @@ class DataFeed {
 
   // This rank's minibatch size now.
   int64_t batch() const { return batch_; }
+  const BalanceOptions& options() const { return options_; }
   const data::ChunkOwnership* ownership() const { return owners_.get(); }
 
  private:
@@ -112,7 +127,7 @@ class DataFeed {
               bool resumed);
   bool logs() const;
 
-  const TrainConfig& config_;
+  BalanceOptions options_;
   comm::Transport& transport_;
   const data::Dataset& shard_;
   MetricsAggregator* aggregator_ = nullptr;

@@ -7,7 +7,6 @@
 #include "comm/transport.h"
 #include "engine/adapt/knobs.h"
 #include "engine/base/params.h"
-#include "engine/config.h"
 #include "engine/worker/optimizer.h"
 
 #include <cstdint>
@@ -22,16 +21,22 @@ struct Coordination {
   double divergenceMean = 0.0;
 };
 
+// What the coordinator reads of the job (engine/worker/part_options.h makes it from
+// the flags). R is not here: it is a knob (--adapt changes it), read at each clock.
+struct CoordinatorOptions {
+  int64_t rotateEvery = 0;  // S: clocks between replica rotations; 0 = off
+};
+
 class Coordinator {
  public:
   // The references must outlive the coordinator; R is read from `knobs` at each clock.
-  Coordinator(const TrainConfig& config, comm::Transport& transport, const adapt::Knobs& knobs)
-      : config_(config), transport_(transport), knobs_(knobs) {}
+  Coordinator(const CoordinatorOptions& options, comm::Transport& transport, const adapt::Knobs& knobs)
+      : options_(options), transport_(transport), knobs_(knobs) {}
 
   // Whether the ranks average, or rotate, their replicas after `clock`. Never with
   // one rank: there is nothing to do.
   bool averagesAfter(uint64_t clock) const { return due(knobs_.averageEvery, clock); }
-  bool rotatesAfter(uint64_t clock) const { return due(config_.rotateEvery, clock); }
+  bool rotatesAfter(uint64_t clock) const { return due(options_.rotateEvery, clock); }
   bool barrierAfter(uint64_t clock) const { return averagesAfter(clock) || rotatesAfter(clock); }
 
   // Every replica becomes the average, bitwise the same on every rank. The
@@ -48,7 +53,7 @@ class Coordinator {
     return every > 0 && transport_.size() > 1 && clock % static_cast<uint64_t>(every) == 0;
   }
 
-  const TrainConfig& config_;
+  CoordinatorOptions options_;
   comm::Transport& transport_;
   const adapt::Knobs& knobs_;
 };

@@ -16,6 +16,7 @@
 #include "engine/job/job_resume.h"
 #include "engine/job/outputs.h"
 #include "engine/data/synthetic_data.h"
+#include "engine/worker/part_options.h"
 #include "engine/worker/worker.h"
 #include "ops/graph_model.h"
 #include "ops/loss_parser.h"
@@ -434,7 +435,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* l
     checkJobMemory(config, *out.model,
                    {shards->features, shards->classes, shards->train.steps, shards->train.sparse}, onHost, onHost);
     const int fanout = comm::MulticastSchedule(scheduleConfig(config, transport.size())).fanout();
-    adapt::Controller::checkBudget(config, transport.size(), out.model->paramShapes(), fanout);
+    adapt::Controller::checkBudget(controllerOptions(config), transport.size(), out.model->paramShapes(), fanout);
   });
   const std::unique_ptr<ops::Backend> backend = makeJobBackend(config, transport);
   announce(config, transport, *out.model, *shards, *backend);

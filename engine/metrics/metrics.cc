@@ -273,41 +273,41 @@ ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockArou
   return r;
 }
 
-void addJobSettings(JsonLine& line, const TrainConfig& config, const ops::Model& model, int ranks, int fanout) {
+void addJobSettings(JsonLine& line, const MetricsOptions& options, const ops::Model& model, int ranks, int fanout) {
   line.add("ranks", ranks)
-      .add("sync", toString(config.sync))
+      .add("sync", options.sync)
       .add("model", model.spec())
-      .add("batch_per_rank", config.batch)
-      .add("select", config.select)
-      .add("multicast", comm::multicastName(config.multicast))
+      .add("batch_per_rank", options.batch)
+      .add("select", options.select)
+      .add("multicast", options.multicast)
       .add("fanout", fanout)
-      .add("consistency", toString(config.consistency))
-      .add("staleness", config.staleness)
-      .add("drop_links", config.dropLinks);
+      .add("consistency", options.consistency)
+      .add("staleness", options.staleness)
+      .add("drop_links", options.dropLinks);
 }
 
-JsonLine summaryLine(const TrainConfig& config, const ops::Model& model, const RunSummary& run) {
+JsonLine summaryLine(const MetricsOptions& options, const ops::Model& model, const RunSummary& run) {
   const RunTotals& totals = run.totals;
   const auto clocksRun = static_cast<double>(std::max<uint64_t>(1, run.lastClock + 1 - totals.firstClock));
   JsonLine summary;
   summary.add("summary", true)
       .add("clocks", run.lastClock)
-      .add("clocks_planned", config.clocks)
+      .add("clocks_planned", options.clocks)
       .add("reached_target", run.reachedTarget);
-  addJobSettings(summary, config, model, run.ranks, run.fanout);
+  addJobSettings(summary, options, model, run.ranks, run.fanout);
   summary.add("device", run.device);
   summary.add("seconds", run.trainSeconds)
       .add("bytes_sent", totals.bytesSent)
       .add("messages", totals.messages)
       .add("bytes_per_clock", static_cast<double>(totals.bytesSent) / clocksRun)
       .add("max_clock_gap", static_cast<int64_t>(totals.maxGap))
-      .add("average_every", config.averageEvery)
-      .add("rotate_every", config.rotateEvery)
+      .add("average_every", options.averageEvery)
+      .add("rotate_every", options.rotateEvery)
       .add("failures", totals.failures)
       .add("lost_clocks", totals.lostClocks)
       .add("replica", static_cast<int64_t>(run.replica));
   if (run.quasiNewtonSkips >= 0) summary.add("quasi_newton_skips", run.quasiNewtonSkips);
-  if (config.adapt) {
+  if (options.adapt) {
     summary.add("adapt", true)
         .add("final_select", run.knobs.select)
         .add("final_fanout", run.knobs.fanout)

@@ -8,7 +8,6 @@
 
 #include "comm/transport.h"
 #include "engine/adapt/knobs.h"
-#include "engine/config.h"
 #include "engine/metrics/progress.h"
 
 #include <array>
@@ -146,6 +145,22 @@ struct RunTotals {
   uint64_t firstClock = 0;  // the run's first clock; 0: this epoch's
 };
 
+// What a summary line says of the job's settings (engine/worker/part_options.h
+// makes it from the flags), the enums by the names the flags take.
+struct MetricsOptions {
+  std::string sync = "sv";
+  int64_t batch = 100;  // per rank
+  int64_t select = 0;
+  std::string multicast = "all";
+  std::string consistency = "bsp";
+  int64_t staleness = 0;
+  double dropLinks = 0.0;
+  int64_t clocks = 1000;  // planned
+  int64_t averageEvery = 0;
+  int64_t rotateEvery = 0;
+  bool adapt = false;
+};
+
 // The summary line of a run (train's), from what its worker knows at the end.
 struct RunSummary {
   uint64_t lastClock = 0;
@@ -163,11 +178,11 @@ struct RunSummary {
   double testAccuracy = 0.0;
   int64_t quasiNewtonSkips = -1;  // bfgs, dfp: W's updates skipped (curvature); -1 otherwise
 };
-JsonLine summaryLine(const TrainConfig& config, const ops::Model& model, const RunSummary& run);
+JsonLine summaryLine(const MetricsOptions& options, const ops::Model& model, const RunSummary& run);
 
 // The job's settings in a summary line (train's and simulate's): ranks, sync, model,
 // batch, selection, multicast, fanout, consistency, staleness, broken links.
-void addJobSettings(JsonLine& line, const TrainConfig& config, const ops::Model& model, int ranks, int fanout);
+void addJobSettings(JsonLine& line, const MetricsOptions& options, const ops::Model& model, int ranks, int fanout);
 
 // Rank 0's sum of every rank's records: writes the line of a clock once all
 // `ranks` records of it have arrived, in clock order, whatever order the records

@@ -13,6 +13,7 @@
 #include "engine/sim/rank_tracer.h"
 #include "engine/sim/trace.h"
 #include "engine/data/synthetic_data.h"
+#include "engine/worker/part_options.h"
 #include "engine/worker/worker.h"
 
 #include <spdlog/spdlog.h>
@@ -356,7 +357,7 @@ JsonLine simulationSummary(const TrainConfig& config, const SimConfig& sim, cons
       .add("clocks", last)
       .add("clocks_planned", config.clocks)
       .add("reached_target", reachedTarget);
-  addJobSettings(summary, config, model, p, fanout);
+  addJobSettings(summary, metricsOptions(config), model, p, fanout);
   summary.add("seconds", totals.seconds)
       .add("seconds_per_clock", totals.seconds / clocks)
       .add("bytes_sent", aggregator.totalBytes())

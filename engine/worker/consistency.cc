@@ -11,9 +11,9 @@
 
 namespace orpheus::engine {
 
-Inbox::Inbox(const TrainConfig& config, const comm::MulticastSchedule& schedule, comm::Transport& transport,
+Inbox::Inbox(const ConsistencyOptions& options, const comm::MulticastSchedule& schedule, comm::Transport& transport,
              std::vector<std::pair<int64_t, int64_t>> paramShapes, bool keepBytes)
-    : config_(config), schedule_(schedule), transport_(transport), shapes_(std::move(paramShapes)),
+    : options_(options), schedule_(schedule), transport_(transport), shapes_(std::move(paramShapes)),
       keepBytes_(keepBytes) {}
 
 void Inbox::receive(MetricsSink& metrics) {
@@ -31,7 +31,7 @@ void Inbox::accept(comm::Message message) {
   const uint64_t clock = batch.header.clock;
   const int sender = message.peer;
   const int me = transport_.rank();
-  const auto receivers = clock >= 1 && clock <= static_cast<uint64_t>(config_.clocks)
+  const auto receivers = clock >= 1 && clock <= static_cast<uint64_t>(options_.clocks)
                              ? schedule_.receivers(clock, sender)
                              : std::vector<int>{};
   if (clock <= completeThrough_ || std::find(receivers.begin(), receivers.end(), me) == receivers.end() ||
@@ -42,7 +42,7 @@ void Inbox::accept(comm::Message message) {
   }
   arrived_[clock].insert(sender);
   ReceivedBatch arrived{std::move(batch), keepBytes_ ? std::move(received) : nullptr};
-  if (config_.consistency == Consistency::kSsp) {
+  if (options_.consistency == Consistency::kSsp) {
     ready_.push_back(std::move(arrived));
   } else {
     pending_[clock].emplace(sender, std::move(arrived));
@@ -51,7 +51,7 @@ void Inbox::accept(comm::Message message) {
 }
 
 void Inbox::advanceComplete() {
-  while (completeThrough_ < static_cast<uint64_t>(config_.clocks)) {
+  while (completeThrough_ < static_cast<uint64_t>(options_.clocks)) {
     const uint64_t next = completeThrough_ + 1;
     const size_t expected = expectedAt(next);
     const auto it = arrived_.find(next);
@@ -81,7 +81,7 @@ double Inbox::waitComplete(uint64_t clock, uint64_t at, MetricsSink& metrics) {
   advanceComplete();
   if (completeThrough_ >= clock) return 0.0;
   const auto start = Clock::now();
-  comm::Deadline deadline(std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
+  comm::Deadline deadline(std::chrono::milliseconds(static_cast<int64_t>(options_.timeoutSeconds * 1000)));
   while (completeThrough_ < clock) {
     receive(metrics);
     if (completeThrough_ >= clock) break;
@@ -95,7 +95,7 @@ comm::StallError Inbox::timedOut(uint64_t at) const {
   const uint64_t stuck = completeThrough_ + 1;
   const std::vector<int> missing = missingSenders(stuck);
   std::string message = fmt::format("rank {} waited {} s at clock {} for the SV batches of clock {} from ranks {}",
-                                    transport_.rank(), config_.timeoutSeconds, at, stuck, fmt::join(missing, ", "));
+                                    transport_.rank(), options_.timeoutSeconds, at, stuck, fmt::join(missing, ", "));
   // The missing senders may be waiting themselves, on a rank that stalled.
   const comm::StallVerdict v = comm::findStalled(transport_.control(), transport_.rank(), transport_.size(), at);
   // Where the silent ranks are the missing senders, the line has named them already.

@@ -17,8 +17,8 @@
 #include "comm/stall.h"
 #include "comm/transport.h"
 #include "engine/base/sv_batch.h"
-#include "engine/config.h"
 #include "engine/metrics/metrics.h"
+#include "engine/sync_modes.h"
 
 #include <cstdint>
 #include <map>
@@ -38,10 +38,17 @@ struct ReceivedBatch {
   ckpt::Record record() const { return bytes ? ckpt::Record::encoded(bytes, true) : ckpt::Record{}; }
 };
 
+// What the inbox reads of the job (engine/worker/part_options.h makes it from the flags).
+struct ConsistencyOptions {
+  int64_t clocks = 1000;  // the job's last clock: no batch of a later one is expected
+  Consistency consistency = Consistency::kBsp;
+  double timeoutSeconds = 300.0;  // --timeout: how long a wait lasts before it names the missing senders
+};
+
 class Inbox {
  public:
   // All references must outlive the inbox. `keepBytes`: keep each batch's bytes for the log.
-  Inbox(const TrainConfig& config, const comm::MulticastSchedule& schedule, comm::Transport& transport,
+  Inbox(const ConsistencyOptions& options, const comm::MulticastSchedule& schedule, comm::Transport& transport,
         std::vector<std::pair<int64_t, int64_t>> paramShapes, bool keepBytes);
 
   // Takes in every batch that has arrived, then lets `metrics` collect; never blocks.
@@ -74,7 +81,7 @@ class Inbox {
   std::vector<int> missingSenders(uint64_t clock) const;
   comm::StallError timedOut(uint64_t at) const;
 
-  const TrainConfig& config_;
+  ConsistencyOptions options_;
   const comm::MulticastSchedule& schedule_;
   comm::Transport& transport_;
   std::vector<std::pair<int64_t, int64_t>> shapes_;

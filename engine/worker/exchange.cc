@@ -56,10 +56,10 @@ ClockGroup BroadcastExchange::receive(uint64_t clock, const std::shared_ptr<SvBa
   return group;
 }
 
-MulticastExchange::MulticastExchange(const TrainConfig& config, const comm::MulticastSchedule& schedule,
+MulticastExchange::MulticastExchange(Consistency consistency, const comm::MulticastSchedule& schedule,
                                      comm::Transport& transport, Inbox& inbox, ReplicaUpdater& updater,
                                      ParamSet& replica, ClockLog& log)
-    : config_(config),
+    : consistency_(consistency),
       schedule_(schedule),
       transport_(transport),
       inbox_(inbox),
@@ -97,7 +97,7 @@ ClockGroup MulticastExchange::receive(uint64_t clock, const std::shared_ptr<SvBa
   // The log keeps the whole batch the replica applies (encoded by the log's IO thread).
   ckpt::Record own = ckpt::Record::of(local);
   ClockGroup group;
-  if (config_.consistency == Consistency::kSsp) {
+  if (consistency_ == Consistency::kSsp) {
     group.add(viewOf(local), std::move(own));
     return group;
   }

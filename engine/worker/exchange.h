@@ -13,14 +13,14 @@
 // terms in the same order, and the records the checkpoint log keeps.
 #pragma once
 
+#include "ckpt/clock_log.h"
 #include "comm/schedule.h"
 #include "comm/transport.h"
 #include "engine/base/sv_batch.h"
-#include "engine/config.h"
 #include "engine/worker/consistency.h"
 #include "engine/metrics/metrics.h"
+#include "engine/sync_modes.h"
 #include "engine/worker/optimizer.h"
-#include "engine/recovery/recovery.h"
 
 #include <chrono>
 #include <cstdint>
@@ -31,6 +31,8 @@
 #include <vector>
 
 namespace orpheus::engine {
+
+using ckpt::ClockLog;
 
 // The batches a clock applies together, S ∪ T, in rank order, with their records
 // for the checkpoint log. Views: the own batch where it lies, the others' in the
@@ -99,8 +101,9 @@ class BroadcastExchange final : public ClockExchange {
 // alone, and logged at the local clock; under BSP it waits for its clock's group.
 class MulticastExchange final : public ClockExchange {
  public:
-  // All references must outlive the exchange; `replica` is the one batches are applied to.
-  MulticastExchange(const TrainConfig& config, const comm::MulticastSchedule& schedule, comm::Transport& transport,
+  // All references must outlive the exchange; `replica` is the one batches are
+  // applied to. `consistency`: the job's, the inbox's (SSP applies on arrival).
+  MulticastExchange(Consistency consistency, const comm::MulticastSchedule& schedule, comm::Transport& transport,
                     Inbox& inbox, ReplicaUpdater& updater, ParamSet& replica, ClockLog& log);
   void send(uint64_t clock, std::shared_ptr<const SvBatch> sent, ClockStats& stats) override;
   ClockGroup receive(uint64_t clock, const std::shared_ptr<SvBatch>& local, const ApplyFn& apply, ClockStats& stats,
@@ -115,7 +118,7 @@ class MulticastExchange final : public ClockExchange {
  private:
   void applyReady(uint64_t clock);
 
-  const TrainConfig& config_;
+  Consistency consistency_;
   const comm::MulticastSchedule& schedule_;
   comm::Transport& transport_;
   Inbox& inbox_;

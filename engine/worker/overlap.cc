@@ -59,17 +59,17 @@ std::vector<uint32_t> SvUnits::params(size_t unit) const {
   return out;
 }
 
-bool OverlappedExchange::serves(const TrainConfig& config, const ops::Model& model) {
+bool OverlappedExchange::serves(const OverlapOptions& options, const ops::Model& model) {
   // Not where batches may travel point to point whatever the knobs (SSP, broken
   // links); per-step SVGs of a sequence model are regrouped after the backward pass.
-  const bool mayGoPointToPoint = config.dropLinks > 0.0 || config.consistency == Consistency::kSsp;
-  return config.overlap && config.sync == SyncMode::kSv && !mayGoPointToPoint && !model.svSites().empty() &&
-         config.selectUnit != ops::Model::SvgUnit::kStep;
+  const bool mayGoPointToPoint = options.dropLinks > 0.0 || options.consistency == Consistency::kSsp;
+  return options.overlap && options.sync == SyncMode::kSv && !mayGoPointToPoint && !model.svSites().empty() &&
+         options.selectUnit != ops::Model::SvgUnit::kStep;
 }
 
-OverlappedExchange::OverlappedExchange(const TrainConfig& config, const ops::Model& model, comm::Transport& transport,
-                                       ClockLog& log)
-    : config_(config), transport_(transport), log_(log), units_(model.svSites()), shapes_(model.paramShapes()) {}
+OverlappedExchange::OverlappedExchange(const OverlapOptions& options, const ops::Model& model,
+                                       comm::Transport& transport, ClockLog& log)
+    : options_(options), transport_(transport), log_(log), units_(model.svSites()), shapes_(model.paramShapes()) {}
 
 void OverlappedExchange::begin(uint64_t clock, const SvBatchHeader& header, float scale, Clock::time_point start,
                                std::shared_ptr<const SvBatch> local) {
@@ -223,7 +223,7 @@ std::vector<OverlappedExchange::PeerBatch> OverlappedExchange::finish(const SvBa
   rebuildSeconds = 0.0;
   std::vector<bool> applied(units_.count(), false);
   size_t left = units_.count();
-  comm::Deadline deadline(std::chrono::milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000)));
+  comm::Deadline deadline(std::chrono::milliseconds(static_cast<int64_t>(options_.timeoutSeconds * 1000)));
   auto& slots = arrived_[clock_];
   if (slots.empty()) slots.assign(p, std::vector<std::optional<SvBatchView>>(units_.count()));
   const SvBatchView ownView = viewOf(own);
@@ -268,7 +268,7 @@ std::vector<OverlappedExchange::PeerBatch> OverlappedExchange::finish(const SvBa
       // Said as a collective's timeout is (comm/transport.h): who did not answer, last.
       // The worker names the clock at the end of the line.
       std::string message = fmt::format("rank {}: the SV batches from {} did not arrive within {} s",
-                                        transport_.rank(), comm::rankList(missing), config_.timeoutSeconds);
+                                        transport_.rank(), comm::rankList(missing), options_.timeoutSeconds);
       const comm::StallVerdict v = comm::findStalled(transport_.control(), transport_.rank(), transport_.size(), clock_);
       throw comm::StallError(message + comm::stallSuffix(v), v.reports);
     }

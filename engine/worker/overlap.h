@@ -32,10 +32,9 @@
 
 #include "comm/transport.h"
 #include "engine/base/sv_batch.h"
-#include "engine/config.h"
 #include "engine/worker/exchange.h"
 #include "engine/metrics/metrics.h"
-#include "engine/recovery/recovery.h"
+#include "engine/sync_modes.h"
 #include "ops/model.h"
 
 #include <chrono>
@@ -80,15 +79,27 @@ struct OverlapTimes {
   double sendSeconds = 0.0;    // spent encoding and posting sends inside the backward pass
 };
 
+// What the overlapped exchange reads of the job (engine/worker/part_options.h makes
+// it from the flags): whether it serves the job, and how long a wait lasts.
+struct OverlapOptions {
+  bool overlap = false;  // --overlap on
+  SyncMode sync = SyncMode::kSv;
+  Consistency consistency = Consistency::kBsp;
+  double dropLinks = 0.0;
+  ops::Model::SvgUnit selectUnit = ops::Model::SvgUnit::kExample;
+  double timeoutSeconds = 300.0;
+};
+
 // --sync sv, broadcast, BSP, --overlap on: one per worker, reused every clock.
 class OverlappedExchange final : public ClockExchange {
  public:
   // Whether the overlapped exchange serves this job: --overlap on, --sync sv, a
   // model that names its SV sites and SVGs per example. It is used on the clocks
   // that go through the broadcast (sendsPointToPoint false).
-  static bool serves(const TrainConfig& config, const ops::Model& model);
+  static bool serves(const OverlapOptions& options, const ops::Model& model);
 
-  OverlappedExchange(const TrainConfig& config, const ops::Model& model, comm::Transport& transport, ClockLog& log);
+  OverlappedExchange(const OverlapOptions& options, const ops::Model& model, comm::Transport& transport,
+                     ClockLog& log);
 
   // Streams unless the clock sends a selection: the joint selection needs every
   // matrix, so the selected batch leaves layer by layer from send().
@@ -125,7 +136,7 @@ class OverlappedExchange final : public ClockExchange {
   void takeIn();
   double since(Clock::time_point t) const { return std::chrono::duration<double>(t - start_).count(); }
 
-  const TrainConfig& config_;
+  OverlapOptions options_;
   comm::Transport& transport_;
   ClockLog& log_;
   SvUnits units_;

@@ -5,6 +5,7 @@
 #include "engine/base/rng.h"
 #include "engine/data/sampler.h"
 #include "engine/worker/overlap.h"
+#include "engine/worker/part_options.h"
 #include "engine/failures.h"
 #include "engine/membership/live.h"
 #include "engine/metrics/progress.h"
@@ -12,7 +13,6 @@
 #include "ops/rebuild.h"
 
 #include <algorithm>
-#include <functional>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -25,44 +25,11 @@ using Clock = std::chrono::steady_clock;
 
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Test examples scored at a time.
-constexpr int64_t kEvalChunk = 2000;
-
 std::chrono::milliseconds timeoutOf(const TrainConfig& config) {
   return std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
 }
 
 }  // namespace
-
-ops::ExampleBatch view(const data::Batch& batch) {
-  ops::ExampleBatch x;
-  if (batch.sparse) {
-    x.sparse = &batch.sparseX;
-  } else {
-    x.dense = &batch.dense;
-  }
-  x.labels = &batch.labels;
-  x.indices = &batch.indices;
-  return x;
-}
-
-// The sums of `score` over the test set, in chunks of kEvalChunk examples.
-ops::EvalSums evaluateOn(const data::Dataset& test,
-                         const std::function<ops::EvalSums(const ops::ExampleBatch&)>& score) {
-  ops::EvalSums sums;
-  for (int64_t begin = 0; begin < test.size(); begin += kEvalChunk) {
-    const data::Batch chunk = data::slice(test, begin, std::min(test.size(), begin + kEvalChunk));
-    const ops::EvalSums part = score(view(chunk));
-    sums.lossSum += part.lossSum;
-    sums.correct += part.correct;
-    sums.count += part.count;
-  }
-  return sums;
-}
-
-ops::EvalSums evaluateOn(const ops::Model& model, const ParamSet& params, const data::Dataset& test) {
-  return evaluateOn(test, [&](const ops::ExampleBatch& chunk) { return model.evaluate(params, chunk); });
-}
 
 // A clock whose batches every rank gets, applied in the same clock, is a broadcast
 // under BSP whatever the schedule is called: random, fixed or ring multicast with
@@ -87,23 +54,23 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
       replica_(model.initParams(config.seed)),
       replicaId_(transport.rank()),
       schedule_(scheduleConfig(config, transport.size())),
-      adapt_(config, transport, model.paramShapes(), schedule_.fanout()),
+      adapt_(controllerOptions(config), transport, model.paramShapes(), schedule_.fanout()),
       knobs_(adapt_.initial().knobs),
       log_(makeClockLog(config, transport, replicaId_, knobs_, model)),
-      inbox_(config, schedule_, transport, model.paramShapes(), log_->keepsRecords()),
-      coordinator_(config, transport, knobs_),
+      inbox_(consistencyOptions(config), schedule_, transport, model.paramShapes(), log_->keepsRecords()),
+      coordinator_(coordinatorOptions(config), transport, knobs_),
       recovery_(config, model, transport),
       // Every update is a mean over the examples a replica hears about in a clock: its
       // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
       // and dense sync), so --lr means the same step whatever the fanout.
       heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
       updater_(optimizerSettings(config), model, backend),
-      feed_(config, transport, train),
+      feed_(balanceOptions(config), transport, train),
       broadcast_(transport, model.paramShapes(), *log_),
-      multicast_(config, schedule_, transport, inbox_, updater_, replica_, *log_) {
+      multicast_(config.consistency, schedule_, transport, inbox_, updater_, replica_, *log_) {
   // Used on the clocks that go through the broadcast.
-  if (OverlappedExchange::serves(config, model)) {
-    overlapped_ = std::make_unique<OverlappedExchange>(config, model, transport, *log_);
+  if (const OverlapOptions overlap = overlapOptions(config); OverlappedExchange::serves(overlap, model)) {
+    overlapped_ = std::make_unique<OverlappedExchange>(overlap, model, transport, *log_);
   }
   if (config.sync == SyncMode::kPowerSgd) {
     powerSgd_.emplace(config.svRank, config.seed);
@@ -204,7 +171,7 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSin
   ClockStats stats;
   notePhase(ClockPhase::kStarted, clock);
   const comm::TrafficCounters before = transport_.counters();
-  if (const int64_t delayMs = injectedDelayMs(config_, transport_.rank(), batch.size()); delayMs > 0) {
+  if (const int64_t delayMs = injectedDelayMs(feed_.options(), transport_.rank(), batch.size()); delayMs > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
   }
   if (pointToPoint_) {
@@ -443,33 +410,6 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
   return done;
 }
 
-ops::EvalSums Worker::evaluateLocal() {
-  if (test_ == nullptr) return {};
-  // A resident replica is scored where it lives (a pending SSP step is taken on the host, below).
-  if (updater_.resident() && !updater_.pending()) {
-    const std::span<const ops::Tensor> w = updater_.deviceParams(replica_);
-    return evaluateOn(*test_, [&](const ops::ExampleBatch& chunk) {
-      return model_.evaluateOnDevice(w, chunk, updater_.backend());
-    });
-  }
-  updater_.toHost(replica_);
-  // Under SSP a clock's step may wait for batches still to come: score the
-  // replica as that step would leave it, without taking it.
-  if (updater_.pending()) return evaluateOn(model_, updater_.peek(replica_), *test_);
-  return evaluateOn(model_, replica_, *test_);
-}
-
-EvalResult Worker::evaluate() {
-  const ops::EvalSums sums = evaluateLocal();
-  double v[3] = {sums.lossSum, sums.correct, sums.count};
-  transport_.control().sum(v);
-  EvalResult r;
-  r.examples = static_cast<int64_t>(v[2]);
-  r.loss = v[2] > 0 ? v[0] / v[2] : 0.0;
-  r.accuracy = v[2] > 0 ? v[1] / v[2] : 0.0;
-  return r;
-}
-
 const ParamSet& Worker::run(MetricsWriter& metrics) {
   const bool leader = transport_.rank() == 0;
   ProgressLine progress(leader ? config_.progress : "off", static_cast<uint64_t>(config_.clocks));
@@ -555,8 +495,8 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   const uint64_t coordinationBytes = transport_.counters().bytesSent - bytesBefore;  // averaging, rotation
   adaptAfter(clock, stats, coordinationBytes, coordination, secondsSince(start));
   // --balance: this clock's busy time and, every --balance-every clocks, chunk moves.
-  feed_.afterClock(clock, stats.computeSeconds +
-                              static_cast<double>(injectedDelayMs(config_, transport_.rank(), batch.size())) / 1000.0);
+  const int64_t delayMs = injectedDelayMs(feed_.options(), transport_.rank(), batch.size());
+  feed_.afterClock(clock, stats.computeSeconds + static_cast<double>(delayMs) / 1000.0);
   const Recovery::Failure failure = afterClock(clock);
   const double clockSeconds = secondsSince(start);
   tally.trainSeconds += clockSeconds;
@@ -610,24 +550,6 @@ Recovery::Failure Worker::afterClock(uint64_t clock) {
   return recovery_.maybeFail(clock, replica_, updater_, replicaId_, *log_);
 }
 
-// On evaluation clocks each rank scores its own replica on its own test shard into
-// `record`: no collective, unless the job stops at a target accuracy, which all
-// ranks must agree on. Returns whether the target is reached.
-bool Worker::evaluateAt(uint64_t clock, ClockRecord& record) {
-  const auto every = static_cast<uint64_t>(config_.evalEvery);
-  const bool evalClock = clock == static_cast<uint64_t>(config_.clocks) || (every > 0 && clock % every == 0);
-  if (!evalClock || test_ == nullptr) return false;
-  const ops::EvalSums sums = evaluateLocal();
-  record[kHasEval] = 1.0;
-  record[kEvalLoss] = sums.lossSum;
-  record[kEvalCorrect] = sums.correct;
-  record[kEvalCount] = sums.count;
-  if (config_.targetAccuracy <= 0.0) return false;
-  double v[2] = {sums.correct, sums.count};
-  transport_.control().sum(v);
-  return v[1] > 0 && v[0] / v[1] >= config_.targetAccuracy;
-}
-
 void Worker::writeSummary(MetricsWriter& metrics, const Tally& tally, const EvalResult& initialEval) const {
   RunSummary run;
   run.lastClock = tally.last;
@@ -645,7 +567,7 @@ void Worker::writeSummary(MetricsWriter& metrics, const Tally& tally, const Eval
   run.testLoss = lastEval_.loss;
   run.testAccuracy = lastEval_.accuracy;
   if (isQuasiNewton(updater_.optimizer().settings().kind)) run.quasiNewtonSkips = updater_.optimizer().skips();
-  metrics.write(summaryLine(config_, model_, run));
+  metrics.write(summaryLine(metricsOptions(config_), model_, run));
 }
 
 }  // namespace orpheus::engine

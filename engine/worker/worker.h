@@ -62,7 +62,8 @@ class Worker {
  public:
   // All references must outlive the worker. `test` may be null (no evaluation).
   // `backend` is the job's (ops/backends.h, --device): the rebuild and the dense
-  // gradient run on it.
+  // gradient run on it. The worker is the composition root of its parts: each gets
+  // its own options, made from `config` (engine/worker/part_options.h).
   Worker(const TrainConfig& config, const ops::Model& model, ops::Backend& backend, comm::Transport& transport,
          const data::Dataset& train, const data::Dataset* test);
   ~Worker();

@@ -20,10 +20,10 @@ namespace {
 const std::vector<std::pair<int64_t, int64_t>> kShapes{{10, 20}, {10, 1}};
 
 // --adapt under SSP with s = 1, B = 32, 50 clocks, a decision every 10.
-engine::TrainConfig adaptiveJob() {
-  engine::TrainConfig c;
-  c.adapt = true;
-  c.adaptEvery = 10;
+adapt::ControllerOptions adaptiveJob() {
+  adapt::ControllerOptions c;
+  c.enabled = true;
+  c.every = 10;
   c.clocks = 50;
   c.batch = 32;
   c.consistency = engine::Consistency::kSsp;
@@ -60,7 +60,7 @@ std::vector<adapt::Decision> decideTogether(std::vector<adapt::Controller*> cont
 }  // namespace
 
 TEST_CASE("bounds: defaults from the job's shape, --adapt-* ranges where given", "[adapt][controller]") {
-  engine::TrainConfig c = adaptiveJob();
+  adapt::ControllerOptions c = adaptiveJob();
   c.averageEvery = 40;
   adapt::Bounds b = adapt::boundsFor(c, 4, 3);
   CHECK(b.select.min == 1);
@@ -73,8 +73,8 @@ TEST_CASE("bounds: defaults from the job's shape, --adapt-* ranges where given",
   CHECK(b.averageEvery.max == 160);
 
   c.multicast = comm::MulticastKind::kRandom;
-  c.adaptSelect = {4, 16};
-  c.adaptStaleness = {1, 3};
+  c.selectRange = {4, 16};
+  c.stalenessRange = {1, 3};
   b = adapt::boundsFor(c, 4, 2);
   CHECK(b.fanout.min == 1);
   CHECK(b.fanout.max == 3);
@@ -94,7 +94,7 @@ TEST_CASE("bounds: defaults from the job's shape, --adapt-* ranges where given",
 
 TEST_CASE("the ranks decide every --adapt-every clocks, never after the last", "[adapt][controller]") {
   auto transports = comm::makeLoopbackGroup(2);
-  engine::TrainConfig c = adaptiveJob();
+  adapt::ControllerOptions c = adaptiveJob();
   adapt::Controller controller(c, *transports[0], kShapes, 1);
   CHECK(controller.enabled());
   CHECK(controller.decidesAfter(10));
@@ -104,13 +104,13 @@ TEST_CASE("the ranks decide every --adapt-every clocks, never after the last", "
   CHECK(controller.measuresAt(20));          // JMCSS: e(c) measured before a decision
   CHECK_FALSE(controller.measuresAt(21));
 
-  engine::TrainConfig uniform = c;
-  uniform.selectMethod = engine::SelectionMethod::kUniform;
+  adapt::ControllerOptions uniform = c;
+  uniform.jmcss = false;  // --select-method uniform
   adapt::Controller noMeasure(uniform, *transports[0], kShapes, 1);
   CHECK(noMeasure.decidesAfter(20));
   CHECK_FALSE(noMeasure.measuresAt(20));
 
-  engine::TrainConfig off;
+  adapt::ControllerOptions off;
   off.clocks = 50;
   adapt::Controller disabled(off, *transports[0], kShapes, 1);
   CHECK_FALSE(disabled.decidesAfter(10));
@@ -124,7 +124,7 @@ TEST_CASE("the ranks decide every --adapt-every clocks, never after the last", "
 
 TEST_CASE("a decision pools every rank's window; every rank takes rank 0's knobs", "[adapt][controller]") {
   auto transports = comm::makeLoopbackGroup(2);
-  const engine::TrainConfig c = adaptiveJob();
+  const adapt::ControllerOptions c = adaptiveJob();
   adapt::Controller rank0(c, *transports[0], kShapes, 1);
   adapt::Controller rank1(c, *transports[1], kShapes, 1);
   const adapt::Knobs current = rank0.initial().knobs;
@@ -146,7 +146,7 @@ TEST_CASE("a decision pools every rank's window; every rank takes rank 0's knobs
 }
 
 TEST_CASE("a budget no setting within the bounds meets is refused, naming the flag", "[adapt][controller]") {
-  engine::TrainConfig c = adaptiveJob();
+  adapt::ControllerOptions c = adaptiveJob();
   c.maxBytesPerClock = 1.0;
   CHECK_THROWS_WITH(adapt::Controller::checkBudget(c, 2, kShapes, 1),
                     Catch::Contains("--max-bytes-per-clock 1: even with every knob at its bound"));
@@ -156,7 +156,7 @@ TEST_CASE("a budget no setting within the bounds meets is refused, naming the fl
   c.maxBytesPerClock = 1e9;
   CHECK_NOTHROW(adapt::Controller::checkBudget(c, 2, kShapes, 1));
   c.maxBytesPerClock = 1.0;
-  c.adapt = false;  // no --adapt: no promise to check
+  c.enabled = false;  // no --adapt: no promise to check
   CHECK_NOTHROW(adapt::Controller::checkBudget(c, 2, kShapes, 1));
 }
 

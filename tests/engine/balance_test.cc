@@ -215,7 +215,7 @@ TEST_CASE("a sampler's stream 0 is the job's first; another stream draws other b
 }
 
 TEST_CASE("--inject-delay under --balance is per B examples; without it per clock") {
-  engine::TrainConfig c;
+  engine::BalanceOptions c;
   c.batch = 50;
   c.delayRank = 1;
   c.delayMs = 20;
@@ -236,7 +236,7 @@ struct FeedRun {
   std::vector<std::string> owners;           // digest after `last`
 };
 
-FeedRun runFeeds(const engine::TrainConfig& config, int ranks, uint64_t first, uint64_t last, double slowdown) {
+FeedRun runFeeds(const engine::BalanceOptions& config, int ranks, uint64_t first, uint64_t last, double slowdown) {
   auto hub = std::make_shared<LoopbackHub>(ranks);
   FeedRun out;
   out.batches.resize(static_cast<size_t>(ranks));
@@ -278,15 +278,14 @@ FeedRun runFeeds(const engine::TrainConfig& config, int ranks, uint64_t first, u
 
 TEST_CASE("a feed moves rows off a slow rank, keeps P*B, and a resumed feed takes up the same chunks and batches") {
   testing::TempDir dir("balance");
-  engine::TrainConfig c;
+  engine::BalanceOptions c;
   c.seed = 11;
   c.batch = 20;
   c.clocks = 40;
   c.balance = true;
   c.balanceEvery = 5;
   c.chunkRows = 50;
-  c.ckptSv = true;
-  c.ckptDir = dir.str();
+  c.chunkLogDir = dir.str();  // --ckpt sv --ckpt-dir DIR
   constexpr int kRanks = 3;
   const FeedRun whole = runFeeds(c, kRanks, 1, 20, 5.0);
   // Until the first decision every rank samples B; after it rank 1 samples fewer, all P*B.
@@ -313,7 +312,7 @@ TEST_CASE("a feed moves rows off a slow rank, keeps P*B, and a resumed feed take
 }
 
 TEST_CASE("without --balance the feed is the plain sampler over the shard") {
-  engine::TrainConfig c;
+  engine::BalanceOptions c;
   c.seed = 3;
   c.batch = 7;
   auto hub = std::make_shared<LoopbackHub>(1);

@@ -52,10 +52,10 @@ struct Job {
   explicit Job(engine::Consistency consistency, comm::MulticastKind kind = comm::MulticastKind::kAll,
                double timeoutSeconds = 300.0)
       : transports(comm::makeLoopbackGroup(kRanks)), schedule(scheduleFor(kind)) {
-    config.clocks = 10;
-    config.consistency = consistency;
-    config.timeoutSeconds = timeoutSeconds;
-    inbox = std::make_unique<Inbox>(config, schedule, *transports[0], kShapes, false);
+    options.clocks = 10;
+    options.consistency = consistency;
+    options.timeoutSeconds = timeoutSeconds;
+    inbox = std::make_unique<Inbox>(options, schedule, *transports[0], kShapes, false);
   }
   static comm::ScheduleConfig scheduleFor(comm::MulticastKind kind) {
     comm::ScheduleConfig sc;
@@ -71,7 +71,7 @@ struct Job {
                                          encode(batchOf(sender, clock, value))));
   }
 
-  engine::TrainConfig config;
+  engine::ConsistencyOptions options;
   std::vector<std::unique_ptr<comm::Transport>> transports;
   comm::MulticastSchedule schedule;
   std::unique_ptr<Inbox> inbox;

@@ -4,8 +4,10 @@
 #include "engine/base/error.h"
 #include "engine/data/sampler.h"
 #include "engine/data/synthetic_data.h"
+#include "engine/worker/part_options.h"
 #include "engine/worker/worker.h"
 #include "ops/mlr.h"
+#include "tests/support/bitwise.h"
 
 #include <catch2/catch.hpp>
 
@@ -17,6 +19,7 @@
 using namespace orpheus;
 using comm::loopback::LoopbackHub;
 using comm::loopback::LoopbackTransport;
+using orpheus::testing::bitwiseEqual;
 
 namespace {
 
@@ -100,23 +103,36 @@ std::vector<ParamSet> train(engine::TrainConfig config, int ranks, int64_t clock
   return out;
 }
 
-bool bitwiseEqual(const ParamSet& a, const ParamSet& b) {
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return false;
-  return true;
+// A sync mode's training and dense training of the same job (B = 16 per rank,
+// lr 0.5) from the same start: every rank's replica of each, and the start.
+struct AgainstDense {
+  std::vector<ParamSet> trained;
+  std::vector<ParamSet> dense;
+  ParamSet init;
+};
+
+AgainstDense trainAgainstDense(engine::SyncMode sync, int64_t svRank, int ranks, int64_t clocks) {
+  engine::TrainConfig config;
+  config.batch = 16;
+  config.lr = 0.5;
+  config.sync = sync;
+  config.svRank = svRank;
+  AgainstDense run;
+  run.trained = train(config, ranks, clocks);
+  config.sync = engine::SyncMode::kDense;
+  config.svRank = 0;
+  run.dense = train(config, ranks, clocks);
+  run.init = ops::MultinomialLogisticRegression(kFeatures, kClasses).initParams(config.seed);
+  return run;
 }
 
 }  // namespace
 
 TEST_CASE("SV broadcast training equals dense allreduce training (loopback, 4 ranks, 50 clocks)", "[engine]") {
-  engine::TrainConfig config;
-  config.batch = 16;
-  config.lr = 0.5;
-  config.sync = engine::SyncMode::kSv;
-  const auto sv = train(config, 4, 50);
-  config.sync = engine::SyncMode::kDense;
-  const auto dense = train(config, 4, 50);
-  const ParamSet init = ops::MultinomialLogisticRegression(kFeatures, kClasses).initParams(config.seed);
+  const AgainstDense run = trainAgainstDense(engine::SyncMode::kSv, 0, 4, 50);
+  const std::vector<ParamSet>& sv = run.trained;
+  const std::vector<ParamSet>& dense = run.dense;
+  const ParamSet& init = run.init;
   // Training moved the parameters, and both modes moved them the same way.
   CHECK(relativeDifference(sv[0], init) > 0.1);
   const double diff = relativeDifference(sv[0], dense[0]);
@@ -127,16 +143,10 @@ TEST_CASE("SV broadcast training equals dense allreduce training (loopback, 4 ra
 }
 
 TEST_CASE("--sync powersgd keeps every replica equal and trains at rank 1 (loopback, 2 ranks)", "[engine]") {
-  engine::TrainConfig config;
-  config.batch = 16;
-  config.lr = 0.5;
-  config.sync = engine::SyncMode::kPowerSgd;
-  config.svRank = 1;
-  const auto compressed = train(config, 2, 30);
-  config.sync = engine::SyncMode::kDense;
-  config.svRank = 0;
-  const auto dense = train(config, 2, 30);
-  const ParamSet init = ops::MultinomialLogisticRegression(kFeatures, kClasses).initParams(config.seed);
+  const AgainstDense run = trainAgainstDense(engine::SyncMode::kPowerSgd, 1, 2, 30);
+  const std::vector<ParamSet>& compressed = run.trained;
+  const std::vector<ParamSet>& dense = run.dense;
+  const ParamSet& init = run.init;
   CHECK(bitwiseEqual(compressed[0], compressed[1]));
   CHECK(relativeDifference(compressed[0], init) > 0.1);
   // Rank 1 of a 5 x 40 gradient is not the gradient, but it moves the parameters
@@ -408,4 +418,27 @@ TEST_CASE("averaging and rotation are no-ops on one rank", "[engine][coordinator
   config.rotateEvery = 0;
   const auto plain = train(config, 1, 6);
   CHECK(bitwiseEqual(one[0], plain[0]));
+}
+
+TEST_CASE("each part's options say what the flags say", "[engine][options]") {
+  engine::TrainConfig config;
+  config.ckptDir = "run/ckpt";
+  CHECK(engine::balanceOptions(config).chunkLogDir.empty());  // --ckpt-dir alone logs no chunk moves
+  config.ckptSv = true;
+  CHECK(engine::balanceOptions(config).chunkLogDir == "run/ckpt");
+  CHECK(engine::controllerOptions(config).jmcss);
+  config.selectMethod = engine::SelectionMethod::kUniform;
+  CHECK_FALSE(engine::controllerOptions(config).jmcss);  // e(c) is measured under JMCSS only
+  config.sync = engine::SyncMode::kDense;
+  config.consistency = engine::Consistency::kSsp;
+  config.multicast = comm::MulticastKind::kRandom;
+  const engine::MetricsOptions named = engine::metricsOptions(config);
+  CHECK(named.sync == "dense");  // the summary line names values as the flags do
+  CHECK(named.consistency == "ssp");
+  CHECK(named.multicast == "random");
+  config.rotateEvery = 7;
+  CHECK(engine::coordinatorOptions(config).rotateEvery == 7);
+  config.timeoutSeconds = 12.5;
+  CHECK(engine::consistencyOptions(config).timeoutSeconds == 12.5);
+  CHECK(engine::overlapOptions(config).timeoutSeconds == 12.5);
 }

@@ -1,0 +1,13 @@
+// How a job's replicas keep in step: the sync mode of a clock and the consistency
+// model between clocks. Read by the parts of the worker through their options
+// structs; the flags' names for the values are in engine/config.h.
+#pragma once
+
+namespace orpheus::engine {
+
+// --sync: SV batches (Algorithm 1), the dense gradient all-reduced, or PowerSGD's factors of it.
+enum class SyncMode { kSv, kDense, kPowerSgd };
+// --consistency: every batch of a clock before the next (BSP), or within s clocks (SSP).
+enum class Consistency { kBsp, kSsp };
+
+}  // namespace orpheus::engine
