@@ -161,8 +161,10 @@ void DataFeed::start(uint64_t first) {
   std::vector<Rebalance> changes;
   if (logs()) {
     collectively(transport_, [&] {
+      bool recorded = false;  // the directory holds this job's layout already
       if (first > 1) {
         const ChunkLog old = readChunkLog(config_.ckptDir);
+        recorded = old.chunkRows != 0;
         const std::vector<int64_t>& shardRows = layout_.shardRows();
         ORPHEUS_CHECK_INPUT(old.chunkRows == 0 || (old.chunkRows == layout_.chunkRows() && old.shardRows == shardRows),
                             "--resume --balance: the chunk layout '{}' records ({} rows per chunk over shards of {}) "
@@ -178,11 +180,14 @@ void DataFeed::start(uint64_t first) {
       } catch (const Error& e) {
         throw InputError(fmt::format("'{}': {}", chunkLogPath(config_.ckptDir).string(), e.what()));
       }
+      // Changes after the resume clock belong to clocks the killed job lost: the
+      // resume set aside the segments that recorded them (and cut an old DIR/chunks).
       log_.chunkRows = layout_.chunkRows();
       log_.shardRows = layout_.shardRows();
       log_.changes = changes;
-      // Lines after the resume clock belong to clocks the killed job lost.
-      if (transport_.rank() == 0) writeChunkLog(config_.ckptDir, log_);
+      if (!recorded && clockLog_ != nullptr) {
+        clockLog_->jobRecord(first, ckpt::EventKind::kChunks, ckpt::layoutRecord(log_.chunkRows, log_.shardRows));
+      }
     });
   }
   const uint64_t streamClock = changes.empty() ? 0 : changes.back().clock;
@@ -301,11 +306,8 @@ bool DataFeed::afterClock(uint64_t clock, double busySeconds) {
     if (to != owners_->owner(c)) moves.push_back({c, owners_->owner(c), to});
   }
   if (!moves.empty() && logs()) {
-    collectively(transport_, [&] {
-      if (rank != 0) return;
-      log_.changes.push_back({clock, moves});
-      writeChunkLog(config_.ckptDir, log_);
-    });
+    log_.changes.push_back({clock, moves});
+    if (clockLog_ != nullptr) clockLog_->jobRecord(clock, ckpt::EventKind::kChunks, ckpt::movesRecord(clock, moves));
   }
   owners_->apply(moves);
   record(clock, moves, times, false);
