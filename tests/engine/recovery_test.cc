@@ -20,6 +20,7 @@
 #include "tests/support/tiny_clock.h"
 
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 
@@ -196,4 +197,35 @@ TEST_CASE("--fail-prob under --ckpt matrix: the replica returns to the last matr
     CHECK(recovery.failures() == 1);
     CHECK(recovery.lostClocks() == 2);
   }
+}
+
+TEST_CASE("a directory as earlier jobs wrote it, its epochs and chunks in text files, restores and resumes as before",
+          "[recovery]") {
+  TempDir dir;
+  Job job(dir.str());
+  job.config.ckptSv = true;
+  std::map<uint64_t, ParamSet> states;
+  {
+    auto log = engine::makeClockLog(job.config, *job.transports[0], 0, job.knobs, *job.model);
+    for (uint64_t c = 1; c <= 8; ++c) {
+      log->appendGroup(c, {ckpt::Record::of(job.step(c))});
+      log->endClock(c);
+      states[c] = job.params;
+    }
+    log->flush();
+  }
+  std::ofstream(dir / "membership") << "epoch 1 clock 4 ranks 1\n";
+  std::ofstream(dir / "chunks") << "layout rows 4 shards 8\nclock 3 moves 0:0>0\nclock 7 moves 1:0>0\n";
+  REQUIRE(ckpt::readMembership(dir.str()).size() == 2);
+  for (uint64_t t : {1, 4, 5, 8}) {
+    INFO("clock " << t);
+    CHECK(bitwiseEqual(restoreAt(dir.str(), t).params, states.at(t)));
+  }
+  CHECK(engine::resumableClock(dir.str(), ckpt::inspect(dir.str()), 0, 1) == 8);
+  // A resume at clock 5 cuts the chunk file there and leaves the membership file as it is.
+  engine::discardAfter(dir.str(), 5);
+  const ckpt::ChunkLog chunks = ckpt::readChunkLog(dir.str());
+  REQUIRE(chunks.changes.size() == 1);
+  CHECK(chunks.changes[0].clock == 3);
+  CHECK(ckpt::readMembership(dir.str()).back().clock == 4);
 }
