@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -20,9 +19,9 @@
 namespace orpheus::engine {
 namespace {
 
-namespace fs = std::filesystem;
-
-fs::path chunkLogPath(const std::string& dir) { return ckpt::chunksPath(dir); }
+// The chunk log, as a message names it: the records of DIR's logs (an earlier
+// directory's DIR/chunks).
+std::string chunkLogName(const std::string& dir) { return fmt::format("the chunk log of '{}'", dir); }
 
 // Each rank's minibatch under `owners`: B everywhere until a chunk is away from
 // its origin, then the rows' shares of P·B.
@@ -67,7 +66,7 @@ std::optional<std::string> describeChunksAt(const std::string& dir, uint64_t clo
   try {
     owners = ownershipAt(layout, log.changes, clock);
   } catch (const Error& e) {
-    throw InputError(fmt::format("'{}': {}", chunkLogPath(dir).string(), e.what()));
+    throw InputError(fmt::format("{}: {}", chunkLogName(dir), e.what()));
   }
   const std::vector<int64_t> counts = owners.chunkCounts();
   const std::vector<int64_t> rows = owners.rowCounts();
@@ -167,9 +166,9 @@ void DataFeed::start(uint64_t first) {
         recorded = old.chunkRows != 0;
         const std::vector<int64_t>& shardRows = layout_.shardRows();
         ORPHEUS_CHECK_INPUT(old.chunkRows == 0 || (old.chunkRows == layout_.chunkRows() && old.shardRows == shardRows),
-                            "--resume --balance: the chunk layout '{}' records ({} rows per chunk over shards of {}) "
+                            "--resume --balance: the chunk layout {} records ({} rows per chunk over shards of {}) "
                             "is not this job's ({} over {})",
-                            chunkLogPath(config_.ckptDir).string(), old.chunkRows, fmt::join(old.shardRows, ", "),
+                            chunkLogName(config_.ckptDir), old.chunkRows, fmt::join(old.shardRows, ", "),
                             layout_.chunkRows(), fmt::join(shardRows, ", "));
         for (const Rebalance& c : old.changes) {
           if (c.clock < first) changes.push_back(c);
@@ -178,7 +177,7 @@ void DataFeed::start(uint64_t first) {
       try {
         for (const Rebalance& c : changes) owners_->apply(c.moves);
       } catch (const Error& e) {
-        throw InputError(fmt::format("'{}': {}", chunkLogPath(config_.ckptDir).string(), e.what()));
+        throw InputError(fmt::format("{}: {}", chunkLogName(config_.ckptDir), e.what()));
       }
       // Changes after the resume clock belong to clocks the killed job lost: the
       // resume set aside the segments that recorded them (and cut an old DIR/chunks).

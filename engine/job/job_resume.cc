@@ -115,10 +115,9 @@ void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& t
                    const std::vector<Epoch>& epochs, uint64_t resumeClock, bool live) {
   ElasticStart start = redistribute(elasticOptions(config), transport, model, worker.backend(), epochs, resumeClock);
   worker.setEpoch(start.epoch.epoch);
-  // Collective: rejoinAt agrees on the snapshot parts itself.
-  // The new epoch becomes a record of the new members' logs once the snapshot is
-  // whole, durable with the epoch's first clock: a job killed before that resumes
-  // as before the change.
+  // Collective: rejoinAt agrees on the snapshot parts itself. The new epoch then
+  // becomes a record of the new members' logs, durable with the epoch's first
+  // clock: a job killed before that resumes as before the change.
   worker.rejoinAt(resumeClock, std::move(start.params), start.optimizerState, transport.rank(), start.writeSnapshot);
   if (transport.rank() == 0) {
     spdlog::info("{} clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
