@@ -131,6 +131,32 @@ TEST_CASE("a segment without job records is written in the format before them") 
   CHECK(readMembership(dir.str()).back().ranks == 2);
 }
 
+TEST_CASE("a job record in a segment that says it predates format 4 is damage, and is passed over") {
+  TempDir dir("replay-old-version");
+  writeJob(dir.str(), 1);
+  {
+    SvLogWriter w(dir.str(), 0, size_t{64} << 20, 4);
+    w.appendJobRecord(1, EventKind::kMembership, epochRecord({1, 1, 2}));
+    w.endClock(1);
+    w.flush();
+  }
+  const auto segments = listSegments(replicaDir(dir.str(), 0));
+  REQUIRE(segments.size() == 1);
+  REQUIRE(readMembership(dir.str()).size() == 2);
+  {
+    // The version is an attribute outside the CRC: rewrite it as format 3.
+    H5Handle file(H5Fopen(segments[0].path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    REQUIRE(file.valid());
+    H5Handle attr(H5Aopen(file.get(), "version", H5P_DEFAULT), H5Aclose);
+    const int64_t three = kSegmentVersion;
+    REQUIRE(H5Awrite(attr.get(), H5T_NATIVE_INT64, &three) >= 0);
+  }
+  std::vector<LogEntry> entries;
+  CHECK_THAT(loadSegment(segments[0].path, 0, segments[0].first, segments[0].last, &entries),
+             Catch::Contains("unknown entry kind 6"));
+  CHECK(readMembership(dir.str()).size() == 1);
+}
+
 TEST_CASE("a directory written before keeps its text logs, and a resumed job continues them in its log") {
   TempDir dir("replay-mixed");
   writeJob(dir.str(), 2);
