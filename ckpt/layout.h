@@ -13,11 +13,12 @@
 //   DIR/snapshot-<clock>/part-<r>.h5
 //                                  row block r of every parameter of the averaged
 //                                  model after the averaging barrier of <clock>
-//   DIR/membership                 the job's membership epochs after its first, one
-//                                  line each (engine/membership/elastic.h); absent until the
-//                                  number of ranks first changes
-//   DIR/chunks                     --balance: the chunk layout, then every change of
-//                                  chunk ownership, one line each (ckpt/replay.h)
+//   DIR/membership                 directories before segment format 4 only: the
+//                                  membership epochs after the first, one line each
+//   DIR/chunks                     directories before segment format 4 only:
+//                                  --balance's chunk layout, then every change of
+//                                  chunk ownership, one line each; a job now writes
+//                                  both as records of the replicas' logs (ckpt/replay.h)
 //   DIR/states-<clock>/rank-<r>.h5 what rank r's model carried from one clock to the
 //                                  next beyond the parameters (a sequence model's
 //                                  recurrent states per stream) after <clock>, written

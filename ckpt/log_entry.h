@@ -68,16 +68,30 @@ struct Record {
 // the communication knobs at this clock (--adapt); one record of
 // kKnobsRecordBytes, as engine/adapt/knobs.h encodes it. Replay applies nothing for
 // it: the batches already carry what the knobs did.
+//
+// kMembership and kChunks (segment format 4; older directories keep them in the
+// text files DIR/membership and DIR/chunks): the job's own records, which every
+// rank writes into the log of the replica it holds, so any replica's log that
+// survives holds them (ckpt/replay.h reads them from all, one of each). Each has
+// one record, a line of text spelled as the old text files spell it:
+//   kMembership  "epoch E clock C ranks P": membership epoch E starts after clock C
+//   kChunks      "layout rows R shards n0 n1 ...": --balance's chunk layout, or
+//                "clock K moves c:f>t ...": the chunk moves after clock K
+// Replay applies nothing for them either.
 enum class EventKind : uint32_t {
-  kGroup = 0, kAveraged = 1, kRotatedOut = 2, kRotatedIn = 3, kReset = 4, kKnobs = 5
+  kGroup = 0, kAveraged = 1, kRotatedOut = 2, kRotatedIn = 3, kReset = 4, kKnobs = 5, kMembership = 6, kChunks = 7
 };
 inline constexpr size_t kKnobsRecordBytes = 32;
+// The longest membership or chunk record a log takes.
+inline constexpr size_t kTextRecordMaxBytes = size_t{1} << 20;
+// Whether `kind` is one of the job's own records (kMembership, kChunks).
+inline bool isJobRecord(EventKind kind) { return kind == EventKind::kMembership || kind == EventKind::kChunks; }
 
 // One entry of a replica's log, as read back.
 struct LogEntry {
   uint64_t clock = 0;               // the replica's local clock when it happened
   EventKind kind = EventKind::kGroup;
-  std::vector<std::vector<std::byte>> records;  // kGroup: encoded SV batches applied together; kKnobs: its record
+  std::vector<std::vector<std::byte>> records;  // kGroup: encoded SV batches applied together; kKnobs, kMembership, kChunks: its record
   // kReset: the replica became its state at clock resetTo; the log before this entry
   // ends at clock logEnd (logEnd <= resetTo <= clock, logEnd < clock). resetTo past
   // logEnd is a snapshot.

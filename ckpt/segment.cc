@@ -4,6 +4,7 @@
 #include "ckpt/layout.h"
 #include "engine/base/crc32c.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <filesystem>
@@ -188,7 +189,10 @@ uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint6
       H5Handle set = createVector(file, "record_sizes", H5T_STD_U64LE, seg.sizes.size(), name);
       if (!seg.sizes.empty()) writeAll(set.get(), H5T_NATIVE_UINT64, seg.sizes.data(), "record_sizes", name);
     }
-    writeI64Attr(file, "version", version, name);
+    const bool jobRecords = std::any_of(seg.rows.begin(), seg.rows.end(), [](const EntryRow& r) {
+      return isJobRecord(static_cast<EventKind>(r.kind));
+    });
+    writeI64Attr(file, "version", jobRecords ? kSegmentVersionJobRecords : version, name);
     writeU64Attr(file, "first_clock", first, name);
     writeU64Attr(file, "last_clock", last, name);
     writeI64Attr(file, "replica", replica, name);
@@ -227,7 +231,9 @@ std::string checkAttributes(hid_t file, int replica, uint64_t first, uint64_t la
       !readU32Attr(file, "crc32c", storedCrc)) {
     return "its attributes are missing or unreadable";
   }
-  if (*version < 1 || *version > kSegmentVersion) return fmt::format("unknown format version {}", *version);
+  if (*version < 1 || *version > kSegmentVersionJobRecords) {
+    return fmt::format("unknown format version {}", *version);
+  }
   if (storedFirst != first || storedLast != last || first > last) {
     return fmt::format("it holds clocks {}..{}, its name says {}..{}", storedFirst, storedLast, first, last);
   }
@@ -319,18 +325,22 @@ std::string scanEntries(const SegmentData& data, int64_t version, int replica, u
   for (const EntryRow& r : data.rows) {
     if (r.clock < previous || r.clock > last) return fmt::format("entry of clock {} out of order", r.clock);
     const auto kind = static_cast<EventKind>(r.kind);
-    if (r.kind > static_cast<uint32_t>(EventKind::kKnobs)) return fmt::format("unknown entry kind {}", r.kind);
+    const auto known = static_cast<uint32_t>(version >= kSegmentVersionJobRecords ? EventKind::kChunks
+                                                                                   : EventKind::kKnobs);
+    if (r.kind > known) return fmt::format("unknown entry kind {}", r.kind);
     std::string error;
     if (kind == EventKind::kReset) {
       error = scanReset(data, r, record, offset, &r == &data.rows.front(), previous, first, scan);
-    } else if (kind == EventKind::kKnobs) {
-      if (r.records != 1 || data.sizes[record] != kKnobsRecordBytes) return "a knobs event is malformed";
+    } else if (kind == EventKind::kKnobs || isJobRecord(kind)) {
+      if (r.records != 1 || (kind == EventKind::kKnobs && data.sizes[record] != kKnobsRecordBytes)) {
+        return fmt::format("a {} event is malformed", kind == EventKind::kKnobs ? "knobs" : "job record");
+      }
       if (scan.events) {
         LogEntry e;
         e.clock = r.clock;
         e.kind = kind;
         const auto* begin = reinterpret_cast<const std::byte*>(data.records.data()) + offset;
-        e.records.emplace_back(begin, begin + kKnobsRecordBytes);
+        e.records.emplace_back(begin, begin + data.sizes[record]);
         scan.events->push_back(std::move(e));
       }
     } else if (kind == EventKind::kGroup) {
@@ -395,6 +405,17 @@ std::string loadSegment(const std::string& path, int replica, uint64_t first, ui
   if (!error.empty()) return error;
   if (out) collectEntries(data, *out);
   return "";
+}
+
+bool holdsJobRecords(const std::string& path) {
+  H5Handle file = openH5ForReading(path);
+  if (!file.valid()) return false;
+  H5Handle memType = entryType(false);
+  std::vector<EntryRow> rows;
+  if (!readVector(file.get(), "entries", memType.get(), &rows)) return false;
+  return std::any_of(rows.begin(), rows.end(), [](const EntryRow& r) {
+    return isJobRecord(static_cast<EventKind>(r.kind));
+  });
 }
 
 }  // namespace orpheus::ckpt

@@ -32,8 +32,12 @@
 
 namespace orpheus::ckpt {
 
-// Version 2 added the reset event, version 3 batch references.
+// Version 2 added the reset event, version 3 batch references, version 4 the
+// membership and chunk records (ckpt/log_entry.h). A segment is written as version
+// 4 only when it holds such a record; any other is written as before (3, or 2 when
+// asked), byte for byte, so a build that predates version 4 still reads it.
 inline constexpr int64_t kSegmentVersion = 3;
+inline constexpr int64_t kSegmentVersionJobRecords = 4;
 // The oldest version a writer may still be asked for (every received batch copied).
 inline constexpr int64_t kSegmentVersionCopies = 2;
 
@@ -74,18 +78,23 @@ SharedBytes resetRecord(uint64_t resetTo, uint64_t logEnd);
 // Writes replica `replica`'s segment of clocks first..last durably; `between` runs
 // while the records are being written (between pieces). Returns the file's size.
 // `version`: kSegmentVersion, or kSegmentVersionCopies when the segment holds no
-// references (the format older readers know).
+// references (the format older readers know); kSegmentVersionJobRecords instead
+// when the segment holds a membership or chunk record.
 uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint64_t last, const BuiltSegment& seg,
                       const std::function<void()>& between, int64_t version = kSegmentVersion);
 
 // Reads and verifies a segment against its name and CRC. Returns why it is damaged,
 // or "" with its entries in `out`, the clocks its resets lost in `lost`, its events
-// (every entry but groups, without records but a kKnobs entry's one) in `events`, the batch references of
+// (every entry but groups, without records but the one of a kKnobs, kMembership or kChunks entry) in `events`, the batch references of
 // its groups in `uses`, and the clocks of the replica's own batches it holds (SV
 // batch records of groups whose header names the replica) in `ownBatches`, in
 // order (each when given).
 std::string loadSegment(const std::string& path, int replica, uint64_t first, uint64_t last, std::vector<LogEntry>* out,
                         std::vector<ClockRange>* lost = nullptr, std::vector<LogEntry>* events = nullptr,
                         std::vector<BatchUse>* uses = nullptr, std::vector<uint64_t>* ownBatches = nullptr);
+
+// Whether the segment at `path` holds a membership or chunk record, from its
+// entries alone (nothing else is read or checked; an unreadable file holds none).
+bool holdsJobRecords(const std::string& path);
 
 }  // namespace orpheus::ckpt

@@ -6,7 +6,8 @@
 //   ckpt/snapshot.h        snapshot parts: write, list, reassemble
 //   ckpt/log_reader.h      inspect() and readLog()
 //   ckpt/restorable.h      which clocks of each replica can be restored, and why not
-//   ckpt/replay.h          membership, chunk ownership and knobs at a clock
+//   ckpt/replay.h          the event stream replayed: membership, chunk ownership,
+//                          knobs at a clock, and a replica's entries for restore
 //   ckpt/clock_log.h       ClockLog: the log as the clock loop writes it
 // and underneath them ckpt/segment.h (the segment format), ckpt/durable.h (how every
 // file is written) and ckpt/h5.h (HDF5).

@@ -163,7 +163,8 @@ void SvLogWriter::appendGroup(uint64_t clock, std::vector<Record> records) {
 }
 
 void SvLogWriter::appendEvent(uint64_t clock, EventKind kind) {
-  ORPHEUS_ENFORCE(kind != EventKind::kGroup && kind != EventKind::kReset && kind != EventKind::kKnobs,
+  ORPHEUS_ENFORCE(kind != EventKind::kGroup && kind != EventKind::kReset && kind != EventKind::kKnobs &&
+                      !isJobRecord(kind),
                   "checkpoint log: event kind {} staged without its contents at clock {}", static_cast<uint32_t>(kind),
                   clock);
   stageEvent(clock, kind, {});
@@ -176,10 +177,20 @@ void SvLogWriter::appendKnobs(uint64_t clock, std::span<const std::byte> record)
              {Record::encoded(std::make_shared<std::vector<std::byte>>(record.begin(), record.end()))});
 }
 
+void SvLogWriter::appendJobRecord(uint64_t clock, EventKind kind, std::string_view line) {
+  ORPHEUS_ENFORCE(isJobRecord(kind) && !line.empty() && line.size() <= kTextRecordMaxBytes,
+                  "checkpoint log: a job record of kind {} and {} bytes at clock {}", static_cast<uint32_t>(kind),
+                  line.size(), clock);
+  const auto* begin = reinterpret_cast<const std::byte*>(line.data());
+  stageEvent(clock, kind, {Record::encoded(std::make_shared<std::vector<std::byte>>(begin, begin + line.size()))});
+}
+
 void SvLogWriter::stageEvent(uint64_t clock, EventKind kind, std::vector<Record> records) {
   closeIfDue(clock);
   size_t bytes = 0;
-  for (const auto& r : records) bytes += r.size();
+  // A job record (a line of text) counts as no staged bytes: a segment of nothing
+  // but events and it at a hand-over clock stays open, as one of events only does.
+  for (const auto& r : records) bytes += isJobRecord(kind) ? 0 : r.size();
   if (bytes > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     staged_ += bytes;

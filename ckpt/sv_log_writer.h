@@ -15,6 +15,7 @@
 #include <span>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -57,8 +58,14 @@ class SvLogWriter {
   void appendEvent(uint64_t clock, EventKind kind);
   // The knobs set at `clock` (a kKnobs entry; `record` is kKnobsRecordBytes).
   void appendKnobs(uint64_t clock, std::span<const std::byte> record);
+  // A membership or chunk record of the job at `clock` (kMembership or kChunks:
+  // one line of text, ckpt/log_entry.h).
+  void appendJobRecord(uint64_t clock, EventKind kind, std::string_view line);
   // Marks the end of `clock`: segments close on clock boundaries only.
   void endClock(uint64_t clock);
+  // After endClock: the open segment closes as a due one does (when the next clock
+  // begins, or at flush), so what it holds is durable soon.
+  void closeSoon() { closeDue_ = true; }
   // Closes the current segment and continues in replica `id`'s directory (rotation).
   // The previous holder's log of `id` must reach the hand-over clock on disk.
   void switchReplica(int id);

@@ -1,6 +1,7 @@
 #include "engine/cli/commands.h"
 
 #include "ckpt/layout.h"
+#include "ckpt/replay.h"
 #include "engine/membership/elastic.h"
 #include "engine/recovery/checkpoint.h"
 
@@ -11,6 +12,25 @@
 #include <filesystem>
 
 namespace orpheus::engine::cli {
+
+namespace {
+
+// The membership epochs after the first and the chunk layout and moves, one record
+// a line as ckpt/replay.h spells them.
+void printJobRecords(const std::string& dir, const std::vector<Epoch>& epochs) {
+  if (epochs.size() > 1) {
+    std::printf("  membership:\n");
+    for (size_t i = 1; i < epochs.size(); ++i) std::printf("    %s\n", ckpt::epochRecord(epochs[i]).c_str());
+  }
+  const ckpt::ChunkLog chunks = ckpt::readChunkLog(dir);
+  if (chunks.chunkRows == 0) return;
+  std::printf("  chunks:\n    %s\n", ckpt::layoutRecord(chunks.chunkRows, chunks.shardRows).c_str());
+  for (const ckpt::Rebalance& c : chunks.changes) {
+    std::printf("    %s\n", ckpt::movesRecord(c.clock, c.moves).c_str());
+  }
+}
+
+}  // namespace
 
 int inspectMain(const std::string& dir) {
   const auto view = inspectCheckpoint(dir);
@@ -52,7 +72,8 @@ int inspectMain(const std::string& dir) {
     }
   }
   // Replicas the job had whose log is not there at all.
-  const int replicas = replicaCount(readMembership(dir));
+  const std::vector<Epoch> epochs = readMembership(dir);
+  const int replicas = replicaCount(epochs);
   for (int id = 0; id < replicas; ++id) {
     const bool listed = std::any_of(inv.replicas.begin(), inv.replicas.end(), [&](const auto& r) { return r.replica == id; });
     if (listed) continue;
@@ -70,6 +91,7 @@ int inspectMain(const std::string& dir) {
     std::printf("    unusable snapshot of clock %llu: %s\n", static_cast<unsigned long long>(u.clock),
                 u.problem.c_str());
   }
+  printJobRecords(dir, epochs);
   return 0;
 }
 

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -20,9 +19,9 @@
 namespace orpheus::engine {
 namespace {
 
-namespace fs = std::filesystem;
-
-fs::path chunkLogPath(const std::string& dir) { return ckpt::chunksPath(dir); }
+// The chunk log, as a message names it: the records of DIR's logs (an earlier
+// directory's DIR/chunks).
+std::string chunkLogName(const std::string& dir) { return fmt::format("the chunk log of '{}'", dir); }
 
 // Each rank's minibatch under `owners`: B everywhere until a chunk is away from
 // its origin, then the rows' shares of P·B.
@@ -67,7 +66,7 @@ std::optional<std::string> describeChunksAt(const std::string& dir, uint64_t clo
   try {
     owners = ownershipAt(layout, log.changes, clock);
   } catch (const Error& e) {
-    throw InputError(fmt::format("'{}': {}", chunkLogPath(dir).string(), e.what()));
+    throw InputError(fmt::format("{}: {}", chunkLogName(dir), e.what()));
   }
   const std::vector<int64_t> counts = owners.chunkCounts();
   const std::vector<int64_t> rows = owners.rowCounts();
@@ -161,13 +160,15 @@ void DataFeed::start(uint64_t first) {
   std::vector<Rebalance> changes;
   if (logs()) {
     collectively(transport_, [&] {
+      bool recorded = false;  // the directory holds this job's layout already
       if (first > 1) {
         const ChunkLog old = readChunkLog(options_.chunkLogDir);
+        recorded = old.chunkRows != 0;
         const std::vector<int64_t>& shardRows = layout_.shardRows();
         ORPHEUS_CHECK_INPUT(old.chunkRows == 0 || (old.chunkRows == layout_.chunkRows() && old.shardRows == shardRows),
-                            "--resume --balance: the chunk layout '{}' records ({} rows per chunk over shards of {}) "
+                            "--resume --balance: the chunk layout {} records ({} rows per chunk over shards of {}) "
                             "is not this job's ({} over {})",
-                            chunkLogPath(options_.chunkLogDir).string(), old.chunkRows, fmt::join(old.shardRows, ", "),
+                            chunkLogName(options_.chunkLogDir), old.chunkRows, fmt::join(old.shardRows, ", "),
                             layout_.chunkRows(), fmt::join(shardRows, ", "));
         for (const Rebalance& c : old.changes) {
           if (c.clock < first) changes.push_back(c);
@@ -176,13 +177,16 @@ void DataFeed::start(uint64_t first) {
       try {
         for (const Rebalance& c : changes) owners_->apply(c.moves);
       } catch (const Error& e) {
-        throw InputError(fmt::format("'{}': {}", chunkLogPath(options_.chunkLogDir).string(), e.what()));
+        throw InputError(fmt::format("{}: {}", chunkLogName(options_.chunkLogDir), e.what()));
       }
+      // Changes after the resume clock belong to clocks the killed job lost: the
+      // resume set aside the segments that recorded them (and cut an old DIR/chunks).
       log_.chunkRows = layout_.chunkRows();
       log_.shardRows = layout_.shardRows();
       log_.changes = changes;
-      // Lines after the resume clock belong to clocks the killed job lost.
-      if (transport_.rank() == 0) writeChunkLog(options_.chunkLogDir, log_);
+      if (!recorded && clockLog_ != nullptr) {
+        clockLog_->jobRecord(first, ckpt::EventKind::kChunks, ckpt::layoutRecord(log_.chunkRows, log_.shardRows));
+      }
     });
   }
   const uint64_t streamClock = changes.empty() ? 0 : changes.back().clock;
@@ -301,11 +305,8 @@ bool DataFeed::afterClock(uint64_t clock, double busySeconds) {
     if (to != owners_->owner(c)) moves.push_back({c, owners_->owner(c), to});
   }
   if (!moves.empty() && logs()) {
-    collectively(transport_, [&] {
-      if (rank != 0) return;
-      log_.changes.push_back({clock, moves});
-      writeChunkLog(options_.chunkLogDir, log_);
-    });
+    log_.changes.push_back({clock, moves});
+    if (clockLog_ != nullptr) clockLog_->jobRecord(clock, ckpt::EventKind::kChunks, ckpt::movesRecord(clock, moves));
   }
   owners_->apply(moves);
   record(clock, moves, times, false);

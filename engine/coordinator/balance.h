@@ -26,14 +26,16 @@
 // --balance. After a change at clock K its sampler is a fresh stream keyed by K
 // (data::MinibatchSampler's `stream`), over its owned rows in chunk order.
 //
-// The chunk log. With --ckpt sv every change is a line of DIR/chunks, written
-// durably by rank 0 before the next clock runs:
-//   layout rows R shards n_0 n_1 ... n_{P-1}        (first line: the chunk layout)
+// The chunk log. With --ckpt sv the layout and every change are records of every
+// rank's SV log (kChunks, ckpt/replay.h; recordTo), durable with its segment:
+//   layout rows R shards n_0 n_1 ... n_{P-1}        (at the first clock: the chunk layout)
 //   clock K moves c:f>t c:f>t ...                   (each change, clocks increasing)
-// --resume replays it to the ownership (and sampler) of its resume clock, dropping
-// lines after that clock; `orpheus restore` reads the same ownership at any clock.
+// --resume replays them to the ownership (and sampler) of its resume clock, the
+// records after it set aside with their segments; `orpheus restore` reads the same
+// ownership at any clock. Directories written before keep them in DIR/chunks.
 #pragma once
 
+#include "ckpt/clock_log.h"
 #include "ckpt/replay.h"
 #include "comm/transport.h"
 #include "engine/data/chunks.h"
@@ -71,7 +73,7 @@ struct BalanceOptions {
 // slow per example), so a smaller minibatch sleeps less.
 int64_t injectedDelayMs(const BalanceOptions& options, int rank, int64_t examples);
 
-// The chunk log DIR/chunks is read and written by the checkpoint's replay (ckpt/replay.h).
+// The chunk log is read by the checkpoint's replay (ckpt/replay.h).
 using ckpt::ChunkLog;
 using ckpt::readChunkLog;
 using ckpt::Rebalance;
@@ -80,7 +82,7 @@ using ckpt::writeChunkLog;
 // The ownership after clock `clock`: the layout's, with every change up to it applied.
 data::ChunkOwnership ownershipAt(const data::ChunkLayout& layout, const std::vector<Rebalance>& changes,
                                  uint64_t clock);
-// "rank r: k chunks, n rows; ..." for the ownership DIR/chunks gives at `clock`;
+// "rank r: k chunks, n rows; ..." for the ownership the chunk log gives at `clock`;
 // nullopt when the directory has no chunk log.
 std::optional<std::string> describeChunksAt(const std::string& dir, uint64_t clock);
 
@@ -108,6 +110,9 @@ class DataFeed {
   data::Batch next();
   // Where the rebalance records go (rank 0; null elsewhere).
   void reportTo(MetricsAggregator* aggregator) { aggregator_ = aggregator; }
+  // The checkpoint log the chunk layout and every change of ownership are recorded
+  // in (ckpt/replay.h reads them back), on every rank; null: none.
+  void recordTo(ckpt::ClockLog* log) { clockLog_ = log; }
 
   // After clock `clock` (every rank, every clock): its busy seconds; at a decision
   // clock the rebalance (collective). True when this rank's examples changed.
@@ -131,11 +136,12 @@ class DataFeed {
   comm::Transport& transport_;
   const data::Dataset& shard_;
   MetricsAggregator* aggregator_ = nullptr;
+  ckpt::ClockLog* clockLog_ = nullptr;
   int64_t batch_;
   // --balance only.
   data::ChunkLayout layout_;
   std::unique_ptr<data::ChunkOwnership> owners_;
-  ChunkLog log_;                                  // rank 0's copy of DIR/chunks
+  ChunkLog log_;                                  // the chunk log as this job has it
   std::map<int64_t, data::Dataset> foreign_;      // owned chunks read by other ranks
   data::Dataset owned_;                           // the owned rows, once any chunk moved
   std::vector<double> window_;                    // seconds per example since the last decision

@@ -29,7 +29,7 @@
 
 namespace orpheus::data {
 
-// As the checkpoint directory records it (DIR/chunks, ckpt/replay.h).
+// As the checkpoint directory records it (the chunk log, ckpt/replay.h).
 using ChunkMove = ckpt::ChunkMove;
 
 class ChunkLayout {

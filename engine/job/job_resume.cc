@@ -113,14 +113,12 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
 // average of the previous one (engine/membership/elastic.h).
 void resumeElastic(Worker& worker, const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
                    const std::vector<Epoch>& epochs, uint64_t resumeClock, bool live) {
-  ElasticStart start = redistribute(config, transport, model, worker.backend(), epochs, resumeClock);
+  ElasticStart start = redistribute(elasticOptions(config), transport, model, worker.backend(), epochs, resumeClock);
   worker.setEpoch(start.epoch.epoch);
-  // Collective: rejoinAt agrees on the snapshot parts itself.
+  // Collective: rejoinAt agrees on the snapshot parts itself. The new epoch then
+  // becomes a record of the new members' logs, durable with the epoch's first
+  // clock: a job killed before that resumes as before the change.
   worker.rejoinAt(resumeClock, std::move(start.params), start.optimizerState, transport.rank(), start.writeSnapshot);
-  // Recorded once the snapshot is whole: a job killed before this resumes as before.
-  collectively(transport, [&] {
-    if (transport.rank() == 0) appendEpoch(config.ckptDir, start.epoch);
-  });
   if (transport.rank() == 0) {
     spdlog::info("{} clock {} of '{}' on {} ranks (was {}): membership epoch {}, every replica the average",
                  live ? "continued after" : "resumed from", resumeClock, config.ckptDir, transport.size(),

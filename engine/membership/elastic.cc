@@ -33,7 +33,15 @@ void zero(ParamSet& set) {
 
 }  // namespace
 
-ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+ElasticOptions elasticOptions(const TrainConfig& config) {
+  ElasticOptions o;
+  o.dir = config.ckptDir;
+  o.seed = config.seed;
+  o.optimizer = optimizerSettings(config);
+  return o;
+}
+
+ElasticStart redistribute(const ElasticOptions& options, comm::Transport& transport, const ops::Model& model,
                           ops::Backend& backend,
                           const std::vector<Epoch>& epochs, uint64_t clock) {
   const Epoch& previous = epochAfter(epochs, clock);
@@ -42,15 +50,15 @@ ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport,
   start.epoch.clock = clock;
   start.epoch.ranks = transport.size();
 
-  const OptimizerSettings settings = optimizerSettings(config);
-  const ParamSet params = model.initParams(config.seed);
+  const OptimizerSettings& settings = options.optimizer;
+  const ParamSet params = model.initParams(options.seed);
   const ParamSet stateShapes = Optimizer(settings, model.zeroParams()).stateShapes();
   // Where the old job averaged at `clock`, every replica is that snapshot already.
   std::optional<ParamSet> snapshot;
   collectively(transport, [&] {
     std::error_code ec;
-    if (fs::exists(ckpt::snapshotDir(config.ckptDir, clock), ec)) {
-      snapshot = ckpt::readSnapshot(config.ckptDir, clock, withState(params, stateShapes));
+    if (fs::exists(ckpt::snapshotDir(options.dir, clock), ec)) {
+      snapshot = ckpt::readSnapshot(options.dir, clock, withState(params, stateShapes));
     }
   });
   double usable[1] = {snapshot ? 1.0 : 0.0};
@@ -68,7 +76,7 @@ ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport,
   zero(stateSum);
   collectively(transport, [&] {
     for (int id = transport.rank(); id < previous.ranks; id += transport.size()) {
-      Restored r = restore(config.ckptDir, id, clock, backend);
+      Restored r = restore(options.dir, id, clock, backend);
       addInto(sum, r.params);
       addInto(stateSum, r.optimizerState);
     }
@@ -85,7 +93,7 @@ ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport,
   start.writeSnapshot = true;
   // A damaged or partial snapshot of `clock` is set aside before this epoch writes its own.
   if (transport.rank() == 0) {
-    const fs::path dir = ckpt::snapshotDir(config.ckptDir, clock);
+    const fs::path dir = ckpt::snapshotDir(options.dir, clock);
     std::error_code ec;
     if (fs::exists(dir, ec)) fs::rename(dir, ckpt::discardedPath(dir), ec);
   }

@@ -3,9 +3,10 @@
 //
 // Membership epochs. Epoch 0 is the job as it started (job.h5's ranks, from clock
 // 0). Each change of the number of ranks opens the next epoch at a clock boundary C
-// and is one line of DIR/membership ("epoch E clock C ranks P"), written durably
-// once the change is complete on disk. From the end of clock C on, epoch E's ranks
-// hold replicas 0..P-1, replica r at rank r (rotation continues from there), the
+// and is a record of every new member's log ("epoch E clock C ranks P",
+// ckpt/replay.h), durable once the change is complete on disk; directories written
+// before segment format 4 hold the epochs in DIR/membership, read as they are.
+// From the end of clock C on, epoch E's ranks hold replicas 0..P-1, replica r at rank r (rotation continues from there), the
 // data is resharded over them, and every SV batch they send carries E in its header.
 //
 // The change is an averaging barrier. Every replica of the new epoch starts from the
@@ -22,6 +23,7 @@
 #include "comm/transport.h"
 #include "engine/base/params.h"
 #include "engine/config.h"
+#include "engine/worker/optimizer.h"
 #include "ops/model.h"
 
 #include <cstdint>
@@ -30,13 +32,21 @@
 
 namespace orpheus::engine {
 
-// The membership log lives with the checkpoint (ckpt/membership.h).
+// The membership epochs are records of the checkpoint (ckpt/replay.h).
 using ckpt::Epoch;
 using ckpt::appendEpoch;
 using ckpt::epochAfter;
 using ckpt::readMembership;
 using ckpt::replicaCount;
 using ckpt::replicaHeldAt;
+
+// What a membership change needs of the job (elasticOptions: from its flags).
+struct ElasticOptions {
+  std::string dir;               // --ckpt-dir
+  uint64_t seed = 0;             // the job seed: W0
+  OptimizerSettings optimizer;   // the job's optimizer (its state is averaged too)
+};
+ElasticOptions elasticOptions(const TrainConfig& config);
 
 // What a rank of the new epoch starts from at clock C.
 struct ElasticStart {
@@ -50,7 +60,7 @@ struct ElasticStart {
 // epoch's ranks): the snapshot of `clock` where a usable one exists (every replica
 // equals it), else every old replica restored by one new rank (replica i by rank i
 // mod P') and summed across ranks, bitwise the same on every rank.
-ElasticStart redistribute(const TrainConfig& config, comm::Transport& transport, const ops::Model& model,
+ElasticStart redistribute(const ElasticOptions& options, comm::Transport& transport, const ops::Model& model,
                           ops::Backend& backend,
                           const std::vector<Epoch>& epochs, uint64_t clock);
 

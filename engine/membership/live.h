@@ -44,8 +44,6 @@
 
 namespace orpheus::engine {
 
-struct TrainConfig;
-
 // The backend's part of a live change, the agreement and the new group, is the
 // transport's (comm/live_group.h; comm/factory.h makes it).
 using comm::LiveGroup;

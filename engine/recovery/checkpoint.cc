@@ -76,7 +76,8 @@ struct Replica {
   ParamSet optimizerState;
 };
 
-// Rebuilds one replica's states by the replays ckpt/restorable.h describes.
+// Rebuilds one replica's states by the replays ckpt/restorable.h describes, from the
+// stream ckpt/replay.h gives (LogReplay).
 class Replayer {
  public:
   Replayer(const std::string& dir, const ops::Model& model, ops::Backend& backend, uint64_t seed,
@@ -110,7 +111,7 @@ class Replayer {
     // operations, so the same bits.
     if (residencyRefusal(model_, backend_, settings_.kind).empty()) updater.reside(params);
 
-    for (const ckpt::LogEntry& e : ckpt::readLog(dir_, replica_, start, clock)) {
+    for (const ckpt::LogEntry& e : log_.entries(start, clock)) {
       switch (e.kind) {
         case ckpt::EventKind::kAveraged:
           // Unreachable for a restorable clock; kept as the contract's guard.
@@ -142,6 +143,9 @@ class Replayer {
         case ckpt::EventKind::kGroup:
           applyGroup(e, params, updater);
           break;
+        case ckpt::EventKind::kMembership:
+        case ckpt::EventKind::kChunks:
+          break;  // records of the job (ckpt/replay.h): nothing happened to the replica
         case ckpt::EventKind::kKnobs:
           // Taken at a barrier, after the clock's step; the batches carry what the knobs did.
           updater.finishClock(params);
@@ -183,7 +187,7 @@ class Replayer {
     SvBatchExpectation expect = expect_;
     expect.clock = static_cast<int64_t>(ref.clock);
     expect.sender = static_cast<int64_t>(ref.sender);
-    SvBatch local = decode(batches_.batch(ref.replica, ref.clock), expect);
+    SvBatch local = decode(log_.batch(ref), expect);
     std::optional<SvBatch> selected = selectForPeers(local, ref.select, static_cast<SelectionMethod>(ref.method),
                                                      seed_, ref.clock, static_cast<int>(ref.sender));
     if (!selected) return local;
@@ -197,7 +201,7 @@ class Replayer {
   OptimizerSettings settings_;
   int replica_;
   const ckpt::ReplicaRestorability& restorable_;
-  ckpt::BatchStore batches_{dir_};
+  ckpt::LogReplay log_{dir_, replica_};  // the replica's stream, and the batches it references
   SvBatchExpectation expect_;
   size_t groups_ = 0;
 };
@@ -343,6 +347,9 @@ void discardAfter(const std::string& dir, uint64_t clock) {
     std::error_code ec;
     fs::rename(states.path, ckpt::discardedPath(states.path), ec);
   }
+  // A directory written before segment format 4 keeps its chunk changes in
+  // DIR/chunks: those after `clock` go as the segments do.
+  ckpt::cutChunkFile(dir, clock);
 }
 
 int replicaHeldAt(int rank, int ranks, uint64_t clock, int64_t rotateEvery) {

@@ -1,7 +1,8 @@
 // What a rank keeps so that a lost replica can come back, and the failures that
 // lose it.
 //
-// makeClockLog binds the clock loop's log (ckpt/clock_log.h) to the job's flags:
+// The clock loop's log (ckpt/clock_log.h) is made in ckpt from plain options;
+// clockLogOptions and makeClockLog here bind it to the job's flags, in one place:
 // with --ckpt sv off it is a log that does nothing, so the clock loop never asks
 // whether there is one.
 //
@@ -21,25 +22,42 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <string>
 #include <vector>
 
 namespace orpheus::engine {
 
 using ckpt::ClockLog;
 
+// The log's options for the job's flags, at rank `rank` of `ranks` holding replica `replicaId` first.
+ckpt::ClockLogOptions clockLogOptions(const TrainConfig& config, int rank, int ranks, int replicaId,
+                                      const ops::Model& model);
 // --ckpt sv: the log over ckpt::SvLogWriter; otherwise a log that does nothing.
 // A received batch's reference names the selection C of `knobs` when it is logged.
 // For a model that carries state (ops::Model::carriesState), the log also writes
 // the rank's carried state at every clock a segment of its log ends at (the clocks
-// a resume may start from: ckpt/layout.h, states-<clock>).
+// a resume may start from: ckpt/layout.h, states-<clock>). Its collectives run
+// over `transport`.
 std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId,
                                        const adapt::Knobs& knobs, const ops::Model& model);
+
+// What recovery does, from the job's flags (recoveryOptions).
+struct RecoveryOptions {
+  std::string dir;             // --ckpt-dir
+  bool sv = false;             // --ckpt sv: recover from the SV log and the snapshots
+  bool matrix = false;         // --ckpt matrix
+  int64_t matrixEvery = 1;     // --ckpt-every
+  double failProb = 0.0;       // --fail-prob
+  uint64_t seed = 0;           // the job seed (W0, the failures' draws)
+};
+RecoveryOptions recoveryOptions(const TrainConfig& config);
 
 class Recovery {
  public:
   // All references must outlive the recovery.
-  Recovery(const TrainConfig& config, const ops::Model& model, comm::Transport& transport)
-      : config_(config), model_(model), transport_(transport) {}
+  Recovery(RecoveryOptions options, const ops::Model& model, comm::Transport& transport)
+      : options_(std::move(options)), model_(model), transport_(transport) {}
 
   // --ckpt matrix: every --ckpt-every clocks, `replica` (its pending optimizer step
   // taken first) is written whole with its optimizer state and kept as what
@@ -60,7 +78,7 @@ class Recovery {
   uint64_t lostClocks() const { return lostClocks_; }
 
  private:
-  const TrainConfig& config_;
+  RecoveryOptions options_;
   const ops::Model& model_;
   comm::Transport& transport_;
   ParamSet matrixCheckpoint_;  // --ckpt matrix: the last one written

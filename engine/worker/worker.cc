@@ -1,5 +1,6 @@
 #include "engine/worker/worker.h"
 #include "engine/worker/device_replica.h"
+#include "ckpt/replay.h"
 
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
@@ -59,7 +60,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
       log_(makeClockLog(config, transport, replicaId_, knobs_, model)),
       inbox_(consistencyOptions(config), schedule_, transport, model.paramShapes(), log_->keepsRecords()),
       coordinator_(coordinatorOptions(config), transport, knobs_),
-      recovery_(config, model, transport),
+      recovery_(recoveryOptions(config), model, transport),
       // Every update is a mean over the examples a replica hears about in a clock: its
       // own B and the B of each of the Q peers that send to it (Q = P - 1 for broadcast
       // and dense sync), so --lr means the same step whatever the fanout.
@@ -150,6 +151,9 @@ void Worker::rejoinAt(uint64_t clock, ParamSet replica, const ParamSet& optimize
     part = &withOptimizer;
   }
   log_->rejoin(clock, part);
+  // The new membership epoch, a record of every new member's log (ckpt/replay.h),
+  // durable once the epoch's first clock has ended.
+  log_->jobRecord(clock, ckpt::EventKind::kMembership, ckpt::epochRecord({epoch_, clock, transport_.size()}));
 }
 
 SvBatchHeader Worker::header(uint64_t clock) const {
@@ -422,6 +426,7 @@ const ParamSet& Worker::run(MetricsWriter& metrics) {
   MetricsSink& sink = leader ? static_cast<MetricsSink&>(collector) : reporter;
   adapt_.reportTo(leader ? &aggregator : nullptr);
   feed_.reportTo(leader ? &aggregator : nullptr);
+  feed_.recordTo(log_.get());
   try {
     const ParamSet& replica = runClocks(metrics, sink, aggregator);
     progress.finish();

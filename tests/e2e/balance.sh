@@ -7,6 +7,7 @@
 #    writes names the same owners as the killed job's last decision), and
 #    `orpheus restore` reports that same ownership at any clock.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; mpiexec=$2
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 flags=(--train "synthetic:examples=6000,features=50,classes=5" --batch 20 --progress off --log-level warn
@@ -14,10 +15,11 @@ flags=(--train "synthetic:examples=6000,features=50,classes=5" --batch 20 --prog
 "$mpiexec" -n 3 --oversubscribe "$orpheus" train "${flags[@]}" --clocks 30 --metrics "$out/first.jsonl" >/dev/null
 "$mpiexec" -n 3 --oversubscribe "$orpheus" train "${flags[@]}" --clocks 40 --metrics "$out/resumed.jsonl" --resume \
   >/dev/null
-head -1 "$out/ckpt/chunks" | grep -qx "layout rows 100 shards 2000 2000 2000" || { echo "bad chunk log layout"; exit 1; }
+job_records "$orpheus" "$out/ckpt" chunks >"$out/chunks"
+head -1 "$out/chunks" | grep -qx "layout rows 100 shards 2000 2000 2000" || { echo "bad chunk log layout"; exit 1; }
 "$orpheus" restore --ckpt-dir "$out/ckpt" --clock 30 --out "$out/at30.h5" >"$out/restore30.txt"
 "$orpheus" restore --ckpt-dir "$out/ckpt" --clock 12 --out "$out/at12.h5" >"$out/restore12.txt"
-cat "$out/ckpt/chunks" "$out/restore30.txt" "$out/restore12.txt"
+cat "$out/chunks" "$out/restore30.txt" "$out/restore12.txt"
 
 /usr/bin/python3 - "$out" <<'PY'
 import json, re, sys

@@ -41,13 +41,15 @@ waitClock() {
 }
 # checkTotals METRICS and checkEnd DIR RANKS (tests/e2e/live_checks.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/live_checks.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # checkRun DIR RANKS_LEFT OLD_RANK: the checks every live change passes.
 checkRun() {
   local d=$1 ranks=$2 old=$3
   local at; at=$(grep -o '"left": true, "rank": [0-9]*, "clock": [0-9]*' "$d/m.jsonl" | head -n 1 | grep -o '[0-9]*$')
   [ -n "$at" ] || { echo "no left record in $d/m.jsonl"; exit 1; }
   grep -q '"release_seconds": ' "$d/m.jsonl"
-  grep -qx "epoch 1 clock $at ranks $ranks" "$d/ckpt/membership" || { echo "membership: $(cat "$d/ckpt/membership")"; exit 1; }
+  job_records "$orpheus" "$d/ckpt" epoch | grep -qx "epoch 1 clock $at ranks $ranks" \
+    || { echo "membership: $(job_records "$orpheus" "$d/ckpt" epoch)"; exit 1; }
   checkEnd "$d" "$ranks"
   # At the change clock every replica of the new epoch is the average; before it the old ones stay.
   "$orpheus" restore --ckpt-dir "$d/ckpt" --replica 0 --clock "$at" --out "$d/at0.h5" >/dev/null
@@ -97,7 +99,7 @@ rc=0; wait "$job" || rc=$?
 job=
 [ "$rc" -eq 0 ] || { cat "$out/grow/log"; echo "exit $rc"; exit 1; }
 at=$(grep -o '"joined": 2, "clock": [0-9]*' "$out/grow/m.jsonl" | grep -o '[0-9]*$')
-grep -qx "epoch 1 clock $at ranks 6" "$out/grow/ckpt/membership"
+job_records "$orpheus" "$out/grow/ckpt" epoch | grep -qx "epoch 1 clock $at ranks 6"
 tail -n 1 "$out/grow/m.jsonl" | grep -q "\"ranks\": 6," || { echo "the job did not end on 6 ranks"; exit 1; }
 [ "$(ls "$out/grow/replicas" | wc -l)" -eq 6 ]
 # The new replicas start from the average at the change clock, as the old ones do.

@@ -63,6 +63,7 @@ waitLine() {
 }
 # checkTotals METRICS and checkEnd DIR RANKS (tests/e2e/live_checks.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/live_checks.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # checkAverage DIR CLOCK RANKS: at the change clock every replica of the new epoch is the same.
 checkAverage() {
   "$orpheus" restore --ckpt-dir "$1/ckpt" --replica 0 --clock "$2" --out "$1/at$2-first.h5" >/dev/null
@@ -90,7 +91,8 @@ for run in $runs; do
     "$mpiexec" -n 6 --oversubscribe "$orpheus" train "${flags[@]}" --clocks $clocks --ckpt-dir "$d/ckpt" --resume --elastic \
       --metrics "$d/m.jsonl" --save "$d/final.h5" --save-replicas "$d/replicas" >"$d/log" 2>&1 \
       || { cat "$d/log"; exit 1; }
-    [ "$(cat "$d/ckpt/membership")" = "epoch 1 clock $((clocks / 2)) ranks 6" ] || { cat "$d/ckpt/membership"; exit 1; }
+    [ "$(job_records "$orpheus" "$d/ckpt" epoch)" = "epoch 1 clock $((clocks / 2)) ranks 6" ] \
+      || { job_records "$orpheus" "$d/ckpt" epoch; exit 1; }
     checkEnd "$d" 6
     checkAverage "$d" $((clocks / 2)) 6
     echo "$model $run: ok"
@@ -103,7 +105,8 @@ for run in $runs; do
   case $run in
     grow)
       finish "$d"
-      [ "$(cat "$d/ckpt/membership")" = "epoch 1 clock $grew ranks 6" ] || { cat "$d/ckpt/membership"; exit 1; }
+      [ "$(job_records "$orpheus" "$d/ckpt" epoch)" = "epoch 1 clock $grew ranks 6" ] \
+        || { job_records "$orpheus" "$d/ckpt" epoch; exit 1; }
       checkEnd "$d" 6
       checkAverage "$d" "$grew" 6
       ;;
@@ -113,8 +116,8 @@ for run in $runs; do
       finish "$d"
       shrank=$(grep -o '"left": true, "rank": 5, "clock": [0-9]*' "$d/m.jsonl" | grep -o '[0-9]*$')
       grep -q '"left": true, "rank": 2, "clock": '"$shrank," "$d/m.jsonl"
-      [ "$(cat "$d/ckpt/membership")" = "$(printf 'epoch 1 clock %s ranks 6\nepoch 2 clock %s ranks 4' "$grew" "$shrank")" ] \
-        || { cat "$d/ckpt/membership"; exit 1; }
+      [ "$(job_records "$orpheus" "$d/ckpt" epoch)" = "$(printf 'epoch 1 clock %s ranks 6\nepoch 2 clock %s ranks 4' "$grew" "$shrank")" ] \
+        || { job_records "$orpheus" "$d/ckpt" epoch; exit 1; }
       checkEnd "$d" 4
       checkAverage "$d" "$grew" 6
       checkAverage "$d" "$shrank" 4

@@ -36,7 +36,7 @@ mkdir "$out/replicas"
   --save "$out/resumed.h5" --save-replicas "$out/replicas" 2>&1 | tee "$out/resumed.log"
 from=$(grep -o 'resumed from clock [0-9]*' "$out/resumed.log" | grep -o '[0-9]*$')
 echo "killed at clock $killedAt, resumed on 3 ranks from clock $from: $((killedAt - from)) clocks lost"
-grep -qx "epoch 1 clock $from ranks 3" "$out/ckpt/membership"
+job_records "$orpheus" "$out/ckpt" epoch | grep -qx "epoch 1 clock $from ranks 3"
 "$check" "$out/resumed.jsonl" test_accuracy\>=0.8 ranks\<=3 ranks\>=3
 tail -n 1 "$out/resumed.jsonl" | grep -q '"reached_target": true' || { echo "target not reached"; exit 1; }
 

@@ -1,5 +1,18 @@
 # Sourced by the end-to-end scripts: the steps several of them share.
 
+# job_records ORPHEUS DIR KIND: the membership epochs (KIND epoch) or the chunk layout
+# and moves (KIND chunks) checkpoint DIR records, one a line as `orpheus inspect`
+# prints them ("epoch E clock C ranks P"; "layout rows R shards ...", "clock K moves
+# ..."). A job writes them into its SV log, not into text files: checks that so.
+job_records() {
+  local orpheus=$1 dir=$2 kind=$3
+  [ ! -e "$dir/membership" ] && [ ! -e "$dir/chunks" ] || { echo "'$dir' holds a text log"; return 1; }
+  case $kind in
+    epoch) "$orpheus" inspect "$dir" | sed -n 's/^    \(epoch [0-9]* clock [0-9]* ranks [0-9]*\)$/\1/p' ;;
+    chunks) "$orpheus" inspect "$dir" | sed -n 's/^    \(layout rows .*\|clock [0-9]* moves .*\)$/\1/p' ;;
+  esac
+}
+
 # wait_for_segments DIR N [SECONDS]: polls until DIR (a replica's log) holds N or more
 # durable log segments (seg-*.h5), for at most SECONDS (default 60); returns 1 if it
 # never did. With kill_job, the "kill once the log has reached disk" of the resume,

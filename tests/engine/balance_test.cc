@@ -2,7 +2,9 @@
 // wire, rank 0's decision, and the feed's minibatches across a resume (ranks as
 // threads over the loopback transport).
 #include "comm/loopback/loopback_transport.h"
+#include "ckpt/clock_log.h"
 #include "engine/coordinator/balance.h"
+#include "engine/recovery/checkpoint.h"
 #include "engine/base/error.h"
 #include "engine/data/chunks.h"
 #include "engine/data/sampler.h"
@@ -11,11 +13,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <thread>
 
 using namespace orpheus;
+namespace fs = std::filesystem;
 using comm::loopback::LoopbackHub;
 using comm::loopback::LoopbackTransport;
 
@@ -251,6 +255,17 @@ FeedRun runFeeds(const engine::BalanceOptions& config, int ranks, uint64_t first
         const data::Dataset shard =
             engine::makeSyntheticShard("synthetic:examples=3000,features=6,classes=3", config.seed, r, ranks);
         engine::DataFeed feed(config, t, shard);
+        // Each rank's log, as the worker's: the chunk records go there.
+        ckpt::ClockLogOptions logOptions;
+        logOptions.enabled = config.ckptSv;
+        logOptions.dir = config.ckptDir;
+        logOptions.replica = r;
+        logOptions.rank = r;
+        logOptions.ranks = ranks;
+        logOptions.clocksPerSegment = 4;
+        const auto log = ckpt::makeClockLog(logOptions);
+        if (first > 1) log->resumeAt(r, first - 1);
+        feed.recordTo(log.get());
         feed.start(first);
         for (uint64_t c = first; c <= last; ++c) {
           const data::Batch b = feed.next();
@@ -261,7 +276,9 @@ FeedRun runFeeds(const engine::BalanceOptions& config, int ranks, uint64_t first
           out.sizes[static_cast<size_t>(r)].push_back(b.size());
           const double perExample = r == 1 ? slowdown * 1e-4 : 1e-4;
           feed.afterClock(c, perExample * static_cast<double>(b.size()));
+          log->endClock(c);
         }
+        log->flush();
         out.owners[static_cast<size_t>(r)] = feed.ownership()->digest();
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();
@@ -299,9 +316,15 @@ TEST_CASE("a feed moves rows off a slow rank, keeps P*B, and a resumed feed take
   const engine::ChunkLog log = engine::readChunkLog(dir.str());
   REQUIRE_FALSE(log.changes.empty());
   CHECK(log.changes.front().clock == 5);
+  CHECK(log.chunkRows == 50);
+  // The records are the logs' (segment format 4), not a text file.
+  CHECK_FALSE(fs::exists(dir / "chunks"));
 
-  // Resume after clock 12: the log's changes up to 12 (those after are dropped), the
-  // sampler where the whole run had it, so clocks 13..15 get the same rows.
+  // Resume after clock 12: the log's changes up to 12 (those after are dropped with
+  // the segments past it, as a resume sets them aside), the sampler where the whole
+  // run had it, so clocks 13..15 get the same rows.
+  engine::discardAfter(dir.str(), 12);
+  for (const engine::Rebalance& change : engine::readChunkLog(dir.str()).changes) CHECK(change.clock <= 12);
   const FeedRun resumed = runFeeds(c, kRanks, 13, 15, 5.0);
   for (int r = 0; r < kRanks; ++r) {
     for (size_t k = 0; k < 3; ++k) {

@@ -3,6 +3,7 @@
 // failure loses, and --fail-prob's recovery from a whole-matrix checkpoint.
 #include "ckpt/job_info.h"
 #include "ckpt/log_entry.h"
+#include "ckpt/replay.h"
 #include "comm/factory.h"
 #include "engine/adapt/knobs.h"
 #include "engine/base/error.h"
@@ -19,6 +20,7 @@
 #include "tests/support/tiny_clock.h"
 
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 
@@ -97,13 +99,18 @@ TEST_CASE("the clock log restores every clock it logged, bitwise; past its end i
 
   std::map<uint64_t, ParamSet> states;
   for (uint64_t c = 1; c <= 12; ++c) {
+    // The job's own records share the stream; the replay passes over them.
+    if (c == 1) log->jobRecord(c, ckpt::EventKind::kChunks, ckpt::layoutRecord(4, std::vector<int64_t>{8}));
     log->appendGroup(c, {ckpt::Record::of(job.step(c))});
     if (c == 6) log->averaged(c, job.params);
+    if (c == 8) log->jobRecord(c, ckpt::EventKind::kMembership, ckpt::epochRecord({1, 8, 1}));
     log->endClock(c);
     states[c] = job.params;
   }
   log->flush();
-  for (uint64_t t : {1, 5, 6, 7, 12}) {
+  REQUIRE(ckpt::readMembership(dir.str()).size() == 2);
+  CHECK(ckpt::readChunkLog(dir.str()).chunkRows == 4);
+  for (uint64_t t : {1, 5, 6, 7, 8, 9, 12}) {
     INFO("clock " << t);
     const engine::Restored r = restoreAt(dir.str(), t);
     CHECK(r.clock == t);
@@ -158,7 +165,7 @@ TEST_CASE("--fail-prob under --ckpt matrix: the replica returns to the last matr
   auto log = engine::makeClockLog(job.config, *job.transports[0], 0, job.knobs, *job.model);
 
   SECTION("no --fail-prob: nobody fails") {
-    engine::Recovery recovery(job.config, *job.model, *job.transports[0]);
+    engine::Recovery recovery(engine::recoveryOptions(job.config), *job.model, *job.transports[0]);
     const ParamSet before = job.params;
     CHECK_FALSE(recovery.maybeFail(3, job.params, updater, 0, *log).failed);
     CHECK(bitwiseEqual(job.params, before));
@@ -166,7 +173,7 @@ TEST_CASE("--fail-prob under --ckpt matrix: the replica returns to the last matr
   }
   SECTION("a failure before any checkpoint starts over from W0") {
     job.config.failProb = 0.999999;
-    engine::Recovery recovery(job.config, *job.model, *job.transports[0]);
+    engine::Recovery recovery(engine::recoveryOptions(job.config), *job.model, *job.transports[0]);
     job.step(1);
     job.step(2);
     const auto failure = recovery.maybeFail(2, job.params, updater, 0, *log);
@@ -176,7 +183,7 @@ TEST_CASE("--fail-prob under --ckpt matrix: the replica returns to the last matr
   }
   SECTION("a failure after a checkpoint comes back to it; the clocks since are lost") {
     job.config.failProb = 0.999999;
-    engine::Recovery recovery(job.config, *job.model, *job.transports[0]);
+    engine::Recovery recovery(engine::recoveryOptions(job.config), *job.model, *job.transports[0]);
     ParamSet atCheckpoint;
     for (uint64_t c = 1; c <= 7; ++c) {
       job.step(c);
@@ -190,4 +197,35 @@ TEST_CASE("--fail-prob under --ckpt matrix: the replica returns to the last matr
     CHECK(recovery.failures() == 1);
     CHECK(recovery.lostClocks() == 2);
   }
+}
+
+TEST_CASE("a directory as earlier jobs wrote it, its epochs and chunks in text files, restores and resumes as before",
+          "[recovery]") {
+  TempDir dir;
+  Job job(dir.str());
+  job.config.ckptSv = true;
+  std::map<uint64_t, ParamSet> states;
+  {
+    auto log = engine::makeClockLog(job.config, *job.transports[0], 0, job.knobs, *job.model);
+    for (uint64_t c = 1; c <= 8; ++c) {
+      log->appendGroup(c, {ckpt::Record::of(job.step(c))});
+      log->endClock(c);
+      states[c] = job.params;
+    }
+    log->flush();
+  }
+  std::ofstream(dir / "membership") << "epoch 1 clock 4 ranks 1\n";
+  std::ofstream(dir / "chunks") << "layout rows 4 shards 8\nclock 3 moves 0:0>0\nclock 7 moves 1:0>0\n";
+  REQUIRE(ckpt::readMembership(dir.str()).size() == 2);
+  for (uint64_t t : {1, 4, 5, 8}) {
+    INFO("clock " << t);
+    CHECK(bitwiseEqual(restoreAt(dir.str(), t).params, states.at(t)));
+  }
+  CHECK(engine::resumableClock(dir.str(), ckpt::inspect(dir.str()), 0, 1) == 8);
+  // A resume at clock 5 cuts the chunk file there and leaves the membership file as it is.
+  engine::discardAfter(dir.str(), 5);
+  const ckpt::ChunkLog chunks = ckpt::readChunkLog(dir.str());
+  REQUIRE(chunks.changes.size() == 1);
+  CHECK(chunks.changes[0].clock == 3);
+  CHECK(ckpt::readMembership(dir.str()).back().clock == 4);
 }
