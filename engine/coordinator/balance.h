@@ -63,7 +63,7 @@ struct BalanceOptions {
   bool balance = false;
   int64_t balanceEvery = 20;
   int64_t chunkRows = 256;
-  std::string chunkLogDir;  // --ckpt sv: the checkpoint directory DIR/chunks goes in; empty: no chunk log
+  std::string chunkLogDir;  // --ckpt sv: the checkpoint directory whose log takes the chunk records; empty: none
   int delayRank = -1;       // --inject-delay RANK:MS
   int delayMs = 0;
 };

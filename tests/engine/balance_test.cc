@@ -257,8 +257,8 @@ FeedRun runFeeds(const engine::BalanceOptions& config, int ranks, uint64_t first
         engine::DataFeed feed(config, t, shard);
         // Each rank's log, as the worker's: the chunk records go there.
         ckpt::ClockLogOptions logOptions;
-        logOptions.enabled = config.ckptSv;
-        logOptions.dir = config.ckptDir;
+        logOptions.enabled = !config.chunkLogDir.empty();
+        logOptions.dir = config.chunkLogDir;
         logOptions.replica = r;
         logOptions.rank = r;
         logOptions.ranks = ranks;
