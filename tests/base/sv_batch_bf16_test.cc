@@ -2,8 +2,8 @@
 // rounded batch round-trips bitwise, and every encoder agrees.
 #include "engine/base/crc32c.h"
 #include "engine/base/error.h"
-#include "engine/base/rng.h"
 #include "engine/base/sv_batch.h"
+#include "tests/support/sv_batches.h"
 
 #include <catch2/catch.hpp>
 
@@ -19,45 +19,9 @@ namespace {
 
 using Bytes = std::vector<std::byte>;
 
-Matrix randomMatrix(CounterRng& rng, int64_t rows, int64_t cols) {
-  Matrix m(rows, cols);
-  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(rng.normal());
-  return m;
-}
+using testing::makeBatch;
 
-// Matrix 0: 4x5 with a bias (param 1), dense V; matrix 1: 3x6, sparse V, a core.
-SvBatch makeBatch() {
-  CounterRng rng(11, RngPurpose::kTest, 0, 0);
-  SvBatch b;
-  b.header = {.jobId = 9, .sender = 3, .replica = 1, .clock = 17, .epoch = 0};
-  b.coeffs = randomMatrix(rng, 3, 1);
-  SvMatrix dense;
-  dense.paramId = 0;
-  dense.biasId = 1;
-  dense.u = randomMatrix(rng, 4, 3);
-  dense.vDense = randomMatrix(rng, 5, 3);
-  b.matrices.push_back(dense);
-  SvMatrix sparse;
-  sparse.paramId = 2;
-  sparse.u = randomMatrix(rng, 3, 3);
-  sparse.sparseV = true;
-  sparse.vSparse = SparseMatrix(6, 3);
-  sparse.vSparse.insert(0, 0) = 1.1f;
-  sparse.vSparse.insert(4, 0) = -2.3f;
-  sparse.vSparse.insert(5, 2) = 3.7f;
-  sparse.vSparse.makeCompressed();
-  sparse.core = randomMatrix(rng, 3, 3);
-  b.matrices.push_back(sparse);
-  return b;
-}
-
-SvBatchExpectation expectation() {
-  SvBatchExpectation e;
-  e.sender = 3;
-  e.clock = 17;
-  e.paramShapes = {{4, 5}, {4, 1}, {3, 6}};
-  return e;
-}
+SvBatchExpectation expectation() { return testing::makeExpectation(); }
 
 bool sameBits(const float* a, const float* b, int64_t n) { return std::memcmp(a, b, sizeof(float) * n) == 0; }
 bool isBf16(float x) { return (std::bit_cast<uint32_t>(x) & 0xffffu) == 0; }
@@ -93,8 +57,9 @@ TEST_CASE("a bf16 batch halves U and V and round-trips bitwise", "[sv_batch][bf1
   // U and V rounded; coefficients and the core kept.
   CHECK(b.matrices[0].u(1, 2) == roundToBf16(f32.matrices[0].u(1, 2)));
   CHECK(sameBits(b.coeffs.data(), f32.coeffs.data(), 3));
+  CHECK(std::signbit(b.matrices[0].vDense(2, 1)));  // -0 stays -0
   CHECK(sameBits(b.matrices[1].core.data(), f32.matrices[1].core.data(), 9));
-  const size_t values = 4 * 3 + 5 * 3 + 3 * 3 + 3;  // U, dense V, U, sparse V's values
+  const size_t values = 4 * 3 + 5 * 3 + 3 * 3 + 4;  // U, dense V, U, sparse V's values
   CHECK(encodedSize(b) == encodedSize(f32) - 2 * values);
 
   const Bytes bytes = encode(b);
@@ -105,7 +70,7 @@ TEST_CASE("a bf16 batch halves U and V and round-trips bitwise", "[sv_batch][bf1
     CHECK(sameBits(out.matrices[i].u.data(), b.matrices[i].u.data(), b.matrices[i].u.size()));
   }
   CHECK(sameBits(out.matrices[0].vDense.data(), b.matrices[0].vDense.data(), 15));
-  CHECK(sameBits(out.matrices[1].vSparse.valuePtr(), b.matrices[1].vSparse.valuePtr(), 3));
+  CHECK(sameBits(out.matrices[1].vSparse.valuePtr(), b.matrices[1].vSparse.valuePtr(), 4));
   CHECK(sameBits(out.matrices[1].core.data(), b.matrices[1].core.data(), 9));
   CHECK(encode(out) == bytes);
 
@@ -131,7 +96,7 @@ TEST_CASE("every bf16 encoder writes the same bytes, and views widen them", "[sv
   const SvBatchView view = decodeView(owned, *owned, expectation());
   CHECK(view.dtype == SvDtype::kBf16);
   CHECK(sameBits(view.matrices[0].u, b.matrices[0].u.data(), 12));
-  CHECK(sameBits(view.matrices[1].vValues, b.matrices[1].vSparse.valuePtr(), 3));
+  CHECK(sameBits(view.matrices[1].vValues, b.matrices[1].vSparse.valuePtr(), 4));
   CHECK(encode(toBatch(view)) == whole);
 }
 
