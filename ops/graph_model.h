@@ -8,7 +8,9 @@
 #include "ops/loss_parser.h"
 #include "ops/model.h"
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -109,6 +111,16 @@ class GraphModel final : public Model {
   using CarriedStates = std::unordered_map<int64_t, Carried>;
   std::vector<Matrix> carriedStates(const Matrix& segments, const CarriedStates& kept) const;
   void keepStates(const Matrix& segments, CarriedStates& kept) const;
+  // `finals`: each state after the last step, rows x B.
+  void keepStates(const Matrix& segments, const std::vector<const Matrix*>& finals, CarriedStates& kept) const;
+  // A test batch of segments in runs of distinct streams (evaluate's), summed.
+  static EvalSums evaluateRuns(const Matrix& all, const std::function<EvalSums(const Matrix&)>& evaluateRun);
+  // Examples whose argmax of `scores` (a step's prediction) is the step's next token.
+  static double stepCorrect(const Matrix& scores, const Matrix& segments, size_t step);
+  // The device executor's pass over segments: states carried from `kept` (kept
+  // again afterwards, from the device's last step); returns the summed loss.
+  double runSegmentsOnDevice(DeviceExecutor& exec, std::span<const Tensor> w, const Matrix& segments,
+                             CarriedStates& kept, bool train) const;
   // The device executor's forward and backward pass on the batch: sets *meanLoss and
   // returns the executor, which holds every site's U and V.
   DeviceExecutor& runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
@@ -129,6 +141,11 @@ class GraphModel final : public Model {
   mutable CarriedStates trainStates_;  // by stream
   mutable CarriedStates evalStates_;
 };
+
+// Entries of the same matrix (and bias), one per step, as one entry whose columns
+// are the steps' side by side; the batch's columns become (example, step) pairs
+// (SvgUnit::kStep). `b`: the examples.
+SvBatch stepColumns(SvBatch steps, int64_t b);
 
 // A value of `init` for a parameter of the given shape, from the stream `rng`.
 Matrix initialValue(const Init& init, int64_t rows, int64_t cols, uint64_t seed, uint64_t key, uint64_t index);
