@@ -1,9 +1,10 @@
-// The forward and backward pass of a feed-forward graph with every value and
-// gradient in tensors of one backend (ops/backend.h): parameters, activations,
-// gradients and the SVs stay on its device; only the minibatch goes in (dense
-// data into a kept buffer, sparse data through copySparse, labels as a one-hot
-// built on the host) and only the loss row comes out. The executor never touches
-// tensor memory from host code, so it runs on the strict device (ops/strict).
+// The forward and backward pass of a graph (feed-forward, or an unrolled sequence
+// model) with every value and gradient in tensors of one backend (ops/backend.h):
+// parameters, activations, gradients and the SVs stay on its device; only the
+// minibatch goes in (dense data into a kept buffer, sparse data through
+// copySparse, labels as a one-hot built on the host) and only the loss row comes
+// out. The executor never touches tensor memory from host code, so it runs on the
+// strict device (ops/strict).
 //
 // What runs: parameters, one input (dense or sparse), a label, matrix-vector
 // products (W v dense, or W x with x the sparse input or a token one-hot), the
@@ -21,18 +22,20 @@
 // not unrolled, and any other operator.
 //
 // Same values as GraphExecutor<float> (with fusion, its default): the backend
-// runs the same operations on the same operands in the same order (the CPU backend's kernels are the host
-// executor's expressions; a gradient's second term is computed apart and added,
+// runs the same operations on the same operands in the same order (the CPU
+// backend's kernels are the host executor's expressions, the LSTM cell
+// ops/lstm_cell.h's loops; a gradient's second term is computed apart and added,
 // as there), so on the cpu and strict backends the loss, every U and every V are
 // bitwise the host executor's for graphs whose elementwise nodes outside fused
-// chains are add, subtract, multiply, relu or scale (the examples' `W x + b`).
-// Such a lone node runs as a chain of one, which the host runs through Eigen: a
-// lone sigmoid, tanh, exp or log may differ in the last bits (the chain's math,
-// ops/elementwise_math.h), and a zero gradient term may come out +0 where the
-// host has -0 (or NaN where it has 0, for a non-finite upstream gradient).
+// chains are add, subtract, multiply, relu or scale (the examples' `W x + b`,
+// examples/lstm.loss included). Such a lone node runs as a chain of one, which the
+// host runs through Eigen: a lone sigmoid, tanh, exp or log may differ in the last
+// bits (the chain's math, ops/elementwise_math.h), and a zero gradient term may
+// come out +0 where the host has -0 (or NaN where it has 0, for a non-finite
+// upstream gradient).
 //
 // Buffers are allocated when the batch size changes and reused while it does not:
-// a run allocates no tensor (a sparse batch's copySparse aside). Not thread-safe:
+// a run allocates no tensor (a sparse batch's and the tokens' copySparse aside). Not thread-safe:
 // one executor per thread, as its backend. Holds references to the graph and the
 // backend; every tensor it owns dies with it, so it must die before the backend.
 #pragma once
