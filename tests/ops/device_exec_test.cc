@@ -489,3 +489,26 @@ TEST_CASE("the unrolled LSTM's device executor gives the host executor's U and V
     }
   }
 }
+
+TEST_CASE("the unrolled LSTM's second clock of the same shapes allocates no tensor", "[ops][device]") {
+  CountingBackend backend;
+  GraphModel model(smallLstm(), "lstm", 1);
+  std::mt19937 gen(43);
+  const ParamSet w = randomParams(model, gen);
+  const std::vector<Tensor> dw = upload(backend, w);
+  const Eigen::VectorXi labels = Eigen::VectorXi::Zero(kBatch);
+  double loss = 0.0;
+  const Matrix first = randomSegments(gen, kBatch, 0);
+  ExampleBatch x;
+  x.dense = &first;
+  x.labels = &labels;
+  model.computeSvgOnDevice(dw, x, &loss, backend);
+  const int allocated = backend.allocations;
+  const int copies = backend.sparseCopies;
+  const Matrix second = randomSegments(gen, kBatch, 1);
+  x.dense = &second;
+  model.computeSvgOnDevice(dw, x, &loss, backend);
+  CHECK(backend.allocations == allocated);
+  // One sparse copy per step: the tokens E reads.
+  CHECK(backend.sparseCopies == copies + static_cast<int>(kSteps));
+}
