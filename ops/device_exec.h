@@ -82,6 +82,9 @@ class DeviceExecutor {
   // After a sequence pass: state k after the last step (graph.finalStates()[k]),
   // and node `id`'s value (a step's prediction), copied into `out`.
   void finalState(size_t k, Matrix& out) const { copyOut(graph_.finalStates().at(k), out); }
+  // The next runSequence starts from the states the last one ended with, where
+  // they lie on the device (its `states` are ignored; the batch size must be the same).
+  void carryFinalStates() { carry_ = true; }
   void copyOut(int id, Matrix& out) const;
 
   const Graph& graph() const { return graph_; }
@@ -172,6 +175,7 @@ class DeviceExecutor {
   std::vector<SparseMatrix> hostTokens_;        // per token node read by a product
   std::vector<SparseCopy> deviceTokens_;
   Matrix hostStep_;                             // a dense token one-hot or a zero state, built on the host
+  bool carry_ = false;                          // carryFinalStates() was called
 };
 
 template <typename Write>

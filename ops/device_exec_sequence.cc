@@ -61,6 +61,9 @@ void DeviceExecutor::uploadSequence(const Matrix& segments, const std::vector<Ma
                       "the model unrolls {} steps, so a segment needs {} rows, but the data has {}", graph_.steps(),
                       segmentRows(graph_.steps()), segments.rows());
   const int64_t b = segments.cols();
+  const bool carry = carry_;
+  carry_ = false;
+  ORPHEUS_ENFORCE(!carry || b == batch_, "carried states of {} examples for a batch of {}", batch_, b);
   reserve(b);
   sparseBatch_ = false;
   for (const Node& n : graph_.nodes()) {
@@ -84,6 +87,12 @@ void DeviceExecutor::uploadSequence(const Matrix& segments, const std::vector<Ma
     }
   }
   const auto& ids = graph_.states();
+  if (carry) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      backend_.copy(values_[static_cast<size_t>(graph_.finalStates()[k])], values_[static_cast<size_t>(ids[k])]);
+    }
+    return;
+  }
   ORPHEUS_ENFORCE(states == nullptr || states->size() == ids.size(), "the graph has {} states, got {}", ids.size(),
                   states ? states->size() : 0);
   for (size_t k = 0; k < ids.size(); ++k) {

@@ -116,6 +116,7 @@ void GraphModel::keepStates(const Matrix& segments, const std::vector<const Matr
 }
 
 ParamSet GraphModel::carriedState() const {
+  flushDeviceStates();
   std::vector<int64_t> streams;
   for (const auto& [stream, carried] : trainStates_) streams.push_back(stream);
   std::sort(streams.begin(), streams.end());
@@ -157,6 +158,7 @@ void GraphModel::restoreCarriedState(const ParamSet& state) const {
     for (int64_t j = 0; j < index.cols(); ++j) restored[static_cast<int64_t>(index(0, j))].states[k] = m.col(j);
   }
   trainStates_ = std::move(restored);
+  deviceStatesOf_.resize(0, 0);  // superseded
 }
 
 std::vector<const Matrix*> GraphModel::paramPointers(const ParamSet& w) const {
@@ -274,6 +276,7 @@ double GraphModel::runBatch(const std::vector<const Matrix*>& params, const Exam
   GraphInputs<float> sequenceIn = in;
   if (sequence) {
     ORPHEUS_CHECK_INPUT(x.dense != nullptr, "a sequence model needs token-stream data");
+    flushDeviceStates();
     states = carriedStates(*x.dense, trainStates_);
     sequenceIn.states = &states;
   }

@@ -78,6 +78,7 @@ class GraphModel final : public Model {
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
   void releaseDevice() const override {
+    flushDeviceStates();
     deviceExec_.reset();
     evalExec_.reset();
   }
@@ -128,6 +129,12 @@ class GraphModel final : public Model {
   DeviceExecutor& runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
                               double* meanLoss) const;
   EvalSums evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const;
+  // A training pass on the device leaves its last step's states there: the next
+  // one starts from them when its segments continue the same streams column by
+  // column; they come to trainStates_ (flushDeviceStates) only when something else
+  // needs them (another batch, the host's pass, carriedState, releaseDevice).
+  bool continuesDeviceStates(const Matrix& segments) const;
+  void flushDeviceStates() const;
 
   Graph graph_;
   std::string spec_;
@@ -142,6 +149,7 @@ class GraphModel final : public Model {
   mutable std::vector<std::unordered_map<int64_t, Vector>> kept_;  // per local, by example index
   mutable CarriedStates trainStates_;  // by stream
   mutable CarriedStates evalStates_;
+  mutable Matrix deviceStatesOf_;  // stream and index rows (2 x B) of the states left on the device, or empty
 };
 
 // Entries of the same matrix (and bias), one per step, as one entry whose columns

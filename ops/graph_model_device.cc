@@ -3,6 +3,9 @@
 #include "engine/base/error.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/graph_model.h"
+#include "ops/sequence_layout.h"
+
+#include <unordered_map>
 
 namespace orpheus::ops {
 
@@ -20,6 +23,7 @@ DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const Example
                     deviceName(w[i].device()), backend.name());
   }
   if (!deviceExec_ || &deviceExec_->backend() != &backend) {
+    flushDeviceStates();
     deviceExec_.reset();  // its tensors go back to the backend they came from first
     deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
   }
@@ -37,8 +41,47 @@ DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const Example
   return *deviceExec_;
 }
 
+bool GraphModel::continuesDeviceStates(const Matrix& segments) const {
+  const Matrix& last = deviceStatesOf_;
+  if (last.size() == 0 || last.cols() != segments.cols()) return false;
+  std::unordered_map<int64_t, int> streams;
+  for (int64_t j = 0; j < segments.cols(); ++j) {
+    const float stream = segments(kSegmentStreamRow, j);
+    if (stream != last(kSegmentStreamRow, j) || ++streams[static_cast<int64_t>(stream)] > 1) return false;
+    const auto index = static_cast<int64_t>(segments(kSegmentIndexRow, j));
+    if (index != static_cast<int64_t>(last(kSegmentIndexRow, j)) + 1) return false;
+  }
+  return true;
+}
+
+void GraphModel::flushDeviceStates() const {
+  if (deviceStatesOf_.size() == 0) return;
+  std::vector<Matrix> finals(graph_.finalStates().size());
+  std::vector<const Matrix*> pointers;
+  for (size_t k = 0; k < finals.size(); ++k) {
+    deviceExec_->finalState(k, finals[k]);
+    pointers.push_back(&finals[k]);
+  }
+  keepStates(deviceStatesOf_, pointers, trainStates_);
+  deviceStatesOf_.resize(0, 0);
+}
+
 double GraphModel::runSegmentsOnDevice(DeviceExecutor& exec, std::span<const Tensor> w, const Matrix& segments,
                                        CarriedStates& kept, bool train) const {
+  if (train) {
+    // Segments that continue the last pass's streams, column by column, start from
+    // its states where they are; the new ones stay there too.
+    if (continuesDeviceStates(segments)) {
+      exec.carryFinalStates();
+    } else {
+      flushDeviceStates();
+    }
+    const bool carried = deviceStatesOf_.size() > 0;
+    const std::vector<Matrix> states = carried ? std::vector<Matrix>{} : carriedStates(segments, kept);
+    const double loss = exec.runSequence(w, segments, carried ? nullptr : &states);
+    deviceStatesOf_ = segments.topRows(kSegmentIndexRow + 1);
+    return loss;
+  }
   const std::vector<Matrix> states = carriedStates(segments, kept);
   const double loss = train ? exec.runSequence(w, segments, &states) : exec.evaluateSequence(w, segments, &states);
   // The last step's states come to the host, where they are kept by stream.

@@ -390,8 +390,9 @@ TEST_CASE("the unrolled LSTM's device SVs, loss and carried states are bitwise t
   std::mt19937 gen(31);
   GraphModel hostModel(g, "lstm", 1);
   const ParamSet w = randomParams(hostModel, gen);
-  // Two segments of each stream: the second starts from the states the first ended with.
-  const std::vector<Matrix> segments = {randomSegments(gen, kBatch, 0), randomSegments(gen, kBatch, 1)};
+  // Three segments of each stream: each starts from the states the one before ended with.
+  const std::vector<Matrix> segments = {randomSegments(gen, kBatch, 0), randomSegments(gen, kBatch, 1),
+                                        randomSegments(gen, kBatch, 2)};
   for (Model::SvgUnit unit : {Model::SvgUnit::kExample, Model::SvgUnit::kStep}) {
     GraphModel host(g, "lstm", 1);
     host.setSvgUnit(unit);
@@ -418,9 +419,9 @@ TEST_CASE("the unrolled LSTM's device SVs, loss and carried states are bitwise t
         double loss = 0.0;
         requireSameBatch(devices[d]->computeSvgOnDevice(dw[d], x, &loss, backend), expected);
         CHECK(loss == hostLoss);
-        requireSameParams(devices[d]->carriedState(), host.carriedState());
       }
     }
+    for (const auto& device : devices) requireSameParams(device->carriedState(), host.carriedState());
     // Test batches: the host's sums, states carried apart from training's.
     for (const Matrix& s : segments) {
       ExampleBatch x;
@@ -511,4 +512,34 @@ TEST_CASE("the unrolled LSTM's second clock of the same shapes allocates no tens
   CHECK(backend.allocations == allocated);
   // One sparse copy per step: the tokens E reads.
   CHECK(backend.sparseCopies == copies + static_cast<int>(kSteps));
+}
+
+TEST_CASE("the unrolled LSTM's states stay on the device while segments continue their streams",
+          "[ops][device][strict]") {
+  const auto strict = strict::makeStrictBackend();
+  const Graph g = smallLstm();
+  GraphModel host(g, "lstm", 1);
+  GraphModel device(g, "lstm", 1);
+  std::mt19937 gen(47);
+  const ParamSet w = randomParams(host, gen);
+  const std::vector<Tensor> dw = upload(*strict, w);
+  const Eigen::VectorXi labels = Eigen::VectorXi::Zero(kBatch);
+  std::vector<uint64_t> uploaded;
+  for (int64_t index = 0; index < 3; ++index) {
+    const Matrix s = randomSegments(gen, kBatch, index);
+    ExampleBatch x;
+    x.dense = &s;
+    x.labels = &labels;
+    double loss = 0.0;
+    const SvBatch expected = host.computeSvg(w, x, &loss);
+    const uint64_t before = strict->transfers().toDevice;
+    requireSameBatch(device.computeSvgOnDevice(dw, x, &loss, *strict), expected);
+    uploaded.push_back(strict->transfers().toDevice - before);
+    // The states come to the host when asked for (a checkpoint's carriedState).
+    if (index == 1) requireSameParams(device.carriedState(), host.carriedState());
+  }
+  // Segment 1 started from the device's states; segment 2, after they were
+  // fetched, from the host's: h and c (6 x B each) copied in once more.
+  CHECK(uploaded[2] == uploaded[1] + 2 * 6 * kBatch * sizeof(float));
+  requireSameParams(device.carriedState(), host.carriedState());
 }
