@@ -63,8 +63,9 @@ class GraphModel final : public Model {
 
   // On a device: graphs DeviceExecutor runs (feed-forward products, elementwise
   // operators, softmax + cross-entropy, unrolled sequence models; a sequence
-  // model's carried states go in and come back to be kept by stream, as on the
-  // host, and its SVs follow setSvgUnit). The executor is made for the backend
+  // model's carried states stay on the device while batches continue their
+  // streams (continuesDeviceStates), else come back to be kept by stream as on
+  // the host; its SVs follow setSvgUnit). The executor is made for the backend
   // given and made anew when another one is; its tensors live on that backend's
   // device, so the backend must outlive the model or be replaced before it dies.
   // On the cpu and strict backends the batch and the gradient are bitwise
