@@ -61,7 +61,7 @@ inline const char* deviceName(Device d) {
 
 // Bumped whenever Backend's virtual interface or Tensor's layout changes: a
 // backend plugin (liborpheus_cuda.so) built against another version is refused.
-inline constexpr int kBackendAbiVersion = 4;
+inline constexpr int kBackendAbiVersion = 5;
 
 class Tensor {
  public:
@@ -159,6 +159,21 @@ struct EwChain {
   int inputs = 0;  // number of external inputs the steps refer to
 };
 
+// One LSTM cell step (ops/lstm_cell.h) over B columns: the gate block's four row
+// blocks (offset: first row of the input, forget, candidate and output gate) and the
+// previous cell state in; the activations, the cell, its tanh and the hidden state
+// out (H x B each). The backward pass reads the activations and tanhCell; cell and
+// hidden may be null there.
+struct LstmCellArgs {
+  const Tensor* gates = nullptr;  // 4H x B pre-activations
+  std::array<int64_t, 4> offset{};
+  const Tensor* cPrev = nullptr;  // H x B
+  std::array<Tensor*, 4> act{};   // sigmoid, sigmoid, tanh, sigmoid of the gates
+  Tensor* cell = nullptr;
+  Tensor* tanhCell = nullptr;
+  Tensor* hidden = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -201,6 +216,17 @@ class Backend {
   // dz = beta * dz + (p * sum_i t_ij - t) * upstream_j, column by column; upstream is 1 x B.
   virtual void softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
                                            Tensor& dz) = 0;
+
+  // dst rows [dstRow, dstRow + rows) = src rows [srcRow, srcRow + rows), in every
+  // column (src and dst have the same columns): concat and slice, forward and back.
+  virtual void copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) = 0;
+  // The fused LSTM cell step, forward: writes a's act, cell, tanhCell and hidden.
+  virtual void lstmCellForward(const LstmCellArgs& a) = 0;
+  // Backward: adds d loss / d gates to dGates (4H x B) and, when not null,
+  // d loss / d cPrev to dCPrev, from the gradients of hidden and cell (null: zero),
+  // in ops/lstm_cell.h's order.
+  virtual void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
+                                Tensor* dCPrev) = 0;
 
   // out (r x 1) = beta * out + the sum of a's columns.
   virtual void sumColumns(const Tensor& a, float beta, Tensor& out) = 0;

@@ -4,6 +4,7 @@
 
 #include "ops/backend.h"
 
+#include <initializer_list>
 #include <utility>
 
 namespace orpheus::ops::checks {
@@ -138,6 +139,43 @@ inline ChainShape backward(const Backend& b, const EwChain& c, std::span<const T
   all(b, "elementwiseBackward", values, shape, false);
   all(b, "elementwiseBackward", std::span<const Tensor* const>(inputGrads.data(), inputGrads.size()), shape, true);
   return shape;
+}
+
+// copyRows: both on b's device, the same columns, the row ranges inside.
+inline void copyRows(const Backend& b, const Tensor& src, int64_t srcRow, const Tensor& dst, int64_t dstRow,
+                     int64_t rows) {
+  onDevice(b, "copyRows", src);
+  onDevice(b, "copyRows", dst);
+  ORPHEUS_ENFORCE(src.cols() == dst.cols() && rows >= 0 && srcRow >= 0 && dstRow >= 0 &&
+                      srcRow + rows <= src.rows() && dstRow + rows <= dst.rows(),
+                  "copyRows: rows {}+{} of a {}x{} tensor into rows {}+{} of a {}x{} one", srcRow, rows, src.rows(),
+                  src.cols(), dstRow, rows, dst.rows(), dst.cols());
+}
+
+// An LSTM cell step's operands: H x B each (the gates 4H x B), on b's device;
+// `forward`: cell and hidden given too. Returns H.
+inline int64_t lstmCell(const Backend& b, const char* op, const LstmCellArgs& a, bool forward) {
+  ORPHEUS_ENFORCE(a.gates && a.cPrev && a.tanhCell && (!forward || (a.cell && a.hidden)), "{}: operands missing", op);
+  const int64_t h = a.cPrev->rows();
+  const int64_t cols = a.cPrev->cols();
+  const auto shaped = [&](const Tensor* t) {
+    if (t == nullptr) return;
+    onDevice(b, op, *t);
+    ORPHEUS_ENFORCE(t->rows() == h && t->cols() == cols, "{}: a {}x{} operand, expected {}x{}", op, t->rows(),
+                    t->cols(), h, cols);
+  };
+  onDevice(b, op, *a.gates);
+  ORPHEUS_ENFORCE(a.gates->rows() == 4 * h && a.gates->cols() == cols, "{}: gates {}x{} for a {}x{} state", op,
+                  a.gates->rows(), a.gates->cols(), h, cols);
+  for (int k = 0; k < 4; ++k) {
+    ORPHEUS_ENFORCE(a.act[k] != nullptr && a.offset[k] >= 0 && a.offset[k] + h <= 4 * h, "{}: gate {}", op, k);
+    shaped(a.act[k]);
+  }
+  for (const Tensor* t : {a.cPrev, static_cast<const Tensor*>(a.cell), static_cast<const Tensor*>(a.tanhCell),
+                          static_cast<const Tensor*>(a.hidden)}) {
+    shaped(t);
+  }
+  return h;
 }
 
 }  // namespace orpheus::ops::checks

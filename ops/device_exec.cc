@@ -28,39 +28,22 @@ Tensor hostView(const Matrix& m) { return Tensor::host(m.data(), m.rows(), m.col
 }  // namespace
 
 std::string DeviceExecutor::unsupported(const Graph& graph) {
-  if (graph.isCell()) return "a recurrent cell (carried states and tokens) does not run on a device";
+  if (graph.isCell()) return "a recurrent cell runs on a device only unrolled (Graph::unroll)";
   if (graph.loss() < 0) return "the graph has no loss";
   const std::vector<FusedStep> plan = graph.fusionPlan();
-  std::vector<int> stepOf(graph.nodes().size(), -1);
-  for (size_t s = 0; s < plan.size(); ++s) {
-    for (int id : plan[s].nodes) stepOf[static_cast<size_t>(id)] = static_cast<int>(s);
+  std::vector<bool> inStep(graph.nodes().size(), false);
+  for (const FusedStep& step : plan) {
+    for (int id : step.nodes) inStep[static_cast<size_t>(id)] = true;
   }
   for (const Node& n : graph.nodes()) {
     const auto refused = [&](const char* what, const char* why) {
       return fmt::format("{}node '{}' ({}): {} not supported on a device", graph.where(n.id), n.name, what, why);
     };
-    switch (n.kind) {
-      case NodeKind::kParam:
-      case NodeKind::kInput:
-      case NodeKind::kLabel:
-        continue;
-      case NodeKind::kLocal:
-        return refused(terminalName(n.kind), "data-dependent variables are");
-      case NodeKind::kToken:
-      case NodeKind::kState:
-        return refused(terminalName(n.kind), "sequence inputs and carried states are");
-      case NodeKind::kOp:
-        break;
-    }
-    const int s = stepOf[static_cast<size_t>(n.id)];
-    if (s >= 0) {
-      if (plan[static_cast<size_t>(s)].kind == FusedStep::Kind::kLstmCell) {
-        return refused(opName(n.op), "LSTM cells are");
-      }
-      continue;
-    }
-    if (n.op == OpKind::kMatVec || isElementwise(n.op)) continue;
-    return refused(opName(n.op), "outside a fused step, only matrix-vector products and elementwise operators are");
+    if (n.kind == NodeKind::kLocal) return refused(terminalName(n.kind), "data-dependent variables are");
+    if (n.kind != NodeKind::kOp || inStep[static_cast<size_t>(n.id)]) continue;
+    if (n.op == OpKind::kMatVec || n.op == OpKind::kConcat || n.op == OpKind::kSlice || isElementwise(n.op)) continue;
+    return refused(opName(n.op),
+                   "outside a fused step, only matrix-vector products, concats, slices and elementwise operators are");
   }
   return "";
 }
@@ -99,6 +82,7 @@ DeviceExecutor::DeviceExecutor(const Graph& graph, Backend& backend) : graph_(gr
   values_.resize(n);
   grads_.resize(n);
   live_.assign(n, 0);
+  planSequence();
 }
 
 void DeviceExecutor::reserve(int64_t batch) {
@@ -127,9 +111,11 @@ void DeviceExecutor::reserve(int64_t batch) {
   backend_.copy(hostView(zeros), zeros_);
   scratch_ = backend_.allocate(largest, 1);
   hostLoss_.resize(1, batch);
+  reserveSequence(batch);
 }
 
 void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels) {
+  ORPHEUS_ENFORCE(graph_.steps() == 0, "a sequence model runs through runSequence and evaluateSequence");
   const int input = graph_.inputNode();
   int64_t batch = labels.size();
   if (input >= 0) {
@@ -195,37 +181,44 @@ void DeviceExecutor::forwardChain(const ChainPlan& plan, std::span<const int> no
   backend_.elementwise(plan.chain, chainIn_, chainVal_);
 }
 
+void DeviceExecutor::forwardNode(const Node& n, std::span<const Tensor> params) {
+  const size_t i = static_cast<size_t>(n.id);
+  // A fused step runs where its last node stands, when all its outside operands exist.
+  const int s = stepEnding_[i];
+  if (s >= 0) {
+    const FusedStep& step = plan_[static_cast<size_t>(s)];
+    if (step.kind == FusedStep::Kind::kSoftmaxCrossEntropy) {
+      const Node& softmax = graph_.node(step.nodes[0]);
+      const Node& ce = graph_.node(step.nodes[1]);
+      backend_.softmaxCrossEntropy(value(softmax.inputs[0], params), value(ce.inputs[1], params),
+                                   values_[static_cast<size_t>(softmax.id)], values_[i]);
+    } else if (step.kind == FusedStep::Kind::kLstmCell) {
+      forwardLstmCell(step.lstm, params);
+    } else {
+      forwardChain(chains_[static_cast<size_t>(s)], step.nodes, params);
+    }
+    return;
+  }
+  if (inStep_[i]) return;
+  if (n.op == OpKind::kMatVec) {
+    forwardProduct(n, params);
+  } else if (n.op == OpKind::kConcat || n.op == OpKind::kSlice) {
+    forwardRows(n, params);
+  } else {
+    forwardChain(lone_[i], std::span<const int>(&n.id, 1), params);
+  }
+}
+
 double DeviceExecutor::forward(std::span<const Tensor> params) {
   ORPHEUS_ENFORCE(params.size() == graph_.params().size(), "the graph has {} parameters, got {}",
                   graph_.params().size(), params.size());
+  // As GraphExecutor::forward: with hoisted products, the nodes independent of the
+  // carried states first, then the rest in node order.
+  const bool hoisting = !hoist_.groups.empty();
+  if (hoisting) forwardHoisted(params);
   for (const Node& n : graph_.nodes()) {
-    if (n.kind != NodeKind::kOp) continue;
-    const size_t i = static_cast<size_t>(n.id);
-    // A fused step runs where its last node stands, when all its outside operands exist.
-    const int s = stepEnding_[i];
-    if (s >= 0) {
-      const FusedStep& step = plan_[static_cast<size_t>(s)];
-      if (step.kind == FusedStep::Kind::kSoftmaxCrossEntropy) {
-        const Node& softmax = graph_.node(step.nodes[0]);
-        const Node& ce = graph_.node(step.nodes[1]);
-        backend_.softmaxCrossEntropy(value(softmax.inputs[0], params), value(ce.inputs[1], params),
-                                     values_[static_cast<size_t>(softmax.id)], values_[i]);
-      } else {
-        forwardChain(chains_[static_cast<size_t>(s)], step.nodes, params);
-      }
-      continue;
-    }
-    if (inStep_[i]) continue;
-    if (n.op == OpKind::kMatVec) {
-      const Tensor& w = value(n.inputs[0], params);
-      if (n.inputs[1] == graph_.inputNode() && sparseBatch_) {
-        backend_.gemmSparse(1.0f, w, sparse_.view, Trans::kNo, 0.0f, values_[i]);
-      } else {
-        backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w, value(n.inputs[1], params), 0.0f, values_[i]);
-      }
-      continue;
-    }
-    forwardChain(lone_[i], std::span<const int>(&n.id, 1), params);
+    if (n.kind != NodeKind::kOp || (hoisting && hoist_.early[static_cast<size_t>(n.id)])) continue;
+    forwardNode(n, params);
   }
   Tensor lossRow = hostView(hostLoss_);
   backend_.copy(values_[static_cast<size_t>(graph_.loss())], lossRow);
@@ -274,15 +267,7 @@ void DeviceExecutor::backwardSoftmaxCrossEntropy(const FusedStep& step, std::spa
   const Tensor& p = values_[static_cast<size_t>(softmax.id)];
   const Tensor& t = value(ce.inputs[1], params);
   const Tensor& upstream = grads_[static_cast<size_t>(ce.id)];
-  Tensor& dz = grads_[static_cast<size_t>(z)];
-  if (!live_[static_cast<size_t>(z)]) {
-    backend_.softmaxCrossEntropyBackward(p, t, upstream, 0.0f, dz);
-    live_[static_cast<size_t>(z)] = 1;
-    return;
-  }
-  Tensor term = scratchLike(dz);
-  backend_.softmaxCrossEntropyBackward(p, t, upstream, 0.0f, term);
-  backend_.axpy(1.0f, term, dz);
+  addTerm(z, [&](Tensor& dz) { backend_.softmaxCrossEntropyBackward(p, t, upstream, 0.0f, dz); });
 }
 
 void DeviceExecutor::backwardMatVec(const Node& n, std::span<const Tensor> params) {
@@ -290,15 +275,7 @@ void DeviceExecutor::backwardMatVec(const Node& n, std::span<const Tensor> param
   if (!needsGrad_[static_cast<size_t>(v)]) return;
   const Tensor& w = value(n.inputs[0], params);
   const Tensor& upstream = grads_[static_cast<size_t>(n.id)];
-  Tensor& dv = grads_[static_cast<size_t>(v)];
-  if (!live_[static_cast<size_t>(v)]) {
-    backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, w, upstream, 0.0f, dv);
-    live_[static_cast<size_t>(v)] = 1;
-    return;
-  }
-  Tensor term = scratchLike(dv);
-  backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, w, upstream, 0.0f, term);
-  backend_.axpy(1.0f, term, dv);
+  addTerm(v, [&](Tensor& dv) { backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, w, upstream, 0.0f, dv); });
 }
 
 void DeviceExecutor::backward(std::span<const Tensor> params, const std::function<void(size_t)>& siteReady) {
@@ -322,8 +299,14 @@ void DeviceExecutor::backward(std::span<const Tensor> params, const std::functio
     for (; next != pendingSites_.end() && next->first >= id; ++next) ready(next->second);
     const Node& n = graph_.node(id);
     const size_t i = static_cast<size_t>(id);
-    if (n.kind != NodeKind::kOp || !live_[i]) continue;
+    if (n.kind != NodeKind::kOp) continue;
     const int s = stepEnding_[i];
+    // An LSTM cell step has two outputs, the cell and the hidden state: it decides itself.
+    if (s >= 0 && plan_[static_cast<size_t>(s)].kind == FusedStep::Kind::kLstmCell) {
+      backwardLstmCell(plan_[static_cast<size_t>(s)].lstm, params);
+      continue;
+    }
+    if (!live_[i]) continue;
     if (s >= 0) {
       const FusedStep& step = plan_[static_cast<size_t>(s)];
       if (step.kind == FusedStep::Kind::kSoftmaxCrossEntropy) {
@@ -336,6 +319,8 @@ void DeviceExecutor::backward(std::span<const Tensor> params, const std::functio
     if (inStep_[i]) continue;  // handled with its step
     if (n.op == OpKind::kMatVec) {
       backwardMatVec(n, params);
+    } else if (n.op == OpKind::kConcat || n.op == OpKind::kSlice) {
+      backwardRows(n);
     } else {
       backwardChain(lone_[i], std::span<const int>(&n.id, 1), params);
     }
@@ -373,12 +358,28 @@ const Tensor& DeviceExecutor::siteU(size_t i) const {
 bool DeviceExecutor::siteVIsInput(size_t i) const { return sites_.at(i).vectorNode == graph_.inputNode(); }
 
 const Tensor* DeviceExecutor::siteVDense(size_t i) const {
-  if (!siteVIsInput(i)) return &values_[static_cast<size_t>(sites_[i].vectorNode)];
+  const int v = sites_.at(i).vectorNode;
+  if (graph_.node(v).kind == NodeKind::kToken) return nullptr;
+  if (!siteVIsInput(i)) return &values_[static_cast<size_t>(v)];
   return sparseBatch_ ? nullptr : &input_;
 }
 
 const SparseTensor* DeviceExecutor::siteVSparse(size_t i) const {
+  const int v = sites_.at(i).vectorNode;
+  if (graph_.node(v).kind == NodeKind::kToken) return &deviceTokens_[static_cast<size_t>(v)].view;
   return siteVIsInput(i) && sparseBatch_ ? &sparse_.view : nullptr;
+}
+
+const SparseMatrix* DeviceExecutor::siteVTokens(size_t i) const {
+  const int v = sites_.at(i).vectorNode;
+  return graph_.node(v).kind == NodeKind::kToken ? &hostTokens_[static_cast<size_t>(v)] : nullptr;
+}
+
+void DeviceExecutor::copyOut(int id, Matrix& out) const {
+  const Tensor& t = values_.at(static_cast<size_t>(id));
+  out.resize(t.rows(), t.cols());
+  Tensor view = hostView(out);
+  backend_.copy(t, view);
 }
 
 }  // namespace orpheus::ops

@@ -1,30 +1,41 @@
-// The forward and backward pass of a feed-forward graph with every value and
-// gradient in tensors of one backend (ops/backend.h): parameters, activations,
-// gradients and the SVs stay on its device; only the minibatch goes in (dense
-// data into a kept buffer, sparse data through copySparse, labels as a one-hot
-// built on the host) and only the loss row comes out. The executor never touches
-// tensor memory from host code, so it runs on the strict device (ops/strict).
+// The forward and backward pass of a graph (feed-forward, or an unrolled sequence
+// model) with every value and gradient in tensors of one backend (ops/backend.h):
+// parameters, activations, gradients and the SVs stay on its device; only the
+// minibatch goes in (dense data into a kept buffer, sparse data through
+// copySparse, labels as a one-hot built on the host) and only the loss row comes
+// out. The executor never touches tensor memory from host code, so it runs on the
+// strict device (ops/strict).
 //
 // What runs: parameters, one input (dense or sparse), a label, matrix-vector
-// products (W v dense, or W x with x the sparse input), the fusion plan's
-// elementwise chains and lone elementwise nodes (each a chain of one), and the
-// fused softmax + cross-entropy. Everything else (LSTM cells, slices, concats,
-// carried states, tokens, data-dependent variables, any other operator) is
-// refused by unsupported().
+// products (W v dense, or W x with x the sparse input or a token one-hot), the
+// fusion plan's elementwise chains and lone elementwise nodes (each a chain of
+// one), the fused softmax + cross-entropy, concats and slices (row blocks,
+// Backend::copyRows) and fused LSTM cell steps (Backend::lstmCellForward).
+// Unrolled sequence graphs (Graph::unroll) run as GraphExecutor runs them: each
+// step's token one-hots built on the host from the segments (sparse where a
+// product reads them, dense where the cross-entropy does) and copied in, the
+// carried states at the first step copied in (zeros when none are given), the
+// products over concat(a_t, b_t) hoisted (HoistPlan: W's first columns times
+// all steps' a_t as one GEMM, then W's other columns times b_t per step: column
+// blocks of W, Tensor::middleCols), the last step's states left on the device
+// for finalState(). Refused by unsupported(): data-dependent variables, cells
+// not unrolled, and any other operator.
 //
-// Same values as GraphExecutor<float>: the backend runs the same operations on
-// the same operands in the same order (the CPU backend's kernels are the host
-// executor's expressions; a gradient's second term is computed apart and added,
+// Same values as GraphExecutor<float> (with fusion, its default): the backend
+// runs the same operations on the same operands in the same order (the CPU
+// backend's kernels are the host executor's expressions, the LSTM cell
+// ops/lstm_cell.h's loops; a gradient's second term is computed apart and added,
 // as there), so on the cpu and strict backends the loss, every U and every V are
 // bitwise the host executor's for graphs whose elementwise nodes outside fused
-// chains are add, subtract, multiply, relu or scale (the examples' `W x + b`).
-// Such a lone node runs as a chain of one, which the host runs through Eigen: a
-// lone sigmoid, tanh, exp or log may differ in the last bits (the chain's math,
-// ops/elementwise_math.h), and a zero gradient term may come out +0 where the
-// host has -0 (or NaN where it has 0, for a non-finite upstream gradient).
+// chains are add, subtract, multiply, relu or scale (the examples' `W x + b`,
+// examples/lstm.loss included). Such a lone node runs as a chain of one, which the
+// host runs through Eigen: a lone sigmoid, tanh, exp or log may differ in the last
+// bits (the chain's math, ops/elementwise_math.h), and a zero gradient term may
+// come out +0 where the host has -0 (or NaN where it has 0, for a non-finite
+// upstream gradient).
 //
 // Buffers are allocated when the batch size changes and reused while it does not:
-// a run allocates no tensor (a sparse batch's copySparse aside). Not thread-safe:
+// a run allocates no tensor (a sparse batch's and the tokens' copySparse aside). Not thread-safe:
 // one executor per thread, as its backend. Holds references to the graph and the
 // backend; every tensor it owns dies with it, so it must die before the backend.
 #pragma once
@@ -62,6 +73,19 @@ class DeviceExecutor {
   // prediction node's value (rows x B) copied into it.
   double evaluate(std::span<const Tensor> params, const Matrix* dense, const SparseMatrix* sparse,
                   const Eigen::VectorXi& labels, Matrix* prediction = nullptr);
+  // Unrolled sequence graphs: `segments` (ops/sequence_layout.h) and the carried
+  // states at the first step (graph.states() order, rows x B each; null: zeros).
+  // As run() and evaluate(); the loss is summed over examples and steps.
+  double runSequence(std::span<const Tensor> params, const Matrix& segments, const std::vector<Matrix>* states,
+                     const std::function<void(size_t)>& siteReady = {});
+  double evaluateSequence(std::span<const Tensor> params, const Matrix& segments, const std::vector<Matrix>* states);
+  // After a sequence pass: state k after the last step (graph.finalStates()[k]),
+  // and node `id`'s value (a step's prediction), copied into `out`.
+  void finalState(size_t k, Matrix& out) const { copyOut(graph_.finalStates().at(k), out); }
+  // The next runSequence starts from the states the last one ended with, where
+  // they lie on the device (its `states` are ignored; the batch size must be the same).
+  void carryFinalStates() { carry_ = true; }
+  void copyOut(int id, Matrix& out) const;
 
   const Graph& graph() const { return graph_; }
   Backend& backend() const { return backend_; }
@@ -74,6 +98,9 @@ class DeviceExecutor {
   const SparseTensor* siteVSparse(size_t i) const;  // null when V is dense
   // True when V of site i is the input node: its host copy is the batch itself.
   bool siteVIsInput(size_t i) const;
+  // V of a site whose vector is a token one-hot: the host matrix its device copy
+  // was made from (GraphExecutor::tokens' values); else null.
+  const SparseMatrix* siteVTokens(size_t i) const;
 
  private:
   // The batch's data and labels on the device; buffers (re)made when B changes.
@@ -82,10 +109,27 @@ class DeviceExecutor {
   const Tensor& value(int id, std::span<const Tensor> params) const;
   double forward(std::span<const Tensor> params);
   void backward(std::span<const Tensor> params, const std::function<void(size_t)>& siteReady);
+  void forwardNode(const Node& n, std::span<const Tensor> params);
   void forwardChain(const ChainPlan& plan, std::span<const int> nodes, std::span<const Tensor> params);
   void backwardChain(const ChainPlan& plan, std::span<const int> nodes, std::span<const Tensor> params);
   void backwardSoftmaxCrossEntropy(const FusedStep& step, std::span<const Tensor> params);
   void backwardMatVec(const Node& n, std::span<const Tensor> params);
+  // Sequences and row blocks (device_exec_sequence.cc).
+  void planSequence();
+  void reserveSequence(int64_t batch);
+  void uploadSequence(const Matrix& segments, const std::vector<Matrix>* states);
+  void forwardHoisted(std::span<const Tensor> params);
+  void forwardProduct(const Node& n, std::span<const Tensor> params);
+  void forwardRows(const Node& n, std::span<const Tensor> params);
+  void forwardLstmCell(const LstmCellRoles& roles, std::span<const Tensor> params);
+  void backwardLstmCell(const LstmCellRoles& roles, std::span<const Tensor> params);
+  void backwardRows(const Node& n);
+  // The sparse operand of product `n` (its vector is the sparse input or a token), or null.
+  const SparseTensor* sparseOperand(const Node& n) const;
+  // Adds a gradient term: `write` computes it into the tensor given (the operand's
+  // buffer when it holds no term yet, else scratch, then added).
+  template <typename Write>
+  void addTerm(int operand, const Write& write);
   // The node's gradient buffer, zeroed first unless it holds a term already.
   Tensor& zeroedGrad(int id);
   // `t` = 0 on the device (a copy of the kept zero buffer).
@@ -122,6 +166,30 @@ class DeviceExecutor {
   std::vector<const Tensor*> chainIn_, chainValConst_;
   std::vector<Tensor*> chainVal_, chainGrad_;
   std::vector<std::pair<int, size_t>> pendingSites_;
+
+  // Unrolled sequence graphs.
+  HoistPlan hoist_;
+  std::vector<int> hoistedAt_;                // per node: its group in hoist_.groups, or -1
+  std::vector<Tensor> allInputs_, inputPart_;  // per group: [a_0 ... a_{T-1}], W[:, :rows(a)] times them
+  std::vector<bool> tokenSparse_, tokenDense_;  // per token node: read by a product / densely
+  std::vector<SparseMatrix> hostTokens_;        // per token node read by a product
+  std::vector<SparseCopy> deviceTokens_;
+  Matrix hostStep_;                             // a dense token one-hot or a zero state, built on the host
+  bool carry_ = false;                          // carryFinalStates() was called
 };
+
+template <typename Write>
+void DeviceExecutor::addTerm(int operand, const Write& write) {
+  const size_t i = static_cast<size_t>(operand);
+  Tensor& g = grads_[i];
+  if (!live_[i]) {
+    write(g);
+    live_[i] = 1;
+    return;
+  }
+  Tensor term = scratchLike(g);
+  write(term);
+  backend_.axpy(1.0f, term, g);
+}
 
 }  // namespace orpheus::ops

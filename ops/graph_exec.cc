@@ -122,10 +122,11 @@ GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse, Backend* backend)
   }
 }
 
-template <typename S>
-void GraphExecutor<S>::planHoisting() {
-  const auto& nodes = graph_.nodes();
+HoistPlan hoistPlan(const Graph& graph, const std::vector<FusedStep>& plan) {
+  const auto& nodes = graph.nodes();
   const size_t n = nodes.size();
+  HoistPlan out;
+  out.early.assign(n, false);
   std::vector<bool> stateFree(n, true);
   for (const Node& node : nodes) {
     const size_t i = static_cast<size_t>(node.id);
@@ -134,41 +135,53 @@ void GraphExecutor<S>::planHoisting() {
   }
   // A node in a fused step is computed with its step: early only when the whole step is.
   std::vector<int> stepOf(n, -1);
-  for (size_t s = 0; s < plan_.size(); ++s) {
-    for (int id : plan_[s].nodes) stepOf[static_cast<size_t>(id)] = static_cast<int>(s);
+  for (size_t s = 0; s < plan.size(); ++s) {
+    for (int id : plan[s].nodes) stepOf[static_cast<size_t>(id)] = static_cast<int>(s);
   }
   for (const Node& node : nodes) {
     const size_t i = static_cast<size_t>(node.id);
     if (node.kind != NodeKind::kOp || !stateFree[i]) continue;
     bool early = true;
     if (stepOf[i] >= 0) {
-      for (int id : plan_[static_cast<size_t>(stepOf[i])].nodes) early = early && stateFree[static_cast<size_t>(id)];
+      for (int id : plan[static_cast<size_t>(stepOf[i])].nodes) early = early && stateFree[static_cast<size_t>(id)];
     }
-    early_[i] = early;
+    out.early[i] = early;
   }
-  std::vector<int> groupOf(graph_.params().size(), -1);
+  std::vector<int> groupOf(graph.params().size(), -1);
+  std::vector<HoistPlan::Group> groups;
   for (const Node& node : nodes) {
     if (node.kind != NodeKind::kOp || node.op != OpKind::kMatVec) continue;
-    const Node& v = graph_.node(node.inputs[1]);
+    const Node& v = graph.node(node.inputs[1]);
     if (v.kind != NodeKind::kOp || v.op != OpKind::kConcat) continue;
     const int a = v.inputs[0];
-    if (!early_[static_cast<size_t>(a)] || stateFree[static_cast<size_t>(v.id)]) continue;
-    const int param = graph_.paramIndex(node.inputs[0]);
+    if (!out.early[static_cast<size_t>(a)] || stateFree[static_cast<size_t>(v.id)]) continue;
+    const int param = graph.paramIndex(node.inputs[0]);
     int& g = groupOf[static_cast<size_t>(param)];
     if (g < 0) {
-      g = static_cast<int>(hoisted_.size());
-      hoisted_.push_back({});
-      hoisted_.back().param = param;
+      g = static_cast<int>(groups.size());
+      groups.push_back({});
+      groups.back().param = param;
     }
-    hoisted_[static_cast<size_t>(g)].products.push_back(node.id);
-    hoisted_[static_cast<size_t>(g)].inputs.push_back(a);
+    groups[static_cast<size_t>(g)].products.push_back(node.id);
+    groups[static_cast<size_t>(g)].inputs.push_back(a);
   }
   // One product alone gains nothing from hoisting.
-  std::vector<HoistedProduct> kept;
-  for (HoistedProduct& h : hoisted_) {
-    if (h.products.size() >= 2) kept.push_back(std::move(h));
+  for (HoistPlan::Group& g : groups) {
+    if (g.products.size() >= 2) out.groups.push_back(std::move(g));
   }
-  hoisted_ = std::move(kept);
+  return out;
+}
+
+template <typename S>
+void GraphExecutor<S>::planHoisting() {
+  HoistPlan p = hoistPlan(graph_, plan_);
+  early_ = std::move(p.early);
+  for (HoistPlan::Group& g : p.groups) {
+    hoisted_.push_back({});
+    hoisted_.back().param = g.param;
+    hoisted_.back().products = std::move(g.products);
+    hoisted_.back().inputs = std::move(g.inputs);
+  }
   for (size_t g = 0; g < hoisted_.size(); ++g) {
     for (int id : hoisted_[g].products) hoistedAt_[static_cast<size_t>(id)] = static_cast<int>(g);
   }

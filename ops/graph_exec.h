@@ -41,6 +41,21 @@ ChainPlan chainPlan(const Graph& graph, std::span<const int> nodes);
 // themselves excluded: their gradients are the SVs').
 std::vector<bool> nodesNeedingGradients(const Graph& graph);
 
+// Unrolled sequence graphs: the operator nodes computed before the recurrence
+// (`early`: independent of the carried states, a fused step only as a whole) and
+// the products W * concat(a_t, b_t) with an early a_t whose input parts run as one
+// GEMM over all steps, grouped by matrix (groups of two products at least).
+struct HoistPlan {
+  struct Group {
+    int param = 0;              // index among parameters
+    std::vector<int> products;  // by step
+    std::vector<int> inputs;    // each product's a_t
+  };
+  std::vector<bool> early;  // per node
+  std::vector<Group> groups;
+};
+HoistPlan hoistPlan(const Graph& graph, const std::vector<FusedStep>& plan);
+
 template <typename S>
 struct GraphInputs {
   const Mat<S>* dense = nullptr;        // D x B, or

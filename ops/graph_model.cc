@@ -100,15 +100,23 @@ std::vector<Matrix> GraphModel::carriedStates(const Matrix& segments, const Carr
 }
 
 void GraphModel::keepStates(const Matrix& segments, CarriedStates& kept) const {
+  std::vector<const Matrix*> finals;
+  for (int id : graph_.finalStates()) finals.push_back(&exec_->value(id));
+  keepStates(segments, finals, kept);
+}
+
+void GraphModel::keepStates(const Matrix& segments, const std::vector<const Matrix*>& finals,
+                            CarriedStates& kept) const {
   for (int64_t j = 0; j < segments.cols(); ++j) {
     Carried& c = kept[static_cast<int64_t>(segments(kSegmentStreamRow, j))];
     c.segment = static_cast<int64_t>(segments(kSegmentIndexRow, j));
-    c.states.resize(graph_.finalStates().size());
-    for (size_t k = 0; k < c.states.size(); ++k) c.states[k] = exec_->value(graph_.finalStates()[k]).col(j);
+    c.states.resize(finals.size());
+    for (size_t k = 0; k < c.states.size(); ++k) c.states[k] = finals[k]->col(j);
   }
 }
 
 ParamSet GraphModel::carriedState() const {
+  flushDeviceStates();
   std::vector<int64_t> streams;
   for (const auto& [stream, carried] : trainStates_) streams.push_back(stream);
   std::sort(streams.begin(), streams.end());
@@ -150,6 +158,7 @@ void GraphModel::restoreCarriedState(const ParamSet& state) const {
     for (int64_t j = 0; j < index.cols(); ++j) restored[static_cast<int64_t>(index(0, j))].states[k] = m.col(j);
   }
   trainStates_ = std::move(restored);
+  deviceStatesOf_.resize(0, 0);  // superseded
 }
 
 std::vector<const Matrix*> GraphModel::paramPointers(const ParamSet& w) const {
@@ -208,10 +217,6 @@ GraphInputs<float> inputsOf(const ExampleBatch& x, std::vector<Matrix>* locals) 
 
 }  // namespace
 
-namespace {
-
-// Entries of the same matrix (and bias), one per step, as one entry whose columns
-// are the steps' side by side; the batch's columns become (example, step) pairs.
 SvBatch stepColumns(SvBatch steps, int64_t b) {
   SvBatch out;
   std::vector<std::vector<const SvMatrix*>> groups;
@@ -259,8 +264,6 @@ SvBatch stepColumns(SvBatch steps, int64_t b) {
   return out;
 }
 
-}  // namespace
-
 double GraphModel::runBatch(const std::vector<const Matrix*>& params, const ExampleBatch& x,
                             std::vector<Matrix>& locals, const std::function<void(size_t)>* onSite) const {
   const GraphInputs<float> in = inputsOf(x, &locals);
@@ -273,6 +276,7 @@ double GraphModel::runBatch(const std::vector<const Matrix*>& params, const Exam
   GraphInputs<float> sequenceIn = in;
   if (sequence) {
     ORPHEUS_CHECK_INPUT(x.dense != nullptr, "a sequence model needs token-stream data");
+    flushDeviceStates();
     states = carriedStates(*x.dense, trainStates_);
     sequenceIn.states = &states;
   }
@@ -384,120 +388,26 @@ ParamSet GraphModel::denseGradient(const ParamSet& w, const ExampleBatch& x, dou
   return grad;
 }
 
-DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
-                                        double* meanLoss) const {
-  if (!deviceRefusal_.empty()) throw Error(fmt::format("model {} does not run on a device: {}", spec_, deviceRefusal_));
-  ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
-                      graph_.params().size(), w.size());
-  for (size_t i = 0; i < w.size(); ++i) {
-    const Node& n = graph_.node(graph_.params()[i]);
-    ORPHEUS_CHECK_INPUT(w[i].rows() == n.rows && w[i].cols() == n.cols,
-                        "parameter '{}' has shape {}x{}, the model expects {}x{}", n.name, w[i].rows(), w[i].cols(),
-                        n.rows, n.cols);
-    ORPHEUS_ENFORCE(w[i].device() == backend.device(), "parameter '{}' lives in {} memory, the backend is {}", n.name,
-                    deviceName(w[i].device()), backend.name());
-  }
-  if (!deviceExec_ || &deviceExec_->backend() != &backend) {
-    deviceExec_.reset();  // its tensors go back to the backend they came from first
-    deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
-  }
-  static const Eigen::VectorXi kNoLabels;
-  const double loss = deviceExec_->run(w, x.dense, x.sparse, x.labels ? *x.labels : kNoLabels);
-  const int64_t b = x.dense ? x.dense->cols() : x.sparse ? x.sparse->cols() : x.size();
-  if (meanLoss) *meanLoss = b > 0 ? loss / static_cast<double>(b) : 0.0;
-  return *deviceExec_;
-}
-
-EvalSums GraphModel::evaluateOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend) const {
-  if (!deviceRefusal_.empty()) throw Error(fmt::format("model {} does not run on a device: {}", spec_, deviceRefusal_));
-  ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
-                      graph_.params().size(), w.size());
-  if (!evalExec_ || &evalExec_->backend() != &backend) {
-    evalExec_.reset();
-    evalExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
-  }
-  static const Eigen::VectorXi kNoLabels;
-  Matrix scores;
+EvalSums GraphModel::evaluateRuns(const Matrix& all, const std::function<EvalSums(const Matrix&)>& evaluateRun) {
   EvalSums sums;
-  sums.lossSum = evalExec_->evaluate(w, x.dense, x.sparse, x.labels ? *x.labels : kNoLabels,
-                                     hasAccuracy() ? &scores : nullptr);
-  sums.count = static_cast<double>(x.size());
-  if (hasAccuracy()) {
-    for (int64_t j = 0; j < x.size(); ++j) {
-      Eigen::Index best = 0;
-      scores.col(j).maxCoeff(&best);
-      sums.correct += best == (*x.labels)(j) ? 1.0 : 0.0;
+  // Runs of segments of distinct streams: a stream's next segment starts a new run,
+  // so it starts from the states this one ends with.
+  int64_t begin = 0;
+  std::unordered_map<int64_t, int> inRun;
+  for (int64_t j = 0; j <= all.cols(); ++j) {
+    const bool end = j == all.cols() || inRun.count(static_cast<int64_t>(all(kSegmentStreamRow, j))) > 0;
+    if (end && j > begin) {
+      const Matrix run = all.middleCols(begin, j - begin);
+      const EvalSums part = evaluateRun(run);
+      sums.lossSum += part.lossSum;
+      sums.correct += part.correct;
+      sums.count += part.count;
+      inRun.clear();
+      begin = j;
     }
+    if (j < all.cols()) inRun[static_cast<int64_t>(all(kSegmentStreamRow, j))] = 1;
   }
   return sums;
-}
-
-SvBatch GraphModel::computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
-                                       Backend& backend) const {
-  DeviceExecutor& exec = runOnDevice(w, x, backend, meanLoss);
-  const std::vector<SvSite>& sites = exec.sites();
-  SvBatch batch;
-  batch.matrices.resize(sites.size());
-  for (size_t i = 0; i < sites.size(); ++i) {
-    SvMatrix& m = batch.matrices[i];
-    m.paramId = static_cast<uint32_t>(sites[i].param);
-    m.biasId = sites[i].bias;
-    const Tensor& u = exec.siteU(i);
-    m.u.resize(u.rows(), u.cols());
-    Tensor hostU = cpu::view(m.u);
-    backend.copy(u, hostU);
-    // V of the input is the batch itself, already in host memory.
-    if (exec.siteVIsInput(i)) {
-      m.sparseV = x.sparse != nullptr;
-      if (m.sparseV) {
-        m.vSparse = *x.sparse;
-      } else {
-        m.vDense = *x.dense;
-      }
-      continue;
-    }
-    const Tensor& v = *exec.siteVDense(i);
-    m.vDense.resize(v.rows(), v.cols());
-    Tensor hostV = cpu::view(m.vDense);
-    backend.copy(v, hostV);
-  }
-  batch.coeffs = Vector::Ones(x.dense ? x.dense->cols() : x.sparse ? x.sparse->cols() : x.size());
-  return batch;
-}
-
-void GraphModel::denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
-                                       Backend& backend, std::span<Tensor> grad) const {
-  ORPHEUS_CHECK_INPUT(grad.size() == w.size(), "{} gradient tensors for {} parameters", grad.size(), w.size());
-  for (size_t i = 0; i < grad.size(); ++i) {
-    ORPHEUS_ENFORCE(grad[i].rows() == w[i].rows() && grad[i].cols() == w[i].cols() &&
-                        grad[i].device() == backend.device(),
-                    "gradient {} is a {}x{} tensor in {} memory, its parameter {}x{} on {}", i, grad[i].rows(),
-                    grad[i].cols(), deviceName(grad[i].device()), w[i].rows(), w[i].cols(), backend.name());
-  }
-  DeviceExecutor& exec = runOnDevice(w, x, backend, meanLoss);
-  // A parameter's first term overwrites its gradient (beta 0), later ones add to it.
-  std::vector<bool> written(grad.size(), false);
-  const auto beta = [&](int param) { return written[static_cast<size_t>(param)] ? 1.0f : 0.0f; };
-  const std::vector<SvSite>& sites = exec.sites();
-  for (size_t i = 0; i < sites.size(); ++i) {
-    const SvSite& site = sites[i];
-    const Tensor& u = exec.siteU(i);
-    Tensor& g = grad[static_cast<size_t>(site.param)];
-    if (const SparseTensor* v = exec.siteVSparse(i)) {
-      backend.gemmSparse(1.0f, u, *v, Trans::kYes, beta(site.param), g);
-    } else {
-      backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, *exec.siteVDense(i), beta(site.param), g);
-    }
-    written[static_cast<size_t>(site.param)] = true;
-    if (site.bias >= 0) {
-      backend.sumColumns(u, beta(site.bias), grad[static_cast<size_t>(site.bias)]);
-      written[static_cast<size_t>(site.bias)] = true;
-    }
-  }
-  // identifySvs refuses a parameter that is neither a site's matrix nor its bias.
-  for (size_t i = 0; i < written.size(); ++i) {
-    ORPHEUS_ENFORCE(written[i], "parameter '{}' has no SV site", graph_.node(graph_.params()[i]).name);
-  }
 }
 
 EvalSums GraphModel::evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const {
@@ -510,42 +420,27 @@ EvalSums GraphModel::evaluateSegments(const std::vector<const Matrix*>& params, 
   keepStates(segments, evalStates_);
   sums.count = static_cast<double>(segments.cols() * graph_.steps());
   for (size_t t = 0; t < graph_.stepPredictions().size(); ++t) {
-    const Matrix& scores = exec_->value(graph_.stepPredictions()[t]);
-    for (int64_t j = 0; j < segments.cols(); ++j) {
-      Eigen::Index best = 0;
-      scores.col(j).maxCoeff(&best);
-      sums.correct += best == static_cast<Eigen::Index>(segments(kSegmentTokenRow + 1 + static_cast<int64_t>(t), j))
-                          ? 1.0
-                          : 0.0;
-    }
+    sums.correct += stepCorrect(exec_->value(graph_.stepPredictions()[t]), segments, t);
   }
   return sums;
+}
+
+double GraphModel::stepCorrect(const Matrix& scores, const Matrix& segments, size_t step) {
+  double correct = 0.0;
+  for (int64_t j = 0; j < segments.cols(); ++j) {
+    Eigen::Index best = 0;
+    scores.col(j).maxCoeff(&best);
+    const auto next = static_cast<Eigen::Index>(segments(kSegmentTokenRow + 1 + static_cast<int64_t>(step), j));
+    correct += best == next ? 1.0 : 0.0;
+  }
+  return correct;
 }
 
 EvalSums GraphModel::evaluate(const ParamSet& w, const ExampleBatch& x) const {
   const std::vector<const Matrix*> params = paramPointers(w);
   if (graph_.steps() > 0) {
     ORPHEUS_CHECK_INPUT(x.dense != nullptr, "a sequence model needs token-stream data");
-    const Matrix& all = *x.dense;
-    EvalSums sums;
-    // Runs of segments of distinct streams: a stream's next segment starts a new run,
-    // so it starts from the states this one ends with.
-    int64_t begin = 0;
-    std::unordered_map<int64_t, int> inRun;
-    for (int64_t j = 0; j <= all.cols(); ++j) {
-      const bool end = j == all.cols() || inRun.count(static_cast<int64_t>(all(kSegmentStreamRow, j))) > 0;
-      if (end && j > begin) {
-        const Matrix run = all.middleCols(begin, j - begin);
-        const EvalSums part = evaluateSegments(params, run);
-        sums.lossSum += part.lossSum;
-        sums.correct += part.correct;
-        sums.count += part.count;
-        inRun.clear();
-        begin = j;
-      }
-      if (j < all.cols()) inRun[static_cast<int64_t>(all(kSegmentStreamRow, j))] = 1;
-    }
-    return sums;
+    return evaluateRuns(*x.dense, [&](const Matrix& run) { return evaluateSegments(params, run); });
   }
   std::vector<Matrix> locals = initialLocals(x, false);
   const GraphInputs<float> in = inputsOf(x, &locals);

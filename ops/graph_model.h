@@ -8,7 +8,9 @@
 #include "ops/loss_parser.h"
 #include "ops/model.h"
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -60,7 +62,10 @@ class GraphModel final : public Model {
   void restoreCarriedState(const ParamSet& state) const override;
 
   // On a device: graphs DeviceExecutor runs (feed-forward products, elementwise
-  // operators, softmax + cross-entropy). The executor is made for the backend
+  // operators, softmax + cross-entropy, unrolled sequence models; a sequence
+  // model's carried states stay on the device while batches continue their
+  // streams (continuesDeviceStates), else come back to be kept by stream as on
+  // the host; its SVs follow setSvgUnit). The executor is made for the backend
   // given and made anew when another one is; its tensors live on that backend's
   // device, so the backend must outlive the model or be replaced before it dies.
   // On the cpu and strict backends the batch and the gradient are bitwise
@@ -74,6 +79,7 @@ class GraphModel final : public Model {
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
   void releaseDevice() const override {
+    flushDeviceStates();
     deviceExec_.reset();
     evalExec_.reset();
   }
@@ -109,11 +115,27 @@ class GraphModel final : public Model {
   using CarriedStates = std::unordered_map<int64_t, Carried>;
   std::vector<Matrix> carriedStates(const Matrix& segments, const CarriedStates& kept) const;
   void keepStates(const Matrix& segments, CarriedStates& kept) const;
+  // `finals`: each state after the last step, rows x B.
+  void keepStates(const Matrix& segments, const std::vector<const Matrix*>& finals, CarriedStates& kept) const;
+  // A test batch of segments in runs of distinct streams (evaluate's), summed.
+  static EvalSums evaluateRuns(const Matrix& all, const std::function<EvalSums(const Matrix&)>& evaluateRun);
+  // Examples whose argmax of `scores` (a step's prediction) is the step's next token.
+  static double stepCorrect(const Matrix& scores, const Matrix& segments, size_t step);
+  // The device executor's pass over segments: states carried from `kept` (kept
+  // again afterwards, from the device's last step); returns the summed loss.
+  double runSegmentsOnDevice(DeviceExecutor& exec, std::span<const Tensor> w, const Matrix& segments,
+                             CarriedStates& kept, bool train) const;
   // The device executor's forward and backward pass on the batch: sets *meanLoss and
   // returns the executor, which holds every site's U and V.
   DeviceExecutor& runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
                               double* meanLoss) const;
   EvalSums evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const;
+  // A training pass on the device leaves its last step's states there: the next
+  // one starts from them when its segments continue the same streams column by
+  // column; they come to trainStates_ (flushDeviceStates) only when something else
+  // needs them (another batch, the host's pass, carriedState, releaseDevice).
+  bool continuesDeviceStates(const Matrix& segments) const;
+  void flushDeviceStates() const;
 
   Graph graph_;
   std::string spec_;
@@ -128,7 +150,13 @@ class GraphModel final : public Model {
   mutable std::vector<std::unordered_map<int64_t, Vector>> kept_;  // per local, by example index
   mutable CarriedStates trainStates_;  // by stream
   mutable CarriedStates evalStates_;
+  mutable Matrix deviceStatesOf_;  // stream and index rows (2 x B) of the states left on the device, or empty
 };
+
+// Entries of the same matrix (and bias), one per step, as one entry whose columns
+// are the steps' side by side; the batch's columns become (example, step) pairs
+// (SvgUnit::kStep). `b`: the examples.
+SvBatch stepColumns(SvBatch steps, int64_t b);
 
 // A value of `init` for a parameter of the given shape, from the stream `rng`.
 Matrix initialValue(const Init& init, int64_t rows, int64_t cols, uint64_t seed, uint64_t key, uint64_t index);

@@ -288,8 +288,8 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
       ->capture_default_str();
   cmd.add_option("--device", c.device,
                  "Where a clock runs: cpu, cuda (GPU = local rank modulo the GPUs; ranks may share one), cuda:N, or "
-                 "strict (the CPU behind memory host code cannot touch; for tests). Feed-forward .loss models keep "
-                 "their replica there; other models run their rebuild and dense gradient there")
+                 "strict (the CPU behind memory host code cannot touch; for tests). Feed-forward and sequence (LSTM) "
+                 ".loss models keep their replica there; other models run their rebuild and dense gradient there")
       ->capture_default_str()
       ->check(deviceName);
   cmd.add_option("--resident", c.resident,

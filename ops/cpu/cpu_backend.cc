@@ -3,6 +3,7 @@
 #include "ops/backend_checks.h"
 #include "ops/cpu/elementwise_chain.h"
 #include "ops/cpu/optimizer_step.h"
+#include "ops/lstm_cell.h"
 
 #include <algorithm>
 #include <cstring>
@@ -223,6 +224,50 @@ void CpuBackend::softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, c
   }
   if (beta != 1.0f) dm *= beta;
   dm += (pm.array().rowwise() * mass - tm.array().rowwise() * g).matrix();
+}
+
+void CpuBackend::copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) {
+  checks::copyRows(*this, src, srcRow, dst, dstRow, rows);
+  map(dst).middleRows(dstRow, rows) = map(src).middleRows(srcRow, rows);
+}
+
+namespace {
+
+LstmCellBuffers<float> lstmBuffers(const LstmCellArgs& a, int64_t h) {
+  LstmCellBuffers<float> b;
+  b.rows = h;
+  b.cols = a.cPrev->cols();
+  b.gates = a.gates->data();
+  for (int k = 0; k < 4; ++k) {
+    b.offset[k] = a.offset[static_cast<size_t>(k)];
+    b.act[k] = a.act[static_cast<size_t>(k)]->data();
+  }
+  b.cPrev = a.cPrev->data();
+  b.cell = a.cell ? a.cell->data() : nullptr;
+  b.tanhCell = a.tanhCell->data();
+  b.hidden = a.hidden ? a.hidden->data() : nullptr;
+  return b;
+}
+
+}  // namespace
+
+void CpuBackend::lstmCellForward(const LstmCellArgs& a) {
+  const int64_t h = checks::lstmCell(*this, "lstmCellForward", a, true);
+  ops::lstmCellForward(lstmBuffers(a, h));
+}
+
+void CpuBackend::lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
+                                  Tensor* dCPrev) {
+  const int64_t h = checks::lstmCell(*this, "lstmCellBackward", a, false);
+  for (const Tensor* t : {dHidden, dCell, static_cast<const Tensor*>(dCPrev)}) {
+    if (t == nullptr) continue;
+    checks::onDevice(*this, "lstmCellBackward", *t);
+    checks::sameShape("lstmCellBackward", *t, *a.cPrev);
+  }
+  checks::onDevice(*this, "lstmCellBackward", dGates);
+  checks::sameShape("lstmCellBackward", dGates, *a.gates);
+  ops::lstmCellBackward(lstmBuffers(a, h), dHidden ? dHidden->data() : nullptr, dCell ? dCell->data() : nullptr,
+                        dGates.data(), dCPrev ? dCPrev->data() : nullptr);
 }
 
 void CpuBackend::sumColumns(const Tensor& a, float beta, Tensor& out) {

@@ -30,6 +30,11 @@ class CpuBackend : public Backend {
   void softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) override;
   void softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
                                    Tensor& dz) override;
+  void copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) override;
+  // ops/lstm_cell.h's loops, as the host executor runs them.
+  void lstmCellForward(const LstmCellArgs& a) override;
+  void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
+                        Tensor* dCPrev) override;
   void sumColumns(const Tensor& a, float beta, Tensor& out) override;
   void sumRows(const Tensor& a, float beta, Tensor& out) override;
   void axpy(float alpha, const Tensor& x, Tensor& y) override;

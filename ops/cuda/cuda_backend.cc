@@ -205,6 +205,40 @@ class CudaBackend final : public Backend {
     ORPHEUS_CUDA_CHECK(launchChainBackward(args, stream_));
   }
 
+  // Rows of every column: one strided 2-D copy on the stream.
+  void copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) override {
+    checks::copyRows(*this, src, srcRow, dst, dstRow, rows);
+    if (rows == 0 || src.cols() == 0) return;
+    activate();
+    constexpr size_t f = sizeof(float);
+    ORPHEUS_CUDA_CHECK(cudaMemcpy2DAsync(dst.data() + dstRow, static_cast<size_t>(dst.rows()) * f,
+                                         src.data() + srcRow, static_cast<size_t>(src.rows()) * f,
+                                         static_cast<size_t>(rows) * f, static_cast<size_t>(src.cols()),
+                                         cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void lstmCellForward(const LstmCellArgs& a) override {
+    checks::lstmCell(*this, "lstmCellForward", a, true);
+    activate();
+    ORPHEUS_CUDA_CHECK(launchLstmCellForward(lstmArgs(a), stream_));
+  }
+
+  void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
+                        Tensor* dCPrev) override {
+    checks::lstmCell(*this, "lstmCellBackward", a, false);
+    for (const Tensor* t : {dHidden, dCell, static_cast<const Tensor*>(dCPrev)}) {
+      if (t == nullptr) continue;
+      checks::onDevice(*this, "lstmCellBackward", *t);
+      checks::sameShape("lstmCellBackward", *t, *a.cPrev);
+    }
+    checks::onDevice(*this, "lstmCellBackward", dGates);
+    checks::sameShape("lstmCellBackward", dGates, *a.gates);
+    activate();
+    ORPHEUS_CUDA_CHECK(launchLstmCellBackward(lstmArgs(a), dHidden ? dHidden->data() : nullptr,
+                                              dCell ? dCell->data() : nullptr, dGates.data(),
+                                              dCPrev ? dCPrev->data() : nullptr, stream_));
+  }
+
   void softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) override {
     for (const Tensor* x : {&z, &t, static_cast<const Tensor*>(&p), static_cast<const Tensor*>(&loss)}) {
       checks::onDevice(*this, "softmaxCrossEntropy", *x);
@@ -291,6 +325,22 @@ class CudaBackend final : public Backend {
       static_cast<void>(cudaSetDevice(device));
       static_cast<void>(cudaFreeAsync(p, stream));
     };
+  }
+
+  static LstmCellKernelArgs lstmArgs(const LstmCellArgs& a) {
+    LstmCellKernelArgs k;
+    k.rows = a.cPrev->rows();
+    k.cols = a.cPrev->cols();
+    k.gates = a.gates->data();
+    k.cPrev = a.cPrev->data();
+    for (size_t g = 0; g < 4; ++g) {
+      k.offset[g] = a.offset[g];
+      k.act[g] = a.act[g]->data();
+    }
+    k.cell = a.cell ? a.cell->data() : nullptr;
+    k.tanhCell = a.tanhCell->data();
+    k.hidden = a.hidden ? a.hidden->data() : nullptr;
+    return k;
   }
 
   void upload(void* dst, const void* src, size_t bytes) {

@@ -206,6 +206,59 @@ __global__ void optimizerStep(const OptimizerStep s, int64_t n, const float* g, 
   }
 }
 
+// As ops/lstm_cell.h's lstmCellForward, element by element.
+__global__ void lstmCellForward(const LstmCellKernelArgs b) {
+  const int64_t n = b.rows * b.cols;
+  for (int64_t at = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; at < n;
+       at += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = at % b.rows;
+    const float* a = b.gates + (at / b.rows) * 4 * b.rows;
+    const float i = ew::unary(EwOp::kSigmoid, a[b.offset[0] + r], 1.0f);
+    const float f = ew::unary(EwOp::kSigmoid, a[b.offset[1] + r], 1.0f);
+    const float g = ew::unary(EwOp::kTanh, a[b.offset[2] + r], 1.0f);
+    const float o = ew::unary(EwOp::kSigmoid, a[b.offset[3] + r], 1.0f);
+    const float c = __fadd_rn(__fmul_rn(f, b.cPrev[at]), __fmul_rn(i, g));
+    const float t = ew::unary(EwOp::kTanh, c, 1.0f);
+    b.act[0][at] = i;
+    b.act[1][at] = f;
+    b.act[2][at] = g;
+    b.act[3][at] = o;
+    b.cell[at] = c;
+    b.tanhCell[at] = t;
+    b.hidden[at] = __fmul_rn(o, t);
+  }
+}
+
+// As ops/lstm_cell.h's lstmCellBackward; products and sums rounded one by one
+// (no fused multiply-add), in its order.
+__global__ void lstmCellBackward(const LstmCellKernelArgs b, const float* dHidden, const float* dCell, float* dGates,
+                                 float* dCPrev) {
+  const int64_t n = b.rows * b.cols;
+  for (int64_t at = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; at < n;
+       at += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = at % b.rows;
+    float* da = dGates + (at / b.rows) * 4 * b.rows;
+    const float i = b.act[0][at];
+    const float f = b.act[1][at];
+    const float g = b.act[2][at];
+    const float o = b.act[3][at];
+    const float t = b.tanhCell[at];
+    const float dh = dHidden ? dHidden[at] : 0.0f;
+    const float dOut = __fmul_rn(dh, t);
+    float dc = dCell ? dCell[at] : 0.0f;
+    dc = __fadd_rn(dc, __fmul_rn(__fmul_rn(dh, o), ew::unaryDerivative(EwOp::kTanh, 0.0f, t, 1.0f)));
+    const float dSigI = ew::unaryDerivative(EwOp::kSigmoid, 0.0f, i, 1.0f);
+    const float dSigF = ew::unaryDerivative(EwOp::kSigmoid, 0.0f, f, 1.0f);
+    const float dTanG = ew::unaryDerivative(EwOp::kTanh, 0.0f, g, 1.0f);
+    const float dSigO = ew::unaryDerivative(EwOp::kSigmoid, 0.0f, o, 1.0f);
+    da[b.offset[0] + r] = __fadd_rn(da[b.offset[0] + r], __fmul_rn(__fmul_rn(dc, g), dSigI));
+    da[b.offset[1] + r] = __fadd_rn(da[b.offset[1] + r], __fmul_rn(__fmul_rn(dc, b.cPrev[at]), dSigF));
+    da[b.offset[2] + r] = __fadd_rn(da[b.offset[2] + r], __fmul_rn(__fmul_rn(dc, i), dTanG));
+    da[b.offset[3] + r] = __fadd_rn(da[b.offset[3] + r], __fmul_rn(dOut, dSigO));
+    if (dCPrev) dCPrev[at] = __fadd_rn(dCPrev[at], __fmul_rn(dc, f));
+  }
+}
+
 }  // namespace
 
 cudaError_t launchChainForward(const ChainArgs& args, cudaStream_t stream) {
@@ -251,6 +304,19 @@ cudaError_t launchDenseTimesCsc(float alpha, const float* a, int64_t m, const in
                                 const float* values, int64_t n, float beta, float* c, cudaStream_t stream) {
   if (m == 0 || n == 0) return cudaSuccess;
   denseTimesCsc<<<dim3(blocksFor(m), gridY(n)), kThreads, 0, stream>>>(alpha, a, m, outer, inner, values, n, beta, c);
+  return cudaGetLastError();
+}
+
+cudaError_t launchLstmCellForward(const LstmCellKernelArgs& args, cudaStream_t stream) {
+  if (args.rows * args.cols == 0) return cudaSuccess;
+  lstmCellForward<<<blocksFor(args.rows * args.cols), kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launchLstmCellBackward(const LstmCellKernelArgs& args, const float* dHidden, const float* dCell,
+                                   float* dGates, float* dCPrev, cudaStream_t stream) {
+  if (args.rows * args.cols == 0) return cudaSuccess;
+  lstmCellBackward<<<blocksFor(args.rows * args.cols), kThreads, 0, stream>>>(args, dHidden, dCell, dGates, dCPrev);
   return cudaGetLastError();
 }
 

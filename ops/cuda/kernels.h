@@ -56,6 +56,25 @@ cudaError_t launchSumRows(const float* a, float beta, float* out, int64_t rows, 
 cudaError_t launchDenseTimesCsc(float alpha, const float* a, int64_t m, const int32_t* outer, const int32_t* inner,
                                 const float* values, int64_t n, float beta, float* c, cudaStream_t stream);
 
+// One LSTM cell step (ops/lstm_cell.h) over an h x cols state: one thread per
+// element, the gates at rows offset[k] + r of the 4h-row gate block. Forward writes
+// act[0..3], cell, tanhCell, hidden; backward adds to dGates (each element's four
+// gate rows written by its own thread: no atomics) and, when not null, to dCPrev.
+struct LstmCellKernelArgs {
+  int64_t rows = 0;  // h
+  int64_t cols = 0;
+  const float* gates = nullptr;
+  int64_t offset[4] = {0, 0, 0, 0};
+  const float* cPrev = nullptr;
+  float* act[4] = {nullptr, nullptr, nullptr, nullptr};
+  float* cell = nullptr;
+  float* tanhCell = nullptr;
+  float* hidden = nullptr;
+};
+cudaError_t launchLstmCellForward(const LstmCellKernelArgs& args, cudaStream_t stream);
+cudaError_t launchLstmCellBackward(const LstmCellKernelArgs& args, const float* dHidden, const float* dCell,
+                                   float* dGates, float* dCPrev, cudaStream_t stream);
+
 // One optimizer step on n elements (ops/optimizer_step.h): w, b0 and b1 updated
 // in place; the buffers s.kind does not use may be null.
 cudaError_t launchOptimizerStep(const OptimizerStep& s, int64_t n, const float* g, float* w, float* b0, float* b1,

@@ -220,6 +220,35 @@ class StrictBackend final : public Backend {
     cpu_.softmaxCrossEntropyBackward(o.host(p), o.host(t), o.host(upstream), beta, hd);
   }
 
+  void copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) override {
+    checks::copyRows(*this, src, srcRow, dst, dstRow, rows);
+    Opened o(*registry_, "copyRows");
+    Tensor hd = o.host(dst);
+    cpu_.copyRows(o.host(src), srcRow, hd, dstRow, rows);
+  }
+
+  void lstmCellForward(const LstmCellArgs& a) override {
+    checks::lstmCell(*this, "lstmCellForward", a, true);
+    Opened o(*registry_, "lstmCellForward");
+    LstmCellHost h(o, a);
+    cpu_.lstmCellForward(h.args);
+  }
+
+  void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
+                        Tensor* dCPrev) override {
+    checks::lstmCell(*this, "lstmCellBackward", a, false);
+    for (const Tensor* t : {dHidden, dCell, static_cast<const Tensor*>(dCPrev), static_cast<const Tensor*>(&dGates)}) {
+      if (t != nullptr) checks::onDevice(*this, "lstmCellBackward", *t);
+    }
+    Opened o(*registry_, "lstmCellBackward");
+    LstmCellHost h(o, a);
+    const Tensor hh = dHidden ? o.host(*dHidden) : Tensor();
+    const Tensor hc = dCell ? o.host(*dCell) : Tensor();
+    Tensor hg = o.host(dGates);
+    Tensor hp = dCPrev ? o.host(*dCPrev) : Tensor();
+    cpu_.lstmCellBackward(h.args, dHidden ? &hh : nullptr, dCell ? &hc : nullptr, hg, dCPrev ? &hp : nullptr);
+  }
+
   void sumColumns(const Tensor& a, float beta, Tensor& out) override {
     on("sumColumns", {&a, &out});
     Opened o(*registry_, "sumColumns");
@@ -272,6 +301,26 @@ class StrictBackend final : public Backend {
         constPtrs.push_back(ts[i] ? &views[i] : nullptr);
         ptrs.push_back(ts[i] ? &views[i] : nullptr);
       }
+    }
+  };
+
+  // Host views of an LSTM cell step's operands (null entries stay null).
+  struct LstmCellHost {
+    Tensor gates, cPrev, act[4], cell, tanhCell, hidden;
+    LstmCellArgs args;
+    LstmCellHost(Opened& o, const LstmCellArgs& a) : gates(o.host(*a.gates)), cPrev(o.host(*a.cPrev)) {
+      const auto view = [&](Tensor* t, Tensor& into) -> Tensor* {
+        if (t == nullptr) return nullptr;
+        into = o.host(*t);
+        return &into;
+      };
+      args.gates = &gates;
+      args.offset = a.offset;
+      args.cPrev = &cPrev;
+      for (size_t k = 0; k < 4; ++k) args.act[k] = view(a.act[k], act[k]);
+      args.cell = view(a.cell, cell);
+      args.tanhCell = view(a.tanhCell, tanhCell);
+      args.hidden = view(a.hidden, hidden);
     }
   };
 

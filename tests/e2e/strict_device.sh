@@ -5,7 +5,8 @@
 # every rebuild and dense gradient reaches its operands through the backend seam,
 # as a GPU needs. A stray host access would end the strict run with SIGSEGV.
 # CASE: mlr (SV, broadcast, sgd; restore --device strict equals the cpu restore),
-# mlp (selection, random multicast, averaging and rotation, adam), lstm (adagrad),
+# mlp (selection, random multicast, averaging and rotation, adam), lstm (adagrad, resident,
+# carried states, a test set, restore),
 # dense (--sync dense with and without --overlap), sparse (LIBSVM rows, sparse V),
 # optimizers (examples/mlr.loss, the replica resident on the device, with each
 # optimizer), recovery (failures and the checkpoint log, resident), ssp (an SSP job
@@ -75,7 +76,19 @@ case "$case" in
     "$here/synthetic_tokens.sh" "$out/tokens"
     sed -e 's/^dim embed = .*/dim embed = 8/' -e 's/^dim hidden = .*/dim hidden = 8/' \
       "$here/../../examples/lstm.loss" >"$out/lstm.loss"
-    same lstm --model "$out/lstm.loss" --train "$out/tokens" --clocks 20 --batch 4 --lr 0.05 --optimizer adagrad
+    "$here/synthetic_tokens.sh" "$out/test-tokens" 720
+    # Resident on the strict device: the unrolled LSTM's passes, its carried states
+    # between segments and its test batches; restore from the log as on the cpu.
+    for device in cpu strict; do
+      run lstm "$device" --model "$out/lstm.loss" --train "$out/tokens" --test "$out/test-tokens" --eval-every 10 \
+        --clocks 20 --batch 4 --lr 0.05 --optimizer adagrad --ckpt sv --ckpt-dir "$out/ck-$device"
+      "$orpheus" restore --ckpt-dir "$out/ck-$device" --clock 15 --device "$device" --out "$out/r15-$device.h5"
+    done
+    "$compare" "$out/lstm-cpu.h5" "$out/lstm-strict.h5" 0
+    "$compare" "$out/r15-cpu.h5" "$out/r15-strict.h5" 0
+    resident lstm
+    [ "$(scored lstm)" = "$(losses "$out/lstm-cpu.jsonl")" ] ||
+      { echo "strict_device.sh: the lstm job's test loss differs between cpu and strict" >&2; exit 1; }
     ;;
   dense)
     same dense "${fmnist[@]}" --clocks 20 --batch 50 --lr 0.1 --sync dense --overlap off

@@ -122,6 +122,33 @@ TEST_CASE("cuda softmax cross-entropy matches cpu", "[gpu]") {
   }
 }
 
+TEST_CASE("cuda row copies and LSTM cell steps match cpu", "[gpu]") {
+  const auto gpu = makeBackend("cuda", 0);
+  cpu::CpuBackend cpu;
+  std::mt19937 rng(15);
+  for (const auto& [rows, cols] : shapes()) {
+    INFO(rows << "x" << cols);
+    const MatF tall = randomMatrix(rng, rows + 3, cols);
+    const MatF into = randomMatrix(rng, rows + 1, cols);
+    CHECK(runCopyRows(*gpu, tall, 2, into, 1, rows) == runCopyRows(cpu, tall, 2, into, 1, rows));
+    const MatF gates = randomMatrix(rng, 4 * rows, cols, 2.0f);
+    const MatF cPrev = randomMatrix(rng, rows, cols);
+    const MatF dHidden = randomMatrix(rng, rows, cols);
+    const MatF dCell = randomMatrix(rng, rows, cols);
+    const MatF dGates = randomMatrix(rng, 4 * rows, cols);
+    const MatF dCPrev = randomMatrix(rng, rows, cols);
+    const std::vector<MatF> got = runLstmCell(*gpu, gates, cPrev, dHidden, dCell, dGates, dCPrev);
+    const std::vector<MatF> want = runLstmCell(cpu, gates, cPrev, dHidden, dCell, dGates, dCPrev);
+    for (size_t k = 0; k < got.size(); ++k) {
+      INFO("output " << k);
+      CHECK(relativeError(got[k], want[k]) < 1e-5);
+    }
+    // Deterministic: no atomics, the same bits run after run.
+    const std::vector<MatF> again = runLstmCell(*gpu, gates, cPrev, dHidden, dCell, dGates, dCPrev);
+    for (size_t k = 0; k < got.size(); ++k) CHECK(got[k] == again[k]);
+  }
+}
+
 TEST_CASE("cuda reductions, axpy and scale match cpu", "[gpu]") {
   const auto gpu = makeBackend("cuda", 0);
   cpu::CpuBackend cpu;

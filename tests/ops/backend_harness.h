@@ -162,6 +162,44 @@ inline MatF runAxpy(Backend& b, float alpha, const MatF& x, const MatF& y) {
   return download(b, ty);
 }
 
+inline MatF runCopyRows(Backend& b, const MatF& src, int64_t srcRow, const MatF& dst, int64_t dstRow, int64_t rows) {
+  Tensor d = upload(b, dst);
+  b.copyRows(upload(b, src), srcRow, d, dstRow, rows);
+  return download(b, d);
+}
+
+// One LSTM cell step on `b` (gates in the order output, input, candidate, forget by
+// row block, as a model may write them), forward then backward from dHidden and
+// dCell onto dGates0 and dCPrev0: {act0..3, cell, tanhCell, hidden, dGates, dCPrev}.
+inline std::vector<MatF> runLstmCell(Backend& b, const MatF& gates, const MatF& cPrev, const MatF& dHidden,
+                                     const MatF& dCell, const MatF& dGates0, const MatF& dCPrev0) {
+  const int64_t h = cPrev.rows();
+  const int64_t n = cPrev.cols();
+  const Tensor tg = upload(b, gates);
+  const Tensor tc = upload(b, cPrev);
+  std::vector<Tensor> out;
+  for (int k = 0; k < 7; ++k) out.push_back(b.allocate(h, n));
+  LstmCellArgs a;
+  a.gates = &tg;
+  a.offset = {h, 3 * h, 2 * h, 0};
+  a.cPrev = &tc;
+  for (size_t k = 0; k < 4; ++k) a.act[k] = &out[k];
+  a.cell = &out[4];
+  a.tanhCell = &out[5];
+  a.hidden = &out[6];
+  b.lstmCellForward(a);
+  const Tensor dh = upload(b, dHidden);
+  const Tensor dc = upload(b, dCell);
+  Tensor dg = upload(b, dGates0);
+  Tensor dp = upload(b, dCPrev0);
+  b.lstmCellBackward(a, &dh, &dc, dg, &dp);
+  std::vector<MatF> result;
+  for (const Tensor& t : out) result.push_back(download(b, t));
+  result.push_back(download(b, dg));
+  result.push_back(download(b, dp));
+  return result;
+}
+
 inline MatF runScale(Backend& b, float alpha, const MatF& x) {
   Tensor t = upload(b, x);
   b.scale(alpha, t);

@@ -9,6 +9,7 @@
 #include "ops/device_exec.h"
 #include "ops/graph_model.h"
 #include "ops/loss_parser.h"
+#include "ops/sequence_layout.h"
 #include "ops/strict/strict_backend.h"
 
 #include <catch2/catch.hpp>
@@ -321,14 +322,19 @@ TEST_CASE("a second clock of the same shapes allocates no tensor", "[ops][device
 TEST_CASE("graphs the device executor cannot run are refused naming a node", "[ops][device]") {
   CHECK(DeviceExecutor::unsupported(smallMlp()).empty());
   CHECK(DeviceExecutor::unsupported(mlr()).empty());
-  const Graph lstm = parseLossFile(kExamples + "lstm.loss", {0, 9, 3});
-  const std::string whyLstm = DeviceExecutor::unsupported(lstm);
-  CHECK_THAT(whyLstm, Catch::Contains("node '") && Catch::Contains("not supported on a device"));
+  // The unrolled LSTM runs; its cell alone does not.
+  CHECK(DeviceExecutor::unsupported(parseLossFile(kExamples + "lstm.loss", {0, 9, 3})).empty());
+  Graph cell;
+  const int token = cell.sequence("x", 4);
+  const int state = cell.state("h", 4);
+  cell.setNext(state, token);
+  cell.setLoss(cell.apply(OpKind::kSum, {state}, "sum(h)"));
+  CHECK_THAT(DeviceExecutor::unsupported(cell), Catch::Contains("unrolled"));
   const Graph tm = parseLossFile(kExamples + "tm.loss", {kFeatures, kClasses});
   CHECK_THAT(DeviceExecutor::unsupported(tm), Catch::Contains("node 'theta' (local)"));
-  const Graph concat = parseLoss("param W[3, 2 * features]\ninput x[features]\nloss sq_l2(W * concat(x, x))\n",
-                                 "c.loss", {kFeatures, kClasses});
-  CHECK_THAT(DeviceExecutor::unsupported(concat), Catch::Contains("(concat)"));
+  const Graph norm = parseLoss("param W[3, 2 * features]\ninput x[features]\nloss sq_l2(W * concat(x, x))\n",
+                               "c.loss", {kFeatures, kClasses});
+  CHECK_THAT(DeviceExecutor::unsupported(norm), Catch::Contains("node '") && Catch::Contains("(sq_l2)"));
   CHECK_THROWS_WITH(DeviceExecutor(tm, *strict::makeStrictBackend()), Catch::Contains("node 'theta' (local)"));
 
   GraphModel topics(tm, "tm", 1);
@@ -341,4 +347,199 @@ TEST_CASE("graphs the device executor cannot run are refused naming a node", "[o
   double loss = 0.0;
   CHECK_THROWS_WITH(topics.computeSvgOnDevice(dw, data.batch(false), &loss, cpu),
                     Catch::Contains("does not run on a device") && Catch::Contains("theta"));
+}
+
+namespace {
+
+constexpr int64_t kVocabulary = 9;
+constexpr int64_t kSteps = 4;
+
+// examples/lstm.loss with an embedding of 5 and a hidden state of 6, unrolled over kSteps.
+Graph smallLstm() {
+  std::string text = readFile(kExamples + "lstm.loss");
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"embed = 128", "embed = 5"},
+                                 std::pair<std::string, std::string>{"hidden = 128", "hidden = 6"}}) {
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+  }
+  return parseLoss(text, "lstm.loss", {0, kVocabulary, kSteps});
+}
+
+// Segment `index` of streams 0 .. batch-1 (ops/sequence_layout.h), random tokens.
+Matrix randomSegments(std::mt19937& gen, int64_t batch, int64_t index) {
+  std::uniform_int_distribution<int> token(0, static_cast<int>(kVocabulary) - 1);
+  Matrix s(segmentRows(kSteps), batch);
+  for (int64_t j = 0; j < batch; ++j) {
+    s(kSegmentStreamRow, j) = static_cast<float>(j);
+    s(kSegmentIndexRow, j) = static_cast<float>(index);
+    for (int64_t t = 0; t <= kSteps; ++t) s(kSegmentTokenRow + t, j) = static_cast<float>(token(gen));
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the unrolled LSTM's device SVs, loss and carried states are bitwise the host executor's",
+          "[ops][device][strict]") {
+  cpu::CpuBackend cpu;
+  const auto strict = strict::makeStrictBackend();
+  const Graph g = smallLstm();
+  REQUIRE(DeviceExecutor::unsupported(g).empty());
+  REQUIRE(GraphExecutor<float>(g).hoistedMatrices() == 1);  // W over concat(e, h) is hoisted
+  std::mt19937 gen(31);
+  GraphModel hostModel(g, "lstm", 1);
+  const ParamSet w = randomParams(hostModel, gen);
+  // Three segments of each stream: each starts from the states the one before ended with.
+  const std::vector<Matrix> segments = {randomSegments(gen, kBatch, 0), randomSegments(gen, kBatch, 1),
+                                        randomSegments(gen, kBatch, 2)};
+  for (Model::SvgUnit unit : {Model::SvgUnit::kExample, Model::SvgUnit::kStep}) {
+    GraphModel host(g, "lstm", 1);
+    host.setSvgUnit(unit);
+    std::vector<std::unique_ptr<GraphModel>> devices;
+    std::vector<std::vector<Tensor>> dw;
+    for (Backend* backend : {static_cast<Backend*>(&cpu), strict.get()}) {
+      devices.push_back(std::make_unique<GraphModel>(g, "lstm", 1));
+      devices.back()->setSvgUnit(unit);
+      dw.push_back(upload(*backend, w));
+    }
+    const Eigen::VectorXi labels = Eigen::VectorXi::Zero(kBatch);  // a batch's size (token data has none)
+    for (const Matrix& s : segments) {
+      ExampleBatch x;
+      x.dense = &s;
+      x.labels = &labels;
+      double hostLoss = 0.0;
+      const SvBatch expected = host.computeSvg(w, x, &hostLoss);
+      // Every site (each matrix at each step) has a U to compare.
+      for (const SvMatrix& m : expected.matrices) REQUIRE(m.u.norm() > 0.0f);
+      CHECK(expected.matrices.size() == (unit == Model::SvgUnit::kStep ? 3u : 3u * kSteps));
+      for (size_t d = 0; d < devices.size(); ++d) {
+        Backend& backend = d == 0 ? static_cast<Backend&>(cpu) : *strict;
+        INFO("backend " << backend.name() << ", segment " << s(kSegmentIndexRow, 0));
+        double loss = 0.0;
+        requireSameBatch(devices[d]->computeSvgOnDevice(dw[d], x, &loss, backend), expected);
+        CHECK(loss == hostLoss);
+      }
+    }
+    for (const auto& device : devices) requireSameParams(device->carriedState(), host.carriedState());
+    // Test batches: the host's sums, states carried apart from training's.
+    for (const Matrix& s : segments) {
+      ExampleBatch x;
+      x.dense = &s;
+      x.labels = &labels;
+      const EvalSums expected = host.evaluate(w, x);
+      for (size_t d = 0; d < devices.size(); ++d) {
+        Backend& backend = d == 0 ? static_cast<Backend&>(cpu) : *strict;
+        const EvalSums got = devices[d]->evaluateOnDevice(dw[d], x, backend);
+        CHECK(got.lossSum == expected.lossSum);
+        CHECK(got.correct == expected.correct);
+        CHECK(got.count == expected.count);
+      }
+    }
+  }
+}
+
+TEST_CASE("the unrolled LSTM's device executor gives the host executor's U and V at every site from given states",
+          "[ops][device][strict]") {
+  cpu::CpuBackend cpu;
+  const auto strict = strict::makeStrictBackend();
+  const Graph g = smallLstm();
+  GraphModel model(g, "lstm", 1);
+  std::mt19937 gen(41);
+  const ParamSet w = randomParams(model, gen);
+  const Matrix s = randomSegments(gen, kBatch, 3);
+  std::vector<Matrix> states;
+  std::normal_distribution<float> d(0.0f, 0.5f);
+  for (int id : g.states()) states.push_back(Matrix::NullaryExpr(g.node(id).rows, kBatch, [&] { return d(gen); }));
+  GraphExecutor<float> host(g);
+  std::vector<const Matrix*> ptrs;
+  for (const Param& p : w.params) ptrs.push_back(&p.value);
+  GraphInputs<float> in;
+  in.dense = &s;
+  in.states = &states;
+  const float hostLoss = host.forward(ptrs, in);
+  host.backward(ptrs, in);
+  for (Backend* backend : {static_cast<Backend*>(&cpu), strict.get()}) {
+    INFO("backend " << backend->name());
+    DeviceExecutor exec(g, *backend);
+    const std::vector<Tensor> dw = upload(*backend, w);
+    std::vector<size_t> order;
+    CHECK(exec.runSequence(dw, s, &states, [&](size_t site) { order.push_back(site); }) ==
+          static_cast<double>(hostLoss));
+    CHECK(order.size() == exec.sites().size());
+    for (size_t i = 0; i < exec.sites().size(); ++i) {
+      const SvSite& site = exec.sites()[i];
+      INFO("site " << i);
+      Matrix u(exec.siteU(i).rows(), exec.siteU(i).cols());
+      Tensor hu = cpu::view(u);
+      backend->copy(exec.siteU(i), hu);
+      CHECK(bitwise(u, host.grad(site.matvecNode)));
+      if (const SparseMatrix* tokens = exec.siteVTokens(i)) {
+        CHECK(bitwise(*tokens, host.tokens(site.vectorNode)));
+        REQUIRE(exec.siteVSparse(i) != nullptr);
+      } else {
+        Matrix v;
+        exec.copyOut(site.vectorNode, v);
+        CHECK(bitwise(v, host.value(site.vectorNode)));
+      }
+    }
+    for (size_t k = 0; k < g.finalStates().size(); ++k) {
+      Matrix final;
+      exec.finalState(k, final);
+      CHECK(bitwise(final, host.value(g.finalStates()[k])));
+    }
+  }
+}
+
+TEST_CASE("the unrolled LSTM's second clock of the same shapes allocates no tensor", "[ops][device]") {
+  CountingBackend backend;
+  GraphModel model(smallLstm(), "lstm", 1);
+  std::mt19937 gen(43);
+  const ParamSet w = randomParams(model, gen);
+  const std::vector<Tensor> dw = upload(backend, w);
+  const Eigen::VectorXi labels = Eigen::VectorXi::Zero(kBatch);
+  double loss = 0.0;
+  const Matrix first = randomSegments(gen, kBatch, 0);
+  ExampleBatch x;
+  x.dense = &first;
+  x.labels = &labels;
+  model.computeSvgOnDevice(dw, x, &loss, backend);
+  const int allocated = backend.allocations;
+  const int copies = backend.sparseCopies;
+  const Matrix second = randomSegments(gen, kBatch, 1);
+  x.dense = &second;
+  model.computeSvgOnDevice(dw, x, &loss, backend);
+  CHECK(backend.allocations == allocated);
+  // One sparse copy per step: the tokens E reads.
+  CHECK(backend.sparseCopies == copies + static_cast<int>(kSteps));
+}
+
+TEST_CASE("the unrolled LSTM's states stay on the device while segments continue their streams",
+          "[ops][device][strict]") {
+  const auto strict = strict::makeStrictBackend();
+  const Graph g = smallLstm();
+  GraphModel host(g, "lstm", 1);
+  GraphModel device(g, "lstm", 1);
+  std::mt19937 gen(47);
+  const ParamSet w = randomParams(host, gen);
+  const std::vector<Tensor> dw = upload(*strict, w);
+  const Eigen::VectorXi labels = Eigen::VectorXi::Zero(kBatch);
+  std::vector<uint64_t> uploaded;
+  for (int64_t index = 0; index < 3; ++index) {
+    const Matrix s = randomSegments(gen, kBatch, index);
+    ExampleBatch x;
+    x.dense = &s;
+    x.labels = &labels;
+    double loss = 0.0;
+    const SvBatch expected = host.computeSvg(w, x, &loss);
+    const uint64_t before = strict->transfers().toDevice;
+    requireSameBatch(device.computeSvgOnDevice(dw, x, &loss, *strict), expected);
+    uploaded.push_back(strict->transfers().toDevice - before);
+    // The states come to the host when asked for (a checkpoint's carriedState).
+    if (index == 1) requireSameParams(device.carriedState(), host.carriedState());
+  }
+  // Segment 1 started from the device's states; segment 2, after they were
+  // fetched, from the host's: h and c (6 x B each) copied in once more.
+  CHECK(uploaded[2] == uploaded[1] + 2 * 6 * kBatch * sizeof(float));
+  requireSameParams(device.carriedState(), host.carriedState());
 }

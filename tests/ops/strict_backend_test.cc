@@ -90,6 +90,16 @@ TEST_CASE("strict device: every operation is bitwise the cpu backend's", "[ops][
     CHECK(same(runSumRows(*strict, x, 0.0f, g), runSumRows(cpu, x, 0.0f, g)));
     CHECK(same(runAxpy(*strict, -2.0f, x, y), runAxpy(cpu, -2.0f, x, y)));
     CHECK(same(runScale(*strict, 3.0f, x), runScale(cpu, 3.0f, x)));
+    const MatF tall = randomMatrix(rng, m + 3, n);
+    CHECK(same(runCopyRows(*strict, tall, 2, x, 0, std::min<int64_t>(m, 2)),
+               runCopyRows(cpu, tall, 2, x, 0, std::min<int64_t>(m, 2))));
+    CHECK(same(runCopyRows(cpu, tall, 2, x, 0, m), tall.middleRows(2, m)));
+    const MatF gates = randomMatrix(rng, 4 * m, n, 2.0f);
+    const MatF cPrev = randomMatrix(rng, m, n);
+    const MatF dGates = randomMatrix(rng, 4 * m, n);
+    const std::vector<MatF> cellStrict = runLstmCell(*strict, gates, cPrev, x, y, dGates, up);
+    const std::vector<MatF> cellCpu = runLstmCell(cpu, gates, cPrev, x, y, dGates, up);
+    for (size_t k = 0; k < cellStrict.size(); ++k) CHECK(same(cellStrict[k], cellCpu[k]));
   }
 }
 

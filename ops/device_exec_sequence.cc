@@ -1,0 +1,241 @@
+// DeviceExecutor's unrolled sequence graphs: token one-hots and carried states in,
+// hoisted products, concats and slices as row blocks, fused LSTM cell steps.
+#include "engine/base/error.h"
+#include "ops/cpu/cpu_backend.h"
+#include "ops/device_exec.h"
+#include "ops/sequence_layout.h"
+
+#include <algorithm>
+
+namespace orpheus::ops {
+
+namespace {
+
+Tensor hostView(const Matrix& m) { return Tensor::host(m.data(), m.rows(), m.cols()); }
+
+}  // namespace
+
+void DeviceExecutor::planSequence() {
+  const size_t n = graph_.nodes().size();
+  hoistedAt_.assign(n, -1);
+  tokenSparse_.assign(n, false);
+  tokenDense_.assign(n, false);
+  hostTokens_.resize(n);
+  deviceTokens_.resize(n);
+  if (graph_.steps() == 0) return;
+  hoist_ = hoistPlan(graph_, plan_);
+  for (size_t g = 0; g < hoist_.groups.size(); ++g) {
+    for (int id : hoist_.groups[g].products) hoistedAt_[static_cast<size_t>(id)] = static_cast<int>(g);
+  }
+  for (const Node& node : graph_.nodes()) {
+    if (node.kind != NodeKind::kToken) continue;
+    for (int u : graph_.consumers(node.id)) {
+      const Node& user = graph_.node(u);
+      const bool product = user.op == OpKind::kMatVec && user.inputs[1] == node.id;
+      (product ? tokenSparse_ : tokenDense_)[static_cast<size_t>(node.id)] = true;
+    }
+  }
+}
+
+void DeviceExecutor::reserveSequence(int64_t batch) {
+  if (graph_.steps() == 0) return;
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (n.kind == NodeKind::kState || (n.kind == NodeKind::kToken && tokenDense_[i])) {
+      values_[i] = backend_.allocate(n.rows, batch);
+    }
+  }
+  allInputs_.clear();
+  inputPart_.clear();
+  for (const HoistPlan::Group& g : hoist_.groups) {
+    const int64_t steps = static_cast<int64_t>(g.inputs.size());
+    allInputs_.push_back(backend_.allocate(graph_.node(g.inputs[0]).rows, batch * steps));
+    inputPart_.push_back(backend_.allocate(graph_.node(g.products[0]).rows, batch * steps));
+  }
+}
+
+// As GraphExecutor's prepareSequence, with every one-hot and state copied to the device.
+void DeviceExecutor::uploadSequence(const Matrix& segments, const std::vector<Matrix>* states) {
+  ORPHEUS_ENFORCE(graph_.steps() > 0, "uploadSequence: the graph is not an unrolled sequence model");
+  ORPHEUS_CHECK_INPUT(segments.rows() == segmentRows(graph_.steps()),
+                      "the model unrolls {} steps, so a segment needs {} rows, but the data has {}", graph_.steps(),
+                      segmentRows(graph_.steps()), segments.rows());
+  const int64_t b = segments.cols();
+  const bool carry = carry_;
+  carry_ = false;
+  ORPHEUS_ENFORCE(!carry || b == batch_, "carried states of {} examples for a batch of {}", batch_, b);
+  reserve(b);
+  sparseBatch_ = false;
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (n.kind != NodeKind::kToken) continue;
+    SparseMatrix& m = hostTokens_[i];
+    m.resize(n.rows, b);
+    m.reserve(Eigen::VectorXi::Constant(b, 1));
+    for (int64_t j = 0; j < b; ++j) {
+      const float value = segments(kSegmentTokenRow + n.step + n.tokenOffset, j);
+      const auto id = static_cast<int64_t>(value);
+      ORPHEUS_CHECK_INPUT(static_cast<float>(id) == value && id >= 0 && id < n.rows,
+                          "token {} out of range: the vocabulary has {} words", value, n.rows);
+      m.insert(id, j) = 1.0f;
+    }
+    m.makeCompressed();
+    if (tokenSparse_[i]) deviceTokens_[i] = backend_.copySparse(cpu::view(m));
+    if (tokenDense_[i]) {
+      hostStep_ = m;
+      backend_.copy(hostView(hostStep_), values_[i]);
+    }
+  }
+  const auto& ids = graph_.states();
+  if (carry) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      backend_.copy(values_[static_cast<size_t>(graph_.finalStates()[k])], values_[static_cast<size_t>(ids[k])]);
+    }
+    return;
+  }
+  ORPHEUS_ENFORCE(states == nullptr || states->size() == ids.size(), "the graph has {} states, got {}", ids.size(),
+                  states ? states->size() : 0);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const Node& n = graph_.node(ids[k]);
+    if (states == nullptr) hostStep_.setZero(n.rows, b);
+    const Matrix& given = states ? (*states)[k] : hostStep_;
+    ORPHEUS_ENFORCE(given.rows() == n.rows && given.cols() == b, "state '{}' is {}x{}, expected {}x{}", n.name,
+                    given.rows(), given.cols(), n.rows, b);
+    backend_.copy(hostView(given), values_[static_cast<size_t>(n.id)]);
+  }
+}
+
+double DeviceExecutor::runSequence(std::span<const Tensor> params, const Matrix& segments,
+                                   const std::vector<Matrix>* states, const std::function<void(size_t)>& siteReady) {
+  uploadSequence(segments, states);
+  const double loss = forward(params);
+  backward(params, siteReady);
+  return loss;
+}
+
+double DeviceExecutor::evaluateSequence(std::span<const Tensor> params, const Matrix& segments,
+                                        const std::vector<Matrix>* states) {
+  uploadSequence(segments, states);
+  return forward(params);
+}
+
+// As GraphExecutor::forwardHoisted: the early nodes, then per matrix its first
+// columns times every step's a_t, one GEMM over [a_0 ... a_{T-1}].
+void DeviceExecutor::forwardHoisted(std::span<const Tensor> params) {
+  for (const Node& n : graph_.nodes()) {
+    if (n.kind == NodeKind::kOp && hoist_.early[static_cast<size_t>(n.id)]) forwardNode(n, params);
+  }
+  for (size_t g = 0; g < hoist_.groups.size(); ++g) {
+    const HoistPlan::Group& h = hoist_.groups[g];
+    Tensor& all = allInputs_[g];
+    const int64_t b = batch_;
+    for (size_t t = 0; t < h.inputs.size(); ++t) {
+      Tensor block = all.middleCols(static_cast<int64_t>(t) * b, b);
+      backend_.copy(values_[static_cast<size_t>(h.inputs[t])], block);
+    }
+    const Tensor& w = params[static_cast<size_t>(h.param)];
+    backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w.middleCols(0, all.rows()), all, 0.0f, inputPart_[g]);
+  }
+}
+
+const SparseTensor* DeviceExecutor::sparseOperand(const Node& n) const {
+  const int v = n.inputs[1];
+  if (graph_.node(v).kind == NodeKind::kToken) return &deviceTokens_[static_cast<size_t>(v)].view;
+  if (v == graph_.inputNode() && sparseBatch_) return &sparse_.view;
+  return nullptr;
+}
+
+// W v; a hoisted product is its step's block of the input part plus W's other
+// columns times the recurrent part (beta 1: GraphExecutor's `+=`).
+void DeviceExecutor::forwardProduct(const Node& n, std::span<const Tensor> params) {
+  Tensor& out = values_[static_cast<size_t>(n.id)];
+  const Tensor& w = value(n.inputs[0], params);
+  const int g = hoistedAt_[static_cast<size_t>(n.id)];
+  if (g >= 0) {
+    const HoistPlan::Group& h = hoist_.groups[static_cast<size_t>(g)];
+    const auto t = static_cast<int64_t>(std::find(h.products.begin(), h.products.end(), n.id) - h.products.begin());
+    backend_.copy(inputPart_[static_cast<size_t>(g)].middleCols(t * batch_, batch_), out);
+    const Node& concat = graph_.node(n.inputs[1]);
+    const int64_t inputRows = graph_.node(concat.inputs[0]).rows;
+    backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w.middleCols(inputRows, w.cols() - inputRows),
+                  value(concat.inputs[1], params), 1.0f, out);
+    return;
+  }
+  if (const SparseTensor* s = sparseOperand(n)) {
+    backend_.gemmSparse(1.0f, w, *s, Trans::kNo, 0.0f, out);
+  } else {
+    backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w, value(n.inputs[1], params), 0.0f, out);
+  }
+}
+
+void DeviceExecutor::forwardRows(const Node& n, std::span<const Tensor> params) {
+  Tensor& out = values_[static_cast<size_t>(n.id)];
+  const Tensor& a = value(n.inputs[0], params);
+  if (n.op == OpKind::kSlice) {
+    backend_.copyRows(a, static_cast<int64_t>(n.attr), out, 0, n.rows);
+    return;
+  }
+  backend_.copyRows(a, 0, out, 0, a.rows());
+  const Tensor& b = value(n.inputs[1], params);
+  backend_.copyRows(b, 0, out, a.rows(), b.rows());
+}
+
+// As GraphExecutor's backward of a concat (each operand's rows of the gradient)
+// and a slice (zeros but for the sliced rows).
+void DeviceExecutor::backwardRows(const Node& n) {
+  const Tensor& g = grads_[static_cast<size_t>(n.id)];
+  if (n.op == OpKind::kSlice) {
+    const int a = n.inputs[0];
+    if (!needsGrad_[static_cast<size_t>(a)]) return;
+    addTerm(a, [&](Tensor& da) {
+      setZero(da);
+      backend_.copyRows(g, 0, da, static_cast<int64_t>(n.attr), n.rows);
+    });
+    return;
+  }
+  int64_t first = 0;
+  for (int operand : n.inputs) {
+    const int64_t rows = graph_.node(operand).rows;
+    if (needsGrad_[static_cast<size_t>(operand)]) {
+      addTerm(operand, [&](Tensor& d) { backend_.copyRows(g, first, d, 0, rows); });
+    }
+    first += rows;
+  }
+}
+
+void DeviceExecutor::forwardLstmCell(const LstmCellRoles& roles, std::span<const Tensor> params) {
+  LstmCellArgs a;
+  a.gates = &value(roles.gates, params);
+  a.cPrev = &value(roles.cPrev, params);
+  for (size_t k = 0; k < 4; ++k) {
+    a.offset[k] = roles.offset[k];
+    a.act[k] = &values_[static_cast<size_t>(roles.act[k])];
+  }
+  a.cell = &values_[static_cast<size_t>(roles.cell)];
+  a.tanhCell = &values_[static_cast<size_t>(roles.tanhCell)];
+  a.hidden = &values_[static_cast<size_t>(roles.hidden)];
+  backend_.lstmCellForward(a);
+}
+
+// As GraphExecutor::backwardLstmCell: nothing without a gradient of the hidden
+// state or the cell; operands needing gradients get zeroed buffers first.
+void DeviceExecutor::backwardLstmCell(const LstmCellRoles& roles, std::span<const Tensor> params) {
+  const bool dHidden = live_[static_cast<size_t>(roles.hidden)] != 0;
+  const bool dCell = live_[static_cast<size_t>(roles.cell)] != 0;
+  if (!dHidden && !dCell) return;
+  if (!needsGrad_[static_cast<size_t>(roles.gates)]) return;
+  LstmCellArgs a;
+  a.gates = &value(roles.gates, params);
+  a.cPrev = &value(roles.cPrev, params);
+  for (size_t k = 0; k < 4; ++k) {
+    a.offset[k] = roles.offset[k];
+    a.act[k] = &values_[static_cast<size_t>(roles.act[k])];
+  }
+  a.tanhCell = &values_[static_cast<size_t>(roles.tanhCell)];
+  Tensor& dGates = zeroedGrad(roles.gates);
+  Tensor* dCPrev = needsGrad_[static_cast<size_t>(roles.cPrev)] ? &zeroedGrad(roles.cPrev) : nullptr;
+  backend_.lstmCellBackward(a, dHidden ? &grads_[static_cast<size_t>(roles.hidden)] : nullptr,
+                            dCell ? &grads_[static_cast<size_t>(roles.cell)] : nullptr, dGates, dCPrev);
+}
+
+}  // namespace orpheus::ops

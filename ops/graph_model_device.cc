@@ -1,0 +1,213 @@
+// GraphModel on a device: DeviceExecutor's passes, their SVs and gradients, and
+// test batches scored where the parameters live.
+#include "engine/base/error.h"
+#include "ops/cpu/cpu_backend.h"
+#include "ops/graph_model.h"
+#include "ops/sequence_layout.h"
+
+#include <unordered_map>
+
+namespace orpheus::ops {
+
+DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
+                                        double* meanLoss) const {
+  if (!deviceRefusal_.empty()) throw Error(fmt::format("model {} does not run on a device: {}", spec_, deviceRefusal_));
+  ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
+                      graph_.params().size(), w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    const Node& n = graph_.node(graph_.params()[i]);
+    ORPHEUS_CHECK_INPUT(w[i].rows() == n.rows && w[i].cols() == n.cols,
+                        "parameter '{}' has shape {}x{}, the model expects {}x{}", n.name, w[i].rows(), w[i].cols(),
+                        n.rows, n.cols);
+    ORPHEUS_ENFORCE(w[i].device() == backend.device(), "parameter '{}' lives in {} memory, the backend is {}", n.name,
+                    deviceName(w[i].device()), backend.name());
+  }
+  if (!deviceExec_ || &deviceExec_->backend() != &backend) {
+    flushDeviceStates();
+    deviceExec_.reset();  // its tensors go back to the backend they came from first
+    deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
+  }
+  const int64_t b = x.dense ? x.dense->cols() : x.sparse ? x.sparse->cols() : x.size();
+  if (graph_.steps() > 0) {
+    ORPHEUS_CHECK_INPUT(x.dense != nullptr, "a sequence model needs token-stream data");
+    const double loss = runSegmentsOnDevice(*deviceExec_, w, *x.dense, trainStates_, true);
+    // Per token, as runBatch.
+    if (meanLoss) *meanLoss = b > 0 ? loss / static_cast<double>(b * graph_.steps()) : 0.0;
+    return *deviceExec_;
+  }
+  static const Eigen::VectorXi kNoLabels;
+  const double loss = deviceExec_->run(w, x.dense, x.sparse, x.labels ? *x.labels : kNoLabels);
+  if (meanLoss) *meanLoss = b > 0 ? loss / static_cast<double>(b) : 0.0;
+  return *deviceExec_;
+}
+
+bool GraphModel::continuesDeviceStates(const Matrix& segments) const {
+  const Matrix& last = deviceStatesOf_;
+  if (last.size() == 0 || last.cols() != segments.cols()) return false;
+  std::unordered_map<int64_t, int> streams;
+  for (int64_t j = 0; j < segments.cols(); ++j) {
+    const float stream = segments(kSegmentStreamRow, j);
+    if (stream != last(kSegmentStreamRow, j) || ++streams[static_cast<int64_t>(stream)] > 1) return false;
+    const auto index = static_cast<int64_t>(segments(kSegmentIndexRow, j));
+    if (index != static_cast<int64_t>(last(kSegmentIndexRow, j)) + 1) return false;
+  }
+  return true;
+}
+
+void GraphModel::flushDeviceStates() const {
+  if (deviceStatesOf_.size() == 0) return;
+  std::vector<Matrix> finals(graph_.finalStates().size());
+  std::vector<const Matrix*> pointers;
+  for (size_t k = 0; k < finals.size(); ++k) {
+    deviceExec_->finalState(k, finals[k]);
+    pointers.push_back(&finals[k]);
+  }
+  keepStates(deviceStatesOf_, pointers, trainStates_);
+  deviceStatesOf_.resize(0, 0);
+}
+
+double GraphModel::runSegmentsOnDevice(DeviceExecutor& exec, std::span<const Tensor> w, const Matrix& segments,
+                                       CarriedStates& kept, bool train) const {
+  if (train) {
+    // Segments that continue the last pass's streams, column by column, start from
+    // its states where they are; the new ones stay there too.
+    if (continuesDeviceStates(segments)) {
+      exec.carryFinalStates();
+    } else {
+      flushDeviceStates();
+    }
+    const bool carried = deviceStatesOf_.size() > 0;
+    const std::vector<Matrix> states = carried ? std::vector<Matrix>{} : carriedStates(segments, kept);
+    const double loss = exec.runSequence(w, segments, carried ? nullptr : &states);
+    deviceStatesOf_ = segments.topRows(kSegmentIndexRow + 1);
+    return loss;
+  }
+  const std::vector<Matrix> states = carriedStates(segments, kept);
+  const double loss = train ? exec.runSequence(w, segments, &states) : exec.evaluateSequence(w, segments, &states);
+  // The last step's states come to the host, where they are kept by stream.
+  std::vector<Matrix> finals(graph_.finalStates().size());
+  std::vector<const Matrix*> pointers;
+  for (size_t k = 0; k < finals.size(); ++k) {
+    exec.finalState(k, finals[k]);
+    pointers.push_back(&finals[k]);
+  }
+  keepStates(segments, pointers, kept);
+  return loss;
+}
+
+EvalSums GraphModel::evaluateOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend) const {
+  if (!deviceRefusal_.empty()) throw Error(fmt::format("model {} does not run on a device: {}", spec_, deviceRefusal_));
+  ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
+                      graph_.params().size(), w.size());
+  if (!evalExec_ || &evalExec_->backend() != &backend) {
+    evalExec_.reset();
+    evalExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
+  }
+  if (graph_.steps() > 0) {
+    ORPHEUS_CHECK_INPUT(x.dense != nullptr, "a sequence model needs token-stream data");
+    // As evaluate: runs of distinct streams, states carried apart from training's.
+    return evaluateRuns(*x.dense, [&](const Matrix& run) {
+      EvalSums sums;
+      sums.lossSum = runSegmentsOnDevice(*evalExec_, w, run, evalStates_, false);
+      sums.count = static_cast<double>(run.cols() * graph_.steps());
+      Matrix scores;
+      for (size_t t = 0; t < graph_.stepPredictions().size(); ++t) {
+        evalExec_->copyOut(graph_.stepPredictions()[t], scores);
+        sums.correct += stepCorrect(scores, run, t);
+      }
+      return sums;
+    });
+  }
+  static const Eigen::VectorXi kNoLabels;
+  Matrix scores;
+  EvalSums sums;
+  sums.lossSum = evalExec_->evaluate(w, x.dense, x.sparse, x.labels ? *x.labels : kNoLabels,
+                                     hasAccuracy() ? &scores : nullptr);
+  sums.count = static_cast<double>(x.size());
+  if (hasAccuracy()) {
+    for (int64_t j = 0; j < x.size(); ++j) {
+      Eigen::Index best = 0;
+      scores.col(j).maxCoeff(&best);
+      sums.correct += best == (*x.labels)(j) ? 1.0 : 0.0;
+    }
+  }
+  return sums;
+}
+
+SvBatch GraphModel::computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                       Backend& backend) const {
+  DeviceExecutor& exec = runOnDevice(w, x, backend, meanLoss);
+  const std::vector<SvSite>& sites = exec.sites();
+  SvBatch batch;
+  batch.matrices.resize(sites.size());
+  for (size_t i = 0; i < sites.size(); ++i) {
+    SvMatrix& m = batch.matrices[i];
+    m.paramId = static_cast<uint32_t>(sites[i].param);
+    m.biasId = sites[i].bias;
+    const Tensor& u = exec.siteU(i);
+    m.u.resize(u.rows(), u.cols());
+    Tensor hostU = cpu::view(m.u);
+    backend.copy(u, hostU);
+    // V of a token is the one-hot the executor built on the host.
+    if (const SparseMatrix* tokens = exec.siteVTokens(i)) {
+      m.sparseV = true;
+      m.vSparse = *tokens;
+      continue;
+    }
+    // V of the input is the batch itself, already in host memory.
+    if (exec.siteVIsInput(i)) {
+      m.sparseV = x.sparse != nullptr;
+      if (m.sparseV) {
+        m.vSparse = *x.sparse;
+      } else {
+        m.vDense = *x.dense;
+      }
+      continue;
+    }
+    const Tensor& v = *exec.siteVDense(i);
+    m.vDense.resize(v.rows(), v.cols());
+    Tensor hostV = cpu::view(m.vDense);
+    backend.copy(v, hostV);
+  }
+  const int64_t b = x.dense ? x.dense->cols() : x.sparse ? x.sparse->cols() : x.size();
+  batch.coeffs = Vector::Ones(b);
+  if (graph_.steps() > 0 && svgUnit_ == SvgUnit::kStep && b > 0) return stepColumns(std::move(batch), b);
+  return batch;
+}
+
+void GraphModel::denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                       Backend& backend, std::span<Tensor> grad) const {
+  ORPHEUS_CHECK_INPUT(grad.size() == w.size(), "{} gradient tensors for {} parameters", grad.size(), w.size());
+  for (size_t i = 0; i < grad.size(); ++i) {
+    ORPHEUS_ENFORCE(grad[i].rows() == w[i].rows() && grad[i].cols() == w[i].cols() &&
+                        grad[i].device() == backend.device(),
+                    "gradient {} is a {}x{} tensor in {} memory, its parameter {}x{} on {}", i, grad[i].rows(),
+                    grad[i].cols(), deviceName(grad[i].device()), w[i].rows(), w[i].cols(), backend.name());
+  }
+  DeviceExecutor& exec = runOnDevice(w, x, backend, meanLoss);
+  // A parameter's first term overwrites its gradient (beta 0), later ones add to it.
+  std::vector<bool> written(grad.size(), false);
+  const auto beta = [&](int param) { return written[static_cast<size_t>(param)] ? 1.0f : 0.0f; };
+  const std::vector<SvSite>& sites = exec.sites();
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const SvSite& site = sites[i];
+    const Tensor& u = exec.siteU(i);
+    Tensor& g = grad[static_cast<size_t>(site.param)];
+    if (const SparseTensor* v = exec.siteVSparse(i)) {
+      backend.gemmSparse(1.0f, u, *v, Trans::kYes, beta(site.param), g);
+    } else {
+      backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, *exec.siteVDense(i), beta(site.param), g);
+    }
+    written[static_cast<size_t>(site.param)] = true;
+    if (site.bias >= 0) {
+      backend.sumColumns(u, beta(site.bias), grad[static_cast<size_t>(site.bias)]);
+      written[static_cast<size_t>(site.bias)] = true;
+    }
+  }
+  // identifySvs refuses a parameter that is neither a site's matrix nor its bias.
+  for (size_t i = 0; i < written.size(); ++i) {
+    ORPHEUS_ENFORCE(written[i], "parameter '{}' has no SV site", graph_.node(graph_.params()[i]).name);
+  }
+}
+
+}  // namespace orpheus::ops
