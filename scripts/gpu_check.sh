@@ -20,7 +20,8 @@
 #               thread against THREADS), the MLP within 1e-5 at 50; seconds for 200 MLP
 #               clocks resident, with --resident off, and on the CPU (a figure)
 #   accuracy    MLP test accuracy after ACC_CLOCKS clocks within 0.01 of the CPU's
-#   lstm        LSTM validation perplexity within 2% of the CPU's
+#   lstm        the LSTM resident: memcheck (where present), parameters after 20 clocks within
+#               1e-4 of the CPU's, validation perplexity within 2% of the CPU's
 #   shared      4 ranks sharing the GPU train examples/mlp.loss to >= 0.85
 #   sv_dense    --sync sv equals --sync dense on the GPU (<= 1e-5 after 50 clocks)
 #   bitwise     two GPU runs (dense and sparse V) bitwise equal
@@ -169,12 +170,20 @@ check_accuracy() {
 check_lstm() {
   "$here/tests/e2e/synthetic_tokens.sh" "$work/tokens" 40000 60 8 16
   head -n 1 "$work/tokens" >"$work/valid"; tail -n 300 "$work/tokens" >>"$work/valid"
+  local lstm=(--model "$examples/lstm.loss" --train "$work/tokens" --batch 16 --optimizer adam --lr 0.003)
+  # The resident LSTM (the device executor's sequence path: row copies, the fused cell kernels).
+  if [ "$DEVICE" = cuda ] && command -v compute-sanitizer >/dev/null; then
+    "$mpirun" -n 1 compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+      "$orpheus" train --device cuda "${lstm[@]}" --clocks 3 --progress off --eval-every 0
+  fi
   for device in "$DEVICE" cpu; do
-    train "$device" 1 lstm-$device --model "$examples/lstm.loss" --train "$work/tokens" --test "$work/valid" \
-      --clocks 1000 --batch 16 --optimizer adam --lr 0.003 --eval-every 1000
+    train "$device" 1 lstm20-$device "${lstm[@]}" --clocks 20 --eval-every 0
+    train "$device" 1 lstm-$device "${lstm[@]}" --test "$work/valid" --clocks 1000 --eval-every 1000
   done
-  local a b; a=$(summaryField "$work/lstm-$DEVICE.jsonl" test_perplexity); b=$(summaryField "$work/lstm-cpu.jsonl" test_perplexity)
-  figure "validation perplexity $a on $DEVICE, $b on cpu (goal: within 2%)"
+  local a b d dev; a=$(summaryField "$work/lstm-$DEVICE.jsonl" test_perplexity); b=$(summaryField "$work/lstm-cpu.jsonl" test_perplexity)
+  d=$(relDiff "$work/lstm20-$DEVICE.h5" "$work/lstm20-cpu.h5"); dev=$(summaryField "$work/lstm-$DEVICE.jsonl" device)
+  figure "device '$dev'; parameters after 20 clocks $d from cpu (goal <= 1e-4); validation perplexity $a on $DEVICE, $b on cpu (goal: within 2%)"
+  [[ "$dev" == *"(resident)" ]] && within "$d" 1e-4
   "$python" -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 0.02 * b else 1)' "$a" "$b"
 }
 check_shared() {
@@ -230,7 +239,7 @@ else
   step sv_dense 60 check_sv_dense
   step bitwise 90 check_bitwise
   step restore 60 check_restore
-  step lstm 90 check_lstm
+  step lstm 120 check_lstm
   step accuracy 180 check_accuracy
   step shared 240 check_shared
 fi
