@@ -5,7 +5,7 @@
 #include "engine/base/error.h"
 #include "engine/cli/flags.h"
 #include "engine/coordinator/balance.h"
-#include "engine/job/outputs.h"
+#include "engine/outputs.h"
 #include "engine/recovery/checkpoint.h"
 #include "ops/backends.h"
 

@@ -4,6 +4,7 @@
 #include "engine/base/error.h"
 #include "engine/config.h"
 #include "engine/job/job.h"
+#include "engine/memory_check.h"
 #include "ops/model.h"
 #include "ops/model_factory.h"
 

@@ -1,4 +1,4 @@
-#include "engine/job/outputs.h"
+#include "engine/outputs.h"
 
 #include "engine/base/error.h"
 
