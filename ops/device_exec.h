@@ -121,6 +121,7 @@ class DeviceExecutor {
   void forwardHoisted(std::span<const Tensor> params);
   void forwardProduct(const Node& n, std::span<const Tensor> params);
   void forwardRows(const Node& n, std::span<const Tensor> params);
+  LstmCellArgs cellArgs(const LstmCellRoles& roles, std::span<const Tensor> params);
   void forwardLstmCell(const LstmCellRoles& roles, std::span<const Tensor> params);
   void backwardLstmCell(const LstmCellRoles& roles, std::span<const Tensor> params);
   void backwardRows(const Node& n);

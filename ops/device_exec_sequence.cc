@@ -203,7 +203,9 @@ void DeviceExecutor::backwardRows(const Node& n) {
   }
 }
 
-void DeviceExecutor::forwardLstmCell(const LstmCellRoles& roles, std::span<const Tensor> params) {
+// The cell's operands: its gate block and previous cell state, and the values of
+// its outputs (written forward, read backward).
+LstmCellArgs DeviceExecutor::cellArgs(const LstmCellRoles& roles, std::span<const Tensor> params) {
   LstmCellArgs a;
   a.gates = &value(roles.gates, params);
   a.cPrev = &value(roles.cPrev, params);
@@ -214,7 +216,11 @@ void DeviceExecutor::forwardLstmCell(const LstmCellRoles& roles, std::span<const
   a.cell = &values_[static_cast<size_t>(roles.cell)];
   a.tanhCell = &values_[static_cast<size_t>(roles.tanhCell)];
   a.hidden = &values_[static_cast<size_t>(roles.hidden)];
-  backend_.lstmCellForward(a);
+  return a;
+}
+
+void DeviceExecutor::forwardLstmCell(const LstmCellRoles& roles, std::span<const Tensor> params) {
+  backend_.lstmCellForward(cellArgs(roles, params));
 }
 
 // As GraphExecutor::backwardLstmCell: nothing without a gradient of the hidden
@@ -224,14 +230,7 @@ void DeviceExecutor::backwardLstmCell(const LstmCellRoles& roles, std::span<cons
   const bool dCell = live_[static_cast<size_t>(roles.cell)] != 0;
   if (!dHidden && !dCell) return;
   if (!needsGrad_[static_cast<size_t>(roles.gates)]) return;
-  LstmCellArgs a;
-  a.gates = &value(roles.gates, params);
-  a.cPrev = &value(roles.cPrev, params);
-  for (size_t k = 0; k < 4; ++k) {
-    a.offset[k] = roles.offset[k];
-    a.act[k] = &values_[static_cast<size_t>(roles.act[k])];
-  }
-  a.tanhCell = &values_[static_cast<size_t>(roles.tanhCell)];
+  const LstmCellArgs a = cellArgs(roles, params);
   Tensor& dGates = zeroedGrad(roles.gates);
   Tensor* dCPrev = needsGrad_[static_cast<size_t>(roles.cPrev)] ? &zeroedGrad(roles.cPrev) : nullptr;
   backend_.lstmCellBackward(a, dHidden ? &grads_[static_cast<size_t>(roles.hidden)] : nullptr,
