@@ -178,4 +178,19 @@ inline int64_t lstmCell(const Backend& b, const char* op, const LstmCellArgs& a,
   return h;
 }
 
+// lstmCell's checks for the backward step, and its gradients: dHidden, dCell and
+// dCPrev (each may be null) H x B, dGates 4H x B, all on b's device. Returns H.
+inline int64_t lstmCellBackward(const Backend& b, const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell,
+                                const Tensor& dGates, const Tensor* dCPrev) {
+  const int64_t h = lstmCell(b, "lstmCellBackward", a, false);
+  for (const Tensor* t : {dHidden, dCell, dCPrev}) {
+    if (t == nullptr) continue;
+    onDevice(b, "lstmCellBackward", *t);
+    sameShape("lstmCellBackward", *t, *a.cPrev);
+  }
+  onDevice(b, "lstmCellBackward", dGates);
+  sameShape("lstmCellBackward", dGates, *a.gates);
+  return h;
+}
+
 }  // namespace orpheus::ops::checks

@@ -258,14 +258,7 @@ void CpuBackend::lstmCellForward(const LstmCellArgs& a) {
 
 void CpuBackend::lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
                                   Tensor* dCPrev) {
-  const int64_t h = checks::lstmCell(*this, "lstmCellBackward", a, false);
-  for (const Tensor* t : {dHidden, dCell, static_cast<const Tensor*>(dCPrev)}) {
-    if (t == nullptr) continue;
-    checks::onDevice(*this, "lstmCellBackward", *t);
-    checks::sameShape("lstmCellBackward", *t, *a.cPrev);
-  }
-  checks::onDevice(*this, "lstmCellBackward", dGates);
-  checks::sameShape("lstmCellBackward", dGates, *a.gates);
+  const int64_t h = checks::lstmCellBackward(*this, a, dHidden, dCell, dGates, dCPrev);
   ops::lstmCellBackward(lstmBuffers(a, h), dHidden ? dHidden->data() : nullptr, dCell ? dCell->data() : nullptr,
                         dGates.data(), dCPrev ? dCPrev->data() : nullptr);
 }

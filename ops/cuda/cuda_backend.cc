@@ -225,14 +225,7 @@ class CudaBackend final : public Backend {
 
   void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
                         Tensor* dCPrev) override {
-    checks::lstmCell(*this, "lstmCellBackward", a, false);
-    for (const Tensor* t : {dHidden, dCell, static_cast<const Tensor*>(dCPrev)}) {
-      if (t == nullptr) continue;
-      checks::onDevice(*this, "lstmCellBackward", *t);
-      checks::sameShape("lstmCellBackward", *t, *a.cPrev);
-    }
-    checks::onDevice(*this, "lstmCellBackward", dGates);
-    checks::sameShape("lstmCellBackward", dGates, *a.gates);
+    checks::lstmCellBackward(*this, a, dHidden, dCell, dGates, dCPrev);
     activate();
     ORPHEUS_CUDA_CHECK(launchLstmCellBackward(lstmArgs(a), dHidden ? dHidden->data() : nullptr,
                                               dCell ? dCell->data() : nullptr, dGates.data(),

@@ -236,10 +236,7 @@ class StrictBackend final : public Backend {
 
   void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
                         Tensor* dCPrev) override {
-    checks::lstmCell(*this, "lstmCellBackward", a, false);
-    for (const Tensor* t : {dHidden, dCell, static_cast<const Tensor*>(dCPrev), static_cast<const Tensor*>(&dGates)}) {
-      if (t != nullptr) checks::onDevice(*this, "lstmCellBackward", *t);
-    }
+    checks::lstmCellBackward(*this, a, dHidden, dCell, dGates, dCPrev);
     Opened o(*registry_, "lstmCellBackward");
     LstmCellHost h(o, a);
     const Tensor hh = dHidden ? o.host(*dHidden) : Tensor();
