@@ -148,6 +148,23 @@ void BuiltSegment::append(uint64_t clock, EventKind kind, const std::vector<Reco
   }
 }
 
+namespace {
+
+// Whether the segment holds what only format 4 reads: a job record, or a knobs
+// record that sets the SV value width.
+bool needsFormat4(const BuiltSegment& seg) {
+  size_t record = 0;
+  for (const EntryRow& r : seg.rows) {
+    const auto kind = static_cast<EventKind>(r.kind);
+    if (isJobRecord(kind)) return true;
+    if (kind == EventKind::kKnobs && seg.sizes[record] == kKnobsRecordBytesWide) return true;
+    record += r.records;
+  }
+  return false;
+}
+
+}  // namespace
+
 SharedBytes resetRecord(uint64_t resetTo, uint64_t logEnd) {
   auto record = std::make_shared<std::vector<std::byte>>(2 * sizeof(uint64_t));
   const uint64_t values[2] = {resetTo, logEnd};
@@ -189,10 +206,7 @@ uint64_t writeSegment(const std::string& dir, int replica, uint64_t first, uint6
       H5Handle set = createVector(file, "record_sizes", H5T_STD_U64LE, seg.sizes.size(), name);
       if (!seg.sizes.empty()) writeAll(set.get(), H5T_NATIVE_UINT64, seg.sizes.data(), "record_sizes", name);
     }
-    const bool jobRecords = std::any_of(seg.rows.begin(), seg.rows.end(), [](const EntryRow& r) {
-      return isJobRecord(static_cast<EventKind>(r.kind));
-    });
-    writeI64Attr(file, "version", jobRecords ? kSegmentVersionJobRecords : version, name);
+    writeI64Attr(file, "version", needsFormat4(seg) ? kSegmentVersionJobRecords : version, name);
     writeU64Attr(file, "first_clock", first, name);
     writeU64Attr(file, "last_clock", last, name);
     writeI64Attr(file, "replica", replica, name);
@@ -332,7 +346,9 @@ std::string scanEntries(const SegmentData& data, int64_t version, int replica, u
     if (kind == EventKind::kReset) {
       error = scanReset(data, r, record, offset, &r == &data.rows.front(), previous, first, scan);
     } else if (kind == EventKind::kKnobs || isJobRecord(kind)) {
-      if (r.records != 1 || (kind == EventKind::kKnobs && data.sizes[record] != kKnobsRecordBytes)) {
+      const bool knobsSize = data.sizes[record] == kKnobsRecordBytes ||
+                             (version >= kSegmentVersionJobRecords && data.sizes[record] == kKnobsRecordBytesWide);
+      if (r.records != 1 || (kind == EventKind::kKnobs && !knobsSize)) {
         return fmt::format("a {} event is malformed", kind == EventKind::kKnobs ? "knobs" : "job record");
       }
       if (scan.events) {

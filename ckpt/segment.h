@@ -33,7 +33,8 @@
 namespace orpheus::ckpt {
 
 // Version 2 added the reset event, version 3 batch references, version 4 the
-// membership and chunk records (ckpt/log_entry.h). A segment is written as version
+// membership and chunk records (ckpt/log_entry.h), and knobs records that set the SV
+// value width (bf16). A segment is written as version
 // 4 only when it holds such a record; any other is written as before (3, or 2 when
 // asked), byte for byte, so a build that predates version 4 still reads it.
 inline constexpr int64_t kSegmentVersion = 3;

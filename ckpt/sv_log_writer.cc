@@ -171,7 +171,8 @@ void SvLogWriter::appendEvent(uint64_t clock, EventKind kind) {
 }
 
 void SvLogWriter::appendKnobs(uint64_t clock, std::span<const std::byte> record) {
-  ORPHEUS_ENFORCE(record.size() == kKnobsRecordBytes, "checkpoint log: a knobs record of {} bytes at clock {}",
+  ORPHEUS_ENFORCE(record.size() == kKnobsRecordBytes || record.size() == kKnobsRecordBytesWide,
+                  "checkpoint log: a knobs record of {} bytes at clock {}",
                   record.size(), clock);
   stageEvent(clock, EventKind::kKnobs,
              {Record::encoded(std::make_shared<std::vector<std::byte>>(record.begin(), record.end()))});

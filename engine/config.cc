@@ -155,10 +155,10 @@ void checkRange(const std::pair<int64_t, int64_t>& r, const char* flag, int64_t 
 void validateAdapt(const TrainConfig& c, int ranks) {
   const bool any = c.adaptEvery != 50 || c.adaptSelect.first >= 0 || c.adaptFanout.first >= 0 ||
                    c.adaptStaleness.first >= 0 || c.adaptAverageEvery.first >= 0 || c.maxBytesPerClock > 0.0 ||
-                   c.adaptCommShare != 0.5 || !c.adaptTrace.empty();
+                   c.adaptCommShare != 0.5 || !c.adaptTrace.empty() || c.adaptBf16;
   ORPHEUS_CHECK_INPUT(c.adapt || !any,
                       "--adapt-every, --adapt-select, --adapt-fanout, --adapt-staleness, --adapt-average-every, "
-                      "--adapt-comm-share, --adapt-trace and --max-bytes-per-clock apply to --adapt");
+                      "--adapt-comm-share, --adapt-trace, --adapt-bf16 and --max-bytes-per-clock apply to --adapt");
   if (!c.adapt) return;
   ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv, "--adapt sets the SV co-designs' knobs: it needs --sync sv");
   ORPHEUS_CHECK_INPUT(c.adaptEvery >= 1, "--adapt-every {} must be >= 1", c.adaptEvery);
@@ -166,6 +166,10 @@ void validateAdapt(const TrainConfig& c, int ranks) {
                       c.adaptCommShare);
   ORPHEUS_CHECK_INPUT(c.maxBytesPerClock >= 0.0 && std::isfinite(c.maxBytesPerClock),
                       "--max-bytes-per-clock {} must be >= 0", c.maxBytesPerClock);
+  ORPHEUS_CHECK_INPUT(!c.adaptBf16 || c.maxBytesPerClock > 0.0,
+                      "--adapt-bf16 lets the controller meet --max-bytes-per-clock with bf16 SVs: give the budget");
+  ORPHEUS_CHECK_INPUT(!c.adaptBf16 || !c.overlap,
+                      "--adapt-bf16 rounds a clock's batch before it is sent: it takes no --overlap");
   checkRange(c.adaptSelect, "--adapt-select", 1, c.batch);
   ORPHEUS_CHECK_INPUT(c.adaptFanout.first < 0 || c.multicast != comm::MulticastKind::kAll,
                       "--adapt-fanout applies to --multicast random, fixed or ring");

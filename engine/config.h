@@ -76,6 +76,7 @@ struct TrainConfig {
   std::pair<int64_t, int64_t> adaptStaleness{-1, -1};
   std::pair<int64_t, int64_t> adaptAverageEvery{-1, -1};
   double maxBytesPerClock = 0.0;
+  bool adaptBf16 = false;       // the budget may be met by sending U and V as bf16
   double adaptCommShare = 0.5;  // slack: exposed comm under half this share of compute
   std::string adaptTrace;       // testing aid: timing from a recorded metrics file
   // --balance (engine/coordinator/balance.h): every balanceEvery clocks the coordinator moves

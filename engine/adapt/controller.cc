@@ -15,7 +15,8 @@
 
 namespace orpheus::engine::adapt {
 
-static_assert(kKnobsRecordBytes == ckpt::kKnobsRecordBytes, "the SV log keeps knobs as engine/adapt encodes them");
+static_assert(kKnobsRecordBytes == ckpt::kKnobsRecordBytes && kKnobsRecordBytesWide == ckpt::kKnobsRecordBytesWide,
+              "the SV log keeps knobs as engine/adapt encodes them");
 
 namespace {
 
@@ -79,6 +80,7 @@ Knobs startKnobs(const ControllerOptions& o, int startFanout) {
   k.fanout = startFanout;
   k.staleness = o.staleness;
   k.averageEvery = o.averageEvery;
+  k.bf16 = o.startBf16;
   return k;
 }
 
@@ -94,6 +96,7 @@ Bounds boundsFor(const ControllerOptions& o, int ranks, int startFanout) {
                                                                       4 * o.averageEvery})
                                       : Range{0, 0};
   b.maxBytesPerClock = o.maxBytesPerClock;
+  b.bf16 = o.bf16;
   b.commShare = o.commShare;
   return b;
 }
@@ -218,16 +221,17 @@ Decision Controller::decide(uint64_t clock, const Knobs& current) {
   const std::array<int64_t, 3> counts = errorCounts(current, bounds_, options_.batch);
   Decision d;
   if (leader) d = adapt::decide(current, w, bounds_, bytes_, options_.consistency == Consistency::kSsp);
-  double knobs[4] = {0, 0, 0, 0};
+  double knobs[5] = {0, 0, 0, 0, 0};
   if (leader) {
     knobs[0] = static_cast<double>(d.knobs.select);
     knobs[1] = static_cast<double>(d.knobs.fanout);
     knobs[2] = static_cast<double>(d.knobs.staleness);
     knobs[3] = static_cast<double>(d.knobs.averageEvery);
+    knobs[4] = d.knobs.bf16 ? 1.0 : 0.0;
   }
   transport_.control().sum(knobs);
   d.knobs = {static_cast<int64_t>(knobs[0]), static_cast<int64_t>(knobs[1]), static_cast<int64_t>(knobs[2]),
-             static_cast<int64_t>(knobs[3])};
+             static_cast<int64_t>(knobs[3]), knobs[4] > 0.5};
   if (leader && aggregator_ != nullptr) {
     JsonLine line;
     line.add("decision", true)
@@ -239,6 +243,7 @@ Decision Controller::decide(uint64_t clock, const Knobs& current) {
         .add("fanout", d.knobs.fanout)
         .add("staleness", d.knobs.staleness)
         .add("average_every", d.knobs.averageEvery)
+        .add("sv_dtype", d.knobs.bf16 ? "bf16" : "f32")
         .add("predicted_bytes_per_clock", d.predictedBytes)
         .add("max_bytes_per_clock", bounds_.maxBytesPerClock)
         .add("window_clocks", w.clocks)
@@ -262,23 +267,27 @@ std::optional<Knobs> knobsAt(const std::string& dir, int replica, uint64_t clock
   return decodeKnobs(*record);
 }
 
-std::array<std::byte, kKnobsRecordBytes> encodeKnobs(const Knobs& k) {
-  std::array<std::byte, kKnobsRecordBytes> out{};
-  const int64_t values[4] = {k.select, k.fanout, k.staleness, k.averageEvery};
-  std::memcpy(out.data(), values, sizeof(values));
+std::vector<std::byte> encodeKnobs(const Knobs& k) {
+  const int64_t values[5] = {k.select, k.fanout, k.staleness, k.averageEvery, 1};
+  std::vector<std::byte> out(k.bf16 ? kKnobsRecordBytesWide : kKnobsRecordBytes);
+  std::memcpy(out.data(), values, out.size());
   return out;
 }
 
 Knobs decodeKnobs(std::span<const std::byte> bytes) {
-  if (bytes.size() != kKnobsRecordBytes) {
-    throw CorruptRecordError(fmt::format("a knobs record of {} bytes (expected {})", bytes.size(), kKnobsRecordBytes));
+  if (bytes.size() != kKnobsRecordBytes && bytes.size() != kKnobsRecordBytesWide) {
+    throw CorruptRecordError(fmt::format("a knobs record of {} bytes (expected {} or {})", bytes.size(),
+                                         kKnobsRecordBytes, kKnobsRecordBytesWide));
   }
-  int64_t values[4];
-  std::memcpy(values, bytes.data(), sizeof(values));
+  int64_t values[5] = {0, 0, 0, 0, 0};
+  std::memcpy(values, bytes.data(), bytes.size());
   for (const int64_t v : values) {
     if (v < 0) throw CorruptRecordError(fmt::format("a knobs record with a negative value {}", v));
   }
-  return {values[0], values[1], values[2], values[3]};
+  if (bytes.size() == kKnobsRecordBytesWide && values[4] != 1) {
+    throw CorruptRecordError(fmt::format("a knobs record with SV value width code {} (expected 1: bf16)", values[4]));
+  }
+  return {values[0], values[1], values[2], values[3], bytes.size() == kKnobsRecordBytesWide};
 }
 
 }  // namespace orpheus::engine::adapt

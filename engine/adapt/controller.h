@@ -45,6 +45,7 @@ struct ControllerOptions {
   std::pair<int64_t, int64_t> stalenessRange{-1, -1};
   std::pair<int64_t, int64_t> averageEveryRange{-1, -1};
   double maxBytesPerClock = 0.0;  // 0: no budget
+  bool bf16 = false;              // --adapt-bf16: the budget rule may send U and V as bf16
   double commShare = 0.5;
   std::string trace;              // --adapt-trace: timing from a recorded metrics file
   // The job: its clocks, B, seed, the flags' C, s and R, the schedule's kind and the
@@ -55,6 +56,7 @@ struct ControllerOptions {
   int64_t select = 0;
   int64_t staleness = 0;
   int64_t averageEvery = 0;
+  bool startBf16 = false;  // --sv-dtype bf16
   comm::MulticastKind multicast = comm::MulticastKind::kAll;
   Consistency consistency = Consistency::kBsp;
   bool jmcss = true;

@@ -1,5 +1,6 @@
 // The knobs of the communication co-designs that may change while a job runs
-// (--adapt): selection C, fanout Q, staleness s and the averaging period R. The
+// (--adapt): selection C, fanout Q, staleness s, the averaging period R and the
+// width of the SV values on the wire (f32, or bf16: --sv-dtype, --adapt-bf16). The
 // worker, the coordinator and the checkpoint log read them from one Knobs object
 // owned by the worker, never from the flags they started from, so a change
 // takes effect for all of them at the same clock.
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace orpheus::engine::adapt {
 
@@ -18,17 +20,21 @@ struct Knobs {
   int64_t fanout = 0;        // Q: peers per clock (P-1 under broadcast)
   int64_t staleness = 0;     // s, under SSP
   int64_t averageEvery = 0;  // R: clocks between averagings; 0 = off
+  bool bf16 = false;         // U and V sent as bf16 (half their bytes), else f32
 
   bool operator==(const Knobs&) const = default;
 };
 
-// "C=25 Q=3 s=2 R=50".
+// "C=25 Q=3 s=2 R=50", and " bf16" when the values are sent as bf16.
 std::string toString(const Knobs& knobs);
 
 // The knobs as the SV log keeps them (a kKnobs entry's one record): four
-// little-endian i64 in the order above, ckpt::kKnobsRecordBytes in all.
+// little-endian i64 in the order above, ckpt::kKnobsRecordBytes in all; with bf16
+// a fifth i64, 1 (ckpt::kKnobsRecordBytesWide: segment format 4). Logs written
+// before the fifth knob hold only the short form, which decodes as f32.
 inline constexpr size_t kKnobsRecordBytes = 4 * sizeof(int64_t);
-std::array<std::byte, kKnobsRecordBytes> encodeKnobs(const Knobs& knobs);
+inline constexpr size_t kKnobsRecordBytesWide = 5 * sizeof(int64_t);
+std::vector<std::byte> encodeKnobs(const Knobs& knobs);
 // CorruptRecordError when `bytes` is not one record of sane knobs.
 Knobs decodeKnobs(std::span<const std::byte> bytes);
 

@@ -44,14 +44,17 @@ Knobs clamped(Knobs k, const Bounds& b, int64_t batch) {
   return k;
 }
 
-// Rule 0: the largest C that fits, then fewer peers, then rarer averaging.
+// Rule 0: bf16 values where allowed (half the bytes at the same C), then the
+// largest C that fits, then fewer peers, then rarer averaging.
 std::optional<Decision> fitBudget(const Knobs& current, const Bounds& b, const ByteModel& m) {
   if (fits(m, b, current)) return std::nullopt;
   const double before = m.perClock(current);
   Knobs k = current;
   while (!fits(m, b, k)) {
     const int64_t c = effectiveSelect(k.select, m.batch);
-    if (c > b.select.min) {
+    if (b.bf16 && !k.bf16) {
+      k.bf16 = true;
+    } else if (c > b.select.min) {
       k.select = storedSelect(c - 1, m.batch);
     } else if (k.fanout > b.fanout.min) {
       k.fanout -= 1;
@@ -116,7 +119,8 @@ std::optional<Knobs> goodput(const Knobs& current, const Window& w, const Bounds
                                      : w.measureSeconds / static_cast<double>(std::max<int64_t>(1, counts[1]));
   const auto candidate = [&](int64_t k, double error) {
     const double selecting = k < batch ? perColumn * static_cast<double>(k) : 0.0;
-    const double comm = w.commSeconds * m.batchBytes(storedSelect(k, batch)) / m.batchBytes(current.select);
+    const double comm = w.commSeconds * m.batchBytes(storedSelect(k, batch), current.bf16) /
+                        m.batchBytes(current.select, current.bf16);
     return Candidate{k, k >= batch ? 0.0 : error, fixed + selecting + comm};
   };
   const double errorC = c >= batch ? 0.0 : w.errors[2];
@@ -141,8 +145,9 @@ std::optional<Knobs> goodput(const Knobs& current, const Window& w, const Bounds
   }
   if (best != &now && best->goodput() > (1.0 + kGoodputMargin) * now.goodput()) {
     why = fmt::format("goodput {} > {}", best->text(batch), now.text(batch));
-    return step(current, b, m, Knobs{storedSelect(best->select, batch), current.fanout, current.staleness,
-                                     current.averageEvery});
+    Knobs next = current;
+    next.select = storedSelect(best->select, batch);
+    return step(current, b, m, next);
   }
   std::string rest;
   for (const Candidate& k : others) rest += (rest.empty() ? "" : ", ") + k.text(batch);
@@ -153,8 +158,8 @@ std::optional<Knobs> goodput(const Knobs& current, const Window& w, const Bounds
 }  // namespace
 
 std::string toString(const Knobs& k) {
-  return fmt::format("C={} Q={} s={} R={}", k.select == 0 ? std::string("all") : std::to_string(k.select), k.fanout,
-                     k.staleness, k.averageEvery);
+  return fmt::format("C={} Q={} s={} R={}{}", k.select == 0 ? std::string("all") : std::to_string(k.select), k.fanout,
+                     k.staleness, k.averageEvery, k.bf16 ? " bf16" : "");
 }
 
 std::array<int64_t, 3> errorCounts(const Knobs& current, const Bounds& b, int64_t batch) {
@@ -162,14 +167,15 @@ std::array<int64_t, 3> errorCounts(const Knobs& current, const Bounds& b, int64_
   return {std::min(c, b.select.clamp(std::max<int64_t>(1, c / 2))), c / 2, c};
 }
 
-double ByteModel::batchBytes(int64_t select) const {
-  if (select <= 0 || select >= batch) return fixedBytes + static_cast<double>(batch) * perColumnBytes;
+double ByteModel::batchBytes(int64_t select, bool bf16) const {
+  const double column = perColumnBytes + perColumnValues * (bf16 ? 2.0 : 4.0);
+  if (select <= 0 || select >= batch) return fixedBytes + static_cast<double>(batch) * column;
   const auto c = static_cast<double>(select);
-  return fixedBytes + c * perColumnBytes + c * c * perColumnSquared;
+  return fixedBytes + c * column + c * c * perColumnSquared;
 }
 
 double ByteModel::perClock(const Knobs& k) const {
-  const double sv = static_cast<double>(k.fanout) * batchBytes(k.select) * scale;
+  const double sv = static_cast<double>(k.fanout) * batchBytes(k.select, k.bf16) * scale;
   return sv + (k.averageEvery > 0 ? averageBytes / static_cast<double>(k.averageEvery) : 0.0);
 }
 
@@ -177,7 +183,8 @@ ByteModel byteModelFor(const std::vector<std::pair<int64_t, int64_t>>& shapes, i
   // sv_batch.h: a 64-byte header, 32 bytes per matrix, then per column an f32
   // coefficient and, per matrix, its U and V columns; a selection adds an n x n
   // core and n bias coefficients per matrix. Every parameter counts as a matrix,
-  // so this bounds dense batches from above.
+  // so this bounds dense batches from above. U and V are counted in values, the
+  // rest in f32 bytes.
   constexpr double kFloat = 4.0;
   ByteModel m;
   m.batch = batch;
@@ -185,7 +192,8 @@ ByteModel byteModelFor(const std::vector<std::pair<int64_t, int64_t>>& shapes, i
   m.perColumnBytes = kFloat;
   double params = 0.0;
   for (const auto& [rows, cols] : shapes) {
-    m.perColumnBytes += kFloat * static_cast<double>(rows + cols + 1);
+    m.perColumnBytes += kFloat;
+    m.perColumnValues += static_cast<double>(rows + cols);
     m.perColumnSquared += kFloat;
     params += static_cast<double>(rows * cols);
   }
@@ -196,7 +204,7 @@ ByteModel byteModelFor(const std::vector<std::pair<int64_t, int64_t>>& shapes, i
 
 ByteModel corrected(const ByteModel& model, const Knobs& current, const Window& w) {
   ByteModel m = model;
-  const double predicted = static_cast<double>(current.fanout) * model.batchBytes(current.select);
+  const double predicted = static_cast<double>(current.fanout) * model.batchBytes(current.select, current.bf16);
   if (predicted > 0.0 && w.svBytes > predicted) m.scale = w.svBytes / predicted;
   if (w.averageBytes > 0.0) m.averageBytes = w.averageBytes;
   return m;

@@ -6,7 +6,8 @@
 // controller (engine/adapt/controller.h) gathers the window and announces the
 // decision. The rules are written out in engine/adapt/README.md:
 //   0. budget   predicted bytes per rank per clock above --max-bytes-per-clock:
-//               lower C, then Q, then R-averaging traffic, until it fits;
+//               send U and V as bf16 (--adapt-bf16), then lower C, then Q, then
+//               R-averaging traffic, until it fits;
 //   1. goodput  C moves to the candidate of {C/2, C, 2C} with the most progress per
 //               second, (1 - e(c)) / t(c), when it beats C's by more than 5%:
 //               e(c) is the measured relative error of the update c SVGs rebuild,
@@ -46,6 +47,7 @@ struct Bounds {
   Range fanout;        // Q in [1, P-1]
   Range staleness;     // s; fixed at its start value unless SSP
   Range averageEvery;  // R; fixed at 0 when averaging is off
+  bool bf16 = false;   // the budget rule may switch U and V to bf16 (--adapt-bf16)
   double maxBytesPerClock = 0.0;  // per rank; 0 = no budget
   double commShare = 0.5;         // slack: exposed comm below half this share of compute
 };
@@ -55,13 +57,14 @@ struct Bounds {
 struct ByteModel {
   int64_t batch = 0;             // B
   double fixedBytes = 0.0;       // per SV batch: header and matrix table
-  double perColumnBytes = 0.0;   // per selected column: U and V columns, coefficients
+  double perColumnBytes = 0.0;   // per selected column: coefficients (f32 always)
+  double perColumnValues = 0.0;  // per selected column: U and V values (f32 or bf16)
   double perColumnSquared = 0.0; // per C^2: the least-squares core of a selection
   double averageBytes = 0.0;     // per averaging, per rank
   double scale = 1.0;            // measured / predicted, when measurement says more
 
-  // Bytes of one SV batch of C columns (0: all B, no core).
-  double batchBytes(int64_t select) const;
+  // Bytes of one SV batch of C columns (0: all B, no core), its values in bf16 or f32.
+  double batchBytes(int64_t select, bool bf16 = false) const;
   // Predicted bytes per rank per clock: Q batches, plus averaging amortized over R.
   double perClock(const Knobs& knobs) const;
 };

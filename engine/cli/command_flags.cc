@@ -358,6 +358,9 @@ void addAdaptFlags(CLI::App& cmd, TrainConfig& c) {
                  "With --adapt: bytes a rank may send per clock (SV batches and averaging, amortized); the "
                  "controller never picks C, Q, R predicted to exceed it")
       ->check(numberIn(0, std::numeric_limits<double>::infinity(), true));
+  cmd.add_flag("--adapt-bf16", c.adaptBf16,
+               "With --adapt and --max-bytes-per-clock: the controller meets the budget by sending U and V as bf16 "
+               "(as --sv-dtype bf16) before it lowers C, Q or R");
   cmd.add_option("--adapt-trace", c.adaptTrace,
                  "Testing aid, with --adapt: take compute, comm and wait seconds from this recorded metrics file "
                  "instead of measuring them, so decisions repeat");

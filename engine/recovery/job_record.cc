@@ -82,6 +82,7 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
     add("--adapt-average-every", range(c.adaptAverageEvery));
     add("--adapt-comm-share", c.adaptCommShare);
     add("--max-bytes-per-clock", c.maxBytesPerClock);
+    if (c.adaptBf16) add("--adapt-bf16", std::string("on"));
   }
   // --balance sizes the minibatches from the chunk layout (only with it, as above).
   if (c.balance) {

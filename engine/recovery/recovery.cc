@@ -28,9 +28,9 @@ ckpt::ClockLogOptions clockLogOptions(const TrainConfig& config, int rank, int r
   // A received batch is a reference into its sender's log where a replay can
   // recompute it from there: not after --fail-prob (staged batches are lost), nor
   // with --sv-rank (its batches are no selection a replay recomputes), nor with
-  // --sv-dtype bf16 (a selection is rounded after it is made).
+  // --sv-dtype bf16 or --adapt-bf16 (a selection is rounded after it is made).
   o.references = config.ckptFormat >= ckpt::kSegmentVersion && config.failProb == 0.0 && config.svRank == 0 &&
-                 config.svDtype == SvDtype::kF32;
+                 config.svDtype == SvDtype::kF32 && !config.adaptBf16;
   o.writerIdle = config.ckptWriterIdle;
   o.snapshotEvery = config.snapshotEvery;
   o.selectMethod = static_cast<uint32_t>(config.selectMethod);

@@ -43,6 +43,8 @@ class LowRankSender {
   // The rank-R batch to send and to apply here for `batch` (full, coefficients or
   // cores); updates E and Q. Every matrix must have a dense V (checked: Error).
   SvBatch compress(const SvBatch& batch);
+  // The width of P and Q from the next compress() on (--adapt-bf16 may switch it).
+  void setDtype(SvDtype dtype) { dtype_ = dtype; }
 
   // ||E|| / ||M|| after the last compress(), over every matrix: the share of the
   // update carried to later clocks (0 when M is 0).

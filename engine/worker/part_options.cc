@@ -32,6 +32,8 @@ adapt::ControllerOptions controllerOptions(const TrainConfig& config) {
   o.stalenessRange = config.adaptStaleness;
   o.averageEveryRange = config.adaptAverageEvery;
   o.maxBytesPerClock = config.maxBytesPerClock;
+  o.bf16 = config.adaptBf16;
+  o.startBf16 = config.svDtype == SvDtype::kBf16;
   o.commShare = config.adaptCommShare;
   o.trace = config.adaptTrace;
   o.clocks = config.clocks;

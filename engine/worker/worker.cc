@@ -98,6 +98,7 @@ void Worker::applyKnobs(const adapt::Knobs& knobs) {
   if (sc.kind != comm::MulticastKind::kAll) sc.fanout = static_cast<int>(knobs.fanout);
   schedule_ = comm::MulticastSchedule(sc);
   heard_ = static_cast<double>(config_.batch) * (schedule_.fanout() + 1);
+  if (lowRank_) lowRank_->setDtype(knobs.bf16 ? SvDtype::kBf16 : SvDtype::kF32);
   pointToPoint_ = sendsPointToPoint(config_, schedule_, knobs_);
   // Every clock up to here is complete; later ones may have been judged complete
   // under the old schedule (no sender for this rank): judge them again.
@@ -215,9 +216,9 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   // The C SVGs of S worth sending (all of S when selection is off).
   std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
   const std::shared_ptr<SvBatch> sent = selected ? std::make_shared<SvBatch>(std::move(*selected)) : local;
-  // --sv-dtype bf16: what is sent is rounded first, so receivers get exactly what
+  // bf16 (--sv-dtype, or --adapt-bf16 under a budget): what is sent is rounded first, so receivers get exactly what
   // it holds (S itself when it is all sent: then this replica applies it rounded too).
-  if (config_.svDtype == SvDtype::kBf16 && sent->dtype != SvDtype::kBf16) roundToBf16(*sent);
+  if (knobs_.bf16 && sent->dtype != SvDtype::kBf16) roundToBf16(*sent);
   // Send S to this clock's receivers.
   exchange.send(clock, sent, stats);
   stats.computeSeconds = secondsSince(start) - exchange.sendSeconds();

@@ -371,3 +371,53 @@ TEST_CASE("knobs round-trip through the SV log's record; a bad record is refused
   CHECK_THROWS_AS(adapt::decodeKnobs(bad), orpheus::CorruptRecordError);
   CHECK_THROWS_AS(adapt::decodeKnobs(std::span<const std::byte>(bytes).first(8)), orpheus::CorruptRecordError);
 }
+
+TEST_CASE("with --adapt-bf16 the budget is met by bf16 values before C is lowered", "[adapt]") {
+  const adapt::ByteModel m = smallModel();
+  // Per column: 12 bytes of f32 coefficients, then 41 U and V values at 2 bytes instead of 4.
+  CHECK(m.batchBytes(8, true) == 128 + 8 * (12 + 2 * 41) + 64 * 8);
+  CHECK(m.batchBytes(8, false) == m.batchBytes(8));
+  adapt::Knobs wide{8, 2, 1, 20};
+  wide.bf16 = true;
+  CHECK(m.perClock(wide) == 2 * 1392 + 1680.0 / 20);
+
+  adapt::Bounds b = smallBounds();
+  b.maxBytesPerClock = 3000;
+  b.bf16 = true;
+  const adapt::Decision start = adapt::initialKnobs({8, 2, 1, 20}, b, m, true);
+  CHECK(start.rule == "budget");
+  CHECK(start.knobs == wide);  // C = 8 in bf16, where f32 needed C = 5
+  CHECK(start.reason == "predicted 4.2 kB per clock > budget 3.0 kB: C=8 Q=2 s=1 R=20 -> C=8 Q=2 s=1 R=20 bf16 "
+                        "(2.9 kB)");
+  // A tighter budget then lowers C as well, still in bf16.
+  b.maxBytesPerClock = 2000;
+  const adapt::Decision tight = adapt::initialKnobs({8, 2, 1, 20}, b, m, true);
+  CHECK(tight.knobs.bf16);
+  CHECK(tight.knobs.select < 8);
+  CHECK(tight.predictedBytes <= 2000);
+  // Without the flag the budget never switches the values.
+  b.bf16 = false;
+  CHECK_FALSE(adapt::initialKnobs({8, 2, 1, 20}, b, m, true).knobs.bf16);
+  // A window in bf16 predicts the next one in bf16: decisions keep it.
+  b.bf16 = true;
+  b.maxBytesPerClock = 3000;
+  const adapt::Trace trace = adapt::Trace::read(dataPath("history.jsonl"));
+  const adapt::Decision next = adapt::decide(wide, windowOf(trace, 0, 10), b, m, true);
+  INFO(next.reason);
+  CHECK(next.knobs.bf16);
+  CHECK(next.predictedBytes <= 3000);
+}
+
+TEST_CASE("the bf16 knob round-trips in the wide record; the short record is f32", "[adapt]") {
+  adapt::Knobs k{25, 3, 2, 50};
+  CHECK(adapt::encodeKnobs(k).size() == adapt::kKnobsRecordBytes);  // the form older logs hold
+  k.bf16 = true;
+  const auto bytes = adapt::encodeKnobs(k);
+  REQUIRE(bytes.size() == adapt::kKnobsRecordBytesWide);
+  CHECK(adapt::decodeKnobs(bytes) == k);
+  CHECK_FALSE(adapt::decodeKnobs(std::span<const std::byte>(bytes).first(adapt::kKnobsRecordBytes)).bf16);
+  auto bad = bytes;
+  bad[32] = std::byte{2};  // no such width
+  CHECK_THROWS_AS(adapt::decodeKnobs(bad), orpheus::CorruptRecordError);
+  CHECK(adapt::toString(k) == "C=25 Q=3 s=2 R=50 bf16");
+}

@@ -190,3 +190,15 @@ TEST_CASE("--balance under SSP, and its knobs without --balance", "[config]") {
   knobs.balance = true;
   CHECK(refusal(knobs, 2).empty());
 }
+
+TEST_CASE("--adapt-bf16: with --adapt and a byte budget, without --overlap", "[config]") {
+  TrainConfig c = smallJob();
+  c.adaptBf16 = true;
+  requireRefusal(c, 2, "--adapt-bf16 and --max-bytes-per-clock apply to --adapt");
+  c.adapt = true;
+  requireRefusal(c, 2, "--adapt-bf16 lets the controller meet --max-bytes-per-clock with bf16 SVs: give the budget");
+  c.maxBytesPerClock = 1e6;
+  CHECK(refusal(c, 2).empty());
+  c.overlap = true;
+  requireRefusal(c, 2, "--adapt-bf16 rounds a clock's batch before it is sent: it takes no --overlap");
+}
