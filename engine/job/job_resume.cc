@@ -91,20 +91,16 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
     }
     checkResumedJob(config, transport, shards);
     const ckpt::Inventory inventory = ckpt::inspect(config.ckptDir);
-    // A sequence model resumes where every rank's carried states are on disk too;
-    // a checkpoint that holds none predates them and resumes without (zeros).
-    const bool withStates = model.carriesState() && !ckpt::listStatesDirs(config.ckptDir).empty();
+    // A sequence model, or --sv-rank, resumes where every rank's carried states are
+    // on disk too; a checkpoint that holds none predates them and resumes without (zeros).
+    const bool carries = model.carriesState() || (config.sync == SyncMode::kSv && config.svRank > 0);
+    const bool withStates = carries && !ckpt::listStatesDirs(config.ckptDir).empty();
     resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0,
                                   readMembership(config.ckptDir).back().ranks);
     discardAfter(config.ckptDir, resumeClock);
   });
   double shared[1] = {static_cast<double>(resumeClock)};
   transport.control().sum(shared);
-  if (config.resume && config.svRank > 0 && transport.rank() == 0) {
-    spdlog::warn("--sv-rank: the error-feedback residual is not in the checkpoint and restarts at zero: from clock "
-                 "{} on this run is not bitwise the one an uninterrupted job would have made",
-                 static_cast<uint64_t>(shared[0]) + 1);
-  }
   return static_cast<uint64_t>(shared[0]);
 }
 
@@ -139,13 +135,13 @@ void resume(Worker& worker, const TrainConfig& config, comm::Transport& transpor
     const int id = replicaHeldAt(transport.rank(), epochs, resumeClock, config.rotateEvery);
     Restored r = restore(config.ckptDir, id, resumeClock, worker.backend());
     // What the log does not hold: the states a sequence model carries from one
-    // segment of a stream to the next, this rank's own (its data).
+    // segment of a stream to the next and --sv-rank's error feedback, this rank's own.
     const bool states = std::filesystem::exists(ckpt::statesPath(config.ckptDir, resumeClock, transport.rank()));
-    if (model.carriesState() && states) {
-      model.restoreCarriedState(loadCarriedState(config.ckptDir, resumeClock, transport.rank()));
-    } else if (model.carriesState() && transport.rank() == 0) {
-      spdlog::warn("--resume: '{}' predates carried recurrent states; they restart from zero at clock {}, so the "
-                   "continued run is not bitwise the uninterrupted one",
+    if (worker.carriesRankState() && states) {
+      worker.restoreRankState(loadCarriedState(config.ckptDir, resumeClock, transport.rank()));
+    } else if (worker.carriesRankState() && resumeClock > 0 && transport.rank() == 0) {
+      spdlog::warn("--resume: '{}' holds no carried state (recurrent states, --sv-rank's error feedback) at clock "
+                   "{}; it restarts from zero, so the continued run is not bitwise the uninterrupted one",
                    config.ckptDir, resumeClock);
     }
     worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);

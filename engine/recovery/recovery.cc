@@ -39,11 +39,12 @@ ckpt::ClockLogOptions clockLogOptions(const TrainConfig& config, int rank, int r
 }
 
 std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId,
-                                       const adapt::Knobs& knobs, const ops::Model& model) {
+                                       const adapt::Knobs& knobs, const ops::Model& model,
+                                       std::function<ParamSet()> rankState) {
   ckpt::ClockLogHooks hooks;
   hooks.collectively = [&transport](const std::function<void()>& step) { collectively(transport, step); };
   hooks.select = [&knobs] { return static_cast<int32_t>(knobs.select); };  // C as it is when a batch is logged
-  if (model.carriesState()) hooks.carriedState = [&model] { return model.carriedState(); };
+  hooks.carriedState = std::move(rankState);
   return ckpt::makeClockLog(clockLogOptions(config, transport.rank(), transport.size(), replicaId, model),
                             std::move(hooks));
 }

@@ -35,12 +35,13 @@ ckpt::ClockLogOptions clockLogOptions(const TrainConfig& config, int rank, int r
                                       const ops::Model& model);
 // --ckpt sv: the log over ckpt::SvLogWriter; otherwise a log that does nothing.
 // A received batch's reference names the selection C of `knobs` when it is logged.
-// For a model that carries state (ops::Model::carriesState), the log also writes
-// the rank's carried state at every clock a segment of its log ends at (the clocks
-// a resume may start from: ckpt/layout.h, states-<clock>). Its collectives run
-// over `transport`.
+// With `rankState` (what the rank carries beyond its replica: a sequence model's
+// recurrent states, --sv-rank's error feedback; Worker::rankState), the log also
+// writes it at every clock a segment of its log ends at (the clocks a resume may
+// start from: ckpt/layout.h, states-<clock>). Its collectives run over `transport`.
 std::unique_ptr<ClockLog> makeClockLog(const TrainConfig& config, comm::Transport& transport, int replicaId,
-                                       const adapt::Knobs& knobs, const ops::Model& model);
+                                       const adapt::Knobs& knobs, const ops::Model& model,
+                                       std::function<ParamSet()> rankState = {});
 
 // What recovery does, from the job's flags (recoveryOptions).
 struct RecoveryOptions {

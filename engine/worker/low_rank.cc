@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 
 #include <Eigen/QR>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <random>
@@ -74,6 +75,33 @@ SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, 
     o.biasCoeffs(r) = 1.0f;
   }
   return o;
+}
+
+ParamSet LowRankSender::state(const std::string& prefix) const {
+  ParamSet out;
+  for (size_t p = 0; p < state_.size(); ++p) {
+    const MatrixState& s = state_[p];
+    out.params.push_back({fmt::format("{}{}.e", prefix, p), s.e});
+    out.params.push_back({fmt::format("{}{}.q", prefix, p), s.q});
+    if (s.eb.size() > 0) out.params.push_back({fmt::format("{}{}.eb", prefix, p), Matrix(s.eb)});
+  }
+  return out;
+}
+
+void LowRankSender::restore(const ParamSet& state, const std::string& prefix) {
+  state_.clear();
+  for (size_t p = 0;; ++p) {
+    const int e = state.find(fmt::format("{}{}.e", prefix, p));
+    const int q = state.find(fmt::format("{}{}.q", prefix, p));
+    if (e < 0 || q < 0) break;
+    MatrixState s;
+    s.e = state.params[static_cast<size_t>(e)].value;
+    s.q = state.params[static_cast<size_t>(q)].value;
+    if (const int eb = state.find(fmt::format("{}{}.eb", prefix, p)); eb >= 0) {
+      s.eb = state.params[static_cast<size_t>(eb)].value.col(0);
+    }
+    state_.push_back(std::move(s));
+  }
 }
 
 SvBatch LowRankSender::compress(const SvBatch& batch) {

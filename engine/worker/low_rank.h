@@ -30,7 +30,10 @@
 
 #include "engine/base/sv_batch.h"
 
+#include "engine/base/params.h"
+
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace orpheus::engine {
@@ -45,6 +48,14 @@ class LowRankSender {
   SvBatch compress(const SvBatch& batch);
   // The width of P and Q from the next compress() on (--adapt-bf16 may switch it).
   void setDtype(SvDtype dtype) { dtype_ = dtype; }
+
+  // E, Q and the bias residual of every matrix, named `prefix`<p>.e, .q and .eb (an
+  // .eb only where there is one), for the checkpoint: a resumed job that restores
+  // them compresses exactly as the uninterrupted one (nothing before the first
+  // clock: the state starts empty).
+  ParamSet state(const std::string& prefix) const;
+  // Takes back what state() gave (the entries named `prefix`...; none: empty state).
+  void restore(const ParamSet& state, const std::string& prefix);
 
   // ||E|| / ||M|| after the last compress(), over every matrix: the share of the
   // update carried to later clocks (0 when M is 0).

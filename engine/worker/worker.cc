@@ -45,6 +45,18 @@ bool sendsPointToPoint(const TrainConfig& config, const comm::MulticastSchedule&
   return !everyPeer || !inClock || config.dropLinks > 0.0;
 }
 
+namespace {
+
+// --sv-rank's entries in a rank's state (a .loss name cannot hold ':').
+constexpr const char* kLowRankPrefix = "sv-rank:";
+
+// Whether a rank of this job carries state beyond its replica (Worker::rankState).
+bool carriesState(const TrainConfig& config, const ops::Model& model) {
+  return model.carriesState() || (config.sync == SyncMode::kSv && config.svRank > 0);
+}
+
+}  // namespace
+
 Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend& backend,
                comm::Transport& transport, const data::Dataset& train, const data::Dataset* test)
     : config_(config),
@@ -57,7 +69,8 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
       schedule_(scheduleConfig(config, transport.size())),
       adapt_(controllerOptions(config), transport, model.paramShapes(), schedule_.fanout()),
       knobs_(adapt_.initial().knobs),
-      log_(makeClockLog(config, transport, replicaId_, knobs_, model)),
+      log_(makeClockLog(config, transport, replicaId_, knobs_, model,
+                        carriesState(config, model) ? [this] { return rankState(); } : std::function<ParamSet()>())),
       inbox_(consistencyOptions(config), schedule_, transport, model.paramShapes(), log_->keepsRecords()),
       coordinator_(coordinatorOptions(config), transport, knobs_),
       recovery_(recoveryOptions(config), model, transport),
@@ -129,6 +142,23 @@ void Worker::adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordi
   const auto record = adapt::encodeKnobs(decision.knobs);
   log_->knobs(clock, record);
   applyKnobs(decision.knobs);
+}
+
+ParamSet Worker::rankState() const {
+  ParamSet state = model_.carriesState() ? model_.carriedState() : ParamSet();
+  if (lowRank_) {
+    for (Param& p : lowRank_->state(kLowRankPrefix).params) state.params.push_back(std::move(p));
+  }
+  return state;
+}
+
+void Worker::restoreRankState(const ParamSet& state) {
+  ParamSet own;
+  for (const Param& p : state.params) {
+    if (!p.name.starts_with(kLowRankPrefix)) own.params.push_back(p);
+  }
+  if (model_.carriesState()) model_.restoreCarriedState(own);
+  if (lowRank_) lowRank_->restore(state, kLowRankPrefix);
 }
 
 void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id) {

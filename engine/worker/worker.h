@@ -117,6 +117,13 @@ class Worker {
   // change at `clock` and writes this rank's part of its snapshot unless `snapshot` is
   // false (collective).
   void rejoinAt(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id, bool snapshot);
+  // What this rank carries from clock to clock beyond its replica, its optimizer
+  // state and the log: a sequence model's recurrent states (ops::Model::carriedState)
+  // and --sv-rank's error feedback (LowRankSender::state). The log writes it where a
+  // segment ends, so a resume continues bitwise (engine/job/job_resume.cc).
+  bool carriesRankState() const { return model_.carriesState() || lowRank_.has_value(); }
+  ParamSet rankState() const;
+  void restoreRankState(const ParamSet& state);
   // The membership epoch this rank's batches carry in their headers.
   void setEpoch(uint32_t epoch) { epoch_ = epoch; }
   // The optimizer of the replica this rank holds (its state travels with it).

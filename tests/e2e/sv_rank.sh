@@ -5,7 +5,8 @@
 #    of the uncompressed run's, and the metrics carry sv_rank_error;
 #  - every replica applies the same batches (the sender what it sends): under BSP
 #    broadcast the replicas end bitwise equal;
-#  - the log holds what was applied: restore(T) equals the live replica bitwise.
+#  - the log holds what was applied: restore(T) equals the live replica bitwise;
+#  - --resume continues bitwise (the error feedback is in the checkpoint), f32 and bf16.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; compare=$2; mpiexec=$3
@@ -31,4 +32,24 @@ echo "bytes per clock $full -> $low; test accuracy $a0 -> $a2; sv_rank_error at 
 "$orpheus" restore --ckpt-dir "$out/ckpt" --replica 1 --clock 40 --out "$out/restored.h5" >/dev/null
 "$compare" "$out/restored.h5" "$out/live/replica-1.h5" 0 || fail "restore(40) differs from the live replica"
 "$compare" "$out/live/replica-0.h5" "$out/live/replica-1.h5" 0 || fail "the two replicas differ under BSP broadcast"
+# --resume of a --sv-rank job: the error feedback (E, Q and, in bf16, the bias's
+# rounding error) is in the checkpoint, so 20 clocks and a resume to 40 end bitwise
+# as the uninterrupted run.
+for dtype in f32 bf16; do
+  whole=(--sv-rank 3 --sv-dtype $dtype --ckpt sv)
+  if [ $dtype = bf16 ]; then
+    "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${common[@]}" "${whole[@]}" --clocks 40 --ckpt-dir "$out/$dtype.whole" \
+      --save-replicas "$out/live-$dtype" >/dev/null
+  fi
+  live=$out/live-$dtype; [ $dtype = f32 ] && live=$out/live
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${common[@]}" "${whole[@]}" --clocks 20 \
+    --ckpt-dir "$out/$dtype.part" >/dev/null
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${common[@]}" "${whole[@]}" --clocks 40 --ckpt-dir "$out/$dtype.part" --resume \
+    --save-replicas "$out/resumed-$dtype" >/dev/null 2>"$out/resume.err"
+  grep -q "not bitwise" "$out/resume.err" && fail "$dtype: the resume says it is not bitwise: $(cat "$out/resume.err")"
+  for r in 0 1; do
+    "$compare" "$out/resumed-$dtype/replica-$r.h5" "$live/replica-$r.h5" 0 ||
+      fail "$dtype: replica $r resumed at 20 differs from the uninterrupted run"
+  done
+done
 echo "sv-rank checks passed"
