@@ -47,9 +47,13 @@ void checkMembership(const TrainConfig& config, const SimConfig& sim) {
   ORPHEUS_CHECK_INPUT(!config.balance, "--sim-membership: --balance lays its chunks out over a fixed set of ranks; "
                                        "leave out one of them");
   for (const int p : sim.membership.sizes(sim.ranks)) {
+    ORPHEUS_CHECK_INPUT(p > 1 || config.multicast == comm::MulticastKind::kAll,
+                        "--sim-membership: one rank left has no peer for --multicast {}: keep 2 ranks or use "
+                        "--multicast all", comm::multicastName(config.multicast));
     try {
       sim.cpu.validate(p);
       validate(config, p);
+      comm::MulticastSchedule(scheduleConfig(config, p));  // as each worker of the epoch makes it
     } catch (const InputError& e) {
       throw InputError(fmt::format("--sim-membership: on {} ranks, {}", p, e.what()));
     }
