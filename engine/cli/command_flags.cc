@@ -451,6 +451,19 @@ void addSimulateFlags(CLI::App& cmd, sim::SimConfig& s, double& latencyUs) {
          "Stragglers: FRACTION:FACTOR makes that fraction of the workers (at least one; chosen by --seed) compute "
          "FACTOR times as long every clock")
       ->type_name("FRACTION:FACTOR");
+  cmd.add_option_function<std::string>(
+         "--sim-membership",
+         [&s](const std::string& v) {
+           try {
+             s.membership = sim::parseMembershipPlan(v);
+           } catch (const InputError& e) {
+             throw CLI::ValidationError(e.what());
+           }
+         },
+         "Membership changes at clock boundaries, as a live job's: CLOCK:-N (the N highest-numbered ranks leave after "
+         "CLOCK) or CLOCK:+N (N ranks join), comma-separated in clock order; every replica then starts from the "
+         "average and the data is recut")
+      ->type_name("CLOCK:±N,...");
   cmd.add_flag("--sim-multicast", s.network.multicast,
                "Network model: IP/IB multicast, one send reaches all of a message's receivers");
   cmd.add_option("--sim-compute-ms", s.computeMs,

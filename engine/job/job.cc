@@ -321,25 +321,18 @@ std::unique_ptr<comm::Transport> changeMembership(comm::Transport& group, LiveGr
                    fmt::format("{}", fmt::join(change.leaving, ", ")), remaining);
     }
   }
-  std::unique_ptr<comm::Transport> next;
-  if (!change.leaving.empty()) {
-    next = live.split(stays, group.timeout());
-    if (!stays) {
-      spdlog::info("left after clock {}: replica, data and buffers freed {:.3f} s after the notice", clock, released);
-      return nullptr;
-    }
+  double seconds = 0.0;
+  std::unique_ptr<comm::Transport> next = regroup(group, live, change, clock, &seconds);
+  if (next == nullptr) {
+    spdlog::info("left after clock {}: replica, data and buffers freed {:.3f} s after the notice", clock, released);
+    return nullptr;
   }
-  if (change.joining > 0) {
-    const auto start = std::chrono::steady_clock::now();
-    next = live.grow(change.joining, clock, group.timeout());
-    if (next->rank() == 0) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      JsonLine line;
-      line.add("joined", change.joining).add("clock", clock).add("ranks", next->size()).add("spawn_seconds", seconds);
-      metrics.write(line);
-      spdlog::info("after clock {}: {} ranks joined in {:.2f} s ({} ranks)", clock, change.joining, seconds,
-                   next->size());
-    }
+  if (change.joining > 0 && next->rank() == 0) {
+    JsonLine line;
+    line.add("joined", change.joining).add("clock", clock).add("ranks", next->size()).add("spawn_seconds", seconds);
+    metrics.write(line);
+    spdlog::info("after clock {}: {} ranks joined in {:.2f} s ({} ranks)", clock, change.joining, seconds,
+                 next->size());
   }
   return next;
 }

@@ -174,6 +174,25 @@ void requestGrow(const std::string& dir, int ranks) {
   writeRequest(path, all);
 }
 
+std::unique_ptr<comm::Transport> regroup(comm::Transport& group, LiveGroup& live, const Change& change, uint64_t clock,
+                                         double* growSeconds) {
+  if (growSeconds != nullptr) *growSeconds = 0.0;
+  std::unique_ptr<comm::Transport> next;
+  if (!change.leaving.empty()) {
+    const bool stays = !change.leaves(group.rank());
+    next = live.split(stays, group.timeout());
+    if (!stays) return nullptr;
+  }
+  if (change.joining > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    next = live.grow(change.joining, clock, group.timeout());
+    if (growSeconds != nullptr) {
+      *growSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  }
+  return next;
+}
+
 MembershipWatch::MembershipWatch(LiveGroup& group, comm::Transport& transport, std::string dir,
                                  std::chrono::milliseconds timeout)
     : group_(group),

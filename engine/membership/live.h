@@ -33,6 +33,7 @@
 
 #include "comm/live_group.h"
 #include "comm/transport.h"
+#include "engine/worker/membership_check.h"
 
 #include <chrono>
 #include <cstdint>
@@ -82,8 +83,16 @@ struct Change {
   bool leaves(int rank) const { return noticeAt[static_cast<size_t>(rank)] > 0; }
 };
 
+// The group after `change` at `clock` (collective over `group`, right after every
+// rank agreed on the change): the ranks that stay split off in their order, then
+// `change.joining` new ranks join, ranked after them (the live job spawns them, the
+// simulator starts them as threads). Null on a rank that leaves. `growSeconds`,
+// where given: how long the grow took (0: none).
+std::unique_ptr<comm::Transport> regroup(comm::Transport& group, LiveGroup& live, const Change& change, uint64_t clock,
+                                         double* growSeconds = nullptr);
+
 // One rank's side of the agreement, driven by the worker at each clock's end.
-class MembershipWatch {
+class MembershipWatch final : public MembershipCheck {
  public:
   // `group` spans the ranks of `transport`; `dir`: the job's --ckpt-dir.
   MembershipWatch(LiveGroup& group, comm::Transport& transport, std::string dir,
@@ -91,7 +100,7 @@ class MembershipWatch {
   // Completes the previous clock's agreement and begins this one's. True when the
   // membership changes after `clock` (the same on every rank); then none is under way.
   // comm::StallError when a peer does not take part within the timeout.
-  bool changesAfter(uint64_t clock);
+  bool changesAfter(uint64_t clock) override;
   // The job ends: completes the agreement under way, if any (collective).
   void settle();
   const Change& change() const { return change_; }

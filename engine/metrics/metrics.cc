@@ -131,6 +131,13 @@ void MetricsAggregator::addAfter(uint64_t clock, JsonLine line) {
   after_[clock].push_back(std::move(line));
 }
 
+void MetricsAggregator::regroup(int ranks, const JsonLine& note) {
+  ORPHEUS_ENFORCE(entries_.empty(), "ranks changed with clock {} under way", next_);
+  ranks_ = ranks;
+  reportRanks_ = true;
+  out_.write(note);
+}
+
 void MetricsAggregator::writeReady() {
   for (auto it = entries_.find(next_); it != entries_.end() && it->second.count == ranks_; it = entries_.find(next_)) {
     write(next_, it->second);
@@ -170,6 +177,7 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
       .add("ckpt_writer_cpu_seconds", e.sum[kCkptCpu] / p)
       .add("failures", static_cast<int64_t>(e.sum[kFailed]))
       .add("lost_clocks", static_cast<int64_t>(e.sum[kLostClocks]));
+  if (reportRanks_) line.add("ranks", ranks_);
   // Host <-> device copies, all ranks (a device's jobs only).
   if (e.sum[kDeviceIn] > 0 || e.sum[kDeviceOut] > 0) {
     line.add("device_in_bytes", static_cast<uint64_t>(e.sum[kDeviceIn]))

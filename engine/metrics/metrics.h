@@ -201,6 +201,11 @@ class MetricsAggregator {
   // `line` is written right after clock `clock`'s line (a decision taken at its
   // end); `clock` must not be written yet.
   void addAfter(uint64_t clock, JsonLine line);
+  // A membership change (the simulator's): every line from the next clock on is
+  // over `ranks` ranks; `note` is written now. Lines say their ranks from then on.
+  void regroup(int ranks, const JsonLine& note);
+  // Every line says its ranks ("ranks": P).
+  void reportRanks() { reportRanks_ = true; }
   // Every clock's line is written.
   bool done() const { return next_ > clocks_; }
   // The job stops early at `clock`: no records come after it.
@@ -231,6 +236,7 @@ class MetricsAggregator {
   ProgressLine& progress_;
   bool hasAccuracy_;
   bool perplexity_ = false;
+  bool reportRanks_ = false;
   uint64_t clocks_;
   uint64_t next_;
   std::map<uint64_t, Entry> entries_;

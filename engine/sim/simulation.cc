@@ -12,8 +12,9 @@
 #include "engine/metrics/progress.h"
 #include "ops/backends.h"
 #include "engine/sim/rank_tracer.h"
+#include "engine/sim/sim_ranks.h"
+#include "engine/sim/sim_shards.h"
 #include "engine/sim/trace.h"
-#include "engine/data/synthetic_data.h"
 #include "engine/worker/part_options.h"
 #include "engine/worker/worker.h"
 
@@ -28,7 +29,6 @@
 #include <optional>
 #include <thread>
 
-#include <pthread.h>
 #include <sys/resource.h>
 
 namespace orpheus::engine::sim {
@@ -36,88 +36,28 @@ namespace {
 
 using data::Dataset;
 
-// Every rank's shard of `path`, as `train` would read it on P ranks. An IDX file
-// is read once and cut into the same contiguous ranges its reader gives each rank;
-// other formats are read shard by shard.
-std::vector<Dataset> readShards(const std::string& path, const TrainConfig& config, int ranks, int64_t features,
-                                int indexBase) {
-  std::vector<Dataset> shards(static_cast<size_t>(ranks));
-  if (isSyntheticSource(path)) {
-    for (int r = 0; r < ranks; ++r) shards[static_cast<size_t>(r)] = makeSyntheticShard(path, config.seed, r, ranks);
-    return shards;
-  }
-  data::ReadOptions options;
-  options.format = config.format;
-  options.features = features;
-  options.indexBase = indexBase;
-  if (data::resolveFormat(path, config.format) != data::Format::kIdx) {
-    options.worldSize = ranks;
-    for (int r = 0; r < ranks; ++r) {
-      options.rank = r;
-      shards[static_cast<size_t>(r)] = data::readDataset(path, options);
-    }
-    return shards;
-  }
-  Dataset whole = data::readDataset(path, options);
-  const int64_t total = whole.size();
-  for (int r = 0; r < ranks; ++r) {
-    const int64_t begin = total * r / ranks;
-    const int64_t end = total * (r + 1) / ranks;
-    ORPHEUS_CHECK_INPUT(end > begin, "{}: shard {} of {} is empty ({} examples); simulate fewer ranks", path, r, ranks,
-                        total);
-    Dataset& d = shards[static_cast<size_t>(r)];
-    d.source = whole.source;
-    d.features = whole.features;
-    d.dense = whole.dense.middleCols(begin, end - begin);
-    d.labels.assign(whole.labels.begin() + begin, whole.labels.begin() + end);
-    d.globalOffset = begin;
-    d.globalSize = total;
-  }
-  return shards;
-}
-
-struct Shards {
-  std::vector<Dataset> train;
-  std::vector<Dataset> test;
-  int64_t features = 0;
-  int64_t classes = 0;
-};
-
-// The shapes every rank agrees on, as runTrain agrees them.
-Shards loadShards(const TrainConfig& config, int ranks) {
-  Shards s;
-  int indexBase = -1;
-  if (!isSyntheticSource(config.train)) indexBase = data::detectIndexBase(config.train, config.format);
-  s.train = readShards(config.train, config, ranks, config.features, indexBase);
-  int64_t maxLabel = -1;
-  bool sparse = false;
-  for (const Dataset& d : s.train) {
-    ORPHEUS_CHECK_INPUT(d.size() >= 1, "a rank got no training examples from '{}'", config.train);
-    s.features = std::max(s.features, d.features);
-    maxLabel = std::max<int64_t>(maxLabel, d.maxLabel());
-    sparse = sparse || d.sparse;
-  }
-  for (Dataset& d : s.train) {
-    if (d.sparse) {
-      data::widen(d, s.features);
-    } else {
-      ORPHEUS_CHECK_INPUT(d.features == s.features, "training data '{}' has rows of {} and of {} features",
-                          config.train, d.features, s.features);
+// --sim-membership: the plan against the job, and what a live change needs
+// (engine/membership/live.h): BSP SV batches over ranks that --balance does not tie.
+void checkMembership(const TrainConfig& config, const SimConfig& sim) {
+  if (sim.membership.empty()) return;
+  validateMembershipPlan(sim.membership, sim.ranks, config.clocks);
+  ORPHEUS_CHECK_INPUT(config.sync == SyncMode::kSv && config.consistency == Consistency::kBsp,
+                      "--sim-membership changes the ranks at clock boundaries as a live job does: it needs --sync sv "
+                      "and --consistency bsp");
+  ORPHEUS_CHECK_INPUT(!config.balance, "--sim-membership: --balance lays its chunks out over a fixed set of ranks; "
+                                       "leave out one of them");
+  for (const int p : sim.membership.sizes(sim.ranks)) {
+    ORPHEUS_CHECK_INPUT(p > 1 || config.multicast == comm::MulticastKind::kAll,
+                        "--sim-membership: one rank left has no peer for --multicast {}: keep 2 ranks or use "
+                        "--multicast all", comm::multicastName(config.multicast));
+    try {
+      sim.cpu.validate(p);
+      validate(config, p);
+      comm::MulticastSchedule(scheduleConfig(config, p));  // as each worker of the epoch makes it
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("--sim-membership: on {} ranks, {}", p, e.what()));
     }
   }
-  s.classes = config.classes > 0 ? config.classes : maxLabel + 1;
-  ORPHEUS_CHECK_INPUT(maxLabel < s.classes, "training data '{}' has label {} but --classes is {} (labels 0..{})",
-                      config.train, maxLabel, s.classes, s.classes - 1);
-  if (config.test.empty()) return s;
-  s.test = readShards(config.test, config, ranks, sparse ? s.features : -1, indexBase);
-  for (Dataset& d : s.test) {
-    if (d.sparse) data::widen(d, s.features);
-    ORPHEUS_CHECK_INPUT(d.features == s.features, "test data '{}' has {} features but the training data '{}' has {}",
-                        config.test, d.features, config.train, s.features);
-    ORPHEUS_CHECK_INPUT(d.maxLabel() < s.classes, "test data '{}' has label {} but the model has {} classes",
-                        config.test, d.maxLabel(), s.classes);
-  }
-  return s;
 }
 
 void checkSimulable(const TrainConfig& config, const SimConfig& sim) {
@@ -131,7 +71,9 @@ void checkSimulable(const TrainConfig& config, const SimConfig& sim) {
   ORPHEUS_CHECK_INPUT(!config.ckptSv && !config.ckptMatrix && !config.resume,
                       "simulate does not checkpoint: leave out --ckpt and --resume");
   ORPHEUS_CHECK_INPUT(config.failProb == 0.0, "simulate does not inject failures: leave out --fail-prob");
-  ORPHEUS_CHECK_INPUT(!config.elastic, "simulate has no membership changes to continue: leave out --elastic");
+  ORPHEUS_CHECK_INPUT(!config.elastic, "simulate has no checkpoint to continue: leave out --elastic (--sim-membership "
+                                       "changes the ranks while the simulation runs)");
+  checkMembership(config, sim);
   // Every simulated worker runs in this one process: under mpirun, each rank would
   // run the whole simulation into the same outputs.
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
@@ -150,16 +92,6 @@ void checkSimulable(const TrainConfig& config, const SimConfig& sim) {
   checkOutputs({{"--save", config.save, OutputPath::Kind::kFile}, metrics,
                 {"--save-replicas", config.saveReplicas, OutputPath::Kind::kDirectory}},
                {{"--train", config.train}, {"--test", config.test}, {"--model", config.model}});
-}
-
-// Every thread started from here on (the workers', their prefetchers') gets a
-// small stack: a thousand workers must not reserve 8 MiB each.
-void useSmallStacks() {
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, kSimThreadStack);
-  pthread_setattr_default_np(&attr);
-  pthread_attr_destroy(&attr);
 }
 
 double peakRssMb() {
@@ -199,57 +131,14 @@ double mean(const std::map<K, uint64_t>& h) {
   return count > 0 ? sum / count : 0.0;
 }
 
-struct Finished {
-  ParamSet replica;
-  int replicaId = 0;
-  EvalResult eval;
-  uint64_t lastClock = 0;
-  bool reachedTarget = false;
-};
-
-// One worker's life on its own thread, holding a place of the gate while it runs.
-// `book`, `schedule`: SSP's virtual-time order (null: the threads' order).
-void runRank(int rank, const TrainConfig& config, const SimConfig& sim, const ops::Model& model,
-             std::unique_ptr<comm::Transport> loopback, comm::loopback::RunGate& gate, Trace& trace,
-             ArrivalBook* book, const comm::MulticastSchedule* schedule, const Shards& shards,
-             std::chrono::milliseconds timeout, double slowdown, Finished& out) {
-  gate.enter();
-  try {
-    RankTracer tracer(trace, rank, sim.computeMs * 1e-3, slowdown);
-    TracingTransport transport(std::move(loopback), tracer, book, schedule);
-    transport.setTimeout(timeout);
-    const Dataset* test = shards.test.empty() ? nullptr : &shards.test[static_cast<size_t>(rank)];
-    const std::unique_ptr<ops::Backend> backend = ops::makeBackend(config.device, rank);  // this rank's, once
-    // One model serves every simulated worker, and its device executor is one: the
-    // replicas stay on the host, their rebuilds on the device.
-    TrainConfig own = config;
-    own.resident = false;
-    Worker worker(own, model, *backend, transport, shards.train[static_cast<size_t>(rank)], test);
-    worker.observeClocks(&tracer);
-    MetricsWriter discard("");
-    worker.run(discard);
-    out.replica = worker.replica();
-    out.replicaId = worker.replicaId();
-    out.eval = worker.lastEval();
-    out.lastClock = worker.lastClock();
-  } catch (const std::exception& e) {
-    // The other ranks would wait on this one until they time out: report and end.
-    static std::mutex once;
-    std::lock_guard lock(once);
-    reportError(fmt::format("rank {}: {}", rank, e.what()));
-    std::_Exit(exitCodeFor(e));
-  }
-  gate.leave();
-}
-
 void saveOutputs(const TrainConfig& config, const std::vector<Finished>& done, const ops::Model& model,
-                 const Shards& shards) {
+                 int64_t features, int64_t classes) {
   ckpt::ModelFileInfo info;
   info.modelSpec = model.spec();
   info.clock = static_cast<int64_t>(done[0].lastClock);
   info.seed = config.seed;
-  info.features = shards.features;
-  info.classes = shards.classes;
+  info.features = features;
+  info.classes = classes;
   if (!config.saveReplicas.empty()) {
     createDirectories(config.saveReplicas, "replica directory ");
     for (const Finished& f : done) {
@@ -309,47 +198,16 @@ VirtualClock::Mode clockMode(const TrainConfig& config) {
   return config.consistency == Consistency::kSsp ? VirtualClock::Mode::kSsp : VirtualClock::Mode::kBsp;
 }
 
-// Every worker on a thread of its own, `threads` of them running at once; what
-// each finished with, by rank.
-std::vector<Finished> runRanks(const TrainConfig& config, const SimConfig& sim,
-                               const std::vector<std::unique_ptr<ops::Model>>& models, const Shards& shards,
-                               Trace& trace, VirtualClock::Mode mode, const comm::MulticastSchedule& schedule,
-                               int threads, std::chrono::milliseconds timeout) {
-  const int p = sim.ranks;
-  auto gate = std::make_shared<comm::loopback::RunGate>(threads);
-  // SSP applies batches as they arrive: in the order of the virtual clock.
-  std::optional<ArrivalBook> book;
-  if (mode == VirtualClock::Mode::kSsp) {
-    book.emplace(p, gate.get());
-    trace.informs(&*book);
-  }
-  comm::TransportOptions options;
-  options.timeout = timeout;
-  auto group = comm::makeLoopbackGroup(p, options, gate);
-  useSmallStacks();
-  std::vector<Finished> done(static_cast<size_t>(p));
-  const std::vector<double> slow = sim.slow.factors(p, config.seed);
-  std::vector<std::thread> workers;
-  workers.reserve(static_cast<size_t>(p));
-  for (int r = 0; r < p; ++r) {
-    workers.emplace_back(runRank, r, std::cref(config), std::cref(sim), std::cref(*models[static_cast<size_t>(r)]),
-                         std::move(group[static_cast<size_t>(r)]), std::ref(*gate), std::ref(trace),
-                         book ? &*book : nullptr, book ? &schedule : nullptr, std::cref(shards), timeout,
-                         sim.cpu.slowdown(r, p) * slow[static_cast<size_t>(r)], std::ref(done[static_cast<size_t>(r)]));
-  }
-  for (auto& w : workers) w.join();
-  return done;
-}
-
 // The metrics file's closing line: the job, its traffic, staleness and divergence,
 // the network and CPU it was simulated on, and its result.
 JsonLine simulationSummary(const TrainConfig& config, const SimConfig& sim, const ops::Model& model, int fanout,
                            const TraceTotals& totals, const MetricsAggregator& aggregator,
                            const std::vector<Finished>& done, double realSeconds) {
-  const int p = sim.ranks;
+  const int p = static_cast<int>(done.size());  // the final membership's
   const auto [divMax, divMean] = divergence(done);
   const uint64_t last = done[0].lastClock;
   const double clocks = static_cast<double>(std::max<uint64_t>(1, totals.clocks));
+  const double rankClocks = std::max(1.0, totals.rankClocks);  // clocks * P over the membership epochs
   const bool reachedTarget = config.targetAccuracy > 0.0 && last < static_cast<uint64_t>(config.clocks);
 
   JsonLine summary;
@@ -359,6 +217,9 @@ JsonLine simulationSummary(const TrainConfig& config, const SimConfig& sim, cons
       .add("clocks_planned", config.clocks)
       .add("reached_target", reachedTarget);
   addJobSettings(summary, metricsOptions(config), model, p, fanout);
+  if (!sim.membership.empty()) {
+    summary.add("membership", sim.membership.describe(sim.ranks, last)).add("ranks_initial", sim.ranks);
+  }
   summary.add("seconds", totals.seconds)
       .add("seconds_per_clock", totals.seconds / clocks)
       .add("bytes_sent", aggregator.totalBytes())
@@ -372,9 +233,9 @@ JsonLine simulationSummary(const TrainConfig& config, const SimConfig& sim, cons
       .add("replica", static_cast<int64_t>(done[0].replicaId))
       .add("messages_per_clock_min", totals.messagesMin == UINT64_MAX ? uint64_t{0} : totals.messagesMin)
       .add("messages_per_clock_max", totals.messagesMax)
-      .add("messages_per_worker_per_clock", totals.messages / clocks / p)
-      .add("bytes_per_worker_per_clock", totals.bytes / clocks / p)
-      .add("compute_seconds_per_worker_per_clock", totals.computeSeconds / clocks / p)
+      .add("messages_per_worker_per_clock", totals.messages / rankClocks)
+      .add("bytes_per_worker_per_clock", totals.bytes / rankClocks)
+      .add("compute_seconds_per_worker_per_clock", totals.computeSeconds / rankClocks)
       .add("in_degree_min", totals.inDegree.empty() ? 0 : totals.inDegree.begin()->first)
       .add("in_degree_mean", mean(totals.inDegree))
       .add("in_degree_p99", quantile(totals.inDegree, 0.99))
@@ -417,30 +278,46 @@ JsonLine simulationSummary(const TrainConfig& config, const SimConfig& sim, cons
 int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   checkSimulable(given, sim);
   const int p = sim.ranks;
+  const std::vector<int> sizes = sim.membership.sizes(p);
+  const int most = *std::max_element(sizes.begin(), sizes.end());
   const int threads = sim.threads > 0 ? sim.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const TrainConfig config = simulatedConfig(given, p, threads);
+  const TrainConfig config = simulatedConfig(given, most, threads);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeoutSeconds * 1000));
 
   const auto realStart = std::chrono::steady_clock::now();
-  const Shards shards = loadShards(config, p);
-  const std::vector<std::unique_ptr<ops::Model>> models = makeModels(config, shards, p, threads);
+  Shards shards = loadShards(config, p);
+  const int64_t features = shards.features;
+  const int64_t classes = shards.classes;
+  const std::vector<std::unique_ptr<ops::Model>> models = makeModels(config, shards, most, threads);
   const ops::Model& model = *models[0];
   spdlog::info("simulating {} workers of {} ({} at once): {}", p, model.spec(), threads,
                comm::MulticastSchedule(scheduleConfig(config, p)).describe());
+  if (!sim.membership.empty()) spdlog::info("membership: {}", sim.membership.describe(p, UINT64_MAX));
 
   MetricsWriter writer(given.metrics);
   ProgressLine progress(given.progress, static_cast<uint64_t>(config.clocks));
   MetricsAggregator aggregator(p, writer, progress, model.hasAccuracy(), 1, static_cast<uint64_t>(config.clocks));
+  if (!sim.membership.empty()) aggregator.reportRanks();
   const VirtualClock::Mode mode = clockMode(config);
   Trace trace(p, VirtualClock(sim.network, p, mode, config.staleness), aggregator);
   const comm::MulticastSchedule schedule(scheduleConfig(config, p));
-  const std::vector<Finished> done = runRanks(config, sim, models, shards, trace, mode, schedule, threads, timeout);
+  auto gate = std::make_shared<comm::loopback::RunGate>(threads);
+  // SSP applies batches as they arrive: in the order of the virtual clock.
+  std::optional<ArrivalBook> book;
+  if (mode == VirtualClock::Mode::kSsp) {
+    book.emplace(p, gate.get());
+    trace.informs(&*book);
+  }
+  const RankRun run{config, sim, models, trace, gate, book ? &*book : nullptr, &schedule, timeout};
+  const std::vector<Finished> done = runRanks(run, std::move(shards));
   progress.finish();
   const double realSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - realStart).count();
 
-  saveOutputs(config, done, model, shards);
+  saveOutputs(config, done, model, features, classes);
   const TraceTotals totals = trace.totals();
-  writer.write(simulationSummary(config, sim, model, schedule.fanout(), totals, aggregator, done, realSeconds));
+  const int final = static_cast<int>(done.size());
+  const int fanout = comm::MulticastSchedule(scheduleConfig(config, final)).fanout();
+  writer.write(simulationSummary(config, sim, model, fanout, totals, aggregator, done, realSeconds));
 
   const uint64_t last = done[0].lastClock;
   const EvalResult& eval = done[0].eval;
@@ -448,6 +325,7 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
               static_cast<unsigned long long>(last), totals.seconds, realSeconds);
   if (!config.test.empty() && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
   std::printf(", peak memory %.0f MB\n", peakRssMb());
+  if (!sim.membership.empty()) std::printf("membership: %s\n", sim.membership.describe(p, last).c_str());
   if (!given.metrics.empty()) std::printf("metrics: %s\n", given.metrics.c_str());
   if (!given.save.empty()) std::printf("model: %s\n", given.save.c_str());
   std::fflush(stdout);

@@ -15,12 +15,17 @@
 //
 // Under SSP the replicas apply batches in the order of their virtual arrival
 // (engine/sim/virtual_delivery.h), so with --sim-compute-ms a run is repeatable.
-// Checkpoints and failure injection are refused.
+// Checkpoints and failure injection are refused. Membership changes
+// (--sim-membership) are planned: engine/sim/membership_plan.h, sim_ranks.h.
 #pragma once
 
+#include "engine/base/params.h"
 #include "engine/config.h"
 #include "engine/sim/cpu_share.h"
+#include "engine/sim/membership_plan.h"
 #include "engine/sim/network_model.h"
+
+#include <functional>
 
 namespace orpheus::engine::sim {
 
@@ -31,6 +36,11 @@ struct SimConfig {
   CpuShare cpu;            // the simulated hosts' cores, shared by their workers
   Stragglers slow;         // workers that compute longer than the rest
   int threads = 0;         // workers running at once; 0: the machine's cores
+  MembershipPlan membership;  // --sim-membership: changes at clock boundaries (none: empty)
+  // Tests: told on each rank's thread at a membership change after `clock`, the
+  // replica old rank `rank` held there (`before`), then the replica each rank of
+  // the new epoch starts from (!before).
+  std::function<void(uint64_t clock, int rank, bool before, const ParamSet& replica)> onChange;
 };
 
 // Stack of each thread the simulation starts (the workers and their prefetchers).

@@ -1,5 +1,7 @@
 #include "engine/sim/trace.h"
 
+#include "engine/base/error.h"
+
 #include <algorithm>
 
 namespace orpheus::engine::sim {
@@ -59,6 +61,16 @@ void Trace::place(uint64_t clock, Pending& pending) {
   totals_.messagesMin = std::min(totals_.messagesMin, messages);
   totals_.messagesMax = std::max(totals_.messagesMax, messages);
   ++totals_.clocks;
+  totals_.rankClocks += ranks_;
+}
+
+void Trace::regroup(int ranks, uint64_t after, double averagedBytes, const JsonLine& note) {
+  std::lock_guard lock(mu_);
+  ORPHEUS_ENFORCE(next_ == after + 1 && pending_.empty(), "membership change after clock {} with clock {} next", after,
+                  next_);
+  ranks_ = ranks;
+  clock_.regroup(ranks, after, averagedBytes);
+  aggregator_.regroup(ranks, note);
 }
 
 TraceTotals Trace::totals() const {

@@ -25,6 +25,7 @@ struct TraceTotals {
   double messages = 0.0;
   double bytes = 0.0;
   double computeSeconds = 0.0;  // summed over ranks and clocks
+  double rankClocks = 0.0;      // the ranks of each clock placed, summed (clocks * P without membership changes)
   std::map<int, uint64_t> inDegree;   // messages addressed to a rank in a clock -> (rank, clock) count
   std::map<int64_t, uint64_t> staleness;
 };
@@ -38,6 +39,11 @@ class Trace {
 
   // Rank `rank`'s clock `clock`: what it did and the record it reported.
   void add(int rank, uint64_t clock, RankClock&& work, const ClockRecord& record);
+
+  // A membership change after clock `after` (every clock <= after placed, none
+  // after it reported yet): the clocks from after+1 on are `ranks` ranks'
+  // (VirtualClock::regroup), and `note` is written after clock after's line.
+  void regroup(int ranks, uint64_t after, double averagedBytes, const JsonLine& note);
 
   TraceTotals totals() const;
 

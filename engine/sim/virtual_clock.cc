@@ -16,6 +16,17 @@ double VirtualClock::inThrough(int r, uint64_t c) const {
   return t;
 }
 
+void VirtualClock::regroup(int ranks, uint64_t after, double averagedBytes) {
+  double start = 0.0;
+  for (const double s : start_) start = std::max(start, s);
+  start += allreduceSeconds(network_.model(), ranks_, averagedBytes);
+  network_ = Network(network_.model(), ranks);
+  ranks_ = ranks;
+  start_.assign(static_cast<size_t>(ranks), start);
+  lastIn_.clear();
+  firstKept_ = after + 1;
+}
+
 std::vector<RankTiming> VirtualClock::place(uint64_t clock, const std::vector<RankClock>& ranks) {
   const auto p = static_cast<size_t>(ranks_);
   std::vector<RankTiming> out(p);

@@ -64,6 +64,10 @@ class VirtualClock {
 
   // Places clock `clock` (the next one) given every rank's record of it.
   std::vector<RankTiming> place(uint64_t clock, const std::vector<RankClock>& ranks);
+  // A membership change after clock `after` (BSP): from clock after+1 on, `ranks`
+  // ranks, all starting once the last old rank's clock ended and the old ranks
+  // all-reduced `averagedBytes` (every replica of the new epoch is their average).
+  void regroup(int ranks, uint64_t after, double averagedBytes);
   // Fill RankTiming::arrivals from now on.
   void recordArrivals(bool on) { recordArrivals_ = on; }
 

@@ -20,6 +20,7 @@
 #include "engine/metrics/metrics.h"
 #include "engine/worker/optimizer.h"
 #include "engine/recovery/recovery.h"
+#include "engine/worker/membership_check.h"
 #include "ops/model.h"
 
 #include <map>
@@ -30,7 +31,6 @@
 namespace orpheus::engine {
 
 class OverlappedExchange;
-class MembershipWatch;
 
 struct EvalResult {
   double loss = 0.0;
@@ -155,9 +155,10 @@ class Worker {
   // Tells `observer` (null: nobody) the phases of every clock from now on; it must
   // outlive the worker's clocks.
   void observeClocks(ClockObserver* observer) { observer_ = observer; }
-  // Live elasticity (engine/membership/live.h): after each clock but the last, the loop asks
-  // `watch` (null: nobody) whether the membership changes there; it must outlive run().
-  void watchMembership(MembershipWatch* watch) { membership_ = watch; }
+  // Live elasticity (engine/membership/live.h; the simulator's planned changes): after each
+  // clock but the last, the loop asks `watch` (null: nobody) whether the membership
+  // changes there; it must outlive run().
+  void watchMembership(MembershipCheck* watch) { membership_ = watch; }
   // The clock after which the membership changes: run() returned there with every
   // batch applied and the log durable, without the final evaluation and summary
   // (0: it ran to the end).
@@ -242,7 +243,7 @@ class Worker {
   RunTotals totals_;  // the earlier epochs' (continueRun), then through this one
   uint64_t lastClock_ = 0;
   ClockObserver* observer_ = nullptr;
-  MembershipWatch* membership_ = nullptr;
+  MembershipCheck* membership_ = nullptr;
   uint64_t changesAfter_ = 0;
   DataFeed feed_;  // the minibatches: the shard, or with --balance the chunks this rank owns
   // The ways a clock's batches travel (exchangeNow): the overlapped one only with --overlap.

@@ -84,7 +84,7 @@ refused "1000 replicas of model .* needs .* more than" -- "$orpheus" simulate --
   --batch 2 --clocks 2 --optimizer adam
 refused "--threads: must be an integer in \[1, 1024\], got 100000" -- "$orpheus" train --train "$fix/small.libsvm" \
   --blas-threads 100000
-refused "simulate has no membership changes to continue: leave out --elastic" -- "$orpheus" simulate --ranks 2 \
+refused "simulate has no checkpoint to continue: leave out --elastic" -- "$orpheus" simulate --ranks 2 \
   --train "$fix/small.libsvm" --clocks 2 --batch 2 --elastic
 refused "simulate runs every worker in one process: start it without mpirun" -- "$mpiexec" -n 2 --oversubscribe \
   "$orpheus" simulate --ranks 2 --train "$fix/small.libsvm" --clocks 2 --batch 2

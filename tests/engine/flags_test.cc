@@ -83,6 +83,25 @@ std::string trainRefusal(std::vector<std::string> args) {
   return "";
 }
 
+// The same for `orpheus simulate --ranks 4 ARGS...` (its train flags and its own).
+std::string simulateRefusal(std::vector<std::string> args) {
+  CLI::App app;
+  orpheus::engine::TrainConfig config;
+  orpheus::engine::sim::SimConfig sim;
+  std::string format;
+  double latencyUs = 5;
+  addTrainFlags(app, config, format);
+  addSimulateFlags(app, sim, latencyUs);
+  args.insert(args.begin(), {"--train", "small.libsvm", "--ranks", "4"});
+  std::reverse(args.begin(), args.end());
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 void requireMatch(const std::string& message, const std::string& pattern) {
   INFO("message: " << message);
   CHECK(std::regex_search(message, std::regex(pattern, std::regex::extended)));
@@ -111,4 +130,12 @@ TEST_CASE("train's other flags: names, --inject-delay and unknown flags") {
   requireMatch(trainRefusal({"--overlap", "2"}), "--overlap: expected on or off, got '2'");
   CHECK(trainRefusal({"--resident", "off", "--overlap", "ON"}).empty());
   CHECK(trainRefusal({"--inject-delay", "1:10", "--optimizer", "adam", "--sync", "dense"}).empty());
+}
+
+TEST_CASE("simulate's --sim-membership: CLOCK:-N or CLOCK:+N, refused naming the flag") {
+  CHECK(simulateRefusal({"--sim-membership", "50:-2,120:+40"}).empty());
+  requireMatch(simulateRefusal({"--sim-membership", "50:2"}), "--sim-membership: the change of '50:2' must be -N");
+  requireMatch(simulateRefusal({"--sim-membership", "x:-2"}), "--sim-membership: the clock of 'x:-2' must be");
+  requireMatch(simulateRefusal({"--sim-membership", "50"}), "--sim-membership: expected CLOCK:-N");
+  requireMatch(simulateRefusal({"--sim-membership", "50:-0"}), "--sim-membership: the change of '50:-0'");
 }
