@@ -43,6 +43,7 @@ class MultinomialLogisticRegression final : public Model {
                              Backend& backend) const override;
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
+  std::vector<DeviceSvs> lastDeviceSvs() const override { return graph_.lastDeviceSvs(); }
   void releaseDevice() const override { graph_.releaseDevice(); }
   EvalSums evaluateOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend) const override;
 

@@ -49,6 +49,17 @@ scored() {
   case "$l" in ''|*[Nn]a[Nn]*|*inf*|*null*) echo "strict_device.sh: the $1 job's test losses are '$l'" >&2; exit 1 ;; esac
   echo "$l"
 }
+# inbound NAME: what crossed to the device in each clock after the first of NAME's
+# strict run (device_in_bytes, both ranks), which must be 508320: MLR at batch 40 on
+# 2 ranks, a rank's minibatch (784 x 40 floats, 125440 bytes) and one-hot labels
+# (10 x 40, 1600), the peer's batch U C and V (1600 + 125440) and two bias updates
+# (2 x 40): 254160 a rank. The local batch's U and V are read where the pass made
+# them (copied in again, they made it 762400).
+inbound() {
+  grep -o '"device_in_bytes": *[0-9]*' "$out/$1-strict.jsonl" | sed 's/.*: *//' | tail -n +2 |
+    awk -v name="$1" '$1 != 508320 { print "strict_device.sh: " $1 " bytes crossed to the device in a clock of " name; bad = 1 }
+      END { if (NR != 19) { print "strict_device.sh: " NR + 1 " clocks of " name " report device_in_bytes"; bad = 1 }; exit bad }' >&2
+}
 # same NAME FLAGS...: the job on both devices, compared bitwise.
 same() {
   local name=$1; shift
@@ -78,6 +89,7 @@ case "$case" in
     done
     "$compare" "$out/builtin-cpu.h5" "$out/builtin-strict.h5" 0
     resident builtin
+    inbound builtin
     grep -q "device strict.*(rank 0; resident: " "$out/builtin-strict.log" ||
       { echo "strict_device.sh: the built-in mlr's start-up line does not say resident" >&2; exit 1; }
     [ "$(scored builtin)" = "$(losses "$out/builtin-cpu.jsonl")" ] ||
@@ -139,6 +151,7 @@ case "$case" in
     [ "$(outs "$out/adam-strict.jsonl" | wc -l)" -eq 20 ] ||
       { echo "strict_device.sh: the resident job's clocks do not all report device_out_bytes" >&2; exit 1; }
     outs "$out/adam-strict.jsonl" | awk '$1 >= 31400 { print "strict_device.sh: " $1 " bytes left the device in a resident clock"; bad = 1 } END { exit bad }' >&2
+    inbound adam
     outs "$out/adam-off-strict.jsonl" | awk '$1 < 2 * 31360 { print "strict_device.sh: only " $1 " bytes left the device with --resident off"; bad = 1 } END { exit bad }' >&2
     ;;
   recovery)

@@ -129,3 +129,43 @@ TEST_CASE("the built-in MLR refuses a label out of range on the device too", "[o
   CHECK_THROWS_WITH(model.computeSvgOnDevice(dw, data.view(false), nullptr, cpu), Catch::Contains("label 6"));
   model.releaseDevice();
 }
+
+TEST_CASE("a rebuild reads the local batch's SVs where the device pass left them: fewer bytes in, the same bits",
+          "[ops][device][strict][rebuild]") {
+  const auto strict = strict::makeStrictBackend();
+  const MultinomialLogisticRegression model(kFeatures, kClasses);
+  std::mt19937 gen(41);
+  const ParamSet w = someParams(model, gen);
+  const Batch mine = randomBatch(gen);
+  const Batch theirs = randomBatch(gen);
+  for (bool uniform : {true, false}) {
+    INFO((uniform ? "one coefficient" : "coefficients per column"));
+    const std::vector<Tensor> dw = upload(*strict, w);
+    SvBatch local = model.computeSvgOnDevice(dw, mine.view(false), nullptr, *strict);
+    std::vector<DeviceSvs> onDevice = model.lastDeviceSvs();
+    REQUIRE(onDevice.size() == 1);
+    onDevice[0].hostU = local.matrices[0].u.data();
+    scaleCoefficients(local, -0.25f);
+    if (!uniform) local.coeffs(1) = 0.5f;
+    SvBatch peer = model.computeSvg(w, theirs.view(false), nullptr);
+    scaleCoefficients(peer, -0.25f);
+    const SvBatchView views[] = {viewOf(local), viewOf(peer)};
+    const SvBatchView* group[] = {&views[0], &views[1]};
+    ParamSet results[2];
+    uint64_t bytesIn[2] = {0, 0};
+    for (int reads = 0; reads < 2; ++reads) {
+      std::vector<Tensor> target = upload(*strict, w);
+      RebuildBuffers buffers;
+      const uint64_t before = strict->transfers().toDevice;
+      applySvBatches(group, target, *strict, buffers,
+                     reads ? std::span<const DeviceSvs>(onDevice) : std::span<const DeviceSvs>());
+      bytesIn[reads] = strict->transfers().toDevice - before;
+      results[reads] = download(*strict, w, target);
+    }
+    requireSameParams(results[1], results[0]);
+    // V (K x B) stays on the device, and U C with it when C is one value.
+    const uint64_t saved = (kFeatures + (uniform ? kClasses : 0)) * kBatch * sizeof(float);
+    CHECK(bytesIn[0] - bytesIn[1] == saved);
+    model.releaseDevice();
+  }
+}
