@@ -182,9 +182,9 @@ void productsOnDevice(ParamRebuild& r, Tensor& target, Backend& backend, DeviceO
   }
   if (r.sparseCols() > 0) {
     const SparseMatrix host = r.sparseV(target.cols());
-    const SparseCopy v = backend.copySparse(cpu::view(host));
+    backend.copySparse(cpu::view(host), d.sparseV);
     const Tensor u = r.uploadU(backend, d.u, r.denseCols(), r.sparseCols());
-    backend.gemmSparse(1.0f, u, v.view, Trans::kYes, 1.0f, target);
+    backend.gemmSparse(1.0f, u, d.sparseV.view, Trans::kYes, 1.0f, target);
   }
 }
 
@@ -373,8 +373,8 @@ void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const 
   Tensor& t = deviceParam(backend, device, param, target);
   const Tensor du = uploaded(backend, device.u, cpu::view(u));
   if (vSparse != nullptr) {
-    const SparseCopy v = backend.copySparse(cpu::view(*vSparse));
-    backend.gemmSparse(1.0f, du, v.view, Trans::kYes, 0.0f, t);
+    backend.copySparse(cpu::view(*vSparse), device.sparseV);
+    backend.gemmSparse(1.0f, du, device.sparseV.view, Trans::kYes, 0.0f, t);
   } else {
     backend.gemm(Trans::kNo, Trans::kYes, 1.0f, du, uploaded(backend, device.v, cpu::view(*vDense)), 0.0f, t);
   }

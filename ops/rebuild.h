@@ -39,12 +39,13 @@ struct RebuildPiece {
 // A rebuild's operands on a backend's device (not used on the CPU backend, which
 // reads them where they lie): each parameter's W, and U and V in buffers that grow
 // to the largest clock seen and are reused, so a clock allocates nothing on the
-// device but the sparse V's copy.
+// device (the sparse V's copy too, unless it has more nonzeros than any before).
 struct DeviceOperands {
   std::vector<Tensor> w;  // per parameter, its shape
   Tensor u;               // flat, at least the largest U of a clock
   Tensor v;               // flat, at least the largest dense V of a clock
   Tensor bias;            // a bias update, when the parameters live on the device
+  SparseCopy sparseV;     // the sparse V's of a clock, its storage reused (Backend::copySparse)
 };
 
 // What a rebuild works in, kept by a caller that rebuilds every clock so the

@@ -227,11 +227,13 @@ TEST_CASE("a second clock of the same shapes allocates no tensor", "[ops][device
     model.computeSvgOnDevice(dw, first.batch(useSparse), &loss, backend);
     const int allocated = backend.allocations;
     const int copies = backend.sparseCopies;
+    const int storages = backend.sparseStorages;
     const SvBatch b = model.computeSvgOnDevice(dw, second.batch(useSparse), &loss, backend);
     model.denseGradientOnDevice(dw, second.batch(useSparse), &loss, backend, dg);
     CHECK(backend.allocations == allocated);
     // A sparse batch's arrays are copied to the device once per pass.
     CHECK(backend.sparseCopies == copies + (useSparse ? 2 : 0));
+    CHECK(backend.sparseStorages == storages);  // into the first pass's storage
     double hostLoss = 0.0;
     requireSameBatch(b, model.computeSvg(w, second.batch(useSparse), &hostLoss));
   }

@@ -81,12 +81,16 @@ class CountingBackend final : public cpu::CpuBackend {
     ++allocations;
     return cpu::CpuBackend::allocate(rows, cols);
   }
-  SparseCopy copySparse(const SparseTensor& src) override {
+  using cpu::CpuBackend::copySparse;
+  void copySparse(const SparseTensor& src, SparseCopy& dst) override {
     ++sparseCopies;
-    return cpu::CpuBackend::copySparse(src);
+    const void* before = dst.storage.get();
+    cpu::CpuBackend::copySparse(src, dst);
+    if (dst.storage.get() != before) ++sparseStorages;
   }
   int allocations = 0;
   int sparseCopies = 0;
+  int sparseStorages = 0;  // copies that made new storage
 };
 
 }  // namespace orpheus::ops::testing
