@@ -61,7 +61,7 @@ inline const char* deviceName(Device d) {
 
 // Bumped whenever Backend's virtual interface or Tensor's layout changes: a
 // backend plugin (liborpheus_cuda.so) built against another version is refused.
-inline constexpr int kBackendAbiVersion = 5;
+inline constexpr int kBackendAbiVersion = 6;
 
 class Tensor {
  public:
@@ -131,10 +131,13 @@ struct SparseTensor {
   const float* otherValues = nullptr;
 };
 
-// A sparse matrix copied to a backend's device: `view` stays valid while `storage` lives.
+// A sparse matrix copied to a backend's device: `view` stays valid while `storage`
+// lives. `capacity`: the bytes `storage` holds, which a later copySparse into this
+// copy reuses while they suffice.
 struct SparseCopy {
   SparseTensor view;
   std::shared_ptr<void> storage;
+  size_t capacity = 0;
 };
 
 enum class Trans { kNo, kYes };
@@ -188,7 +191,17 @@ class Backend {
   // dst = src (same shape; any combination of host and this backend's device).
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   // A copy of `src` (any device) on this backend's device.
-  virtual SparseCopy copySparse(const SparseTensor& src) = 0;
+  SparseCopy copySparse(const SparseTensor& src) {
+    SparseCopy copy;
+    copySparse(src, copy);
+    return copy;
+  }
+  // The same into `dst` (empty, or made by this backend): its storage reused when
+  // it holds enough bytes, else replaced, so a caller that copies a sparse matrix
+  // every clock into one SparseCopy allocates only when the matrix outgrows it.
+  // Whatever dst held is overwritten, in stream order (earlier operations that
+  // read it have finished with it).
+  virtual void copySparse(const SparseTensor& src, SparseCopy& dst) = 0;
   // Waits until every operation queued so far has finished.
   virtual void synchronize() = 0;
 

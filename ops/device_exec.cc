@@ -134,11 +134,11 @@ void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, con
   if (dense != nullptr) uploadDense(*dense);
   if (sparse != nullptr) {
     if (sparse->isCompressed()) {
-      sparse_ = backend_.copySparse(cpu::view(*sparse));
+      backend_.copySparse(cpu::view(*sparse), sparse_);
     } else {
       SparseMatrix compressed = *sparse;
       compressed.makeCompressed();
-      sparse_ = backend_.copySparse(cpu::view(compressed));
+      backend_.copySparse(cpu::view(compressed), sparse_);
     }
     if (inputReadDensely_) {
       hostDense_ = *sparse;

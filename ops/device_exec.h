@@ -35,7 +35,8 @@
 // upstream gradient).
 //
 // Buffers are allocated when the batch size changes and reused while it does not:
-// a run allocates no tensor (a sparse batch's and the tokens' copySparse aside). Not thread-safe:
+// a run allocates no tensor, and a sparse batch's and the tokens' copies reuse their
+// storage unless a batch has more nonzeros than any before. Not thread-safe:
 // one executor per thread, as its backend. Holds references to the graph and the
 // backend; every tensor it owns dies with it, so it must die before the backend.
 #pragma once

@@ -80,7 +80,7 @@ void DeviceExecutor::uploadSequence(const Matrix& segments, const std::vector<Ma
       m.insert(id, j) = 1.0f;
     }
     m.makeCompressed();
-    if (tokenSparse_[i]) deviceTokens_[i] = backend_.copySparse(cpu::view(m));
+    if (tokenSparse_[i]) backend_.copySparse(cpu::view(m), deviceTokens_[i]);
     if (tokenDense_[i]) {
       hostStep_ = m;
       backend_.copy(hostView(hostStep_), values_[i]);

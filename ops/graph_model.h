@@ -78,6 +78,8 @@ class GraphModel final : public Model {
                              Backend& backend) const override;
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
+  // A feed-forward graph's sites as the executor holds them; none for a sequence model.
+  std::vector<DeviceSvs> lastDeviceSvs() const override;
   void releaseDevice() const override {
     flushDeviceStates();
     deviceExec_.reset();

@@ -175,6 +175,17 @@ SvBatch GraphModel::computeSvgOnDevice(std::span<const Tensor> w, const ExampleB
   return batch;
 }
 
+std::vector<DeviceSvs> GraphModel::lastDeviceSvs() const {
+  // A sequence model's batch entries are not the executor's sites one to one (stepColumns).
+  if (!deviceExec_ || graph_.steps() > 0) return {};
+  std::vector<DeviceSvs> svs(deviceExec_->sites().size());
+  for (size_t i = 0; i < svs.size(); ++i) {
+    svs[i].u = &deviceExec_->siteU(i);
+    svs[i].vDense = deviceExec_->siteVDense(i);
+  }
+  return svs;
+}
+
 void GraphModel::denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
                                        Backend& backend, std::span<Tensor> grad) const {
   ORPHEUS_CHECK_INPUT(grad.size() == w.size(), "{} gradient tensors for {} parameters", grad.size(), w.size());

@@ -4,12 +4,11 @@
 #include "engine/base/memory.h"
 #include "engine/base/rng.h"
 
-#include <cmath>
-
 namespace orpheus::ops {
+namespace {
 
-MultinomialLogisticRegression::MultinomialLogisticRegression(int64_t features, int64_t classes, float initScale)
-    : features_(features), classes_(classes), initScale_(initScale) {
+// The sizes checked before anything of their size is made.
+Graph checkedGraph(int64_t features, int64_t classes) {
   ORPHEUS_CHECK_INPUT(features > 0, "MLR needs at least one feature, got {}", features);
   ORPHEUS_CHECK_INPUT(classes >= 2, "MLR needs at least two classes, got {}", classes);
   // Training holds W at least twice (the replica and its rebuilt update).
@@ -17,7 +16,28 @@ MultinomialLogisticRegression::MultinomialLogisticRegression(int64_t features, i
                     fmt::format("the MLR weights of {}x{} floats ({} classes, {} features)", classes, features, classes,
                                 features),
                     0.5);
+  return MultinomialLogisticRegression::graph(features, classes);
 }
+
+}  // namespace
+
+Graph MultinomialLogisticRegression::graph(int64_t features, int64_t classes) {
+  Graph g;
+  const int w = g.param("W", classes, features, {Init::Kind::kNormal, 0.01});
+  const int b = g.param("b", classes, 1, {});
+  const int x = g.input("x", features);
+  const int y = g.label("y", classes);
+  const int product = g.apply(OpKind::kMatVec, {w, x}, "W * x");
+  const int a = g.apply(OpKind::kAdd, {product, b}, "W * x + b");
+  const int p = g.apply(OpKind::kSoftmax, {a}, "softmax(a)");
+  g.setLoss(g.apply(OpKind::kCrossEntropy, {p, y}, "cross_entropy(softmax(a), y)"));
+  g.setPrediction(a);
+  return g;
+}
+
+MultinomialLogisticRegression::MultinomialLogisticRegression(int64_t features, int64_t classes, float initScale)
+    : features_(features), classes_(classes), initScale_(initScale),
+      graph_(checkedGraph(features, classes), spec(), 0) {}
 
 std::string MultinomialLogisticRegression::spec() const {
   return fmt::format("mlr features={} classes={}", features_, classes_);
@@ -37,67 +57,55 @@ ParamSet MultinomialLogisticRegression::initParams(uint64_t seed) const {
   return p;
 }
 
-Matrix MultinomialLogisticRegression::probabilities(const ParamSet& w, const ExampleBatch& x) const {
+void MultinomialLogisticRegression::check(const ExampleBatch& x) const {
   ORPHEUS_CHECK_INPUT(x.features() == features_, "examples have {} features, the model expects {}", x.features(),
                       features_);
-  Matrix z(classes_, x.size());
-  if (x.dense) {
-    z.noalias() = w[0] * *x.dense;
-  } else {
-    z.noalias() = w[0] * *x.sparse;
+  const auto& labels = *x.labels;
+  for (int64_t i = 0; i < labels.size(); ++i) {
+    ORPHEUS_CHECK_INPUT(labels(i) >= 0 && labels(i) < classes_, "label {} out of range: the model has {} classes",
+                        labels(i), classes_);
   }
-  z.colwise() += w[1].col(0);
-  // Stable softmax per column.
-  const Eigen::RowVectorXf maxes = z.colwise().maxCoeff();
-  z.rowwise() -= maxes;
-  z = z.array().exp();
-  const Eigen::RowVectorXf sums = z.colwise().sum();
-  z.array().rowwise() /= sums.array();
-  return z;
 }
 
 SvBatch MultinomialLogisticRegression::computeSvg(const ParamSet& w, const ExampleBatch& x, double* meanLoss) const {
-  Matrix p = probabilities(w, x);
-  const auto& labels = *x.labels;
-  double loss = 0.0;
-  for (int64_t i = 0; i < x.size(); ++i) {
-    const int t = labels(i);
-    ORPHEUS_CHECK_INPUT(t >= 0 && t < classes_, "label {} out of range: the model has {} classes", t, classes_);
-    loss -= std::log(std::max(p(t, i), 1e-30f));
-    p(t, i) -= 1.0f;  // u = p - onehot(t)
-  }
-  if (meanLoss) *meanLoss = x.size() > 0 ? loss / static_cast<double>(x.size()) : 0.0;
+  check(x);
+  return graph_.computeSvg(w, x, meanLoss);
+}
 
-  SvBatch batch;
-  batch.coeffs = Vector::Ones(x.size());
-  SvMatrix m;
-  m.paramId = 0;
-  m.biasId = 1;
-  m.u = std::move(p);
-  if (x.dense) {
-    m.vDense = *x.dense;
-  } else {
-    m.sparseV = true;
-    m.vSparse = *x.sparse;
-  }
-  batch.matrices.push_back(std::move(m));
-  return batch;
+SvBatch MultinomialLogisticRegression::computeSvgStreamed(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
+                                                          const SvReadyFn& ready) const {
+  check(x);
+  return graph_.computeSvgStreamed(w, x, meanLoss, ready);
+}
+
+ParamSet MultinomialLogisticRegression::denseGradient(const ParamSet& w, const ExampleBatch& x, double* meanLoss,
+                                                      Backend& backend, RebuildBuffers& buffers) const {
+  check(x);
+  return graph_.denseGradient(w, x, meanLoss, backend, buffers);
 }
 
 EvalSums MultinomialLogisticRegression::evaluate(const ParamSet& w, const ExampleBatch& x) const {
-  const Matrix p = probabilities(w, x);
-  const auto& labels = *x.labels;
-  EvalSums sums;
-  for (int64_t i = 0; i < x.size(); ++i) {
-    const int t = labels(i);
-    ORPHEUS_CHECK_INPUT(t >= 0 && t < classes_, "label {} out of range: the model has {} classes", t, classes_);
-    Eigen::Index best = 0;
-    p.col(i).maxCoeff(&best);
-    sums.lossSum -= std::log(std::max(p(t, i), 1e-30f));
-    sums.correct += (best == t) ? 1.0 : 0.0;
-    sums.count += 1.0;
-  }
-  return sums;
+  check(x);
+  return graph_.evaluate(w, x);
+}
+
+SvBatch MultinomialLogisticRegression::computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x,
+                                                          double* meanLoss, Backend& backend) const {
+  check(x);
+  return graph_.computeSvgOnDevice(w, x, meanLoss, backend);
+}
+
+void MultinomialLogisticRegression::denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x,
+                                                          double* meanLoss, Backend& backend,
+                                                          std::span<Tensor> grad) const {
+  check(x);
+  graph_.denseGradientOnDevice(w, x, meanLoss, backend, grad);
+}
+
+EvalSums MultinomialLogisticRegression::evaluateOnDevice(std::span<const Tensor> w, const ExampleBatch& x,
+                                                         Backend& backend) const {
+  check(x);
+  return graph_.evaluateOnDevice(w, x, backend);
 }
 
 }  // namespace orpheus::ops

@@ -107,6 +107,11 @@ class Model {
   // bias the column sum of its U. The default throws as computeSvgOnDevice's.
   virtual void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
                                      Backend& backend, std::span<Tensor> grad) const;
+  // After computeSvgOnDevice: each matrix of the batch it returned (in order) as it
+  // still lies on the device, U unweighted and V where dense (ops/rebuild.h;
+  // hostU left for the caller to set), valid until the model's next device pass
+  // or releaseDevice(). Empty when the model keeps none (the default).
+  virtual std::vector<DeviceSvs> lastDeviceSvs() const { return {}; }
   // Drops what the model keeps on a device between calls (the device executor's
   // tensors): called by the worker that used it, while its backend still lives.
   virtual void releaseDevice() const {}

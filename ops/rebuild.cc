@@ -4,6 +4,7 @@
 #include "ops/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <vector>
 
 namespace orpheus::ops {
@@ -55,15 +56,45 @@ class ParamRebuild {
   }
 
   // The dense pieces' V (K x denseCols) in `store` on the backend's device: each
-  // piece copied from where it lies into its columns, with no gather on the host.
+  // piece copied from where it lies into its columns, with no gather on the host
+  // (a piece also on the device: copied there, nothing crosses).
   Tensor uploadDenseV(Backend& backend, Tensor& store, int64_t k) const {
     Tensor v = deviceBuffer(backend, store, k, denseCols_);
     for (const auto& p : pieces_) {
       if (p.m->sparseV) continue;
       Tensor columns = v.middleCols(p.at, p.m->columns);
-      backend.copy(Tensor::host(p.m->vDense, k, p.m->columns), columns);
+      if (p.onDevice != nullptr && p.onDevice->vDense != nullptr) {
+        backend.copy(*p.onDevice->vDense, columns);
+      } else {
+        backend.copy(Tensor::host(p.m->vDense, k, p.m->columns), columns);
+      }
     }
     return v;
+  }
+
+  // The weighted columns [first, first + cols) (the dense or the sparse pieces, in
+  // column order) in `store` on the device: a piece whose U is on the device and
+  // whose coefficients are one value c is copied there and scaled (u * c, the
+  // host's product); each run of the others is copied in from the host's U C at once.
+  Tensor uploadU(Backend& backend, Tensor& store, int64_t first, int64_t cols) const {
+    Tensor u = deviceBuffer(backend, store, u_.rows(), cols);
+    int64_t from = first;  // the host run not copied yet: [from, at)
+    const auto copyRun = [&](int64_t to) {
+      if (to <= from) return;
+      Tensor run = u.middleCols(from - first, to - from);
+      backend.copy(uPart(from, to - from), run);
+    };
+    for (const auto& p : pieces_) {
+      const float* c = uniformCoefficient(p);
+      if (c == nullptr || p.at < first || p.at >= first + cols) continue;
+      copyRun(p.at);
+      Tensor columns = u.middleCols(p.at - first, p.m->columns);
+      backend.copy(*p.onDevice->u, columns);
+      backend.scale(*c, columns);
+      from = p.at + p.m->columns;
+    }
+    copyRun(first + cols);
+    return u;
   }
 
   // The sparse pieces' V (K x sparseCols), compressed by columns.
@@ -88,6 +119,16 @@ class ParamRebuild {
     v.finalize();
     v.makeCompressed();
     return v;
+  }
+
+  // The one coefficient of a piece whose U is on the device, or null.
+  static const float* uniformCoefficient(const Piece& p) {
+    if (p.onDevice == nullptr || p.onDevice->u == nullptr || p.m->withCore || p.m->columns == 0) return nullptr;
+    const auto bits = [](float f) { return std::bit_cast<uint32_t>(f); };
+    for (int64_t j = 1; j < p.m->columns; ++j) {
+      if (bits(p.coeffs[j]) != bits(p.coeffs[0])) return nullptr;
+    }
+    return p.coeffs;
   }
 
   Tensor uPart(int64_t first, int64_t cols) const {
@@ -136,14 +177,14 @@ Tensor& deviceParam(Backend& backend, DeviceOperands& d, size_t param, const Mat
 void productsOnDevice(ParamRebuild& r, Tensor& target, Backend& backend, DeviceOperands& d) {
   if (r.denseCols() > 0) {
     const Tensor v = r.uploadDenseV(backend, d.v, target.cols());
-    const Tensor u = uploaded(backend, d.u, r.uPart(0, r.denseCols()));
+    const Tensor u = r.uploadU(backend, d.u, 0, r.denseCols());
     backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, v, 1.0f, target);
   }
   if (r.sparseCols() > 0) {
     const SparseMatrix host = r.sparseV(target.cols());
-    const SparseCopy v = backend.copySparse(cpu::view(host));
-    const Tensor u = uploaded(backend, d.u, r.uPart(r.denseCols(), r.sparseCols()));
-    backend.gemmSparse(1.0f, u, v.view, Trans::kYes, 1.0f, target);
+    backend.copySparse(cpu::view(host), d.sparseV);
+    const Tensor u = r.uploadU(backend, d.u, r.denseCols(), r.sparseCols());
+    backend.gemmSparse(1.0f, u, d.sparseV.view, Trans::kYes, 1.0f, target);
   }
 }
 
@@ -231,8 +272,21 @@ class DeviceTargets {
   std::span<Tensor> w_;
 };
 
+// The device copy of `m` in `onDevice` (same U, same shapes), or null.
+const DeviceSvs* onDeviceOf(const SvMatrixView& m, std::span<const DeviceSvs> onDevice) {
+  for (const DeviceSvs& d : onDevice) {
+    if (d.hostU != m.u) continue;
+    const bool uFits = d.u == nullptr || (d.u->rows() == m.rows && d.u->cols() == m.columns);
+    const bool vFits = d.vDense == nullptr || (!m.sparseV && d.vDense->rows() == m.vRows && d.vDense->cols() == m.columns);
+    ORPHEUS_ENFORCE(uFits && vFits, "the device copy of a {}x{} SV matrix has another shape", m.rows, m.columns);
+    return &d;
+  }
+  return nullptr;
+}
+
 template <class Targets>
-void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backend& backend, RebuildBuffers& buffers) {
+void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backend& backend, RebuildBuffers& buffers,
+                 std::span<const DeviceSvs> onDevice = {}) {
   const size_t params = w.size();
   std::vector<std::vector<Piece>>& byParam = buffers.pieces;
   byParam.resize(params);
@@ -279,7 +333,7 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
         }
         w.addBias(bias, buffers.biasDelta, backend, buffers.device);
       }
-      byParam[m.paramId].push_back(Piece{&m, at});
+      byParam[m.paramId].push_back(Piece{&m, at, b->coeffs, onDeviceOf(m, onDevice)});
       at += m.columns;
     }
   }
@@ -299,9 +353,9 @@ void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Ba
 }
 
 void applySvBatches(std::span<const SvBatchView* const> batches, std::span<Tensor> w, Backend& backend,
-                    RebuildBuffers& buffers) {
+                    RebuildBuffers& buffers, std::span<const DeviceSvs> onDevice) {
   DeviceTargets targets(w);
-  rebuildInto(batches, targets, backend, buffers);
+  rebuildInto(batches, targets, backend, buffers, onDevice);
 }
 
 void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const Matrix& u, const Matrix* vDense,
@@ -319,8 +373,8 @@ void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const 
   Tensor& t = deviceParam(backend, device, param, target);
   const Tensor du = uploaded(backend, device.u, cpu::view(u));
   if (vSparse != nullptr) {
-    const SparseCopy v = backend.copySparse(cpu::view(*vSparse));
-    backend.gemmSparse(1.0f, du, v.view, Trans::kYes, 0.0f, t);
+    backend.copySparse(cpu::view(*vSparse), device.sparseV);
+    backend.gemmSparse(1.0f, du, device.sparseV.view, Trans::kYes, 0.0f, t);
   } else {
     backend.gemm(Trans::kNo, Trans::kYes, 1.0f, du, uploaded(backend, device.v, cpu::view(*vDense)), 0.0f, t);
   }

@@ -14,22 +14,38 @@
 
 namespace orpheus::ops {
 
+// The U and V of one SV matrix that also lie on the rebuild's device, where a
+// device pass left them (Model::lastDeviceSvs): the rebuild reads them there
+// instead of copying the host's in. `hostU`, the host copy's U, names the matrix
+// among a rebuild's batches; the device U is unweighted (its columns are scaled
+// there when the batch's coefficients are all one value, else the host's U C is
+// copied in); a null tensor is copied from the host as usual.
+struct DeviceSvs {
+  const float* hostU = nullptr;
+  const Tensor* u = nullptr;       // J x n
+  const Tensor* vDense = nullptr;  // K x n, when V is dense
+};
+
 // One matrix's SVs of one batch, viewed where they lie; its weighted columns are at
-// `at` in its parameter's concatenation.
+// `at` in its parameter's concatenation. `coeffs`: the batch's; `onDevice`: its
+// device copy, or null.
 struct RebuildPiece {
   const SvMatrixView* m = nullptr;
   int64_t at = 0;
+  const float* coeffs = nullptr;
+  const DeviceSvs* onDevice = nullptr;
 };
 
 // A rebuild's operands on a backend's device (not used on the CPU backend, which
 // reads them where they lie): each parameter's W, and U and V in buffers that grow
 // to the largest clock seen and are reused, so a clock allocates nothing on the
-// device but the sparse V's copy.
+// device (the sparse V's copy too, unless it has more nonzeros than any before).
 struct DeviceOperands {
   std::vector<Tensor> w;  // per parameter, its shape
   Tensor u;               // flat, at least the largest U of a clock
   Tensor v;               // flat, at least the largest dense V of a clock
   Tensor bias;            // a bias update, when the parameters live on the device
+  SparseCopy sparseV;     // the sparse V's of a clock, its storage reused (Backend::copySparse)
 };
 
 // What a rebuild works in, kept by a caller that rebuilds every clock so the
@@ -64,9 +80,10 @@ void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Ba
 // engine/worker/device_replica.h): `w` in parameter order, each of its parameter's
 // shape. The products run where W lies; each bias update is summed on the host, as
 // above, and added on the device (y += 1 x): bitwise the host's result on the
-// strict device.
+// strict device. Matrices named in `onDevice` are read where they lie on the
+// device (their U and dense V not copied in again): the same result, bit for bit.
 void applySvBatches(std::span<const SvBatchView* const> batches, std::span<Tensor> w, Backend& backend,
-                    RebuildBuffers& buffers);
+                    RebuildBuffers& buffers, std::span<const DeviceSvs> onDevice = {});
 
 // target = U V^T (V dense or sparse, K x n; the old contents of target are never
 // read) on `backend`: one parameter's dense gradient from its SVs. On a device,

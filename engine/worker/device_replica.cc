@@ -61,11 +61,11 @@ std::span<const ops::Tensor> DeviceReplica::params(ParamSet& host, Optimizer& op
 }
 
 void DeviceReplica::rebuild(std::span<const SvBatchView* const> batches, bool intoGradient, ParamSet& host,
-                            Optimizer& optimizer) {
+                            Optimizer& optimizer, std::span<const ops::DeviceSvs> onDevice) {
   if (current_ == Current::kHost) upload(host, optimizer);
   ORPHEUS_ENFORCE(!intoGradient || !gradient_.empty(), "a rebuild into the gradient of an optimizer that folds");
   ops::applySvBatches(batches, intoGradient ? std::span<ops::Tensor>(gradient_) : std::span<ops::Tensor>(params_),
-                      backend_, rebuild_);
+                      backend_, rebuild_, onDevice);
   if (!intoGradient) moved(host, optimizer);
 }
 

@@ -1,8 +1,9 @@
 // A replica that lives on the job's device (--device other than cpu, a model with
 // a device form, ops::Model::deviceRefusal): the parameters, the gradient buffer
 // of a clock and the optimizer's state are tensors of the backend, from clock to
-// clock. Only SV batches (their U C and V, for the rebuild) and the dense gradient
-// around the host collective cross to the device each clock; the parameters and
+// clock. Only SV batches (the other ranks' U C and V, for the rebuild; this rank's
+// own is read where the pass made it) and the dense gradient around the host
+// collective cross to the device each clock; the parameters and
 // the state cross only where the host needs them (evaluation, averaging and
 // rotation, snapshots, the end) and back after the host changed them.
 //
@@ -41,9 +42,10 @@ class DeviceReplica {
   // The parameters on the device, current (the host's copied in first if newer).
   std::span<const ops::Tensor> params(ParamSet& host, Optimizer& optimizer);
 
-  // W (folding) or the gradient buffer += the batches' updates.
-  void rebuild(std::span<const SvBatchView* const> batches, bool intoGradient, ParamSet& host,
-               Optimizer& optimizer);
+  // W (folding) or the gradient buffer += the batches' updates; the matrices named
+  // in `onDevice` read where they lie on the device (ops::applySvBatches).
+  void rebuild(std::span<const SvBatchView* const> batches, bool intoGradient, ParamSet& host, Optimizer& optimizer,
+               std::span<const ops::DeviceSvs> onDevice = {});
   // The gradient buffer = `gradient` (host) * scale.
   void loadGradient(const ParamSet& gradient, float scale, ParamSet& host, Optimizer& optimizer);
   // W += scale * gradient (host): folding's dense update.

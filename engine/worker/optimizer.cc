@@ -368,6 +368,7 @@ void ReplicaUpdater::toHost(ParamSet& params) {
 }
 
 void ReplicaUpdater::hostChanged() {
+  localOnDevice_.clear();  // a replaced replica: its clock's local batch is not applied
   if (device_ != nullptr) device_->hostChanged();
 }
 
@@ -375,7 +376,7 @@ void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatchView* con
   if (device_ != nullptr) {
     const bool folds = optimizer_.settings().foldsLearningRate();
     if (!folds && pendingClock_ != 0 && pendingClock_ != clock) finishClock(params);
-    device_->rebuild(batches, !folds, params, optimizer_);
+    device_->rebuild(batches, !folds, params, optimizer_, localOnDevice_);
     if (!folds) pendingClock_ = clock;
     return;
   }
@@ -440,6 +441,7 @@ void ReplicaUpdater::finishClock(ParamSet& params) {
 }
 
 void ReplicaUpdater::discardPending() {
+  localOnDevice_.clear();
   if (device_ != nullptr) device_->zeroGradient();
   if (!touched_.empty()) {
     for (Optimizer::Columns& cols : touched_) cols.all = true;

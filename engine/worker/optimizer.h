@@ -212,6 +212,10 @@ class ReplicaUpdater {
   bool resident() const { return device_ != nullptr; }
   // The parameters on the device (resident only).
   std::span<const ops::Tensor> deviceParams(ParamSet& params);
+  // The local batch's SVs where the device pass left them (Model::lastDeviceSvs,
+  // named by the host batch's U): the rebuilds read them there until this is
+  // called again (with {} once they are applied or no longer the batch's values).
+  void keepLocalOnDevice(std::vector<ops::DeviceSvs> svs) { localOnDevice_ = std::move(svs); }
   // The mirrors of the parameters and of the optimizer's state made current
   // (nothing to do unless resident).
   void toHost(ParamSet& params);
@@ -240,6 +244,7 @@ class ReplicaUpdater {
   std::vector<Optimizer::Columns> touched_;
   std::vector<std::vector<char>> touchedMask_;
   std::unique_ptr<DeviceReplica> device_;  // resident: the replica on the device
+  std::vector<ops::DeviceSvs> localOnDevice_;
 };
 
 // The parameters and the optimizer state as one ParamSet (snapshots, files):

@@ -248,7 +248,10 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   const std::shared_ptr<SvBatch> sent = selected ? std::make_shared<SvBatch>(std::move(*selected)) : local;
   // bf16 (--sv-dtype, or --adapt-bf16 under a budget): what is sent is rounded first, so receivers get exactly what
   // it holds (S itself when it is all sent: then this replica applies it rounded too).
-  if (knobs_.bf16 && sent->dtype != SvDtype::kBf16) roundToBf16(*sent);
+  if (knobs_.bf16 && sent->dtype != SvDtype::kBf16) {
+    roundToBf16(*sent);
+    if (sent == local) updater_.keepLocalOnDevice({});  // S rounded: no longer the device's values
+  }
   // Send S to this clock's receivers.
   exchange.send(clock, sent, stats);
   stats.computeSeconds = secondsSince(start) - exchange.sendSeconds();
@@ -301,7 +304,18 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
   if (!std::isfinite(stats.loss)) return nullptr;
   ops::scaleCoefficients(*local, scale);
   local->header = header(clock);
+  if (updater_.resident()) keepOnDevice(*local);
   return local;
+}
+
+// The local batch's U and V stay where the pass made them for this clock's rebuild:
+// only the other batches' cross to the device (the replica applies all of S, also
+// when selection sends fewer).
+void Worker::keepOnDevice(const SvBatch& local) {
+  std::vector<ops::DeviceSvs> svs = model_.lastDeviceSvs();
+  if (svs.size() != local.matrices.size()) svs.clear();
+  for (size_t i = 0; i < svs.size(); ++i) svs[i].hostU = local.matrices[i].u.data();
+  updater_.keepLocalOnDevice(std::move(svs));
 }
 
 // What leaves this rank: the C SVGs selection keeps, all of S (none returned) when
@@ -331,6 +345,7 @@ void Worker::rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats)
   // SSP batches of this local clock may still come (the coordinator's barrier,
   // the final drain); the step waits for them (ReplicaUpdater).
   if (config_.consistency != Consistency::kSsp) updater_.finishClock(replica_);
+  updater_.keepLocalOnDevice({});  // the next device pass overwrites them
   stats.updateSeconds += secondsSince(t);
 }
 

@@ -194,6 +194,7 @@ class Worker {
   std::shared_ptr<SvBatch> computeSvgs(uint64_t clock, const ops::ExampleBatch& examples, ClockExchange& exchange,
                                        std::chrono::steady_clock::time_point start, ClockStats& stats);
   std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats);
+  void keepOnDevice(const SvBatch& local);
   void rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline); --sync
   // powersgd: the same with the gradient all-reduced through PowerSGD's factors.

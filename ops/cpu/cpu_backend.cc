@@ -101,22 +101,33 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   }
 }
 
-SparseCopy CpuBackend::copySparse(const SparseTensor& src) {
+namespace {
+
+struct SparseArrays {
+  std::vector<int32_t> outer, inner;
+  std::vector<float> values;
+};
+
+}  // namespace
+
+void CpuBackend::copySparse(const SparseTensor& src, SparseCopy& dst) {
   if (src.device != Device::kCpu) unsupported("copies from device memory");
-  struct Arrays {
-    std::vector<int32_t> outer, inner;
-    std::vector<float> values;
-  };
-  auto arrays = std::make_shared<Arrays>();
   const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
+  const size_t bytes = static_cast<size_t>(outerSize + 2 * src.nonZeros) * sizeof(float);
+  // The arrays grow in place: a copy into storage of this backend allocates only when it outgrows it.
+  if (!dst.storage || dst.view.device != Device::kCpu || dst.capacity == 0) {
+    dst.storage = std::make_shared<SparseArrays>();
+    dst.capacity = 0;
+  }
+  auto* arrays = static_cast<SparseArrays*>(dst.storage.get());
   arrays->outer.assign(src.outer, src.outer + outerSize);
   arrays->inner.assign(src.inner, src.inner + src.nonZeros);
   arrays->values.assign(src.values, src.values + src.nonZeros);
-  SparseCopy copy{src, arrays};
-  copy.view.outer = arrays->outer.data();
-  copy.view.inner = arrays->inner.data();
-  copy.view.values = arrays->values.data();
-  return copy;
+  dst.capacity = std::max(dst.capacity, bytes);
+  dst.view = src;
+  dst.view.outer = arrays->outer.data();
+  dst.view.inner = arrays->inner.data();
+  dst.view.values = arrays->values.data();
 }
 
 void CpuBackend::gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {

@@ -17,7 +17,8 @@ class CpuBackend : public Backend {
 
   Tensor allocate(int64_t rows, int64_t cols) override;
   void copy(const Tensor& src, Tensor& dst) override;
-  SparseCopy copySparse(const SparseTensor& src) override;
+  using Backend::copySparse;
+  void copySparse(const SparseTensor& src, SparseCopy& dst) override;
   void synchronize() override {}
 
   void gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) override;

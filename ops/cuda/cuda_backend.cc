@@ -108,7 +108,8 @@ class CudaBackend final : public Backend {
 
   // The arrays go to the device in one block: src's compression and, when src is
   // in host memory, the other one (SparseTensor::otherOuter), built here.
-  SparseCopy copySparse(const SparseTensor& src) override {
+  using Backend::copySparse;
+  void copySparse(const SparseTensor& src, SparseCopy& dst) override {
     activate();
     const bool csc = src.layout == SparseTensor::Layout::kCsc;
     const int64_t outerSize = (csc ? src.cols : src.rows) + 1;
@@ -120,9 +121,15 @@ class CudaBackend final : public Backend {
     const size_t nnz = static_cast<size_t>(src.nonZeros);
     const size_t ints = static_cast<size_t>(outerSize) + nnz + (other ? static_cast<size_t>(otherSize) + nnz : 0);
     const size_t floats = nnz * (other ? 2 : 1);
-    void* block = deviceAlloc((ints + floats + 1) * sizeof(float));
+    const size_t bytes = (ints + floats + 1) * sizeof(float);
     countCopy(src.device, Device::kCuda, (ints + floats) * sizeof(float));
-    std::shared_ptr<void> storage(block, [free = deviceFree()](void* p) { free(static_cast<float*>(p)); });
+    // Reused in stream order: the products queued before on this stream read the old arrays first.
+    if (!dst.storage || dst.view.device != Device::kCuda || dst.capacity < bytes) {
+      dst.storage = std::shared_ptr<void>(deviceAlloc(bytes),
+                                          [free = deviceFree()](void* p) { free(static_cast<float*>(p)); });
+      dst.capacity = bytes;
+    }
+    void* block = dst.storage.get();
     // Indices first, values after them (both are 4 bytes wide, so values stay aligned).
     auto* outer = static_cast<int32_t*>(block);
     int32_t* inner = outer + outerSize;
@@ -133,21 +140,20 @@ class CudaBackend final : public Backend {
     upload(outer, src.outer, static_cast<size_t>(outerSize) * sizeof(int32_t));
     upload(inner, src.inner, nnz * sizeof(int32_t));
     upload(values, src.values, nnz * sizeof(float));
-    SparseCopy copy{src, std::move(storage)};
+    dst.view = src;
     if (other) {
       upload(oOuter, otherOuter.data(), otherOuter.size() * sizeof(int32_t));
       upload(oInner, otherInner.data(), nnz * sizeof(int32_t));
       upload(oValues, otherValues.data(), nnz * sizeof(float));
-      copy.view.otherOuter = oOuter;
-      copy.view.otherInner = oInner;
-      copy.view.otherValues = oValues;
+      dst.view.otherOuter = oOuter;
+      dst.view.otherInner = oInner;
+      dst.view.otherValues = oValues;
     }
     synchronize();
-    copy.view.device = Device::kCuda;
-    copy.view.outer = outer;
-    copy.view.inner = inner;
-    copy.view.values = values;
-    return copy;
+    dst.view.device = Device::kCuda;
+    dst.view.outer = outer;
+    dst.view.inner = inner;
+    dst.view.values = values;
   }
 
   void synchronize() override {

@@ -137,14 +137,19 @@ class StrictBackend final : public Backend {
     }
   }
 
-  SparseCopy copySparse(const SparseTensor& src) override {
+  using Backend::copySparse;
+  void copySparse(const SparseTensor& src, SparseCopy& dst) override {
     ORPHEUS_ENFORCE(src.device != Device::kCuda, "backend strict: a sparse copy from cuda memory");
     const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
     const size_t indexBytes = static_cast<size_t>(outerSize + src.nonZeros) * sizeof(int32_t);
-    void* block = registry_->map(indexBytes + static_cast<size_t>(src.nonZeros) * sizeof(float));
-    countCopy(src.device, Device::kStrict, indexBytes + static_cast<size_t>(src.nonZeros) * sizeof(float));
-    std::shared_ptr<Registry> registry = registry_;
-    std::shared_ptr<void> storage(block, [registry](void* p) { registry->unmap(p); });
+    const size_t bytes = indexBytes + static_cast<size_t>(src.nonZeros) * sizeof(float);
+    countCopy(src.device, Device::kStrict, bytes);
+    if (!dst.storage || dst.view.device != Device::kStrict || dst.capacity < bytes) {
+      std::shared_ptr<Registry> registry = registry_;
+      dst.storage = std::shared_ptr<void>(registry_->map(bytes), [registry](void* p) { registry->unmap(p); });
+      dst.capacity = bytes;
+    }
+    void* block = dst.storage.get();
     auto* outer = static_cast<int32_t*>(block);
     int32_t* inner = outer + outerSize;
     auto* values = reinterpret_cast<float*>(inner + src.nonZeros);
@@ -158,12 +163,11 @@ class StrictBackend final : public Backend {
         std::memcpy(values, s.values, static_cast<size_t>(src.nonZeros) * sizeof(float));
       }
     }
-    SparseCopy copy{src, storage};
-    copy.view.device = Device::kStrict;
-    copy.view.outer = outer;
-    copy.view.inner = inner;
-    copy.view.values = values;
-    return copy;
+    dst.view = src;
+    dst.view.device = Device::kStrict;
+    dst.view.outer = outer;
+    dst.view.inner = inner;
+    dst.view.values = values;
   }
 
   void synchronize() override {}

@@ -4,7 +4,9 @@
 # cannot touch between backend calls) ends with the same parameters, bit for bit:
 # every rebuild and dense gradient reaches its operands through the backend seam,
 # as a GPU needs. A stray host access would end the strict run with SIGSEGV.
-# CASE: mlr (SV, broadcast, sgd; restore --device strict equals the cpu restore),
+# CASE: mlr (the built-in model, resident: SV, broadcast, sgd; restore --device strict
+# equals the cpu restore), builtin (--model mlr named, resident: adam, a test set, the
+# start-up line),
 # mlp (selection, random multicast, averaging and rotation, adam), lstm (adagrad, resident,
 # carried states, a test set, restore),
 # dense (--sync dense with and without --overlap), sparse (LIBSVM rows, sparse V),
@@ -26,7 +28,8 @@ tested=(--test "$data/t10k-images-idx3-ubyte.gz")
 # run NAME DEVICE FLAGS...: one training job, its parameters in $out/NAME-DEVICE.h5.
 run() {
   local name=$1 device=$2; shift 2
-  "$mpiexec" -n "$np" --oversubscribe "$orpheus" train --device "$device" --seed 7 --progress off --log-level warn \
+  "$mpiexec" -n "$np" --oversubscribe "$orpheus" train --device "$device" --seed 7 --progress off \
+    --log-level "${log_level:-warn}" \
     --save "$out/$name-$device.h5" --metrics "$out/$name-$device.jsonl" "$@"
   # The summary names the device the job ran on.
   grep -q "\"device\": *\"$device" "$out/$name-$device.jsonl" ||
@@ -46,6 +49,17 @@ scored() {
   case "$l" in ''|*[Nn]a[Nn]*|*inf*|*null*) echo "strict_device.sh: the $1 job's test losses are '$l'" >&2; exit 1 ;; esac
   echo "$l"
 }
+# inbound NAME: what crossed to the device in each clock after the first of NAME's
+# strict run (device_in_bytes, both ranks), which must be 508320: MLR at batch 40 on
+# 2 ranks, a rank's minibatch (784 x 40 floats, 125440 bytes) and one-hot labels
+# (10 x 40, 1600), the peer's batch U C and V (1600 + 125440) and two bias updates
+# (2 x 40): 254160 a rank. The local batch's U and V are read where the pass made
+# them (copied in again, they made it 762400).
+inbound() {
+  grep -o '"device_in_bytes": *[0-9]*' "$out/$1-strict.jsonl" | sed 's/.*: *//' | tail -n +2 |
+    awk -v name="$1" '$1 != 508320 { print "strict_device.sh: " $1 " bytes crossed to the device in a clock of " name; bad = 1 }
+      END { if (NR != 19) { print "strict_device.sh: " NR + 1 " clocks of " name " report device_in_bytes"; bad = 1 }; exit bad }' >&2
+}
 # same NAME FLAGS...: the job on both devices, compared bitwise.
 same() {
   local name=$1; shift
@@ -64,6 +78,22 @@ case "$case" in
     # A strict restore of the cpu job's log gives the cpu restore's bits too.
     "$orpheus" restore --ckpt-dir "$out/ck-cpu" --clock 20 --device strict --out "$out/r20-cross.h5"
     "$compare" "$out/r20-cpu.h5" "$out/r20-cross.h5" 0
+    resident mlr
+    ;;
+  builtin)
+    # The built-in MLR runs examples/mlr.loss's graph (ops/mlr.h): resident on the
+    # device, its test batches scored there, the start-up line saying so.
+    for device in cpu strict; do
+      log_level=info run builtin "$device" "${fmnist[@]}" "${tested[@]}" --model mlr --clocks 20 --batch 40 \
+        --optimizer adam --eval-every 10 2>&1 | tee "$out/builtin-$device.log"
+    done
+    "$compare" "$out/builtin-cpu.h5" "$out/builtin-strict.h5" 0
+    resident builtin
+    inbound builtin
+    grep -q "device strict.*(rank 0; resident: " "$out/builtin-strict.log" ||
+      { echo "strict_device.sh: the built-in mlr's start-up line does not say resident" >&2; exit 1; }
+    [ "$(scored builtin)" = "$(losses "$out/builtin-cpu.jsonl")" ] ||
+      { echo "strict_device.sh: the builtin job's test loss differs between cpu and strict" >&2; exit 1; }
     ;;
   mlp)
     sed -e 's/^dim hidden1 = .*/dim hidden1 = 64/' -e 's/^dim hidden2 = .*/dim hidden2 = 32/' \
@@ -121,6 +151,7 @@ case "$case" in
     [ "$(outs "$out/adam-strict.jsonl" | wc -l)" -eq 20 ] ||
       { echo "strict_device.sh: the resident job's clocks do not all report device_out_bytes" >&2; exit 1; }
     outs "$out/adam-strict.jsonl" | awk '$1 >= 31400 { print "strict_device.sh: " $1 " bytes left the device in a resident clock"; bad = 1 } END { exit bad }' >&2
+    inbound adam
     outs "$out/adam-off-strict.jsonl" | awk '$1 < 2 * 31360 { print "strict_device.sh: only " $1 " bytes left the device with --resident off"; bad = 1 } END { exit bad }' >&2
     ;;
   recovery)
@@ -160,6 +191,7 @@ case "$case" in
           if (f > 300) break; line = line " " f ":" (s % 1000) / 1000 }
         print line } }' >"$out/rows.libsvm"
     same sparse --train "$out/rows.libsvm" --clocks 30 --batch 30 --lr 1.0
+    resident sparse
     ;;
   *) echo "strict_device.sh: unknown case '$case'" >&2; exit 2 ;;
 esac

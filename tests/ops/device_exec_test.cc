@@ -4,6 +4,7 @@
 // and examples/mlr.loss with dense and sparse data; the strict device gives the
 // CPU backend's bits; a second clock of the same shapes allocates no tensor; and
 // graphs it cannot run are refused naming a node.
+#include "device_test_support.h"
 #include "engine/base/error.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/device_exec.h"
@@ -22,6 +23,7 @@
 
 using namespace orpheus;
 using namespace orpheus::ops;
+using namespace orpheus::ops::testing;
 
 namespace {
 
@@ -106,81 +108,6 @@ Data randomData(std::mt19937& gen, int64_t batch = kBatch) {
   for (int64_t j = 0; j < batch; ++j) data.labels(j) = label(gen);
   return data;
 }
-
-std::vector<Tensor> upload(Backend& backend, const ParamSet& w) {
-  std::vector<Tensor> out;
-  for (const Param& p : w.params) {
-    out.push_back(backend.allocate(p.value.rows(), p.value.cols()));
-    backend.copy(cpu::view(p.value), out.back());
-  }
-  return out;
-}
-
-std::vector<Tensor> allocateLike(Backend& backend, const ParamSet& w) {
-  std::vector<Tensor> out;
-  for (const Param& p : w.params) out.push_back(backend.allocate(p.value.rows(), p.value.cols()));
-  return out;
-}
-
-ParamSet download(Backend& backend, const ParamSet& like, const std::vector<Tensor>& t) {
-  ParamSet out = like;
-  for (size_t i = 0; i < t.size(); ++i) {
-    Tensor host = cpu::view(out[i]);
-    backend.copy(t[i], host);
-  }
-  return out;
-}
-
-bool bitwise(const Matrix& a, const Matrix& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() &&
-         (a.size() == 0 || std::memcmp(a.data(), b.data(), static_cast<size_t>(a.size()) * sizeof(float)) == 0);
-}
-
-bool bitwise(const SparseMatrix& a, const SparseMatrix& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() && bitwise(Matrix(a), Matrix(b));
-}
-
-void requireSameBatch(const SvBatch& a, const SvBatch& b) {
-  REQUIRE(a.matrices.size() == b.matrices.size());
-  CHECK(bitwise(Matrix(a.coeffs), Matrix(b.coeffs)));
-  for (size_t i = 0; i < a.matrices.size(); ++i) {
-    INFO("site " << i);
-    const SvMatrix& x = a.matrices[i];
-    const SvMatrix& y = b.matrices[i];
-    CHECK(x.paramId == y.paramId);
-    CHECK(x.biasId == y.biasId);
-    REQUIRE(x.sparseV == y.sparseV);
-    CHECK(bitwise(x.u, y.u));
-    if (x.sparseV) {
-      CHECK(bitwise(x.vSparse, y.vSparse));
-    } else {
-      CHECK(bitwise(x.vDense, y.vDense));
-    }
-  }
-}
-
-void requireSameParams(const ParamSet& a, const ParamSet& b) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("parameter " << a.params[i].name);
-    CHECK(bitwise(a[i], b[i]));
-  }
-}
-
-// A CPU backend that counts the tensors it allocates and the sparse copies it makes.
-class CountingBackend final : public cpu::CpuBackend {
- public:
-  Tensor allocate(int64_t rows, int64_t cols) override {
-    ++allocations;
-    return cpu::CpuBackend::allocate(rows, cols);
-  }
-  SparseCopy copySparse(const SparseTensor& src) override {
-    ++sparseCopies;
-    return cpu::CpuBackend::copySparse(src);
-  }
-  int allocations = 0;
-  int sparseCopies = 0;
-};
 
 struct Case {
   const char* name;
@@ -300,11 +227,13 @@ TEST_CASE("a second clock of the same shapes allocates no tensor", "[ops][device
     model.computeSvgOnDevice(dw, first.batch(useSparse), &loss, backend);
     const int allocated = backend.allocations;
     const int copies = backend.sparseCopies;
+    const int storages = backend.sparseStorages;
     const SvBatch b = model.computeSvgOnDevice(dw, second.batch(useSparse), &loss, backend);
     model.denseGradientOnDevice(dw, second.batch(useSparse), &loss, backend, dg);
     CHECK(backend.allocations == allocated);
     // A sparse batch's arrays are copied to the device once per pass.
     CHECK(backend.sparseCopies == copies + (useSparse ? 2 : 0));
+    CHECK(backend.sparseStorages == storages);  // into the first pass's storage
     double hostLoss = 0.0;
     requireSameBatch(b, model.computeSvg(w, second.batch(useSparse), &hostLoss));
   }

@@ -313,3 +313,43 @@ TEST_CASE("the dense gradient on the strict device is bitwise the cpu one", "[op
     CHECK(std::memcmp(onCpu[i].data(), onStrict[i].data(), static_cast<size_t>(onCpu[i].size()) * sizeof(float)) == 0);
   }
 }
+
+TEST_CASE("a clock's sparse V reuses its device copy's storage while it fits", "[ops][rebuild][strict]") {
+  const auto strict = ops::makeBackend("strict");
+  ParamSet onCpu;
+  onCpu.params.push_back({"W", randomMatrix(5, 12, 400)});
+  ops::Tensor onStrict = strict->allocate(5, 12);
+  strict->copy(ops::Tensor::host(onCpu[0].data(), 5, 12), onStrict);
+  ops::RebuildBuffers cpuBuffers, strictBuffers;
+  const SparseMatrix first = randomSparse(12, 6, 0.5, 401);
+  SparseMatrix fewer = first;
+  fewer.prune([](int64_t row, int64_t, float) { return row % 2 == 0; });
+  const SparseMatrix more = randomSparse(12, 9, 0.9, 402);
+  const void* storage = nullptr;
+  int clock = 0;
+  const SparseMatrix* clocks[] = {&first, &fewer, &more};
+  for (const SparseMatrix* v : clocks) {
+    INFO("clock " << clock);
+    SvBatch b;
+    b.coeffs = randomMatrix(v->cols(), 1, 410 + clock).col(0);
+    SvMatrix m;
+    m.u = randomMatrix(5, v->cols(), 420 + clock);
+    m.sparseV = true;
+    m.vSparse = *v;
+    m.vSparse.makeCompressed();
+    b.matrices = {m};
+    const SvBatchView view = viewOf(b);
+    const SvBatchView* one[] = {&view};
+    ops::applySvBatches(one, onCpu, cpuBuffers);
+    ops::applySvBatches(one, std::span<ops::Tensor>(&onStrict, 1), *strict, strictBuffers);
+    Matrix back(5, 12);
+    ops::Tensor host = ops::Tensor::host(back.data(), 5, 12);
+    strict->copy(onStrict, host);
+    CHECK(std::memcmp(back.data(), onCpu[0].data(), sizeof(float) * 60) == 0);
+    // Made at the first clock, kept at the second (fewer nonzeros), grown at the third.
+    const void* now = strictBuffers.device.sparseV.storage.get();
+    CHECK((clock == 1) == (now == storage));
+    storage = now;
+    ++clock;
+  }
+}
