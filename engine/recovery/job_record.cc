@@ -58,6 +58,11 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--drop-links", c.dropLinks);
   add("--average-every", c.averageEvery);
   add("--rotate-every", c.rotateEvery);
+  // The outer step (only with it, so older records read the same).
+  if (c.outerLr > 0.0) {
+    add("--outer-lr", c.outerLr);
+    add("--outer-momentum", c.outerMomentum);
+  }
   add("--fail-prob", c.failProb);
   // The optimizer's settings and its schedule, resolved: what a replay steps with.
   add("--momentum", o.momentum);

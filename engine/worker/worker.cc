@@ -79,6 +79,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
     lowRank_.emplace(config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()), config.svDtype);
   }
   applyKnobs(knobs_);
+  coordinator_.startFrom(replica_);  // W0 is the same on every rank (the seed's)
   if (deviceResidency(config, model, backend).empty()) updater_.reside(replica_);
 }
 
@@ -144,6 +145,9 @@ void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimi
 
 void Worker::rejoinAt(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id, bool snapshot) {
   resumeFrom(clock, std::move(replica), optimizerState, id);
+  // Every replica is the new epoch's average, the same everywhere: the outer step
+  // (--outer-lr) starts again from it, with its momentum at zero.
+  coordinator_.startFrom(replica_);
   const ParamSet* part = nullptr;
   ParamSet withOptimizer;
   if (snapshot) {

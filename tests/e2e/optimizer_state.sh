@@ -5,7 +5,8 @@
 # clocks and averaged every 20 with a snapshot):
 #  - restore --clock T equals, bitwise, the parameters and the /optimizer state a
 #    run of T clocks saved, for adam (warmup + step schedule) and momentum (weight
-#    decay), at a snapshot, between barriers and at the end;
+#    decay), at a snapshot, between barriers and at the end; and for nesterov with
+#    the outer step (--outer-lr) at every averaging;
 #  - kill -9 of every process mid-run, then --resume: parameters and state equal an
 #    uninterrupted run's, bitwise (adam);
 #  - failures inside the job (--fail-prob, adam): restore of the last clock equals,
@@ -41,6 +42,8 @@ restore_matches() {
 
 restore_matches adam "20 33 60" --optimizer adam --warmup 5 --lr-schedule step --lr-step-every 25 --lr-gamma 0.5
 restore_matches momentum "33 60" --optimizer momentum --momentum 0.8 --weight-decay 1e-3 --lr 0.05
+# DiLoCo's outer step at each averaging: the snapshot holds W, the replay goes on from it.
+restore_matches outer "20 33 60" --optimizer nesterov --momentum 0.8 --outer-lr 0.7 --outer-momentum 0.9
 
 # kill -9 and --resume (adam).
 whole_and_resumed "$mpiexec" "$orpheus" $np "$out" "${common[@]}" --optimizer adam --clocks 300 --ckpt sv \
