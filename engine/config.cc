@@ -1,6 +1,7 @@
 #include "engine/config.h"
 
 #include "engine/base/error.h"
+#include "engine/coordinator/outer_step.h"
 
 #include <algorithm>
 #include <cmath>
@@ -97,6 +98,7 @@ OptimizerSettings optimizerSettings(const TrainConfig& c) {
   s.stepEvery = c.lrStepEvery;
   s.gamma = c.lrGamma > 0.0 ? c.lrGamma : 0.1;
   s.clocks = c.clocks;
+  s.outerMomentumInSnapshots = OuterStepOptions{c.outerLr, c.outerMomentum}.active();
   return s;
 }
 std::string toString(Consistency c) { return nameIn(consistencyNames(), c); }
@@ -188,8 +190,6 @@ void validateOuterStep(const TrainConfig& c) {
   ORPHEUS_CHECK_INPUT(c.outerLr > 0.0, "--outer-momentum needs --outer-lr L > 0 (the outer step it accelerates)");
   ORPHEUS_CHECK_INPUT(c.averageEvery > 0,
                       "--outer-lr and --outer-momentum step at the averaging barrier: they need --average-every R");
-  ORPHEUS_CHECK_INPUT(!c.resume, "--outer-lr: the outer step's anchor and momentum are not in the checkpoint, so a "
-                                 "job with it cannot --resume (restore works)");
 }
 
 // --balance and its knobs; the data format's part (token streams) is checked where

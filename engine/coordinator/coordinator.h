@@ -40,6 +40,8 @@ class Coordinator {
   // (nothing to do without --outer-lr).
   void startFrom(const ParamSet& initial) { outer_.start(initial); }
   const OuterStep& outerStep() const { return outer_; }
+  // Resume: the outer step's anchor and momentum from the checkpoint.
+  void resumeOuterStep(ParamSet anchor, ParamSet momentum) { outer_.resume(std::move(anchor), std::move(momentum)); }
 
   // Whether the ranks average, or rotate, their replicas after `clock`. Never with
   // one rank: there is nothing to do.

@@ -4,11 +4,26 @@
 
 namespace orpheus::engine {
 
+ParamSet OuterStep::momentumShapes(const ParamSet& params) {
+  ParamSet out;
+  for (const Param& p : params.params) {
+    out.params.push_back({"outer/momentum/" + p.name, Matrix::Zero(p.value.rows(), p.value.cols())});
+  }
+  return out;
+}
+
 void OuterStep::start(const ParamSet& initial) {
   if (!active()) return;
   anchor_ = initial;
-  momentum_ = initial;
-  for (auto& param : momentum_.params) param.value.setZero();
+  momentum_ = momentumShapes(initial);
+}
+
+void OuterStep::resume(ParamSet anchor, ParamSet momentum) {
+  if (!active()) return;
+  ORPHEUS_ENFORCE(anchor.size() == momentum.size(), "outer step: {} anchor parameters, {} momentum entries",
+                  anchor.size(), momentum.size());
+  anchor_ = std::move(anchor);
+  momentum_ = std::move(momentum);
 }
 
 void OuterStep::apply(ParamSet& mean) {

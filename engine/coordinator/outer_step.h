@@ -33,7 +33,13 @@ class OuterStep {
   void apply(ParamSet& mean);
 
   const ParamSet& anchor() const { return anchor_; }
+  // m, its entries named "outer/momentum/" + the parameter's name (snapshots hold it).
   const ParamSet& momentum() const { return momentum_; }
+  // Resume: the anchor (the snapshot of the last averaging) and m from that snapshot.
+  void resume(ParamSet anchor, ParamSet momentum);
+
+  // m's names and shapes (values zero) for parameters shaped as `params`.
+  static ParamSet momentumShapes(const ParamSet& params);
 
  private:
   OuterStepOptions options_;

@@ -143,6 +143,18 @@ void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimi
   log_->resumeAt(id, clock);
 }
 
+void Worker::resumeOuterStep(ParamSet anchor, ParamSet momentum) {
+  if (!anchor.params.empty()) coordinator_.resumeOuterStep(std::move(anchor), std::move(momentum));
+}
+
+ParamSet Worker::snapshotOfReplica() const {
+  const Optimizer& optimizer = updater_.optimizer();
+  ParamSet out = optimizer.hasState() ? withState(replica_, optimizer.exportState()) : replica_;
+  // The anchor is the replica itself at an averaging; the momentum goes with it.
+  if (coordinator_.outerStep().active()) out = withState(out, coordinator_.outerStep().momentum());
+  return out;
+}
+
 void Worker::rejoinAt(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id, bool snapshot) {
   resumeFrom(clock, std::move(replica), optimizerState, id);
   // Every replica is the new epoch's average, the same everywhere: the outer step
@@ -151,7 +163,7 @@ void Worker::rejoinAt(uint64_t clock, ParamSet replica, const ParamSet& optimize
   const ParamSet* part = nullptr;
   ParamSet withOptimizer;
   if (snapshot) {
-    withOptimizer = updater_.optimizer().hasState() ? withState(replica_, updater_.optimizer().exportState()) : replica_;
+    withOptimizer = snapshotOfReplica();
     part = &withOptimizer;
   }
   log_->rejoin(clock, part);
@@ -400,8 +412,8 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
     done = coordinator_.average(replica_, optimizer, clock);
     updater_.hostChanged();
     // Every replica is the average: a snapshot point, with the optimizer state.
-    if (optimizer.hasState()) {
-      log_->averaged(clock, withState(replica_, optimizer.exportState()));
+    if (optimizer.hasState() || coordinator_.outerStep().active()) {
+      log_->averaged(clock, snapshotOfReplica());
     } else {
       log_->averaged(clock, replica_);
     }

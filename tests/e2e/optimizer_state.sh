@@ -8,7 +8,7 @@
 #    decay), at a snapshot, between barriers and at the end; and for nesterov with
 #    the outer step (--outer-lr) at every averaging;
 #  - kill -9 of every process mid-run, then --resume: parameters and state equal an
-#    uninterrupted run's, bitwise (adam);
+#    uninterrupted run's, bitwise (adam; nesterov with the outer step);
 #  - failures inside the job (--fail-prob, adam): restore of the last clock equals,
 #    bitwise with its state, the replica each rank ended with;
 #  - the files are readable by h5py, the state in its own group.
@@ -50,6 +50,14 @@ whole_and_resumed "$mpiexec" "$orpheus" $np "$out" "${common[@]}" --optimizer ad
   --inject-delay 0:10 || fail "kill -9 and --resume"
 "$compare" "$out/resumed.h5" "$out/whole.h5" 0 || fail "resume: parameters"
 same_state "$out/resumed.h5" "$out/whole.h5" || fail "resume: optimizer state"
+
+# kill -9 and --resume with the outer step: its anchor and momentum come back from the
+# snapshot of the last averaging.
+mkdir -p "$out/outer-resume"
+whole_and_resumed "$mpiexec" "$orpheus" $np "$out/outer-resume" "${common[@]}" --optimizer nesterov --momentum 0.8 \
+  --outer-lr 0.7 --outer-momentum 0.9 --clocks 300 --ckpt sv --inject-delay 0:10 || fail "outer: kill -9 and --resume"
+"$compare" "$out/outer-resume/resumed.h5" "$out/outer-resume/whole.h5" 0 || fail "outer: resume: parameters"
+same_state "$out/outer-resume/resumed.h5" "$out/outer-resume/whole.h5" || fail "outer: resume: optimizer state"
 
 # Failures inside the job (adam): each replica comes back with its state.
 "$mpiexec" -n $np --oversubscribe "$orpheus" train "${common[@]}" --optimizer adam --clocks 80 --ckpt sv \

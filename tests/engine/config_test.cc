@@ -212,8 +212,4 @@ TEST_CASE("--outer-lr and --outer-momentum: ranges, and only at an averaging bar
   unsynced.averageEvery = 0;
   requireRefusal(unsynced, 4, "--outer-lr and --outer-momentum step at the averaging barrier: they need "
                               "--average-every R");
-  TrainConfig resumed = c;
-  resumed.resume = true;
-  resumed.ckptDir = "ckpt";
-  requireRefusal(resumed, 4, "--outer-lr: the outer step's anchor and momentum are not in the checkpoint");
 }
