@@ -1,6 +1,7 @@
 #include "engine/config.h"
 
 #include "engine/base/error.h"
+#include "engine/coordinator/outer_step.h"
 
 #include <algorithm>
 #include <cmath>
@@ -97,6 +98,7 @@ OptimizerSettings optimizerSettings(const TrainConfig& c) {
   s.stepEvery = c.lrStepEvery;
   s.gamma = c.lrGamma > 0.0 ? c.lrGamma : 0.1;
   s.clocks = c.clocks;
+  s.outerMomentumInSnapshots = OuterStepOptions{c.outerLr, c.outerMomentum}.active();
   return s;
 }
 std::string toString(Consistency c) { return nameIn(consistencyNames(), c); }
@@ -182,6 +184,18 @@ void validateAdapt(const TrainConfig& c, int ranks) {
   checkRange(c.adaptAverageEvery, "--adapt-average-every", 1, std::numeric_limits<int64_t>::max() / 4);
 }
 
+// --outer-lr and --outer-momentum: DiLoCo's outer step at the averaging barrier.
+void validateOuterStep(const TrainConfig& c) {
+  ORPHEUS_CHECK_INPUT(c.outerLr >= 0.0 && std::isfinite(c.outerLr), "--outer-lr {} must be a number >= 0",
+                      c.outerLr);
+  ORPHEUS_CHECK_INPUT(c.outerMomentum >= 0.0 && c.outerMomentum < 1.0, "--outer-momentum {} must be in [0, 1)",
+                      c.outerMomentum);
+  if (c.outerLr == 0.0 && c.outerMomentum == 0.0) return;
+  ORPHEUS_CHECK_INPUT(c.outerLr > 0.0, "--outer-momentum needs --outer-lr L > 0 (the outer step it accelerates)");
+  ORPHEUS_CHECK_INPUT(c.averageEvery > 0,
+                      "--outer-lr and --outer-momentum step at the averaging barrier: they need --average-every R");
+}
+
 // --balance and its knobs; the data format's part (token streams) is checked where
 // the data is read.
 void validateBalance(const TrainConfig& c) {
@@ -244,6 +258,7 @@ void validate(const TrainConfig& c, int ranks) {
   ORPHEUS_CHECK_INPUT(c.ckptSv || (c.ckptFormat == 3 && !c.ckptWriterIdle),
                       "--ckpt-format and --ckpt-writer-idle shape the SV log: they need --ckpt sv");
   validateAdapt(c, ranks);
+  validateOuterStep(c);
   validateBalance(c);
   if (c.svRank > 0 && c.sync != SyncMode::kPowerSgd) {
     ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv && !c.overlap,

@@ -66,6 +66,10 @@ struct TrainConfig {
   // Coordinator (section 3.4): barriers every R / S clocks; 0 = off.
   int64_t averageEvery = 0;  // periodic centralized synchronization: replicas averaged
   int64_t rotateEvery = 0;   // parameter-replica rotation along the ring of ranks
+  // DiLoCo's outer Nesterov step at each averaging (engine/coordinator/outer_step.h):
+  // learning rate L (0: off, plain averaging) and momentum M.
+  double outerLr = 0.0;
+  double outerMomentum = 0.0;
   // --adapt (engine/adapt): the coordinator sets C, Q, s and R every adaptEvery
   // clocks within [min, max] ranges ({-1, -1}: the defaults of adapt::boundsFor),
   // never predicting more than maxBytesPerClock (0: no budget) sent per rank per clock.

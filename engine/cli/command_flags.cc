@@ -206,6 +206,13 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_option("--rotate-every", c.rotateEvery,
                  "Parameter-replica rotation: every S clocks each replica moves to the next rank of the ring")
       ->check(integerIn(1));
+  cmd.add_option("--outer-lr", c.outerLr,
+                 "With --average-every: DiLoCo's outer Nesterov step at each averaging, learning rate L (0: off, "
+                 "plain averaging; DiLoCo uses 0.7)")
+      ->check(numberIn(0, 1e6));
+  cmd.add_option("--outer-momentum", c.outerMomentum,
+                 "With --outer-lr: the outer step's Nesterov momentum M, in [0, 1) (DiLoCo uses 0.9; default 0)")
+      ->check(numberIn(0, 1, false, true));
 }
 
 // Checkpoints, recovery and failure injection.

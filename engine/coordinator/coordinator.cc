@@ -19,6 +19,7 @@ Coordination Coordinator::average(ParamSet& replica, Optimizer& optimizer, uint6
   transport_.control().sum(sumStat);
   done.divergenceMax = maxStat[0];
   done.divergenceMean = sumStat[0] / p;
+  outer_.apply(mean);         // the same anchor and mean everywhere: the same W
   replica = std::move(mean);  // bitwise the same on every rank (Transport::allreduceSumIdentical)
   if (optimizer.hasState()) {
     for (Matrix* buffer : optimizer.buffers()) {

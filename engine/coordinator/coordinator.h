@@ -6,6 +6,7 @@
 
 #include "comm/transport.h"
 #include "engine/adapt/knobs.h"
+#include "engine/coordinator/outer_step.h"
 #include "engine/base/params.h"
 #include "engine/worker/optimizer.h"
 
@@ -25,13 +26,22 @@ struct Coordination {
 // the flags). R is not here: it is a knob (--adapt changes it), read at each clock.
 struct CoordinatorOptions {
   int64_t rotateEvery = 0;  // S: clocks between replica rotations; 0 = off
+  OuterStepOptions outer;   // --outer-lr, --outer-momentum: DiLoCo's step at each averaging
 };
 
 class Coordinator {
  public:
   // The references must outlive the coordinator; R is read from `knobs` at each clock.
   Coordinator(const CoordinatorOptions& options, comm::Transport& transport, const adapt::Knobs& knobs)
-      : options_(options), transport_(transport), knobs_(knobs) {}
+      : options_(options), transport_(transport), knobs_(knobs), outer_(options.outer) {}
+
+  // The parameters every replica starts from, the same on every rank (W0, or a new
+  // membership epoch's average): the outer step's anchor, its momentum zero
+  // (nothing to do without --outer-lr).
+  void startFrom(const ParamSet& initial) { outer_.start(initial); }
+  const OuterStep& outerStep() const { return outer_; }
+  // Resume: the outer step's anchor and momentum from the checkpoint.
+  void resumeOuterStep(ParamSet anchor, ParamSet momentum) { outer_.resume(std::move(anchor), std::move(momentum)); }
 
   // Whether the ranks average, or rotate, their replicas after `clock`. Never with
   // one rank: there is nothing to do.
@@ -42,7 +52,9 @@ class Coordinator {
   // Every replica becomes the average, bitwise the same on every rank. The
   // optimizer state is averaged with it, elementwise (Adam's m and v, AdaGrad's
   // sums, momentum buffers); the step count becomes the largest of the replicas'
-  // (they are equal unless a failure set one back).
+  // (they are equal unless a failure set one back). With --outer-lr the average
+  // is then the outer step's W (engine/coordinator/outer_step.h); the optimizer
+  // state is averaged as without.
   Coordination average(ParamSet& replica, Optimizer& optimizer, uint64_t clock);
   // This rank's replica goes to rank+1 and rank-1's comes here, its id and its
   // optimizer state with it.
@@ -56,6 +68,7 @@ class Coordinator {
   CoordinatorOptions options_;
   comm::Transport& transport_;
   const adapt::Knobs& knobs_;
+  OuterStep outer_;
 };
 
 }  // namespace orpheus::engine

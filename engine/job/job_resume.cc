@@ -145,6 +145,7 @@ void resume(Worker& worker, const TrainConfig& config, comm::Transport& transpor
                    config.ckptDir, resumeClock);
     }
     worker.resumeFrom(resumeClock, std::move(r.params), r.optimizerState, id);
+    worker.resumeOuterStep(std::move(r.outer.anchor), std::move(r.outer.momentum));
     worker.setEpoch(epochs.back().epoch);
     if (auto knobs = adapt::knobsAt(config.ckptDir, id, resumeClock)) worker.resumeKnobs(*knobs);
   });

@@ -58,7 +58,7 @@ ElasticStart redistribute(const ElasticOptions& options, comm::Transport& transp
   collectively(transport, [&] {
     std::error_code ec;
     if (fs::exists(ckpt::snapshotDir(options.dir, clock), ec)) {
-      snapshot = ckpt::readSnapshot(options.dir, clock, withState(params, stateShapes));
+      snapshot = ckpt::readSnapshot(options.dir, clock, snapshotShapes(params, settings));
     }
   });
   double usable[1] = {snapshot ? 1.0 : 0.0};

@@ -29,9 +29,10 @@ std::unique_ptr<ops::Model> modelOfJob(const ckpt::JobInfo& job) {
 
 namespace {
 
-// What a snapshot of the job holds: the parameters, then the optimizer state.
+// What a snapshot of the job holds: the parameters, then the optimizer state (and
+// the outer step's momentum).
 ParamSet shapesOf(const ops::Model& model, uint64_t seed, const OptimizerSettings& settings) {
-  return withState(model.initParams(seed), Optimizer(settings, model.zeroParams()).stateShapes());
+  return snapshotShapes(model.initParams(seed), settings);
 }
 
 OptimizerSettings settingsOfJob(const ckpt::JobInfo& job) {
@@ -74,6 +75,7 @@ ckpt::ReplicaRestorability restorableOf(const std::string& dir, int replica, uin
 struct Replica {
   ParamSet params;
   ParamSet optimizerState;
+  OuterState outer;
 };
 
 // Rebuilds one replica's states by the replays ckpt/restorable.h describes, from the
@@ -94,6 +96,7 @@ class Replayer {
   Replica at(uint64_t clock, uint64_t* from) {
     const uint64_t start = restorable_.startFor(clock);
     ParamSet params = model_.initParams(seed_);
+    OuterState outer;  // the snapshot's; none from W0
     ReplicaUpdater updater(settings_, model_, backend_);
     if (start > 0) {
       auto snap = ckpt::readSnapshot(dir_, start, shapesOf(model_, seed_, settings_));
@@ -103,10 +106,11 @@ class Replayer {
       }
       auto [snapParams, snapState] = splitState(std::move(*snap), params.size());
       params = std::move(snapParams);
+      outer = outerStateOf(params, snapState);
       updater.optimizer().importState(snapState);
     }
     *from = start;
-    if (clock == start) return {std::move(params), updater.optimizer().exportState()};
+    if (clock == start) return {std::move(params), updater.optimizer().exportState(), std::move(outer)};
     // Where training keeps its replica on the device, the replay does too: the same
     // operations, so the same bits.
     if (residencyRefusal(model_, backend_, settings_.kind).empty()) updater.reside(params);
@@ -156,12 +160,25 @@ class Replayer {
       }
     }
     updater.settle(params);
-    return {std::move(params), updater.optimizer().exportState()};
+    return {std::move(params), updater.optimizer().exportState(), std::move(outer)};
   }
 
   size_t groups() const { return groups_; }
 
  private:
+  // A snapshot's outer state (--outer-lr): its parameters are the anchor, and the
+  // momentum ends its state (moved out of `state`, which the optimizer imports).
+  OuterState outerStateOf(const ParamSet& params, ParamSet& state) const {
+    OuterState out;
+    if (!settings_.outerMomentumInSnapshots) return out;
+    const size_t kept = state.size() - params.size();
+    auto [optimizerState, momentum] = splitState(std::move(state), kept);
+    state = std::move(optimizerState);
+    out.anchor = params;
+    out.momentum = std::move(momentum);
+    return out;
+  }
+
   // One clock's group, applied as the worker applied it: its batches (the
   // replica's own decoded, the others' recomputed from their senders' logs) rebuilt
   // together, in logged order, through the optimizer's step.
@@ -216,6 +233,7 @@ Restored replay(const std::string& dir, const ops::Model& model, ops::Backend& b
   Replica r = replayer.at(clock, &out.fromSnapshot);
   out.params = std::move(r.params);
   out.optimizerState = std::move(r.optimizerState);
+  out.outer = std::move(r.outer);
   out.groupsReplayed = replayer.groups();
   return out;
 }

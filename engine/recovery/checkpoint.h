@@ -16,9 +16,17 @@ namespace orpheus::engine {
 // The model a checkpoint was written for.
 std::unique_ptr<ops::Model> modelOfJob(const ckpt::JobInfo& job);
 
+// The outer step's state (--outer-lr) from the snapshot a replay started at: the
+// anchor (its parameters) and the momentum; empty when it started from W0.
+struct OuterState {
+  ParamSet anchor;
+  ParamSet momentum;
+};
+
 struct Restored {
   ParamSet params;
   ParamSet optimizerState;  // Optimizer::exportState(): empty for sgd
+  OuterState outer;
   uint64_t clock = 0;
   int replica = 0;
   uint64_t fromSnapshot = 0;  // 0: replayed from W0

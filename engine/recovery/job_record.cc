@@ -2,6 +2,7 @@
 
 #include "engine/base/crc32c.h"
 #include "engine/base/error.h"
+#include "engine/coordinator/outer_step.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -58,6 +59,11 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--drop-links", c.dropLinks);
   add("--average-every", c.averageEvery);
   add("--rotate-every", c.rotateEvery);
+  // The outer step (only with it, so older records read the same).
+  if (c.outerLr > 0.0) {
+    add("--outer-lr", c.outerLr);
+    add("--outer-momentum", c.outerMomentum);
+  }
   add("--fail-prob", c.failProb);
   // The optimizer's settings and its schedule, resolved: what a replay steps with.
   add("--momentum", o.momentum);
@@ -131,6 +137,7 @@ OptimizerSettings recordedOptimizer(const ComputationRecord& record) {
     }
     throw InputError(fmt::format("the job's {} '{}' is unknown to this version", flag, v));
   };
+  OuterStepOptions outer;
   for (const auto& [flag, v] : record) {
     if (flag == "--lr") s.lr = number(flag, v);
     if (flag == "--optimizer") s.kind = byName(optimizerNames(), flag, v);
@@ -144,7 +151,10 @@ OptimizerSettings recordedOptimizer(const ComputationRecord& record) {
     if (flag == "--lr-step-every") s.stepEvery = static_cast<int64_t>(number(flag, v));
     if (flag == "--lr-gamma") s.gamma = number(flag, v);
     if (flag == "--clocks") s.clocks = static_cast<int64_t>(number(flag, v));
+    if (flag == "--outer-lr") outer.lr = number(flag, v);
+    if (flag == "--outer-momentum") outer.momentum = number(flag, v);
   }
+  s.outerMomentumInSnapshots = outer.active();
   return s;
 }
 
@@ -154,7 +164,7 @@ void checkResume(const ComputationRecord& recorded, const ComputationRecord& now
   const auto has = [](const ComputationRecord& r, const std::string& flag) {
     return std::any_of(r.begin(), r.end(), [&](const auto& entry) { return entry.first == flag; });
   };
-  for (const std::string flag : {"--adapt"}) {
+  for (const std::string flag : {"--adapt", "--outer-lr"}) {
     if (has(recorded, flag) == has(now, flag)) continue;
     throw InputError(fmt::format("--resume: {} differs from the job in '{}' (it was {} and is now {}); a resumed job "
                                  "continues the same computation (start a new job in another --ckpt-dir to change it)",

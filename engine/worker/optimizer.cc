@@ -1,5 +1,7 @@
 #include "engine/worker/optimizer.h"
 
+#include "engine/coordinator/outer_step.h"
+
 #include "engine/base/error.h"
 #include "engine/worker/device_replica.h"
 #include "ops/cpu/optimizer_step.h"
@@ -468,6 +470,14 @@ ParamSet ReplicaUpdater::peek(const ParamSet& params) const {
 ParamSet withState(const ParamSet& params, const ParamSet& state) {
   ParamSet out = params;
   for (const Param& p : state.params) out.params.push_back(p);
+  return out;
+}
+
+ParamSet snapshotShapes(const ParamSet& params, const OptimizerSettings& settings) {
+  ParamSet zeros = params;
+  for (Param& p : zeros.params) p.value.setZero();
+  ParamSet out = withState(params, Optimizer(settings, zeros).stateShapes());
+  if (settings.outerMomentumInSnapshots) out = withState(out, OuterStep::momentumShapes(params));
   return out;
 }
 

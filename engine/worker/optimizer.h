@@ -93,6 +93,9 @@ struct OptimizerSettings {
   int64_t stepEvery = 0;  // step: clocks between decays
   double gamma = 0.1;     // step: the decay factor
   int64_t clocks = 0;     // cosine: the horizon
+  // Not the optimizer's, but the job's snapshots': with the outer step (--outer-lr,
+  // engine/coordinator/outer_step.h) they hold its momentum after this state.
+  bool outerMomentumInSnapshots = false;
 
   // sgd without weight decay: lr folded into the SV coefficients, no state, no buffer.
   bool foldsLearningRate() const { return kind == OptimizerKind::kSgd && weightDecay == 0.0; }
@@ -252,5 +255,9 @@ class ReplicaUpdater {
 ParamSet withState(const ParamSet& params, const ParamSet& state);
 // The reverse: the first `paramCount` entries are the parameters.
 std::pair<ParamSet, ParamSet> splitState(ParamSet combined, size_t paramCount);
+// What a snapshot of a job with `settings` holds, names and shapes (values zero):
+// `params`, the optimizer's state, and the outer step's momentum where the job
+// has one (settings.outerMomentumInSnapshots).
+ParamSet snapshotShapes(const ParamSet& params, const OptimizerSettings& settings);
 
 }  // namespace orpheus::engine

@@ -5,6 +5,8 @@ namespace orpheus::engine {
 CoordinatorOptions coordinatorOptions(const TrainConfig& config) {
   CoordinatorOptions o;
   o.rotateEvery = config.rotateEvery;
+  o.outer.lr = config.outerLr;
+  o.outer.momentum = config.outerMomentum;
   return o;
 }
 

@@ -92,6 +92,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
     lowRank_.emplace(config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()), config.svDtype);
   }
   applyKnobs(knobs_);
+  coordinator_.startFrom(replica_);  // W0 is the same on every rank (the seed's)
   if (deviceResidency(config, model, backend).empty()) updater_.reside(replica_);
 }
 
@@ -173,12 +174,27 @@ void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimi
   log_->resumeAt(id, clock);
 }
 
+void Worker::resumeOuterStep(ParamSet anchor, ParamSet momentum) {
+  if (!anchor.params.empty()) coordinator_.resumeOuterStep(std::move(anchor), std::move(momentum));
+}
+
+ParamSet Worker::snapshotOfReplica() const {
+  const Optimizer& optimizer = updater_.optimizer();
+  ParamSet out = optimizer.hasState() ? withState(replica_, optimizer.exportState()) : replica_;
+  // The anchor is the replica itself at an averaging; the momentum goes with it.
+  if (coordinator_.outerStep().active()) out = withState(out, coordinator_.outerStep().momentum());
+  return out;
+}
+
 void Worker::rejoinAt(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id, bool snapshot) {
   resumeFrom(clock, std::move(replica), optimizerState, id);
+  // Every replica is the new epoch's average, the same everywhere: the outer step
+  // (--outer-lr) starts again from it, with its momentum at zero.
+  coordinator_.startFrom(replica_);
   const ParamSet* part = nullptr;
   ParamSet withOptimizer;
   if (snapshot) {
-    withOptimizer = updater_.optimizer().hasState() ? withState(replica_, updater_.optimizer().exportState()) : replica_;
+    withOptimizer = snapshotOfReplica();
     part = &withOptimizer;
   }
   log_->rejoin(clock, part);
@@ -442,8 +458,8 @@ Worker::Coordination Worker::coordinate(uint64_t clock, MetricsSink& metrics) {
     done = coordinator_.average(replica_, optimizer, clock);
     updater_.hostChanged();
     // Every replica is the average: a snapshot point, with the optimizer state.
-    if (optimizer.hasState()) {
-      log_->averaged(clock, withState(replica_, optimizer.exportState()));
+    if (optimizer.hasState() || coordinator_.outerStep().active()) {
+      log_->averaged(clock, snapshotOfReplica());
     } else {
       log_->averaged(clock, replica_);
     }

@@ -113,6 +113,10 @@ class Worker {
   // Resume: continue from `clock` with `replica` (id `id`) and its optimizer state
   // (Optimizer::exportState()) restored from a checkpoint.
   void resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id);
+  // After resumeFrom, with --outer-lr: the outer step's anchor and momentum from the
+  // snapshot of the last averaging (engine/recovery/checkpoint.h, Restored::outer);
+  // empty: none was taken yet, W0 and zero stand.
+  void resumeOuterStep(ParamSet anchor, ParamSet momentum);
   // Elastic resume (engine/membership/elastic.h): resumeFrom, then the log marks the membership
   // change at `clock` and writes this rank's part of its snapshot unless `snapshot` is
   // false (collective).
@@ -208,6 +212,9 @@ class Worker {
   void applyKnobs(const adapt::Knobs& knobs);
 
   SvBatchHeader header(uint64_t clock) const;
+  // What a snapshot of the replica holds at an averaging (ckpt/snapshot.h): the
+  // parameters, the optimizer state, and with --outer-lr the outer momentum.
+  ParamSet snapshotOfReplica() const;
   void notePhase(ClockPhase phase, uint64_t clock) {
     if (observer_ != nullptr) observer_->phase(phase, clock);
   }

@@ -5,9 +5,10 @@
 # clocks and averaged every 20 with a snapshot):
 #  - restore --clock T equals, bitwise, the parameters and the /optimizer state a
 #    run of T clocks saved, for adam (warmup + step schedule) and momentum (weight
-#    decay), at a snapshot, between barriers and at the end;
+#    decay), at a snapshot, between barriers and at the end; and for nesterov with
+#    the outer step (--outer-lr) at every averaging;
 #  - kill -9 of every process mid-run, then --resume: parameters and state equal an
-#    uninterrupted run's, bitwise (adam);
+#    uninterrupted run's, bitwise (adam; nesterov with the outer step);
 #  - failures inside the job (--fail-prob, adam): restore of the last clock equals,
 #    bitwise with its state, the replica each rank ended with;
 #  - the files are readable by h5py, the state in its own group.
@@ -41,12 +42,22 @@ restore_matches() {
 
 restore_matches adam "20 33 60" --optimizer adam --warmup 5 --lr-schedule step --lr-step-every 25 --lr-gamma 0.5
 restore_matches momentum "33 60" --optimizer momentum --momentum 0.8 --weight-decay 1e-3 --lr 0.05
+# DiLoCo's outer step at each averaging: the snapshot holds W, the replay goes on from it.
+restore_matches outer "20 33 60" --optimizer nesterov --momentum 0.8 --outer-lr 0.7 --outer-momentum 0.9
 
 # kill -9 and --resume (adam).
 whole_and_resumed "$mpiexec" "$orpheus" $np "$out" "${common[@]}" --optimizer adam --clocks 300 --ckpt sv \
   --inject-delay 0:10 || fail "kill -9 and --resume"
 "$compare" "$out/resumed.h5" "$out/whole.h5" 0 || fail "resume: parameters"
 same_state "$out/resumed.h5" "$out/whole.h5" || fail "resume: optimizer state"
+
+# kill -9 and --resume with the outer step: its anchor and momentum come back from the
+# snapshot of the last averaging.
+mkdir -p "$out/outer-resume"
+whole_and_resumed "$mpiexec" "$orpheus" $np "$out/outer-resume" "${common[@]}" --optimizer nesterov --momentum 0.8 \
+  --outer-lr 0.7 --outer-momentum 0.9 --clocks 300 --ckpt sv --inject-delay 0:10 || fail "outer: kill -9 and --resume"
+"$compare" "$out/outer-resume/resumed.h5" "$out/outer-resume/whole.h5" 0 || fail "outer: resume: parameters"
+same_state "$out/outer-resume/resumed.h5" "$out/outer-resume/whole.h5" || fail "outer: resume: optimizer state"
 
 # Failures inside the job (adam): each replica comes back with its state.
 "$mpiexec" -n $np --oversubscribe "$orpheus" train "${common[@]}" --optimizer adam --clocks 80 --ckpt sv \

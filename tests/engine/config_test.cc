@@ -202,3 +202,26 @@ TEST_CASE("--adapt-bf16: with --adapt and a byte budget, without --overlap", "[c
   c.overlap = true;
   requireRefusal(c, 2, "--adapt-bf16 rounds a clock's batch before it is sent: it takes no --overlap");
 }
+
+TEST_CASE("--outer-lr and --outer-momentum: ranges, and only at an averaging barrier", "[config]") {
+  TrainConfig c = smallJob();
+  c.averageEvery = 10;
+  c.outerLr = 0.7;
+  c.outerMomentum = 0.9;
+  REQUIRE(refusal(c, 4).empty());
+  TrainConfig negative = c;
+  negative.outerLr = -0.1;
+  requireRefusal(negative, 4, "--outer-lr -0.1 must be a number >= 0");
+  TrainConfig momentum = c;
+  momentum.outerMomentum = 1.0;
+  requireRefusal(momentum, 4, "--outer-momentum 1 must be in \\[0, 1\\)");
+  momentum.outerMomentum = -0.5;
+  requireRefusal(momentum, 4, "--outer-momentum -0.5 must be in");
+  TrainConfig alone = c;
+  alone.outerLr = 0.0;
+  requireRefusal(alone, 4, "--outer-momentum needs --outer-lr L > 0");
+  TrainConfig unsynced = c;
+  unsynced.averageEvery = 0;
+  requireRefusal(unsynced, 4, "--outer-lr and --outer-momentum step at the averaging barrier: they need "
+                              "--average-every R");
+}

@@ -117,6 +117,10 @@ TEST_CASE("train's numeric flags refuse out-of-range values naming the flag") {
   requireMatch(trainRefusal({"--average-every", "0"}), "--average-every: must be an integer >= 1, got 0");
   requireMatch(trainRefusal({"--rotate-every", "-2"}), "--rotate-every: must be an integer >= 1, got -2");
   requireMatch(trainRefusal({"--chunk-rows", "0"}), "--chunk-rows");
+  CHECK(trainRefusal({"--average-every", "10", "--outer-lr", "0.7", "--outer-momentum", "0.9"}).empty());
+  requireMatch(trainRefusal({"--outer-lr", "-0.5"}), "--outer-lr: must be a number >= 0.*got -0.5");
+  requireMatch(trainRefusal({"--outer-momentum", "1"}), "--outer-momentum: must be a number >= 0 and < 1, got 1");
+  requireMatch(trainRefusal({"--outer-momentum", "-0.1"}), "--outer-momentum: must be a number >= 0 and < 1");
 }
 
 TEST_CASE("train's other flags: names, --inject-delay and unknown flags") {

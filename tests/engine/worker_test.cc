@@ -378,6 +378,32 @@ TEST_CASE("after an averaging barrier every replica is bitwise the average", "[e
   CHECK_FALSE(bitwiseEqual(drifting[0], drifting[1]));
 }
 
+TEST_CASE("with --outer-lr every replica is bitwise W after the barrier, resident or not", "[engine][coordinator]") {
+  engine::TrainConfig config;
+  config.batch = 10;
+  config.multicast = comm::MulticastKind::kRandom;
+  config.fanout = 1;  // replicas drift apart between barriers
+  config.consistency = engine::Consistency::kSsp;
+  config.staleness = 2;
+  config.averageEvery = 5;
+  config.optimizer = engine::OptimizerKind::kNesterov;
+  const auto plain = train(config, 4, 20);
+  config.outerLr = 0.7;
+  config.outerMomentum = 0.9;
+  const auto outer = train(config, 4, 20);
+  for (int r = 1; r < 4; ++r) CHECK(bitwiseEqual(outer[0], outer[static_cast<size_t>(r)]));
+  CHECK_FALSE(bitwiseEqual(outer[0], plain[0]));  // the outer step moved W off the mean
+  // The replica resident on a device is averaged on the host around the barrier
+  // (ReplicaUpdater::toHost, hostChanged): there too every rank ends with the same W,
+  // and not the plain average.
+  config.device = "strict";
+  const auto resident = train(config, 4, 20);
+  for (int r = 1; r < 4; ++r) CHECK(bitwiseEqual(resident[0], resident[static_cast<size_t>(r)]));
+  config.outerLr = 0.0;
+  config.outerMomentum = 0.0;
+  CHECK_FALSE(bitwiseEqual(resident[0], train(config, 4, 20)[0]));
+}
+
 TEST_CASE("rotation moves each replica and its id one rank along the ring; P rotations bring it home",
           "[engine][coordinator]") {
   const int ranks = 4;
@@ -438,6 +464,10 @@ TEST_CASE("each part's options say what the flags say", "[engine][options]") {
   CHECK(named.multicast == "random");
   config.rotateEvery = 7;
   CHECK(engine::coordinatorOptions(config).rotateEvery == 7);
+  config.outerLr = 0.7;
+  config.outerMomentum = 0.9;
+  CHECK(engine::coordinatorOptions(config).outer.lr == 0.7);
+  CHECK(engine::coordinatorOptions(config).outer.momentum == 0.9);
   config.timeoutSeconds = 12.5;
   CHECK(engine::consistencyOptions(config).timeoutSeconds == 12.5);
   CHECK(engine::overlapOptions(config).timeoutSeconds == 12.5);
