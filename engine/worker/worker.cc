@@ -1,6 +1,5 @@
 #include "engine/worker/worker.h"
 #include "engine/worker/device_replica.h"
-#include "ckpt/replay.h"
 
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
