@@ -90,7 +90,7 @@ std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const Trans
 }
 
 std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const TransportOptions& options,
-                                                          std::shared_ptr<loopback::RunGate> gate) {
+                                                          std::shared_ptr<RunGate> gate) {
   auto hub = std::make_shared<loopback::LoopbackHub>(ranks, std::move(gate));
   std::vector<std::unique_ptr<Transport>> group;
   for (int r = 0; r < ranks; ++r) {
@@ -100,7 +100,7 @@ std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const Trans
   return group;
 }
 
-std::vector<std::unique_ptr<LiveGroup>> makeLoopbackLiveGroup(int ranks, std::shared_ptr<loopback::RunGate> gate,
+std::vector<std::unique_ptr<LiveGroup>> makeLoopbackLiveGroup(int ranks, std::shared_ptr<RunGate> gate,
                                                               loopback::JoinRank join) {
   return loopback::LoopbackLiveGroup::make(ranks, std::move(gate), std::move(join));
 }

@@ -63,14 +63,14 @@ JoinedRank joinLiveGroup(const std::string& name, std::vector<std::string> argv,
 // hub, element r being rank r. Each must be driven by its own thread.
 std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const TransportOptions& options = {});
 // The same, with at most gate->capacity() of the ranks' threads running at once
-// (comm/loopback/run_gate.h: each thread enters the gate before its first call).
+// (comm/run_gate.h: each thread enters the gate before its first call).
 std::vector<std::unique_ptr<Transport>> makeLoopbackGroup(int ranks, const TransportOptions& options,
-                                                          std::shared_ptr<loopback::RunGate> gate);
+                                                          std::shared_ptr<RunGate> gate);
 
 // The live groups of such a job (made with the same gate), element r rank r.
 // `join` starts each rank of a grown group (comm/loopback/loopback_live_group.h);
 // empty: the job cannot grow.
-std::vector<std::unique_ptr<LiveGroup>> makeLoopbackLiveGroup(int ranks, std::shared_ptr<loopback::RunGate> gate,
+std::vector<std::unique_ptr<LiveGroup>> makeLoopbackLiveGroup(int ranks, std::shared_ptr<RunGate> gate,
                                                               loopback::JoinRank join = {});
 
 }  // namespace orpheus::comm

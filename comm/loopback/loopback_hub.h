@@ -2,14 +2,14 @@
 // plane (every collective is one round of it) and mailboxes per plane. The data
 // and control planes never share a round or a mailbox, as on MPI. Thread-safe.
 //
-// With a RunGate (simulation, comm/loopback/run_gate.h) every wait gives up the
+// With a RunGate (simulation, comm/run_gate.h) every wait gives up the
 // waiting rank's place: a rendezvous while the others arrive, and an empty
 // mailbox, which then waits up to kIdleWait (or the wait its caller gives) for a
 // post before it answers nothing (tryReceive is polled in a loop by a rank waiting
 // on peers; the pause lets the ranks with work run instead of the pollers).
 #pragma once
 
-#include "comm/loopback/run_gate.h"
+#include "comm/run_gate.h"
 #include "comm/message.h"
 #include "engine/base/error.h"
 

@@ -3,11 +3,11 @@
 // makes a new hub for the ranks that stay; grow makes a hub with room for the new
 // ranks and hands each new rank's transport and group to JoinRank, which starts
 // its thread (there is no process to spawn). Waits give up the rank's place in the
-// run gate (comm/loopback/run_gate.h), as the hub's do.
+// run gate (comm/run_gate.h), as the hub's do.
 #pragma once
 
 #include "comm/live_group.h"
-#include "comm/loopback/run_gate.h"
+#include "comm/run_gate.h"
 
 #include <functional>
 #include <memory>

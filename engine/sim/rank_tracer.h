@@ -58,7 +58,7 @@ class RankTracer final : public ClockObserver {
 
 // Forwards every call to `inner`, telling `tracer` what goes on the wire.
 //
-// Receiving over a gated loopback transport (comm/loopback/run_gate.h): an empty
+// Receiving over a gated loopback transport (comm/run_gate.h): an empty
 // mailbox answers at once, but a second empty poll within one phase of a clock
 // means the rank is waiting for peers, and it then sleeps until a peer posts (no
 // poll storm of hundreds of waiting ranks). With an ArrivalBook (SSP), batches are

@@ -1,6 +1,6 @@
 // The simulated workers: each a thread running the real clock loop over the
 // loopback transport, traced onto the virtual clock (engine/sim/rank_tracer.h), at
-// most `threads` of them doing a clock's work at once (comm/loopback/run_gate.h).
+// most `threads` of them doing a clock's work at once (comm/run_gate.h).
 //
 // Membership changes (--sim-membership, engine/sim/membership_plan.h) go as in a
 // live job (engine/job/job.cc), over the loopback live group comm/factory.h makes:
@@ -13,7 +13,7 @@
 // and every rank of the new epoch starts clock C+1 from the average.
 #pragma once
 
-#include "comm/loopback/run_gate.h"
+#include "comm/run_gate.h"
 #include "comm/schedule.h"
 #include "engine/base/params.h"
 #include "engine/config.h"
@@ -43,7 +43,7 @@ struct RankRun {
   // Model r serves rank r of every epoch: as many as the most ranks of any epoch.
   const std::vector<std::unique_ptr<ops::Model>>& models;
   Trace& trace;
-  std::shared_ptr<comm::loopback::RunGate> gate;  // the loopback group's
+  std::shared_ptr<comm::RunGate> gate;  // the loopback group's
   ArrivalBook* book;  // SSP: virtual-time order (no membership changes then); else null
   const comm::MulticastSchedule* schedule;  // with `book`
   std::chrono::milliseconds timeout;

@@ -3,7 +3,7 @@
 
 #include "ckpt/model_file.h"
 #include "comm/factory.h"
-#include "comm/loopback/run_gate.h"
+#include "comm/run_gate.h"
 #include "engine/base/error.h"
 #include "engine/failures.h"
 #include "engine/memory_check.h"
@@ -301,7 +301,7 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   const VirtualClock::Mode mode = clockMode(config);
   Trace trace(p, VirtualClock(sim.network, p, mode, config.staleness), aggregator);
   const comm::MulticastSchedule schedule(scheduleConfig(config, p));
-  auto gate = std::make_shared<comm::loopback::RunGate>(threads);
+  auto gate = std::make_shared<comm::RunGate>(threads);
   // SSP applies batches as they arrive: in the order of the virtual clock.
   std::optional<ArrivalBook> book;
   if (mode == VirtualClock::Mode::kSsp) {

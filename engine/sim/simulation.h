@@ -10,7 +10,7 @@
 // Memory: one copy of the data in all (each rank's shard is its part of it, read
 // once for IDX files), a replica, a model and two small-stack threads per worker
 // (the worker's and its prefetcher's), and at most --sim-threads workers doing a
-// clock's work at any time (comm/loopback/run_gate.h), so the buffers of a clock
+// clock's work at any time (comm/run_gate.h), so the buffers of a clock
 // (an allgather's P batches, their decoded copies) exist for those few only.
 //
 // Under SSP the replicas apply batches in the order of their virtual arrival

@@ -16,7 +16,7 @@ uint64_t batchClock(const std::vector<std::byte>& bytes) {
   return clock;
 }
 
-ArrivalBook::ArrivalBook(int ranks, comm::loopback::RunGate* gate)
+ArrivalBook::ArrivalBook(int ranks, comm::RunGate* gate)
     : ranks_(ranks), gate_(gate), arrivals_(static_cast<size_t>(ranks)) {}
 
 void ArrivalBook::placed(uint64_t clock, const std::vector<RankTiming>& timing) {
@@ -40,7 +40,7 @@ bool ArrivalBook::waitPlaced(uint64_t clock, std::chrono::milliseconds timeout) 
   }
   // The place in the gate is given up first and taken again after the lock: a rank
   // holding a place never waits on this lock for one without.
-  comm::loopback::GateReleased away(gate_);
+  comm::GateReleased away(gate_);
   std::unique_lock lock(mu_);
   return cv_.wait_for(lock, timeout, [&] { return placed_ >= clock; });
 }

@@ -18,7 +18,7 @@
 // remains of placed clocks comes by arrival, then the current clock's by sender.
 #pragma once
 
-#include "comm/loopback/run_gate.h"
+#include "comm/run_gate.h"
 #include "comm/message.h"
 #include "engine/sim/virtual_clock.h"
 
@@ -38,7 +38,7 @@ namespace orpheus::engine::sim {
 class ArrivalBook {
  public:
   // `gate` (may be null): left while a rank waits for a clock to be placed.
-  ArrivalBook(int ranks, comm::loopback::RunGate* gate);
+  ArrivalBook(int ranks, comm::RunGate* gate);
 
   // Clock `clock` was placed (clocks are placed in order).
   void placed(uint64_t clock, const std::vector<RankTiming>& timing);
@@ -52,7 +52,7 @@ class ArrivalBook {
 
  private:
   int ranks_;
-  comm::loopback::RunGate* gate_;
+  comm::RunGate* gate_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint64_t placed_ = 0;

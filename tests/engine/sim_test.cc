@@ -1,6 +1,6 @@
 // The simulator's network model and virtual clock on cases computed by hand, and
 // the loopback run gate that bounds the threads running at once.
-#include "comm/loopback/run_gate.h"
+#include "comm/run_gate.h"
 #include "engine/base/error.h"
 #include "engine/base/sv_batch.h"
 #include "engine/sim/cpu_share.h"
@@ -358,7 +358,7 @@ TEST_CASE("SSP: ties in arrival go by clock then sender; waiting takes the earli
 }
 
 TEST_CASE("a run gate lets at most its capacity of threads run at once", "[sim]") {
-  orpheus::comm::loopback::RunGate gate(2);
+  orpheus::comm::RunGate gate(2);
   std::atomic<int> running{0};
   std::atomic<int> most{0};
   std::vector<std::thread> threads;

@@ -1,4 +1,5 @@
-// How many rank threads of one loopback job may run at once. A simulation puts
+// How many rank threads of one loopback job may run at once (part of comm's
+// interface: comm/factory.h makes loopback groups that share a gate). A simulation puts
 // hundreds of ranks in one process as threads; without a bound every woken rank
 // would compute (and allocate its clock's buffers) at the same time. With a gate,
 // a rank thread holds one of `capacity` places while it runs and gives it up
@@ -14,7 +15,7 @@
 #include <deque>
 #include <mutex>
 
-namespace orpheus::comm::loopback {
+namespace orpheus::comm {
 
 class RunGate {
  public:
@@ -57,4 +58,4 @@ class GateReleased {
   RunGate* gate_;
 };
 
-}  // namespace orpheus::comm::loopback
+}  // namespace orpheus::comm

@@ -1,8 +1,8 @@
-#include "comm/loopback/run_gate.h"
+#include "comm/run_gate.h"
 
 #include "engine/base/error.h"
 
-namespace orpheus::comm::loopback {
+namespace orpheus::comm {
 
 RunGate::RunGate(int capacity) : capacity_(capacity) {
   ORPHEUS_ENFORCE(capacity >= 1, "a run gate needs room for at least one thread, got {}", capacity);
@@ -47,4 +47,4 @@ void RunGate::yield() {
   enterLocked(lock);
 }
 
-}  // namespace orpheus::comm::loopback
+}  // namespace orpheus::comm
