@@ -14,12 +14,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; compare=$2; mpiexec=$3
 out=$(mktemp -d); trap 'pkill -9 -f "ckpt-dir $out" 2>/dev/null || true; rm -rf "$out"' EXIT
-data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
-trace=${ORPHEUS_TEST_DATA:-$(dirname "$0")/../data}/adapt/e2e_trace.jsonl
 budget=200000
-flags=(--train "$data/train-images-idx3-ubyte.gz" --batch 50 --select 25 --multicast random --fanout 2
-       --average-every 10 --progress off --log-level warn
-       --adapt --adapt-every 10 --adapt-select 12:24 --adapt-trace "$trace" --max-bytes-per-clock $budget)
+adapt_flags $budget 25
 train() { "$mpiexec" -n 3 --oversubscribe "$orpheus" train "${flags[@]}" "$@" >/dev/null; }
 
 mkdir -p "$out/replicas"

@@ -9,14 +9,11 @@
 #  - a job stopped at clock 135 and resumed to 300 equals the whole run, bitwise: the
 #    resumed job takes the bf16 knob back from its log.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; compare=$2; mpiexec=$3
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
-data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
-trace=${ORPHEUS_TEST_DATA:-$(dirname "$0")/../data}/adapt/e2e_trace.jsonl
 budget=100000
-flags=(--train "$data/train-images-idx3-ubyte.gz" --batch 50 --select 24 --multicast random --fanout 2
-       --average-every 10 --progress off --log-level warn
-       --adapt --adapt-every 10 --adapt-select 12:24 --adapt-trace "$trace" --max-bytes-per-clock $budget)
+adapt_flags $budget 24
 train() { "$mpiexec" -n 3 --oversubscribe "$orpheus" train "${flags[@]}" "$@" >/dev/null; }
 
 train --clocks 300 --adapt-bf16 --ckpt sv --ckpt-dir "$out/whole" --save "$out/whole.h5" --metrics "$out/whole.jsonl"

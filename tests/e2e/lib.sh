@@ -118,3 +118,15 @@ kill_rank_when_logged() {
   kill -9 "$victim"
   wait "$launcher" 2>/dev/null || true
 }
+
+# adapt_flags BUDGET SELECT: sets `flags` to the --adapt jobs' flags (adapt.sh,
+# adapt_bf16.sh): MLR on Fashion-MNIST, batch 50, --select SELECT, random multicast
+# to 2 peers, averaging every 10, decisions every 10 clocks with C in 12..24, the
+# timing replayed from the recorded trace, at most BUDGET bytes a rank per clock.
+adapt_flags() {
+  local data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+  local trace=${ORPHEUS_TEST_DATA:-$(dirname "${BASH_SOURCE[0]}")/../data}/adapt/e2e_trace.jsonl
+  flags=(--train "$data/train-images-idx3-ubyte.gz" --batch 50 --select "$2" --multicast random --fanout 2
+         --average-every 10 --progress off --log-level warn
+         --adapt --adapt-every 10 --adapt-select 12:24 --adapt-trace "$trace" --max-bytes-per-clock "$1")
+}

@@ -359,14 +359,21 @@ TEST_CASE("inconsistent flags are refused with one clear message", "[engine]") {
   CHECK_THROWS_WITH(engine::validate(c, 4), Catch::Contains("--sync dense"));
 }
 
-TEST_CASE("after an averaging barrier every replica is bitwise the average", "[engine][coordinator]") {
+// SSP with random multicast to one peer, averaging every 5 clocks: replicas that
+// drift apart between barriers.
+static engine::TrainConfig driftingReplicas() {
   engine::TrainConfig config;
   config.batch = 10;
   config.multicast = comm::MulticastKind::kRandom;
-  config.fanout = 1;  // replicas drift apart between barriers
+  config.fanout = 1;
   config.consistency = engine::Consistency::kSsp;
   config.staleness = 2;
   config.averageEvery = 5;
+  return config;
+}
+
+TEST_CASE("after an averaging barrier every replica is bitwise the average", "[engine][coordinator]") {
+  engine::TrainConfig config = driftingReplicas();
   std::vector<double> divergence;
   const auto replicas = train(config, 4, 20, nullptr, nullptr, &divergence);
   for (int r = 1; r < 4; ++r) CHECK(bitwiseEqual(replicas[0], replicas[static_cast<size_t>(r)]));
@@ -379,13 +386,7 @@ TEST_CASE("after an averaging barrier every replica is bitwise the average", "[e
 }
 
 TEST_CASE("with --outer-lr every replica is bitwise W after the barrier, resident or not", "[engine][coordinator]") {
-  engine::TrainConfig config;
-  config.batch = 10;
-  config.multicast = comm::MulticastKind::kRandom;
-  config.fanout = 1;  // replicas drift apart between barriers
-  config.consistency = engine::Consistency::kSsp;
-  config.staleness = 2;
-  config.averageEvery = 5;
+  engine::TrainConfig config = driftingReplicas();
   config.optimizer = engine::OptimizerKind::kNesterov;
   const auto plain = train(config, 4, 20);
   config.outerLr = 0.7;

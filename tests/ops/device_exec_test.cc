@@ -74,22 +74,7 @@ ParamSet randomParams(const GraphModel& model, std::mt19937& gen) {
   return w;
 }
 
-struct Data {
-  Matrix dense;
-  SparseMatrix sparse;
-  Eigen::VectorXi labels;
-
-  ExampleBatch batch(bool useSparse) const {
-    ExampleBatch x;
-    if (useSparse) {
-      x.sparse = &sparse;
-    } else {
-      x.dense = &dense;
-    }
-    x.labels = &labels;
-    return x;
-  }
-};
+using Data = ExampleData;
 
 Data randomData(std::mt19937& gen, int64_t batch = kBatch) {
   Data data;

@@ -22,22 +22,7 @@ constexpr int64_t kFeatures = 30;
 constexpr int64_t kClasses = 6;
 constexpr int64_t kBatch = 9;
 
-struct Batch {
-  Matrix dense;
-  SparseMatrix sparse;
-  Eigen::VectorXi labels;
-
-  ExampleBatch view(bool useSparse) const {
-    ExampleBatch x;
-    if (useSparse) {
-      x.sparse = &sparse;
-    } else {
-      x.dense = &dense;
-    }
-    x.labels = &labels;
-    return x;
-  }
-};
+using Batch = ExampleData;
 
 Batch randomBatch(std::mt19937& gen) {
   std::normal_distribution<float> d(0.0f, 1.0f);
@@ -76,7 +61,7 @@ TEST_CASE("the built-in MLR's device SVs, loss and gradient are bitwise its host
   const Batch data = randomBatch(gen);
   for (bool useSparse : {false, true}) {
     INFO((useSparse ? "sparse" : "dense"));
-    const ExampleBatch x = data.view(useSparse);
+    const ExampleBatch x = data.batch(useSparse);
     double hostLoss = 0.0;
     const SvBatch host = model.computeSvg(w, x, &hostLoss);
     REQUIRE(host.matrices.size() == 1);
@@ -110,7 +95,7 @@ TEST_CASE("the built-in MLR computes what examples/mlr.loss computes, bit for bi
   const ParamSet w = someParams(builtIn, gen);
   const Batch data = randomBatch(gen);
   for (bool useSparse : {false, true}) {
-    const ExampleBatch x = data.view(useSparse);
+    const ExampleBatch x = data.batch(useSparse);
     double a = 0.0, b = 0.0;
     requireSameBatch(builtIn.computeSvg(w, x, &a), file.computeSvg(w, x, &b));
     CHECK(a == b);
@@ -126,7 +111,7 @@ TEST_CASE("the built-in MLR refuses a label out of range on the device too", "[o
   Batch data = randomBatch(gen);
   data.labels(2) = static_cast<int>(kClasses);
   const std::vector<Tensor> dw = upload(cpu, w);
-  CHECK_THROWS_WITH(model.computeSvgOnDevice(dw, data.view(false), nullptr, cpu), Catch::Contains("label 6"));
+  CHECK_THROWS_WITH(model.computeSvgOnDevice(dw, data.batch(false), nullptr, cpu), Catch::Contains("label 6"));
   model.releaseDevice();
 }
 
@@ -141,13 +126,13 @@ TEST_CASE("a rebuild reads the local batch's SVs where the device pass left them
   for (bool uniform : {true, false}) {
     INFO((uniform ? "one coefficient" : "coefficients per column"));
     const std::vector<Tensor> dw = upload(*strict, w);
-    SvBatch local = model.computeSvgOnDevice(dw, mine.view(false), nullptr, *strict);
+    SvBatch local = model.computeSvgOnDevice(dw, mine.batch(false), nullptr, *strict);
     std::vector<DeviceSvs> onDevice = model.lastDeviceSvs();
     REQUIRE(onDevice.size() == 1);
     onDevice[0].hostU = local.matrices[0].u.data();
     scaleCoefficients(local, -0.25f);
     if (!uniform) local.coeffs(1) = 0.5f;
-    SvBatch peer = model.computeSvg(w, theirs.view(false), nullptr);
+    SvBatch peer = model.computeSvg(w, theirs.batch(false), nullptr);
     scaleCoefficients(peer, -0.25f);
     const SvBatchView views[] = {viewOf(local), viewOf(peer)};
     const SvBatchView* group[] = {&views[0], &views[1]};

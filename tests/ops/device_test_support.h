@@ -6,6 +6,7 @@
 #include "engine/base/params.h"
 #include "engine/base/sv_batch.h"
 #include "ops/cpu/cpu_backend.h"
+#include "ops/model.h"
 
 #include <catch2/catch.hpp>
 
@@ -13,6 +14,24 @@
 #include <vector>
 
 namespace orpheus::ops::testing {
+
+// A minibatch held both dense and sparse, with its labels.
+struct ExampleData {
+  Matrix dense;
+  SparseMatrix sparse;
+  Eigen::VectorXi labels;
+
+  ExampleBatch batch(bool useSparse) const {
+    ExampleBatch x;
+    if (useSparse) {
+      x.sparse = &sparse;
+    } else {
+      x.dense = &dense;
+    }
+    x.labels = &labels;
+    return x;
+  }
+};
 
 inline std::vector<Tensor> upload(Backend& backend, const ParamSet& w) {
   std::vector<Tensor> out;
