@@ -165,14 +165,7 @@ TEST_CASE("at examples/mlp.loss's own sizes the device SVs are still bitwise the
   const SvBatch host = model.computeSvg(w, x, &hostLoss);
   const ParamSet hostGrad = model.denseGradient(w, x, &hostLoss);
   for (Backend* backend : {static_cast<Backend*>(&cpu), strict.get()}) {
-    INFO("backend " << backend->name());
-    const std::vector<Tensor> dw = upload(*backend, w);
-    double loss = 0.0;
-    requireSameBatch(model.computeSvgOnDevice(dw, x, &loss, *backend), host);
-    CHECK(loss == hostLoss);
-    std::vector<Tensor> dg = allocateLike(*backend, w);
-    model.denseGradientOnDevice(dw, x, &loss, *backend, dg);
-    requireSameParams(download(*backend, w, dg), hostGrad);
+    requireDevicePassBitwise(model, w, x, *backend, host, hostLoss, hostGrad);
   }
 }
 

@@ -69,14 +69,7 @@ TEST_CASE("the built-in MLR's device SVs, loss and gradient are bitwise its host
     const ParamSet hostGrad = model.denseGradient(w, x, nullptr);
     const EvalSums hostSums = model.evaluate(w, x);
     for (Backend* backend : {static_cast<Backend*>(&cpu), strict.get()}) {
-      INFO("backend " << backend->name());
-      const std::vector<Tensor> dw = upload(*backend, w);
-      double loss = 0.0;
-      requireSameBatch(model.computeSvgOnDevice(dw, x, &loss, *backend), host);
-      CHECK(loss == hostLoss);
-      std::vector<Tensor> dg = allocateLike(*backend, w);
-      model.denseGradientOnDevice(dw, x, &loss, *backend, dg);
-      requireSameParams(download(*backend, w, dg), hostGrad);
+      const std::vector<Tensor> dw = requireDevicePassBitwise(model, w, x, *backend, host, hostLoss, hostGrad);
       const EvalSums sums = model.evaluateOnDevice(dw, x, *backend);
       CHECK(sums.lossSum == hostSums.lossSum);
       CHECK(sums.correct == hostSums.correct);

@@ -93,6 +93,23 @@ inline void requireSameParams(const ParamSet& a, const ParamSet& b) {
   }
 }
 
+// `model`'s SVs, loss and dense gradient on `backend`, from parameters uploaded
+// there, are bitwise the host path's (`host`, `hostLoss`, `hostGrad`). Returns the
+// uploaded parameters, for more checks on the device.
+inline std::vector<Tensor> requireDevicePassBitwise(const Model& model, const ParamSet& w, const ExampleBatch& x,
+                                                    Backend& backend, const SvBatch& host, double hostLoss,
+                                                    const ParamSet& hostGrad) {
+  INFO("backend " << backend.name());
+  std::vector<Tensor> dw = upload(backend, w);
+  double loss = 0.0;
+  requireSameBatch(model.computeSvgOnDevice(dw, x, &loss, backend), host);
+  CHECK(loss == hostLoss);
+  std::vector<Tensor> dg = allocateLike(backend, w);
+  model.denseGradientOnDevice(dw, x, &loss, backend, dg);
+  requireSameParams(download(backend, w, dg), hostGrad);
+  return dw;
+}
+
 // A CPU backend that counts the tensors it allocates and the sparse copies it makes.
 class CountingBackend final : public cpu::CpuBackend {
  public:
