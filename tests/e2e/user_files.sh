@@ -52,8 +52,8 @@ timeout 60 "${np2[@]}" "${base[@]}" --ckpt sv --ckpt-dir "$out/ck" >/dev/null 2>
 job=$(sha256sum <"$out/ck/job.h5")
 refuse ckpt_taken "not empty \(a checkpoint\).*--resume.*--overwrite" "${np2[@]}" "${base[@]}" --ckpt sv --ckpt-dir "$out/ck"
 [ "$(sha256sum <"$out/ck/job.h5")" = "$job" ] || { echo "FAIL job.h5 was rewritten"; fail=1; }
-if timeout 60 "${np2[@]}" "${base[@]}" --ckpt sv --ckpt-dir "$out/ck" --overwrite --lr 0.05 >/dev/null 2>&1; then
-  echo "ok   ckpt_overwrite"; else echo "FAIL ckpt_overwrite"; fail=1; fi
+if timeout 60 "${np2[@]}" "${base[@]}" --ckpt sv --ckpt-dir "$out/ck" --overwrite --lr 0.05 >"$out/overwrite.log" 2>&1; then
+  echo "ok   ckpt_overwrite"; else echo "FAIL ckpt_overwrite (exit $?):"; tail -n 20 "$out/overwrite.log"; fail=1; fi
 
 # 5. --resume continues the same computation or names what changed.
 timeout 60 "${np2[@]}" "${base[@]}" --ckpt sv --ckpt-dir "$out/r" >/dev/null 2>&1
@@ -62,8 +62,8 @@ refuse resume_np "number of ranks \(mpirun -np\) differs" "$orpheus" "${base[@]}
 cp "$train" "$out/other.libsvm"; echo "1 1:0.5" >>"$out/other.libsvm"
 refuse resume_data "--train differs.*contents changed" "${np2[@]}" "${base[@]/$train/$out/other.libsvm}" --ckpt-dir "$out/r" --resume
 refuse resume_overwrite "give one" "${np2[@]}" "${base[@]}" --ckpt-dir "$out/r" --resume --overwrite
-if timeout 60 "${np2[@]}" "${base[@]/#6/9}" --ckpt-dir "$out/r" --resume >/dev/null 2>&1; then
-  echo "ok   resume_more_clocks"; else echo "FAIL resume_more_clocks"; fail=1; fi
+if timeout 60 "${np2[@]}" "${base[@]/#6/9}" --ckpt-dir "$out/r" --resume >"$out/more.log" 2>&1; then
+  echo "ok   resume_more_clocks"; else echo "FAIL resume_more_clocks (exit $?):"; tail -n 20 "$out/more.log"; fail=1; fi
 
 # 6. Config files: unknown keys, keys outside [train], garbage.
 printf 'clocks = 5\n' >"$out/top.ini"
