@@ -30,7 +30,7 @@ std::optional<FileId> fileId(const std::string& path) {
 // Creates and removes a file in `dir`: the one reliable test that outputs can be
 // written there (permissions, read-only mounts, /proc, full quotas on create).
 void probeDirectory(const fs::path& dir, const OutputPath& out) {
-  std::string name = (dir / ".orpheus-probe-XXXXXX").string();
+  std::string name = (dir / (std::string(kProbePrefix) + "XXXXXX")).string();
   const int fd = ::mkstemp(name.data());
   if (fd < 0) {
     throw InputError(fmt::format("{} '{}': cannot write to directory '{}': {}", out.flag, out.path, dir.string(),

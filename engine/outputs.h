@@ -22,6 +22,10 @@
 
 namespace orpheus::engine {
 
+// The name every writability probe starts with: a file another rank may hold for
+// an instant in any output directory (a checkpoint's too), never anything else.
+inline constexpr const char* kProbePrefix = ".orpheus-probe-";
+
 struct OutputPath {
   enum class Kind { kFile, kDirectory };
   std::string flag;  // how the user named it, e.g. "--save"

@@ -3,6 +3,7 @@
 #include "engine/base/crc32c.h"
 #include "engine/base/error.h"
 #include "engine/coordinator/outer_step.h"
+#include "engine/outputs.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -207,6 +208,8 @@ void claimCheckpointDir(const std::string& dir, bool overwrite) {
   std::vector<std::string> foreign;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
+    // Another rank's writability probe (engine/outputs.h), there for an instant.
+    if (name.starts_with(kProbePrefix)) continue;
     if (isEngineEntry(name)) {
       ours.push_back(entry.path());
     } else {

@@ -2,6 +2,8 @@
 
 #include "engine/base/error.h"
 
+#include "engine/outputs.h"
+
 #include <catch2/catch.hpp>
 
 #include "tests/support/temp_dir.h"
@@ -99,8 +101,16 @@ TEST_CASE("a checkpoint directory belongs to one job") {
   REQUIRE_THROWS_WITH(claimCheckpointDir(dir, true), Contains("'notes.txt', which no Orpheus job wrote"));
   REQUIRE(fs::exists(dir + "/job.h5"));
   fs::remove(dir + "/notes.txt");
+  // Another rank's writability probe, there for an instant, is neither the user's
+  // file nor the old job's: --overwrite goes on and leaves it to its rank.
+  const std::string probe = dir + "/" + orpheus::engine::kProbePrefix + "AbC123";
+  std::ofstream(probe) << "";
   REQUIRE_NOTHROW(claimCheckpointDir(dir, true));
+  REQUIRE(fs::exists(probe));
+  fs::remove(probe);
   REQUIRE(fs::is_empty(dir));
+  std::ofstream(probe) << "";
+  REQUIRE_NOTHROW(claimCheckpointDir(dir, false));  // a probe alone: an empty directory
   std::ofstream((t.path() / "file").string()) << "x";
   REQUIRE_THROWS_WITH(claimCheckpointDir((t.path() / "file").string(), false), Contains("is not a directory"));
   // A directory of the user's own files is not a checkpoint: no hint at --overwrite.
