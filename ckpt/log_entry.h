@@ -66,7 +66,7 @@ struct Record {
 
 // kKnobs (added after the first logs; older logs hold none): the coordinator set
 // the communication knobs at this clock (--adapt); one record of
-// kKnobsRecordBytes (or kKnobsRecordBytesWide, format 4), as engine/adapt/knobs.h encodes it. Replay applies nothing for
+// kKnobsRecordBytes (or kKnobsRecordBytesWide or kKnobsRecordBytesRank, format 4), as engine/adapt/knobs.h encodes it. Replay applies nothing for
 // it: the batches already carry what the knobs did.
 //
 // kMembership and kChunks (segment format 4; older directories keep them in the
@@ -84,6 +84,10 @@ enum class EventKind : uint32_t {
 inline constexpr size_t kKnobsRecordBytes = 32;
 // A knobs record that also sets the SV value width (bf16): segment format 4.
 inline constexpr size_t kKnobsRecordBytesWide = 40;
+// A knobs record that also sets the rank of --sv-rank's batches: segment format 4.
+inline constexpr size_t kKnobsRecordBytesRank = 48;
+// Whether a knobs record of `size` bytes needs segment format 4.
+inline bool isFormat4Knobs(size_t size) { return size == kKnobsRecordBytesWide || size == kKnobsRecordBytesRank; }
 // The longest membership or chunk record a log takes.
 inline constexpr size_t kTextRecordMaxBytes = size_t{1} << 20;
 // Whether `kind` is one of the job's own records (kMembership, kChunks).

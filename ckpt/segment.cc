@@ -151,13 +151,13 @@ void BuiltSegment::append(uint64_t clock, EventKind kind, const std::vector<Reco
 namespace {
 
 // Whether the segment holds what only format 4 reads: a job record, or a knobs
-// record that sets the SV value width.
+// record that sets the SV value width or the rank.
 bool needsFormat4(const BuiltSegment& seg) {
   size_t record = 0;
   for (const EntryRow& r : seg.rows) {
     const auto kind = static_cast<EventKind>(r.kind);
     if (isJobRecord(kind)) return true;
-    if (kind == EventKind::kKnobs && seg.sizes[record] == kKnobsRecordBytesWide) return true;
+    if (kind == EventKind::kKnobs && isFormat4Knobs(seg.sizes[record])) return true;
     record += r.records;
   }
   return false;
@@ -347,7 +347,7 @@ std::string scanEntries(const SegmentData& data, int64_t version, int replica, u
       error = scanReset(data, r, record, offset, &r == &data.rows.front(), previous, first, scan);
     } else if (kind == EventKind::kKnobs || isJobRecord(kind)) {
       const bool knobsSize = data.sizes[record] == kKnobsRecordBytes ||
-                             (version >= kSegmentVersionJobRecords && data.sizes[record] == kKnobsRecordBytesWide);
+                             (version >= kSegmentVersionJobRecords && isFormat4Knobs(data.sizes[record]));
       if (r.records != 1 || (kind == EventKind::kKnobs && !knobsSize)) {
         return fmt::format("a {} event is malformed", kind == EventKind::kKnobs ? "knobs" : "job record");
       }

@@ -171,7 +171,7 @@ void SvLogWriter::appendEvent(uint64_t clock, EventKind kind) {
 }
 
 void SvLogWriter::appendKnobs(uint64_t clock, std::span<const std::byte> record) {
-  ORPHEUS_ENFORCE(record.size() == kKnobsRecordBytes || record.size() == kKnobsRecordBytesWide,
+  ORPHEUS_ENFORCE(record.size() == kKnobsRecordBytes || isFormat4Knobs(record.size()),
                   "checkpoint log: a knobs record of {} bytes at clock {}",
                   record.size(), clock);
   stageEvent(clock, EventKind::kKnobs,

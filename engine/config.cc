@@ -157,10 +157,11 @@ void checkRange(const std::pair<int64_t, int64_t>& r, const char* flag, int64_t 
 void validateAdapt(const TrainConfig& c, int ranks) {
   const bool any = c.adaptEvery != 50 || c.adaptSelect.first >= 0 || c.adaptFanout.first >= 0 ||
                    c.adaptStaleness.first >= 0 || c.adaptAverageEvery.first >= 0 || c.maxBytesPerClock > 0.0 ||
-                   c.adaptCommShare != 0.5 || !c.adaptTrace.empty() || c.adaptBf16;
+                   c.adaptCommShare != 0.5 || !c.adaptTrace.empty() || c.adaptBf16 || c.adaptRank.first >= 0;
   ORPHEUS_CHECK_INPUT(c.adapt || !any,
-                      "--adapt-every, --adapt-select, --adapt-fanout, --adapt-staleness, --adapt-average-every, "
-                      "--adapt-comm-share, --adapt-trace, --adapt-bf16 and --max-bytes-per-clock apply to --adapt");
+                      "--adapt-every, --adapt-select, --adapt-rank, --adapt-fanout, --adapt-staleness, "
+                      "--adapt-average-every, --adapt-comm-share, --adapt-trace, --adapt-bf16 and "
+                      "--max-bytes-per-clock apply to --adapt");
   if (!c.adapt) return;
   ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv, "--adapt sets the SV co-designs' knobs: it needs --sync sv");
   ORPHEUS_CHECK_INPUT(c.adaptEvery >= 1, "--adapt-every {} must be >= 1", c.adaptEvery);
@@ -173,6 +174,17 @@ void validateAdapt(const TrainConfig& c, int ranks) {
   ORPHEUS_CHECK_INPUT(!c.adaptBf16 || !c.overlap,
                       "--adapt-bf16 rounds a clock's batch before it is sent: it takes no --overlap");
   checkRange(c.adaptSelect, "--adapt-select", 1, c.batch);
+  ORPHEUS_CHECK_INPUT(c.adaptSelect.first < 0 || c.svRank == 0,
+                      "--adapt-select bounds C, which --sv-rank replaces: bound its rank with --adapt-rank MIN:MAX");
+  ORPHEUS_CHECK_INPUT(c.adaptRank.first < 0 || c.svRank > 0,
+                      "--adapt-rank bounds the rank of --sv-rank R: give --sv-rank");
+  if (c.svRank > 0) {
+    const int64_t most = c.selectUnit == ops::Model::SvgUnit::kStep ? std::numeric_limits<int32_t>::max() : c.batch - 2;
+    checkRange(c.adaptRank, "--adapt-rank", 1, std::max<int64_t>(1, most));
+    ORPHEUS_CHECK_INPUT(c.adaptRank.first < 0 || (c.svRank >= c.adaptRank.first && c.svRank <= c.adaptRank.second),
+                        "--sv-rank {} is the rank to start from: it must lie in --adapt-rank {}:{}", c.svRank,
+                        c.adaptRank.first, c.adaptRank.second);
+  }
   ORPHEUS_CHECK_INPUT(c.adaptFanout.first < 0 || c.multicast != comm::MulticastKind::kAll,
                       "--adapt-fanout applies to --multicast random, fixed or ring");
   checkRange(c.adaptFanout, "--adapt-fanout", 1, std::max(ranks - 1, 1));
@@ -264,9 +276,9 @@ void validate(const TrainConfig& c, int ranks) {
     ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv && !c.overlap,
                         "--sv-rank compresses a clock's whole batch after the backward pass: it needs --sync sv "
                         "and no --overlap");
-    ORPHEUS_CHECK_INPUT(c.select == 0 && !c.adapt,
+    ORPHEUS_CHECK_INPUT(c.select == 0,
                         "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
-                        "--select, and the C that --adapt sets (give one of them)");
+                        "--select (give one of them)");
     ORPHEUS_CHECK_INPUT(c.selectUnit == ops::Model::SvgUnit::kStep || c.svRank + 1 < c.batch,
                         "--sv-rank {} sends {} SVGs per matrix: fewer than the {} a clock sends without it only "
                         "below {}",

@@ -76,6 +76,7 @@ struct TrainConfig {
   bool adapt = false;
   int64_t adaptEvery = 50;
   std::pair<int64_t, int64_t> adaptSelect{-1, -1};
+  std::pair<int64_t, int64_t> adaptRank{-1, -1};  // --adapt-rank MIN:MAX, under --sv-rank
   std::pair<int64_t, int64_t> adaptFanout{-1, -1};
   std::pair<int64_t, int64_t> adaptStaleness{-1, -1};
   std::pair<int64_t, int64_t> adaptAverageEvery{-1, -1};

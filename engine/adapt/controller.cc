@@ -15,7 +15,8 @@
 
 namespace orpheus::engine::adapt {
 
-static_assert(kKnobsRecordBytes == ckpt::kKnobsRecordBytes && kKnobsRecordBytesWide == ckpt::kKnobsRecordBytesWide,
+static_assert(kKnobsRecordBytes == ckpt::kKnobsRecordBytes && kKnobsRecordBytesWide == ckpt::kKnobsRecordBytesWide &&
+                  kKnobsRecordBytesRank == ckpt::kKnobsRecordBytesRank,
               "the SV log keeps knobs as engine/adapt encodes them");
 
 namespace {
@@ -81,12 +82,17 @@ Knobs startKnobs(const ControllerOptions& o, int startFanout) {
   k.staleness = o.staleness;
   k.averageEvery = o.averageEvery;
   k.bf16 = o.startBf16;
+  k.rank = o.rank;
+  if (o.rank > 0) k.select = 0;
   return k;
 }
 
 Bounds boundsFor(const ControllerOptions& o, int ranks, int startFanout) {
   Bounds b;
-  b.select = rangeOf(o.selectRange, {1, o.batch});
+  // Under --sv-rank the rank is the knob and C stays "all"; r up to 4 times the
+  // flag's, below the B - 1 that would send as many SVGs as the batch holds.
+  b.select = o.rank > 0 ? Range{o.batch, o.batch} : rangeOf(o.selectRange, {1, o.batch});
+  b.rank = o.rank > 0 ? rangeOf(o.rankRange, {1, std::max(o.rank, std::min(4 * o.rank, o.batch - 2))}) : Range{0, 0};
   const bool multicast = o.multicast != comm::MulticastKind::kAll && ranks > 1;
   b.fanout = multicast ? rangeOf(o.fanoutRange, {1, ranks - 1}) : Range{startFanout, startFanout};
   b.staleness = o.consistency == Consistency::kSsp
@@ -136,7 +142,16 @@ bool Controller::decidesAfter(uint64_t clock) const {
 }
 
 bool Controller::measuresAt(uint64_t clock) const {
-  return decidesAfter(clock) && options_.jmcss;
+  return decidesAfter(clock) && (options_.jmcss || options_.rank > 0);
+}
+
+std::array<int64_t, 3> Controller::errorCountsFor(const Knobs& current) const {
+  return errorCounts(current, bounds_, options_.batch);
+}
+
+void Controller::measured(const std::vector<double>& errors, double seconds, ClockSample& sample) const {
+  std::copy_n(errors.begin(), std::min(errors.size(), sample.errors.size()), sample.errors.begin());
+  sample.measureSeconds = seconds;
 }
 
 void Controller::measure(uint64_t clock, const SvBatch& local, const Knobs& current, ClockSample& sample) const {
@@ -221,17 +236,18 @@ Decision Controller::decide(uint64_t clock, const Knobs& current) {
   const std::array<int64_t, 3> counts = errorCounts(current, bounds_, options_.batch);
   Decision d;
   if (leader) d = adapt::decide(current, w, bounds_, bytes_, options_.consistency == Consistency::kSsp);
-  double knobs[5] = {0, 0, 0, 0, 0};
+  double knobs[6] = {0, 0, 0, 0, 0, 0};
   if (leader) {
     knobs[0] = static_cast<double>(d.knobs.select);
     knobs[1] = static_cast<double>(d.knobs.fanout);
     knobs[2] = static_cast<double>(d.knobs.staleness);
     knobs[3] = static_cast<double>(d.knobs.averageEvery);
     knobs[4] = d.knobs.bf16 ? 1.0 : 0.0;
+    knobs[5] = static_cast<double>(d.knobs.rank);
   }
   transport_.control().sum(knobs);
   d.knobs = {static_cast<int64_t>(knobs[0]), static_cast<int64_t>(knobs[1]), static_cast<int64_t>(knobs[2]),
-             static_cast<int64_t>(knobs[3]), knobs[4] > 0.5};
+             static_cast<int64_t>(knobs[3]), knobs[4] > 0.5, static_cast<int64_t>(knobs[5])};
   if (leader && aggregator_ != nullptr) {
     JsonLine line;
     line.add("decision", true)
@@ -244,6 +260,7 @@ Decision Controller::decide(uint64_t clock, const Knobs& current) {
         .add("staleness", d.knobs.staleness)
         .add("average_every", d.knobs.averageEvery)
         .add("sv_dtype", d.knobs.bf16 ? "bf16" : "f32")
+        .add("rank", d.knobs.rank)
         .add("predicted_bytes_per_clock", d.predictedBytes)
         .add("max_bytes_per_clock", bounds_.maxBytesPerClock)
         .add("window_clocks", w.clocks)
@@ -268,18 +285,20 @@ std::optional<Knobs> knobsAt(const std::string& dir, int replica, uint64_t clock
 }
 
 std::vector<std::byte> encodeKnobs(const Knobs& k) {
-  const int64_t values[5] = {k.select, k.fanout, k.staleness, k.averageEvery, 1};
-  std::vector<std::byte> out(k.bf16 ? kKnobsRecordBytesWide : kKnobsRecordBytes);
+  const int64_t values[6] = {k.select, k.fanout, k.staleness, k.averageEvery, k.bf16 ? 1 : 0, k.rank};
+  const size_t size = k.rank > 0 ? kKnobsRecordBytesRank : k.bf16 ? kKnobsRecordBytesWide : kKnobsRecordBytes;
+  std::vector<std::byte> out(size);
   std::memcpy(out.data(), values, out.size());
   return out;
 }
 
 Knobs decodeKnobs(std::span<const std::byte> bytes) {
-  if (bytes.size() != kKnobsRecordBytes && bytes.size() != kKnobsRecordBytesWide) {
-    throw CorruptRecordError(fmt::format("a knobs record of {} bytes (expected {} or {})", bytes.size(),
-                                         kKnobsRecordBytes, kKnobsRecordBytesWide));
+  if (bytes.size() != kKnobsRecordBytes && bytes.size() != kKnobsRecordBytesWide &&
+      bytes.size() != kKnobsRecordBytesRank) {
+    throw CorruptRecordError(fmt::format("a knobs record of {} bytes (expected {}, {} or {})", bytes.size(),
+                                         kKnobsRecordBytes, kKnobsRecordBytesWide, kKnobsRecordBytesRank));
   }
-  int64_t values[5] = {0, 0, 0, 0, 0};
+  int64_t values[6] = {0, 0, 0, 0, 0, 0};
   std::memcpy(values, bytes.data(), bytes.size());
   for (const int64_t v : values) {
     if (v < 0) throw CorruptRecordError(fmt::format("a knobs record with a negative value {}", v));
@@ -287,7 +306,13 @@ Knobs decodeKnobs(std::span<const std::byte> bytes) {
   if (bytes.size() == kKnobsRecordBytesWide && values[4] != 1) {
     throw CorruptRecordError(fmt::format("a knobs record with SV value width code {} (expected 1: bf16)", values[4]));
   }
-  return {values[0], values[1], values[2], values[3], bytes.size() == kKnobsRecordBytesWide};
+  if (bytes.size() == kKnobsRecordBytesRank && (values[4] > 1 || values[5] < 1 || values[0] != 0)) {
+    throw CorruptRecordError(fmt::format("a knobs record with width code {}, rank {} and C {} (expected 0 or 1, "
+                                         "a rank >= 1 and C 0)", values[4], values[5], values[0]));
+  }
+  Knobs k{values[0], values[1], values[2], values[3], values[4] == 1};
+  k.rank = values[5];
+  return k;
 }
 
 }  // namespace orpheus::engine::adapt

@@ -44,6 +44,7 @@ struct ControllerOptions {
   std::pair<int64_t, int64_t> fanoutRange{-1, -1};
   std::pair<int64_t, int64_t> stalenessRange{-1, -1};
   std::pair<int64_t, int64_t> averageEveryRange{-1, -1};
+  std::pair<int64_t, int64_t> rankRange{-1, -1};  // --adapt-rank, under --sv-rank
   double maxBytesPerClock = 0.0;  // 0: no budget
   bool bf16 = false;              // --adapt-bf16: the budget rule may send U and V as bf16
   double commShare = 0.5;
@@ -57,6 +58,7 @@ struct ControllerOptions {
   int64_t staleness = 0;
   int64_t averageEvery = 0;
   bool startBf16 = false;  // --sv-dtype bf16
+  int64_t rank = 0;        // --sv-rank R: the knob is r, not C
   comm::MulticastKind multicast = comm::MulticastKind::kAll;
   Consistency consistency = Consistency::kBsp;
   bool jmcss = true;
@@ -130,9 +132,15 @@ class Controller {
   bool decidesAfter(uint64_t clock) const;
 
   // Whether the clock's errors e(c) are measured: the last clock of each window
-  // (the one before a decision), under JMCSS selection. One clock a window keeps
-  // the cost small (a JMCSS draw of C or B/2 SVGs and the Gram matrices).
+  // (the one before a decision), under JMCSS selection or --sv-rank. One clock a
+  // window keeps the cost small (a JMCSS draw of C or B/2 SVGs and the Gram
+  // matrices; under --sv-rank the sender's own power iteration says e(r)).
   bool measuresAt(uint64_t clock) const;
+  // The counts e() is wanted at under `current` (policy.h, errorCounts).
+  std::array<int64_t, 3> errorCountsFor(const Knobs& current) const;
+  // sample.errors and sample.measureSeconds from errors measured elsewhere (the
+  // --sv-rank sender's, LowRankSender::errorsAt(errorCountsFor(knobs))).
+  void measured(const std::vector<double>& errors, double seconds, ClockSample& sample) const;
   // sample.errors and sample.measureSeconds from `local`, this rank's whole batch of
   // `clock`, under `current` (engine/worker/select.h, selectionErrors: nothing else changes).
   void measure(uint64_t clock, const SvBatch& local, const Knobs& current, ClockSample& sample) const;

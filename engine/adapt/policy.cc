@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <optional>
 #include <string>
@@ -20,6 +21,20 @@ constexpr double kSlackShare = 0.5;      // comm below this part of the target s
 int64_t effectiveSelect(int64_t select, int64_t batch) { return select <= 0 || select >= batch ? batch : select; }
 // C = B is no selection at all: stored as 0, as --select 0 means.
 int64_t storedSelect(int64_t select, int64_t batch) { return select >= batch ? 0 : select; }
+
+// The knob rules 0, 1 and 3 move: r under --sv-rank, else C (effective: B for all).
+int64_t level(const Knobs& k, int64_t batch) { return k.rank > 0 ? k.rank : effectiveSelect(k.select, batch); }
+const Range& levelRange(const Knobs& k, const Bounds& b) { return k.rank > 0 ? b.rank : b.select; }
+Knobs withLevel(Knobs k, int64_t value, int64_t batch) {
+  if (k.rank > 0) {
+    k.rank = value;
+  } else {
+    k.select = storedSelect(value, batch);
+  }
+  return k;
+}
+// Whether `value` of the level sends everything (C = B; never for a rank).
+bool sendsAll(const Knobs& k, int64_t value, int64_t batch) { return k.rank == 0 && value >= batch; }
 
 bool fits(const ByteModel& m, const Bounds& b, const Knobs& k) {
   return b.maxBytesPerClock <= 0.0 || m.perClock(k) <= b.maxBytesPerClock;
@@ -41,24 +56,25 @@ Knobs clamped(Knobs k, const Bounds& b, int64_t batch) {
   k.fanout = b.fanout.clamp(k.fanout);
   k.staleness = b.staleness.clamp(k.staleness);
   k.averageEvery = b.averageEvery.clamp(k.averageEvery);
+  if (k.rank > 0) k.rank = b.rank.clamp(k.rank);
   return k;
 }
 
 // Rule 0: bf16 values where allowed (half the bytes at the same C), then the
-// largest C that fits, then fewer peers, then rarer averaging.
+// largest C (r) that fits, then fewer peers, then rarer averaging.
 std::optional<Decision> fitBudget(const Knobs& current, const Bounds& b, const ByteModel& m) {
   if (fits(m, b, current)) return std::nullopt;
   const double before = m.perClock(current);
   Knobs k = current;
   while (!fits(m, b, k)) {
-    const int64_t c = effectiveSelect(k.select, m.batch);
+    const int64_t c = level(k, m.batch);
     if (b.bf16 && !k.bf16) {
       k.bf16 = true;
-    } else if (c > b.select.min) {
-      k.select = storedSelect(c - 1, m.batch);
+    } else if (c > levelRange(k, b).min) {
+      k = withLevel(k, c - 1, m.batch);
     } else if (k.fanout > b.fanout.min) {
       k.fanout -= 1;
-      k.select = storedSelect(b.select.max, m.batch);  // the largest C again, at the smaller Q
+      k = withLevel(k, levelRange(k, b).max, m.batch);  // the largest C (r) again, at the smaller Q
     } else if (k.averageEvery > 0 && k.averageEvery < b.averageEvery.max) {
       k.averageEvery = std::min(b.averageEvery.max, 2 * k.averageEvery);
     } else {
@@ -79,28 +95,28 @@ std::optional<Knobs> step(const Knobs& current, const Bounds& b, const ByteModel
   return next;
 }
 
-std::string selectText(int64_t select, int64_t batch) {
-  return select >= batch ? std::string("all") : std::to_string(select);
-}
-
-// One candidate C of the goodput rule: its predicted error and seconds per clock.
+// One candidate C (r) of the goodput rule: its predicted error and seconds per clock.
 struct Candidate {
-  int64_t select = 0;  // effective: B for all
+  int64_t value = 0;  // C (effective: B for all) or r
   double error = 0.0;
   double seconds = 0.0;
   double goodput() const { return (1.0 - error) / std::max(seconds, 1e-9); }
-  std::string text(int64_t batch) const {
-    return fmt::format("C={} {:.2f}/{:.0f}ms", selectText(select, batch), 1.0 - error, 1e3 * seconds);
+  std::string text(const Knobs& k, int64_t batch) const {
+    const std::string name = k.rank > 0 ? "r" : "C";
+    const std::string v = sendsAll(k, value, batch) ? std::string("all") : std::to_string(value);
+    return fmt::format("{}={} {:.2f}/{:.0f}ms", name, v, 1.0 - error, 1e3 * seconds);
   }
 };
 
 // Rule 1. Progress per clock is 1 - e(c), the share of the update the c sent SVGs
-// rebuild; seconds per clock are the measured clock with its selection and exposed
-// comm scaled to c (selection by c, comm by the bytes of a batch of c), the rest
-// (forward/backward, rebuild, waits, barriers) taken as it is. e(2C) is not
-// measured: it is extrapolated as e(C) times the ratio e(C)/e(C/2) of the last
-// halving, but never below half of e(C), and interpolated linearly when the bounds
-// stop short of 2C; e = 0 when the candidate is all B.
+// rebuild (under --sv-rank: the share rank r sends now rather than later); seconds
+// per clock are the measured clock with its selection and exposed comm scaled to c
+// (selection by c, comm by the bytes of a batch of c; --sv-rank's compression is
+// taken as fixed), the rest (forward/backward, rebuild, waits, barriers) taken as it
+// is. e(2C) is not measured: it is extrapolated as e(C) times the ratio e(C)/e(C/2)
+// of the last halving, but never below half of e(C), and interpolated linearly when
+// the bounds stop short of 2C; e = 0 when the candidate is all B. (From r = 1, whose
+// halving is to nothing sent, the ratio's square root.)
 // `held` gets the comparison when C stays.
 std::optional<Knobs> goodput(const Knobs& current, const Window& w, const Bounds& b, const ByteModel& m,
                              std::string& held, std::string& why) {
@@ -108,63 +124,66 @@ std::optional<Knobs> goodput(const Knobs& current, const Window& w, const Bounds
     if (e < 0.0) return std::nullopt;  // not measured (uniform selection, dense sync, no SV clock)
   }
   const int64_t batch = m.batch;
-  const int64_t c = effectiveSelect(current.select, batch);
+  const bool rank = current.rank > 0;
+  const int64_t c = level(current, batch);
   const std::array<int64_t, 3> counts = errorCounts(current, b, batch);
   const double clock =
       w.clockSeconds > 0.0 ? w.clockSeconds : w.computeSeconds + w.commSeconds + w.waitSeconds;
-  const double select = c < batch ? w.selectSeconds : 0.0;
+  const bool selecting = !rank && c < batch;
+  const double select = selecting ? w.selectSeconds : 0.0;
   const double fixed = std::max(0.0, clock - w.commSeconds - select);
   // Selection seconds per SVG: measured at C, or, with all sent, the probe's (an upper bound).
-  const double perColumn = c < batch ? w.selectSeconds / static_cast<double>(c)
-                                     : w.measureSeconds / static_cast<double>(std::max<int64_t>(1, counts[1]));
+  const double perColumn = rank ? 0.0
+                           : selecting ? w.selectSeconds / static_cast<double>(c)
+                                       : w.measureSeconds / static_cast<double>(std::max<int64_t>(1, counts[1]));
   const auto candidate = [&](int64_t k, double error) {
-    const double selecting = k < batch ? perColumn * static_cast<double>(k) : 0.0;
-    const double comm = w.commSeconds * m.batchBytes(storedSelect(k, batch), current.bf16) /
-                        m.batchBytes(current.select, current.bf16);
-    return Candidate{k, k >= batch ? 0.0 : error, fixed + selecting + comm};
+    const bool all = sendsAll(current, k, batch);
+    const double selectingK = all ? 0.0 : perColumn * static_cast<double>(k);
+    const double comm = w.commSeconds * m.svBytes(withLevel(current, k, batch)) / m.svBytes(current);
+    return Candidate{k, all ? 0.0 : error, fixed + selectingK + comm};
   };
-  const double errorC = c >= batch ? 0.0 : w.errors[2];
+  const double errorC = sendsAll(current, c, batch) ? 0.0 : w.errors[2];
   const Candidate now = candidate(c, errorC);
   std::vector<Candidate> others;
   if (counts[0] < c) others.push_back(candidate(counts[0], w.errors[0]));
-  const int64_t up = b.select.clamp(std::min(2 * c, batch));
+  const int64_t up = levelRange(current, b).clamp(rank ? 2 * c : std::min(2 * c, batch));
   if (up > c) {
     double error = 0.0;
-    if (up < batch) {
-      const double ratio = w.errors[1] > 0.0 ? errorC / w.errors[1] : 0.0;
+    if (!sendsAll(current, up, batch)) {
+      double ratio = w.errors[1] > 0.0 ? errorC / w.errors[1] : 0.0;
+      // At r = 1 the last "halving" is to nothing sent (e(0) = 1), a steeper fall than
+      // any later doubling gives: take its square root, or r would swing 1, 2, 1, ...
+      if (rank && counts[1] == 0) ratio = std::sqrt(ratio);
       const double doubled = errorC * std::clamp(ratio, 0.5, 1.0);
       error = errorC + (doubled - errorC) * static_cast<double>(up - c) / static_cast<double>(c);
     }
-    Knobs next = current;
-    next.select = storedSelect(up, batch);
-    if (fits(m, b, next)) others.push_back(candidate(up, error));
+    if (fits(m, b, withLevel(current, up, batch))) others.push_back(candidate(up, error));
   }
   const Candidate* best = &now;
   for (const Candidate& k : others) {
     if (k.goodput() > best->goodput()) best = &k;
   }
   if (best != &now && best->goodput() > (1.0 + kGoodputMargin) * now.goodput()) {
-    why = fmt::format("goodput {} > {}", best->text(batch), now.text(batch));
-    Knobs next = current;
-    next.select = storedSelect(best->select, batch);
-    return step(current, b, m, next);
+    why = fmt::format("goodput {} > {}", best->text(current, batch), now.text(current, batch));
+    return step(current, b, m, withLevel(current, best->value, batch));
   }
   std::string rest;
-  for (const Candidate& k : others) rest += (rest.empty() ? "" : ", ") + k.text(batch);
-  held = fmt::format("goodput holds {}{}", now.text(batch), rest.empty() ? "" : " (" + rest + ")");
+  for (const Candidate& k : others) rest += (rest.empty() ? "" : ", ") + k.text(current, batch);
+  held = fmt::format("goodput holds {}{}", now.text(current, batch), rest.empty() ? "" : " (" + rest + ")");
   return std::nullopt;
 }
 
 }  // namespace
 
 std::string toString(const Knobs& k) {
-  return fmt::format("C={} Q={} s={} R={}{}", k.select == 0 ? std::string("all") : std::to_string(k.select), k.fanout,
-                     k.staleness, k.averageEvery, k.bf16 ? " bf16" : "");
+  return fmt::format("C={} Q={} s={} R={}{}{}", k.select == 0 ? std::string("all") : std::to_string(k.select),
+                     k.fanout, k.staleness, k.averageEvery, k.bf16 ? " bf16" : "",
+                     k.rank > 0 ? fmt::format(" r={}", k.rank) : std::string());
 }
 
 std::array<int64_t, 3> errorCounts(const Knobs& current, const Bounds& b, int64_t batch) {
-  const int64_t c = effectiveSelect(current.select, batch);
-  return {std::min(c, b.select.clamp(std::max<int64_t>(1, c / 2))), c / 2, c};
+  const int64_t c = level(current, batch);
+  return {std::min(c, levelRange(current, b).clamp(std::max<int64_t>(1, c / 2))), c / 2, c};
 }
 
 double ByteModel::batchBytes(int64_t select, bool bf16) const {
@@ -174,8 +193,12 @@ double ByteModel::batchBytes(int64_t select, bool bf16) const {
   return fixedBytes + c * column + c * c * perColumnSquared;
 }
 
+double ByteModel::svBytes(const Knobs& k) const {
+  return batchBytes(k.rank > 0 ? k.rank + 1 : k.select, k.bf16);
+}
+
 double ByteModel::perClock(const Knobs& k) const {
-  const double sv = static_cast<double>(k.fanout) * batchBytes(k.select, k.bf16) * scale;
+  const double sv = static_cast<double>(k.fanout) * svBytes(k) * scale;
   return sv + (k.averageEvery > 0 ? averageBytes / static_cast<double>(k.averageEvery) : 0.0);
 }
 
@@ -204,7 +227,7 @@ ByteModel byteModelFor(const std::vector<std::pair<int64_t, int64_t>>& shapes, i
 
 ByteModel corrected(const ByteModel& model, const Knobs& current, const Window& w) {
   ByteModel m = model;
-  const double predicted = static_cast<double>(current.fanout) * model.batchBytes(current.select, current.bf16);
+  const double predicted = static_cast<double>(current.fanout) * model.svBytes(current);
   if (predicted > 0.0 && w.svBytes > predicted) m.scale = w.svBytes / predicted;
   if (w.averageBytes > 0.0) m.averageBytes = w.averageBytes;
   return m;
@@ -221,7 +244,7 @@ Decision decide(const Knobs& current, const Window& w, const Bounds& b, const By
   const ByteModel m = corrected(model, current, w);
   if (auto fitted = fitBudget(current, b, m)) return *fitted;
 
-  const int64_t c = effectiveSelect(current.select, m.batch);
+  const int64_t c = level(current, m.batch);
   const double compute = std::max(w.computeSeconds, 1e-9);
   const double share = w.commSeconds / compute;
   const double measured = w.computeSeconds + w.commSeconds + w.waitSeconds;
@@ -261,7 +284,7 @@ Decision decide(const Knobs& current, const Window& w, const Bounds& b, const By
         return moved("diverge", why, *k);
       }
     }
-    if (auto k = change([&](Knobs& n) { n.select = 2 * c; })) return moved("diverge", why, *k);
+    if (auto k = change([&](Knobs& n) { n = withLevel(n, 2 * c, m.batch); })) return moved("diverge", why, *k);
     held = why;
   }
   // 4. Slack: comm well under its share buys consistency: more peers, then averaging sooner.

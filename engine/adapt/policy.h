@@ -6,17 +6,19 @@
 // controller (engine/adapt/controller.h) gathers the window and announces the
 // decision. The rules are written out in engine/adapt/README.md:
 //   0. budget   predicted bytes per rank per clock above --max-bytes-per-clock:
-//               send U and V as bf16 (--adapt-bf16), then lower C, then Q, then
-//               R-averaging traffic, until it fits;
+//               send U and V as bf16 (--adapt-bf16), then lower C (r under
+//               --sv-rank), then Q, then R-averaging traffic, until it fits;
 //   1. goodput  C moves to the candidate of {C/2, C, 2C} with the most progress per
 //               second, (1 - e(c)) / t(c), when it beats C's by more than 5%:
 //               e(c) is the measured relative error of the update c SVGs rebuild,
 //               t(c) the clock's measured time with its selection and exposed comm
-//               scaled to c;
+//               scaled to c. Under --sv-rank the same rule moves r: e(r) is the
+//               share of the clock's update (with what earlier clocks carried)
+//               that rank r leaves for later clocks;
 //   2. waits    waits above a fifth of compute + comm + wait: raise s (SSP), else
 //               lower Q;
 //   3. diverge  replica divergence at averaging grew by half or more: halve R,
-//               else double C;
+//               else double C (r);
 //   4. slack    comm below half of --adapt-comm-share of compute: raise Q, else
 //               halve R (each only within the budget);
 //   5. keep.
@@ -47,6 +49,7 @@ struct Bounds {
   Range fanout;        // Q in [1, P-1]
   Range staleness;     // s; fixed at its start value unless SSP
   Range averageEvery;  // R; fixed at 0 when averaging is off
+  Range rank;          // r under --sv-rank (then C is fixed at B); {0, 0} without
   bool bf16 = false;   // the budget rule may switch U and V to bf16 (--adapt-bf16)
   double maxBytesPerClock = 0.0;  // per rank; 0 = no budget
   double commShare = 0.5;         // slack: exposed comm below half this share of compute
@@ -65,6 +68,8 @@ struct ByteModel {
 
   // Bytes of one SV batch of C columns (0: all B, no core), its values in bf16 or f32.
   double batchBytes(int64_t select, bool bf16 = false) const;
+  // Bytes of one SV batch under `knobs`: C columns, or r + 1 with a core under --sv-rank.
+  double svBytes(const Knobs& knobs) const;
   // Predicted bytes per rank per clock: Q batches, plus averaging amortized over R.
   double perClock(const Knobs& knobs) const;
 };
@@ -92,7 +97,8 @@ struct Window {
 };
 
 // Where the goodput rule needs e(c) under `current`: {the lower candidate (C/2 within
-// the bounds), C/2 (0 for C = 1: e(0) = 1), C (B when all are sent: e(B) = 0)}.
+// the bounds), C/2 (0 for C = 1: e(0) = 1), C (B when all are sent: e(B) = 0)};
+// under --sv-rank the same of r.
 std::array<int64_t, 3> errorCounts(const Knobs& current, const Bounds& bounds, int64_t batch);
 
 struct Decision {

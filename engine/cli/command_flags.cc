@@ -352,6 +352,8 @@ void addAdaptFlags(CLI::App& cmd, TrainConfig& c) {
       ->capture_default_str()
       ->check(integerIn(1));
   addRangeOption(cmd, "--adapt-select", c.adaptSelect, "With --adapt: bounds of C (default 1:B)");
+  addRangeOption(cmd, "--adapt-rank", c.adaptRank,
+                 "With --adapt and --sv-rank R: bounds of the rank (default 1:min(4R, B-2), at least R)");
   addRangeOption(cmd, "--adapt-fanout", c.adaptFanout, "With --adapt: bounds of Q (default 1:P-1)");
   addRangeOption(cmd, "--adapt-staleness", c.adaptStaleness, "With --adapt under SSP: bounds of s (default 0:max(8,2s))");
   addRangeOption(cmd, "--adapt-average-every", c.adaptAverageEvery,

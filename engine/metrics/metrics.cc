@@ -321,7 +321,8 @@ JsonLine summaryLine(const MetricsOptions& options, const ops::Model& model, con
         .add("final_fanout", run.knobs.fanout)
         .add("final_staleness", run.knobs.staleness)
         .add("final_average_every", run.knobs.averageEvery)
-        .add("final_sv_dtype", run.knobs.bf16 ? "bf16" : "f32");
+        .add("final_sv_dtype", run.knobs.bf16 ? "bf16" : "f32")
+        .add("final_rank", run.knobs.rank);
   }
   if (run.evaluated) {
     summary.add("initial_test_loss", run.initialTestLoss);

@@ -84,6 +84,7 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
     add("--adapt", std::string("on"));
     add("--adapt-every", c.adaptEvery);
     add("--adapt-select", range(c.adaptSelect));
+    if (c.svRank > 0) add("--adapt-rank", range(c.adaptRank));  // refused with --adapt before
     add("--adapt-fanout", range(c.adaptFanout));
     add("--adapt-staleness", range(c.adaptStaleness));
     add("--adapt-average-every", range(c.adaptAverageEvery));

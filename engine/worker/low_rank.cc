@@ -2,10 +2,13 @@
 
 #include "engine/base/error.h"
 
+#include <Eigen/Eigenvalues>
 #include <Eigen/QR>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 
 namespace orpheus::engine {
@@ -14,7 +17,35 @@ namespace {
 void roundAllToBf16(Matrix& m) {
   for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = roundToBf16(m.data()[i]);
 }
+
+// Q's columns [from, to) for matrix p: Gaussian, each column from its own stream, so
+// a column is the same whichever rank it was first needed at.
+void drawColumns(Matrix& q, Eigen::Index from, Eigen::Index to, uint64_t seed, size_t p) {
+  for (Eigen::Index c = from; c < to; ++c) {
+    std::mt19937_64 gen(seed ^ (0x9e3779b97f4a7c15ULL * (p + 1)) ^ (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(c)));
+    std::normal_distribution<float> normal;
+    for (Eigen::Index i = 0; i < q.rows(); ++i) q(i, c) = normal(gen);
+  }
+}
 }  // namespace
+
+void LowRankSender::setRank(int64_t rank) {
+  ORPHEUS_ENFORCE(rank >= 1, "--sv-rank: a rank of {}", rank);
+  rank_ = rank;
+}
+
+std::vector<double> LowRankSender::errorsAt(std::span<const int64_t> ranks) const {
+  std::vector<double> out;
+  for (const int64_t k : ranks) {
+    double captured = 0.0;
+    for (const MatrixState& s : state_) {
+      const auto n = std::min<size_t>(s.captured.size(), static_cast<size_t>(std::max<int64_t>(0, k)));
+      for (size_t i = 0; i < n; ++i) captured += s.captured[i];
+    }
+    out.push_back(lastWhole_ > 0.0 ? std::sqrt(std::max(0.0, lastWhole_ - captured) / lastWhole_) : 0.0);
+  }
+  return out;
+}
 
 SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& kept,
                                        double& whole) {
@@ -28,6 +59,11 @@ SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, 
     std::normal_distribution<float> normal;
     s.q.resize(k, r);
     for (Eigen::Index i = 0; i < s.q.size(); ++i) s.q.data()[i] = normal(gen);
+  } else if (s.q.cols() != r) {
+    // The rank moved (--adapt): keep the first r columns, or draw the new ones.
+    const Eigen::Index had = s.q.cols();
+    s.q.conservativeResize(k, r);
+    if (r > had) drawColumns(s.q, had, r, seed_, p);
   }
   // M = E + U C V^T is never formed on its own: with A = U C,
   //   M Q = E Q + A (V^T Q),   M^T P = E^T P + V (A^T P),   E' = E + [A, -P] [V, Q']^T,
@@ -49,6 +85,12 @@ SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, 
   right << m.vDense, s.q;
   s.e.noalias() += left * right.transpose();
   const double carried = static_cast<double>(s.e.squaredNorm());
+  // What the best k directions within span(P) carry: the eigenvalues of
+  // Q'^T Q' = P^T M M^T P (r x r), largest first.
+  const Eigen::MatrixXd gram = s.q.cast<double>().transpose() * s.q.cast<double>();
+  const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(gram, Eigen::EigenvaluesOnly);
+  s.captured.assign(eig.eigenvalues().data(), eig.eigenvalues().data() + r);
+  std::sort(s.captured.begin(), s.captured.end(), std::greater<>());
   kept += carried;
   whole += carried + static_cast<double>(s.q.squaredNorm());
 
@@ -115,6 +157,7 @@ SvBatch LowRankSender::compress(const SvBatch& batch) {
     out.matrices.push_back(compressMatrix(batch.matrices[p], batch.coeffs, p, kept, whole));
   }
   lastError_ = whole > 0.0 ? std::sqrt(kept / whole) : 0.0;
+  lastWhole_ = whole;
   return out;
 }
 

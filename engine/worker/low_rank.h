@@ -23,9 +23,13 @@
 // updated, so E also carries the rounding error: E = M - round(P) round(Q)^T, and the
 // bias's rounding error is carried to the next clock's bias column.
 //
-// E and Q are the sender's memory: not in the log, so after --resume they start
-// again at zero and at the seed (the job says so; the resumed run is then not
-// bitwise the uninterrupted one).
+// E and Q are the sender's memory, not in the log: the checkpoint keeps them as the
+// rank's carried state (state() and restore()), so --resume compresses exactly as the
+// uninterrupted run would.
+//
+// The rank may change between clocks (--adapt moves r): Q keeps its first r columns
+// when r falls, and gains Gaussian columns drawn from the seed, the matrix's place
+// and the column's when r rises, so the same sequence of ranks gives the same batches.
 #pragma once
 
 #include "engine/base/sv_batch.h"
@@ -33,6 +37,7 @@
 #include "engine/base/params.h"
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,6 +53,9 @@ class LowRankSender {
   SvBatch compress(const SvBatch& batch);
   // The width of P and Q from the next compress() on (--adapt-bf16 may switch it).
   void setDtype(SvDtype dtype) { dtype_ = dtype; }
+  // The rank from the next compress() on (--adapt may move it); >= 1.
+  void setRank(int64_t rank);
+  int64_t rank() const { return rank_; }
 
   // E, Q and the bias residual of every matrix, named `prefix`<p>.e, .q and .eb (an
   // .eb only where there is one), for the checkpoint: a resumed job that restores
@@ -60,6 +68,10 @@ class LowRankSender {
   // ||E|| / ||M|| after the last compress(), over every matrix: the share of the
   // update carried to later clocks (0 when M is 0).
   double lastError() const { return lastError_; }
+  // What lastError() would have been at each rank k of `ranks` (k <= the rank in
+  // force; 0: nothing sent, 1): from the same power iteration, keeping the best k
+  // directions of span(P) (the top k eigenvalues of P^T M M^T P). e(rank) is lastError().
+  std::vector<double> errorsAt(std::span<const int64_t> ranks) const;
   // The part of matrix p's updates not sent yet (J x K; empty before its first clock).
   Matrix carried(size_t p) const { return p < state_.size() ? state_[p].e : Matrix(); }
   // The part of matrix p's bias updates not sent yet (bf16 rounding; empty otherwise).
@@ -70,6 +82,7 @@ class LowRankSender {
     Matrix e;   // J x K
     Matrix q;   // K x R
     Vector eb;  // J: the bias's rounding error (bf16)
+    std::vector<double> captured;  // eigenvalues of P^T M M^T P of the last clock, largest first
   };
   SvMatrix compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& kept, double& whole);
 
@@ -78,6 +91,7 @@ class LowRankSender {
   SvDtype dtype_;
   std::vector<MatrixState> state_;  // one per matrix of the batch
   double lastError_ = 0.0;
+  double lastWhole_ = 0.0;  // ||M||^2 of the last compress(), over every matrix
 };
 
 }  // namespace orpheus::engine

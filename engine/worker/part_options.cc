@@ -33,6 +33,7 @@ adapt::ControllerOptions controllerOptions(const TrainConfig& config) {
   o.fanoutRange = config.adaptFanout;
   o.stalenessRange = config.adaptStaleness;
   o.averageEveryRange = config.adaptAverageEvery;
+  o.rankRange = config.adaptRank;
   o.maxBytesPerClock = config.maxBytesPerClock;
   o.bf16 = config.adaptBf16;
   o.startBf16 = config.svDtype == SvDtype::kBf16;
@@ -42,6 +43,7 @@ adapt::ControllerOptions controllerOptions(const TrainConfig& config) {
   o.batch = config.batch;
   o.seed = config.seed;
   o.select = config.select;
+  o.rank = config.sync == SyncMode::kSv ? config.svRank : 0;
   o.staleness = config.staleness;
   o.averageEvery = config.averageEvery;
   o.multicast = config.multicast;

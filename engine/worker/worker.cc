@@ -108,7 +108,10 @@ void Worker::applyKnobs(const adapt::Knobs& knobs) {
   if (sc.kind != comm::MulticastKind::kAll) sc.fanout = static_cast<int>(knobs.fanout);
   schedule_ = comm::MulticastSchedule(sc);
   heard_ = static_cast<double>(config_.batch) * (schedule_.fanout() + 1);
-  if (lowRank_) lowRank_->setDtype(knobs.bf16 ? SvDtype::kBf16 : SvDtype::kF32);
+  if (lowRank_) {
+    lowRank_->setDtype(knobs.bf16 ? SvDtype::kBf16 : SvDtype::kF32);
+    if (knobs.rank > 0) lowRank_->setRank(knobs.rank);
+  }
   pointToPoint_ = sendsPointToPoint(config_, schedule_, knobs_);
   // Every clock up to here is complete; later ones may have been judged complete
   // under the old schedule (no sender for this rank): judge them again.
@@ -124,6 +127,11 @@ void Worker::adaptAfter(uint64_t clock, const ClockStats& stats, uint64_t coordi
   sample.selectSeconds = stats.selectSeconds;
   // After the clock's own timing was taken, so that measuring shows in none of it.
   if (measured != nullptr) adapt_.measure(clock, *measured, knobs_, sample);
+  // Under --sv-rank the clock's own power iteration measured e(r): nothing to redo.
+  if (lowRank_ && adapt_.measuresAt(clock)) {
+    const std::array<int64_t, 3> counts = adapt_.errorCountsFor(knobs_);
+    adapt_.measured(lowRank_->errorsAt(counts), 0.0, sample);
+  }
   sample.computeSeconds = stats.computeSeconds;
   sample.commSeconds = stats.commSeconds;
   sample.waitSeconds = stats.waitSeconds;
@@ -196,7 +204,7 @@ void Worker::svClock(uint64_t clock, const ops::ExampleBatch& examples, ClockSta
   // S: compute_svg(W, x) for each x of the minibatch.
   const std::shared_ptr<SvBatch> local = computeSvgs(clock, examples, exchange, start, stats);
   if (local == nullptr) return;  // the loss is not finite: runClock reports it
-  if (adapt_.measuresAt(clock)) measuredBatch_ = local;
+  if (adapt_.measuresAt(clock) && !lowRank_) measuredBatch_ = local;
   // The C SVGs of S worth sending (all of S when selection is off).
   std::optional<SvBatch> selected = selectToSend(clock, *local, stats);
   const std::shared_ptr<SvBatch> sent = selected ? std::make_shared<SvBatch>(std::move(*selected)) : local;

@@ -421,3 +421,126 @@ TEST_CASE("the bf16 knob round-trips in the wide record; the short record is f32
   CHECK_THROWS_AS(adapt::decodeKnobs(bad), orpheus::CorruptRecordError);
   CHECK(adapt::toString(k) == "C=25 Q=3 s=2 R=50 bf16");
 }
+
+namespace {
+
+// --sv-rank on the MLP: r in 1..8, C fixed at all, Q = 3.
+adapt::Bounds rankBounds() {
+  adapt::Bounds b = mlpBounds();
+  b.select = {100, 100};
+  b.rank = {1, 8};
+  return b;
+}
+
+// e(r) of a rank-r batch with error feedback: what rank r leaves for later clocks.
+double rankError(int64_t r) {
+  const double at[][2] = {{0, 1.0}, {1, 0.6}, {2, 0.45}, {4, 0.3}, {8, 0.2}};
+  for (size_t i = 1; i < std::size(at); ++i) {
+    if (static_cast<double>(r) <= at[i][0]) {
+      const double f = (static_cast<double>(r) - at[i - 1][0]) / (at[i][0] - at[i - 1][0]);
+      return at[i - 1][1] + f * (at[i][1] - at[i - 1][1]);
+    }
+  }
+  return 0.2;
+}
+
+// A window at rank r: `rest` seconds of compute and rebuild, exposed comm of
+// `perByte` seconds a byte of the Q batches.
+adapt::Window rankWindow(const adapt::Knobs& k, double rest, double perByte) {
+  adapt::Window w;
+  w.clocks = 25;
+  w.commSeconds = perByte * mlpModel().perClock(k);
+  w.computeSeconds = rest;
+  w.clockSeconds = rest + w.commSeconds;
+  w.selectSeconds = 0.002;  // the compression: taken as fixed
+  w.errors = errorsAt(k, rankBounds(), 100, rankError);
+  return w;
+}
+
+std::vector<int64_t> rankSteps(double perByte, std::vector<std::string>* reasons = nullptr) {
+  adapt::Knobs k{0, 3, 0, 0};
+  k.rank = 2;
+  std::vector<int64_t> out;
+  for (int i = 0; i < 4; ++i) {
+    const adapt::Decision d = adapt::decide(k, rankWindow(k, 0.1, perByte), rankBounds(), mlpModel(), false);
+    if (reasons != nullptr) reasons->push_back(d.reason);
+    CHECK(d.knobs.select == 0);  // C never moves under --sv-rank
+    k = d.knobs;
+    out.push_back(k.rank);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("under --sv-rank the knob is r: a batch of r + 1 columns with a core", "[adapt][low-rank]") {
+  const adapt::ByteModel m = mlpModel();
+  adapt::Knobs k{0, 3, 0, 0};
+  k.rank = 2;
+  CHECK(m.svBytes(k) == m.batchBytes(3));
+  CHECK(m.perClock(k) == 3 * m.batchBytes(3));
+  CHECK(adapt::errorCounts(k, rankBounds(), 100) == std::array<int64_t, 3>{1, 1, 2});
+  k.rank = 1;
+  CHECK(adapt::errorCounts(k, rankBounds(), 100) == std::array<int64_t, 3>{1, 0, 1});
+  CHECK(adapt::toString(k) == "C=all Q=3 s=0 R=0 r=1");
+}
+
+TEST_CASE("goodput moves r: cheap comm raises it to its bound, dear comm lowers it", "[adapt][low-rank]") {
+  std::vector<std::string> reasons;
+  // 10 Gbit/s-like: a few ms of comm against 100 ms of compute.
+  const std::vector<int64_t> cheap = rankSteps(8e-9, &reasons);
+  INFO(reasons[0] << " | " << reasons.back());
+  CHECK(cheap == std::vector<int64_t>{4, 8, 8, 8});
+  CHECK(reasons[0].rfind("goodput r=4", 0) == 0);
+  // A slow link: the Q batches' comm is several times the compute.
+  reasons.clear();
+  const std::vector<int64_t> dear = rankSteps(1e-5, &reasons);
+  INFO(reasons[0] << " | " << reasons.back());
+  CHECK(dear.front() == 1);
+  CHECK(dear.back() == 1);
+  // Unmeasured errors: goodput is silent, r stays.
+  adapt::Knobs k{0, 3, 0, 0};
+  k.rank = 2;
+  adapt::Window w = rankWindow(k, 0.1, 8e-9);
+  w.errors = {-1.0, -1.0, -1.0};
+  CHECK(adapt::decide(k, w, rankBounds(), mlpModel(), false).knobs.rank == 2);
+}
+
+TEST_CASE("under --sv-rank the budget takes bf16, then lowers r, never C", "[adapt][low-rank]") {
+  const adapt::ByteModel m = mlpModel();
+  adapt::Knobs k{0, 3, 0, 0};
+  k.rank = 4;
+  adapt::Bounds b = rankBounds();
+  adapt::Knobs two = k;
+  two.rank = 2;
+  b.maxBytesPerClock = m.perClock(two) + 1.0;  // f32 fits r = 2 at most
+  const adapt::Decision f32 = adapt::initialKnobs(k, b, m, false);
+  CHECK(f32.rule == "budget");
+  CHECK(f32.knobs == two);
+  b.bf16 = true;  // bf16 halves the values: r = 4 fits in bf16
+  const adapt::Decision bf16 = adapt::initialKnobs(k, b, m, false);
+  INFO(bf16.reason);
+  CHECK(bf16.knobs.bf16);
+  CHECK(bf16.knobs.rank == 4);
+  CHECK(bf16.knobs.select == 0);
+  CHECK(bf16.predictedBytes <= b.maxBytesPerClock);
+}
+
+TEST_CASE("the rank knob round-trips in its record; a malformed one is refused", "[adapt][low-rank]") {
+  adapt::Knobs k{0, 3, 2, 50};
+  k.rank = 3;
+  const auto bytes = adapt::encodeKnobs(k);
+  REQUIRE(bytes.size() == adapt::kKnobsRecordBytesRank);
+  CHECK(adapt::decodeKnobs(bytes) == k);
+  k.bf16 = true;
+  CHECK(adapt::decodeKnobs(adapt::encodeKnobs(k)) == k);
+  auto bad = bytes;
+  bad[40] = std::byte{0};  // rank 0 in a rank record
+  CHECK_THROWS_AS(adapt::decodeKnobs(bad), orpheus::CorruptRecordError);
+  bad = bytes;
+  bad[32] = std::byte{2};  // no such width
+  CHECK_THROWS_AS(adapt::decodeKnobs(bad), orpheus::CorruptRecordError);
+  bad = bytes;
+  bad[0] = std::byte{5};  // C beside a rank
+  CHECK_THROWS_AS(adapt::decodeKnobs(bad), orpheus::CorruptRecordError);
+}

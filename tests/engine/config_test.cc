@@ -139,9 +139,27 @@ TEST_CASE("--sv-rank with --overlap or --select, and a rank that sends no fewer 
   requireRefusal(high, 2, "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
                           "--select");
   high.select = 0;
-  high.adapt = true;
-  requireRefusal(high, 2, "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
-                          "--select, and the C that --adapt sets");
+  high.adapt = true;  // --adapt moves the rank in place of C
+  CHECK(refusal(high, 2).empty());
+}
+
+TEST_CASE("--adapt-rank: with --adapt and --sv-rank, around the starting rank; no --adapt-select", "[config]") {
+  TrainConfig c = smallJob();
+  c.train = "synthetic:examples=100,features=20,classes=3";
+  c.batch = 10;
+  c.adaptRank = {1, 4};
+  requireRefusal(c, 2, "--adapt-rank, --adapt-fanout");  // not without --adapt
+  c.adapt = true;
+  requireRefusal(c, 2, "--adapt-rank bounds the rank of --sv-rank R: give --sv-rank");
+  c.svRank = 2;
+  CHECK(refusal(c, 2).empty());
+  c.adaptRank = {3, 4};
+  requireRefusal(c, 2, "--sv-rank 2 is the rank to start from: it must lie in --adapt-rank 3:4");
+  c.adaptRank = {1, 9};
+  requireRefusal(c, 2, "--adapt-rank 1:9 must be MIN:MAX with 1 <= MIN <= MAX <= 8");
+  c.adaptRank = {1, 4};
+  c.adaptSelect = {1, 5};
+  requireRefusal(c, 2, "--adapt-select bounds C, which --sv-rank replaces");
 }
 
 TEST_CASE("--sync powersgd: BSP broadcast only, a rank, no checkpoint", "[config]") {

@@ -184,3 +184,60 @@ TEST_CASE("--sv-rank with bf16 SVs sends bf16 values and carries their rounding 
   CHECK(sender.carriedBias(0).norm() > 0.0f);
   CHECK(sender.carriedBias(0).cwiseAbs().maxCoeff() < 0.05f * static_cast<float>(wholeBias.cwiseAbs().maxCoeff()));
 }
+
+TEST_CASE("--sv-rank's rank may move between clocks; errorsAt measures e(k) from the same iteration",
+          "[low-rank][adapt]") {
+  std::mt19937 gen(17);
+  LowRankSender sender(4, 1);
+  MatD carried[2] = {MatD::Zero(12, 9), MatD::Zero(7, 12)};
+  MatD delivered[2] = {MatD::Zero(12, 9), MatD::Zero(7, 12)};
+  const int64_t ranks[] = {4, 2, 1, 3, 4};
+  for (const int64_t r : ranks) {
+    sender.setRank(r);
+    const SvBatch batch = randomBatch(8, gen);
+    const SvBatch sent = sender.compress(batch);
+    CHECK(sent.numColumns() == r + 1);
+    for (size_t p = 0; p < 2; ++p) {
+      carried[p] += update(batch, p);
+      delivered[p] += update(sent, p);
+      CHECK(conservationError(sender, delivered[p], carried[p], p) < 1e-5);  // nothing lost across the moves
+    }
+    // e(r) is lastError(); fewer columns leave more behind; none sent leaves all.
+    const int64_t at[] = {0, 1, r};
+    const std::vector<double> e = sender.errorsAt(at);
+    CHECK(e[0] == Approx(1.0));
+    CHECK(e[2] == Approx(sender.lastError()).margin(1e-6));
+    CHECK(e[1] >= e[2] - 1e-9);
+    CHECK(e[1] <= 1.0);
+  }
+  // The same sequence of ranks from the same seed gives the same batches, bitwise.
+  LowRankSender twin(4, 1), other(4, 1);
+  std::mt19937 gen2(17);
+  for (const int64_t r : ranks) {
+    twin.setRank(r);
+    other.setRank(r);
+    const SvBatch batch = randomBatch(8, gen2);
+    const SvBatch a = twin.compress(batch), b = other.compress(batch);
+    for (size_t p = 0; p < 2; ++p) CHECK(a.matrices[p].u == b.matrices[p].u);
+  }
+}
+
+TEST_CASE("--sv-rank's errorsAt keeps the best k directions of span(P)", "[low-rank][adapt]") {
+  // An update of three orthogonal directions of weights 3, 2 and 1: at rank 3 all is
+  // sent, and e(1), e(2) are what the best one and two directions leave.
+  SvBatch batch;
+  batch.coeffs = Vector(3);
+  batch.coeffs << 3.0f, 2.0f, 1.0f;
+  SvMatrix m;
+  m.paramId = 0;
+  m.u = Matrix::Identity(5, 3);
+  m.vDense = Matrix::Identity(4, 3);
+  batch.matrices = {m};
+  LowRankSender sender(3, 1);
+  sender.compress(batch);
+  const int64_t at[] = {1, 2, 3};
+  const std::vector<double> e = sender.errorsAt(at);
+  CHECK(e[0] == Approx(std::sqrt(5.0 / 14.0)).epsilon(1e-5));
+  CHECK(e[1] == Approx(std::sqrt(1.0 / 14.0)).epsilon(1e-5));
+  CHECK(e[2] == Approx(0.0).margin(1e-5));
+}
