@@ -132,8 +132,8 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                optimizer.warmup > 0 ? fmt::format(", {} clocks of warmup", optimizer.warmup) : "",
                optimizer.weightDecay > 0 ? fmt::format(", weight decay {}", optimizer.weightDecay) : "");
   if (config.svRank > 0) {
-    spdlog::info("every replica applies each matrix's update at rank {} ({} SVGs), with error feedback", config.svRank,
-                 config.svRank + 1);
+    spdlog::info("every replica applies each matrix's update at rank {} ({} SVGs), with error feedback{}", config.svRank,
+                 config.svRank + 1, config.adapt ? "; --adapt moves the rank" : "");
   }
   if (config.svDtype == SvDtype::kBf16) {
     spdlog::info("SVs sent as bf16: U and V rounded before they leave, half their bytes{}",

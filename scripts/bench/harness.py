@@ -704,6 +704,13 @@ def vs_peers_groups(args):
                 # Rank-R batches with error feedback (engine/worker/low_rank.h), BSP broadcast.
                 configs += [Config(f"rank{r}", f"Orpheus, --sv-rank {r}", "orpheus", ["--sync", "sv", "--sv-rank", str(r)])
                             for r in (1, 2) if ORPHEUS_BEST[wname] != ["--sync", "sv", "--sv-rank", str(r)]]
+                # Higher ranks with Nesterov momentum, and --adapt choosing the rank.
+                nesterov = ["--optimizer", "nesterov", "--momentum", "0.9"]
+                configs += [Config(f"rank{r}-nag", f"Orpheus, --sv-rank {r}, Nesterov 0.9", "orpheus",
+                                   ["--sync", "sv", "--sv-rank", str(r), *nesterov]) for r in (2, 4)]
+                configs.append(Config("adapt-rank-nag", "Orpheus, --sv-rank 2 --adapt (r in 1..4), Nesterov 0.9",
+                                      "orpheus", ["--sync", "sv", "--sv-rank", "2", "--adapt", "--adapt-every", "25",
+                                                  "--adapt-rank", "1:4", *nesterov]))
                 if ORPHEUS_BEST[wname] != SELECT25:
                     configs.append(Config("select25", "Orpheus, select 25, SSP 4, average every 50", "orpheus", SELECT25))
             groups.append(Group(f"{net_name}/{wname}", f"{w.name}, {network.name}, np {args.np}: Orpheus and its peers",
