@@ -138,7 +138,15 @@ void resume(Worker& worker, const TrainConfig& config, comm::Transport& transpor
     // segment of a stream to the next and --sv-rank's error feedback, this rank's own.
     const bool states = std::filesystem::exists(ckpt::statesPath(config.ckptDir, resumeClock, transport.rank()));
     if (worker.carriesRankState() && states) {
-      worker.restoreRankState(loadCarriedState(config.ckptDir, resumeClock, transport.rank()));
+      const std::string path = ckpt::statesPath(config.ckptDir, resumeClock, transport.rank()).string();
+      try {
+        worker.restoreRankState(loadCarriedState(config.ckptDir, resumeClock, transport.rank()));
+      } catch (const InputError& e) {
+        const std::string what = e.what();
+        // loadParams names the file itself; the state's own checks do not.
+        if (what.find(path) != std::string::npos) throw;
+        throw InputError(fmt::format("--resume: '{}': {}", path, what));
+      }
     } else if (worker.carriesRankState() && resumeClock > 0 && transport.rank() == 0) {
       spdlog::warn("--resume: '{}' holds no carried state (recurrent states, --sv-rank's error feedback) at clock "
                    "{}; it restarts from zero, so the continued run is not bitwise the uninterrupted one",

@@ -130,20 +130,38 @@ ParamSet LowRankSender::state(const std::string& prefix) const {
   return out;
 }
 
-void LowRankSender::restore(const ParamSet& state, const std::string& prefix) {
+void LowRankSender::restore(const ParamSet& state, const std::string& prefix,
+                            std::span<const std::pair<int64_t, int64_t>> shapes) {
   state_.clear();
   for (size_t p = 0;; ++p) {
-    const int e = state.find(fmt::format("{}{}.e", prefix, p));
-    const int q = state.find(fmt::format("{}{}.q", prefix, p));
-    if (e < 0 || q < 0) break;
+    const std::string name = fmt::format("{}{}", prefix, p);
+    const int e = state.find(name + ".e");
+    const int q = state.find(name + ".q");
+    const int eb = state.find(name + ".eb");
+    if (e < 0 && q < 0 && eb < 0) break;
+    ORPHEUS_CHECK_INPUT(e >= 0 && q >= 0, "the --sv-rank state of matrix {} lacks its {}", p, e < 0 ? ".e" : ".q");
     MatrixState s;
     s.e = state.params[static_cast<size_t>(e)].value;
     s.q = state.params[static_cast<size_t>(q)].value;
-    if (const int eb = state.find(fmt::format("{}{}.eb", prefix, p)); eb >= 0) {
-      s.eb = state.params[static_cast<size_t>(eb)].value.col(0);
+    ORPHEUS_CHECK_INPUT(s.q.rows() == s.e.cols() && s.q.cols() >= 1 && s.e.size() > 0,
+                        "the --sv-rank state of matrix {} holds a {}x{} residual and a {}x{} basis (expected J x K "
+                        "and K x r, r >= 1)", p, s.e.rows(), s.e.cols(), s.q.rows(), s.q.cols());
+    if (p < shapes.size()) {
+      ORPHEUS_CHECK_INPUT(s.e.rows() == shapes[p].first && s.e.cols() == shapes[p].second,
+                          "the --sv-rank state of matrix {} is {}x{}, but the model's matrix is {}x{}", p, s.e.rows(),
+                          s.e.cols(), shapes[p].first, shapes[p].second);
+    }
+    if (eb >= 0) {
+      const Matrix& bias = state.params[static_cast<size_t>(eb)].value;
+      ORPHEUS_CHECK_INPUT(bias.cols() == 1 && bias.rows() == s.e.rows(),
+                          "the --sv-rank bias residual of matrix {} is {}x{}, expected {}x1", p, bias.rows(),
+                          bias.cols(), s.e.rows());
+      s.eb = bias.col(0);
     }
     state_.push_back(std::move(s));
   }
+  ORPHEUS_CHECK_INPUT(state_.empty() || shapes.empty() || state_.size() == shapes.size(),
+                      "the --sv-rank state holds {} matrices, the model's update {}", state_.size(), shapes.size());
 }
 
 SvBatch LowRankSender::compress(const SvBatch& batch) {

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace orpheus::engine {
@@ -63,7 +64,11 @@ class LowRankSender {
   // clock: the state starts empty).
   ParamSet state(const std::string& prefix) const;
   // Takes back what state() gave (the entries named `prefix`...; none: empty state).
-  void restore(const ParamSet& state, const std::string& prefix);
+  // `shapes`: each matrix's J x K in batch order (empty: not checked). InputError when
+  // the entries are incomplete (an .e without its .q), of the wrong shapes, or more
+  // than the matrices: a damaged or foreign checkpoint, never silently restarted.
+  void restore(const ParamSet& state, const std::string& prefix,
+               std::span<const std::pair<int64_t, int64_t>> shapes = {});
 
   // ||E|| / ||M|| after the last compress(), over every matrix: the share of the
   // update carried to later clocks (0 when M is 0).

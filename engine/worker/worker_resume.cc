@@ -5,6 +5,7 @@
 #include "ckpt/replay.h"
 
 #include <utility>
+#include <vector>
 
 namespace orpheus::engine {
 namespace {
@@ -28,7 +29,13 @@ void Worker::restoreRankState(const ParamSet& state) {
     if (!p.name.starts_with(kLowRankPrefix)) own.params.push_back(p);
   }
   if (model_.carriesState()) model_.restoreCarriedState(own);
-  if (lowRank_) lowRank_->restore(state, kLowRankPrefix);
+  if (lowRank_) {
+    // Each batch matrix's J x K, from the parameter its site updates.
+    const std::vector<std::pair<int64_t, int64_t>> params = model_.paramShapes();
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    for (const ops::Model::SvSiteInfo& site : model_.svSites()) shapes.push_back(params.at(site.paramId));
+    lowRank_->restore(state, kLowRankPrefix, shapes);
+  }
 }
 
 void Worker::resumeFrom(uint64_t clock, ParamSet replica, const ParamSet& optimizerState, int id) {

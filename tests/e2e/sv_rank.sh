@@ -6,9 +6,11 @@
 #  - every replica applies the same batches (the sender what it sends): under BSP
 #    broadcast the replicas end bitwise equal;
 #  - the log holds what was applied: restore(T) equals the live replica bitwise;
-#  - --resume continues bitwise (the error feedback is in the checkpoint), f32 and bf16.
+#  - --resume continues bitwise (the error feedback is in the checkpoint), f32 and bf16;
+#  - a carried state of the wrong shape, or incomplete, is refused on --resume (exit 2).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 orpheus=$1; compare=$2; mpiexec=$3
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -44,6 +46,7 @@ for dtype in f32 bf16; do
   live=$out/live-$dtype; [ $dtype = f32 ] && live=$out/live
   "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${common[@]}" "${whole[@]}" --clocks 20 \
     --ckpt-dir "$out/$dtype.part" >/dev/null
+  [ $dtype = f32 ] && cp -r "$out/$dtype.part" "$out/damaged"
   "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${common[@]}" "${whole[@]}" --clocks 40 --ckpt-dir "$out/$dtype.part" --resume \
     --save-replicas "$out/resumed-$dtype" >/dev/null 2>"$out/resume.err"
   grep -q "not bitwise" "$out/resume.err" && fail "$dtype: the resume says it is not bitwise: $(cat "$out/resume.err")"
@@ -52,4 +55,22 @@ for dtype in f32 bf16; do
       fail "$dtype: replica $r resumed at 20 differs from the uninterrupted run"
   done
 done
+# A damaged or foreign carried state is refused on resume, one line naming the file and
+# what is wrong, never a silent restart from zero (or a product of mismatched shapes).
+states=$out/damaged/states-000000000020/rank-0.h5
+damage() { cp "$out/damaged.orig/states-000000000020/rank-0.h5" "$states"; /usr/bin/python3 -c "
+import h5py, numpy, sys
+h = h5py.File(sys.argv[1], 'r+')
+$1" "$states"; }
+cp -r "$out/damaged" "$out/damaged.orig"
+resume_damaged=("$mpiexec" -n 2 --oversubscribe "$orpheus" train "${common[@]}" --sv-rank 3 --ckpt sv --clocks 40
+                --ckpt-dir "$out/damaged" --resume)
+damage "del h['sv-rank:0.q']; h['sv-rank:0.q'] = numpy.zeros((100, 3), 'f4')"
+"$here/expect_error.sh" "rank-0.h5.*matrix 0 holds a 10x784 residual and a 100x3 basis" - -- "${resume_damaged[@]}" ||
+  fail "a basis of the wrong shape"
+damage "del h['sv-rank:0.e']; h['sv-rank:0.e'] = numpy.zeros((3, 784), 'f4')"
+"$here/expect_error.sh" "rank-0.h5.*matrix 0 is 3x784, but the model's matrix is 10x784" - -- "${resume_damaged[@]}" ||
+  fail "a residual of the wrong shape"
+damage "del h['sv-rank:0.q']"
+"$here/expect_error.sh" "rank-0.h5.*lacks its \.q" - -- "${resume_damaged[@]}" || fail "a missing basis"
 echo "sv-rank checks passed"
