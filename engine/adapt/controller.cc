@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -44,17 +45,28 @@ Trace Trace::parse(const std::string& text, const std::string& source) {
   Trace trace;
   std::istringstream in(text);
   std::string line;
+  int64_t number = 0;
   while (std::getline(in, line)) {
+    ++number;
     if (line.find("\"summary\"") != std::string::npos || line.find("\"decision\"") != std::string::npos) continue;
     const auto clock = numberField(line, "clock");
     const auto compute = numberField(line, "compute_seconds");
     if (!clock || !compute) continue;
+    ORPHEUS_CHECK_INPUT(*clock >= 0.0 && *clock < 9.0e18 && std::floor(*clock) == *clock,
+                        "--adapt-trace '{}' line {}: clock {} is not a whole number >= 0", source, number, *clock);
+    // A time is a number of seconds >= 0 (absent: 0).
+    const auto seconds = [&](const char* key) {
+      const double v = numberField(line, key).value_or(0.0);
+      ORPHEUS_CHECK_INPUT(std::isfinite(v) && v >= 0.0 && v < 1e9, "--adapt-trace '{}' line {}: {} {} is not a time "
+                          "in seconds", source, number, key, v);
+      return v;
+    };
     Timing t;
-    t.computeSeconds = *compute;
-    t.commSeconds = numberField(line, "comm_seconds").value_or(0.0);
-    t.waitSeconds = numberField(line, "wait_seconds").value_or(0.0);
-    t.clockSeconds = numberField(line, "clock_seconds").value_or(0.0);
-    t.selectSeconds = numberField(line, "select_seconds").value_or(0.0);
+    t.computeSeconds = seconds("compute_seconds");
+    t.commSeconds = seconds("comm_seconds");
+    t.waitSeconds = seconds("wait_seconds");
+    t.clockSeconds = seconds("clock_seconds");
+    t.selectSeconds = seconds("select_seconds");
     trace.byClock_[static_cast<uint64_t>(*clock)] = t;
   }
   ORPHEUS_CHECK_INPUT(!trace.byClock_.empty(), "--adapt-trace '{}' holds no per-clock metrics line", source);

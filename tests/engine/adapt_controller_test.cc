@@ -178,3 +178,16 @@ TEST_CASE("a recorded trace gives each clock the timing of the newest line at or
   CHECK_THROWS_WITH(adapt::Trace::parse("{\"summary\":true}\n", "empty.jsonl"),
                     Catch::Contains("--adapt-trace 'empty.jsonl' holds no per-clock metrics line"));
 }
+
+TEST_CASE("a trace's clocks and times are checked, naming the file and line", "[adapt][controller]") {
+  const auto refused = [](const std::string& line, const std::string& why) {
+    CHECK_THROWS_WITH(adapt::Trace::parse("{\"clock\":1,\"compute_seconds\":0.1}\n" + line + "\n", "t.jsonl"),
+                      Catch::Contains("--adapt-trace 't.jsonl' line 2: " + why));
+  };
+  refused("{\"clock\":1e300,\"compute_seconds\":0.1}", "clock 1e+300 is not a whole number");
+  refused("{\"clock\":-5,\"compute_seconds\":0.1}", "clock -5 is not a whole number");
+  refused("{\"clock\":2.5,\"compute_seconds\":0.1}", "clock 2.5 is not a whole number");
+  refused("{\"clock\":2,\"compute_seconds\":nan}", "compute_seconds nan is not a time");
+  refused("{\"clock\":2,\"compute_seconds\":0.1,\"wait_seconds\":-1}", "wait_seconds -1 is not a time");
+  refused("{\"clock\":2,\"compute_seconds\":0.1,\"comm_seconds\":inf}", "comm_seconds inf is not a time");
+}
