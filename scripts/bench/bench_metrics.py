@@ -15,6 +15,7 @@ def read_metrics(path):
             record = json.loads(line)
             if record.get("summary"):
                 summary = record
-            elif "clock" in record:
+            elif "clock" in record and not record.get("decision") and not record.get("membership"):
+                # --adapt's decisions and membership changes are lines of their own, not clocks.
                 clocks.append(record)
     return clocks, summary
