@@ -116,6 +116,7 @@ void DeviceExecutor::reserve(int64_t batch) {
 
 void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels) {
   ORPHEUS_ENFORCE(graph_.steps() == 0, "a sequence model runs through runSequence and evaluateSequence");
+  if (dense != nullptr && takePrefetched(dense, labels)) return;
   const int input = graph_.inputNode();
   int64_t batch = labels.size();
   if (input >= 0) {
@@ -148,13 +149,7 @@ void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, con
   const int label = graph_.labelNode();
   if (label < 0) return;
   ORPHEUS_CHECK_INPUT(labels.size() == batch, "the batch has {} examples but {} labels", batch, labels.size());
-  hostOneHot_.setZero();
-  for (int64_t j = 0; j < batch; ++j) {
-    const int t = labels(j);
-    ORPHEUS_CHECK_INPUT(t >= 0 && t < hostOneHot_.rows(), "label {} out of range: the model has {} classes", t,
-                        hostOneHot_.rows());
-    hostOneHot_(t, j) = 1.0f;
-  }
+  oneHot(labels, Eigen::Map<Matrix>(hostOneHot_.data(), hostOneHot_.rows(), hostOneHot_.cols()));
   backend_.copy(hostView(hostOneHot_), oneHot_);
 }
 
