@@ -128,8 +128,12 @@ void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, con
   }
   reserve(batch);
   sparseBatch_ = sparse != nullptr;
+  // input_ and oneHot_ may view a data queue slot's buffers (takePrefetched): a
+  // batch copied in here gets buffers of its own.
   const auto uploadDense = [&](const Matrix& m) {
-    if (input_.rows() != m.rows() || input_.cols() != m.cols()) input_ = backend_.allocate(m.rows(), m.cols());
+    if (!input_.owning() || input_.rows() != m.rows() || input_.cols() != m.cols()) {
+      input_ = backend_.allocate(m.rows(), m.cols());
+    }
     backend_.copy(hostView(m), input_);
   };
   if (dense != nullptr) uploadDense(*dense);
@@ -150,6 +154,7 @@ void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, con
   if (label < 0) return;
   ORPHEUS_CHECK_INPUT(labels.size() == batch, "the batch has {} examples but {} labels", batch, labels.size());
   oneHot(labels, Eigen::Map<Matrix>(hostOneHot_.data(), hostOneHot_.rows(), hostOneHot_.cols()));
+  if (!oneHot_.owning()) oneHot_ = backend_.allocate(hostOneHot_.rows(), hostOneHot_.cols());
   backend_.copy(hostView(hostOneHot_), oneHot_);
 }
 

@@ -186,21 +186,23 @@ class DeviceExecutor {
   std::vector<Tensor*> chainVal_, chainGrad_;
   std::vector<std::pair<int, size_t>> pendingSites_;
 
-  // The data queue: the next batch's device buffers (swapped with input_ and
-  // oneHot_ when it is used), two page-locked staging buffers used in turn (each
-  // reused once the copy that read it is done), the copies under way, and the
-  // compute queue's waits for them still to be timed.
+  // The data queue: two slots used in turn, so that the batch after next can be
+  // on its way while the next one waits for its run. A slot owns the device
+  // buffers its batch lands in (input_ and oneHot_ view them while it is the
+  // batch being run) and a page-locked staging buffer (reused once the copy that
+  // read it is done). A buffer is written again two batches later, by a copy that
+  // starts after everything queued before it: the passes that read it included.
   struct Ahead {
     const Matrix* dense = nullptr;  // the batch copied ahead, until a run takes it
     const float* data = nullptr;
     const Eigen::VectorXi* labels = nullptr;
     Tensor input, oneHot;
-    std::array<HostBuffer, 2> staging;
-    std::array<Event, 2> stagingRead;
-    size_t slot = 0;
+    HostBuffer staging;
+    Event stagingRead;
     AsyncCopy copyInput, copyLabels;
   };
-  Ahead ahead_;
+  std::array<Ahead, 2> ahead_;
+  size_t aheadNext_ = 0;                            // the slot the next prefetch fills
   std::vector<std::pair<Event, Event>> dataWaits_;  // (compute queue reached the batch, its copy landed)
 
   // Unrolled sequence graphs.

@@ -28,48 +28,47 @@ void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels
   if (label >= 0) {
     ORPHEUS_CHECK_INPUT(labels.size() == batch, "the batch has {} examples but {} labels", batch, labels.size());
   }
-  Ahead& a = ahead_;
-  a.slot ^= 1;
-  // The copy that read this staging buffer last (two batches ago) must be done before it is written.
-  backend_.wait(a.stagingRead[a.slot]);
-  HostBuffer& staging = a.staging[a.slot];
+  Ahead& a = ahead_[aheadNext_];
+  aheadNext_ ^= 1;
+  // The copy that read the staging buffer last (two batches ago) must be done before it is written.
+  backend_.wait(a.stagingRead);
   const size_t inputBytes = static_cast<size_t>(dense.size()) * sizeof(float);
   const size_t labelBytes = static_cast<size_t>(classes * batch) * sizeof(float);
-  if (staging.bytes() < inputBytes + labelBytes) staging = backend_.allocateHost(inputBytes + labelBytes);
-  if (inputBytes > 0) std::memcpy(staging.data(), dense.data(), inputBytes);
+  if (a.staging.bytes() < inputBytes + labelBytes) a.staging = backend_.allocateHost(inputBytes + labelBytes);
+  if (inputBytes > 0) std::memcpy(a.staging.data(), dense.data(), inputBytes);
   if (a.input.rows() != features || a.input.cols() != batch) a.input = backend_.allocate(features, batch);
-  a.copyInput = backend_.copyToDeviceAsync(staging, 0, a.input);
+  a.copyInput = backend_.copyToDeviceAsync(a.staging, 0, a.input);
   a.copyLabels = AsyncCopy();
   if (label >= 0) {
-    const Tensor host = staging.floats(inputBytes, classes, batch);
+    const Tensor host = a.staging.floats(inputBytes, classes, batch);
     oneHot(labels, Eigen::Map<Matrix>(host.data(), classes, batch));
     if (a.oneHot.rows() != classes || a.oneHot.cols() != batch) a.oneHot = backend_.allocate(classes, batch);
-    a.copyLabels = backend_.copyToDeviceAsync(staging, inputBytes, a.oneHot);
+    a.copyLabels = backend_.copyToDeviceAsync(a.staging, inputBytes, a.oneHot);
   }
-  a.stagingRead[a.slot] = label >= 0 ? a.copyLabels.done : a.copyInput.done;
+  a.stagingRead = label >= 0 ? a.copyLabels.done : a.copyInput.done;
   a.dense = &dense;
   a.data = dense.data();
   a.labels = &labels;
 }
 
 bool DeviceExecutor::takePrefetched(const Matrix* dense, const Eigen::VectorXi& labels) {
-  Ahead& a = ahead_;
-  if (a.dense == nullptr || dense != a.dense || dense->data() != a.data || &labels != a.labels ||
-      a.input.cols() != dense->cols()) {
-    return false;
-  }
+  const auto it = std::find_if(ahead_.begin(), ahead_.end(), [&](const Ahead& a) {
+    return a.dense != nullptr && a.dense == dense && a.data == dense->data() && a.labels == &labels &&
+           a.input.cols() == dense->cols();
+  });
+  if (it == ahead_.end()) return false;
+  Ahead& a = *it;
   a.dense = nullptr;
   reserve(dense->cols());
   sparseBatch_ = false;
-  std::swap(input_, a.input);
+  const bool labelled = graph_.labelNode() >= 0;
+  input_ = Tensor::view(a.input.device(), a.input.data(), a.input.rows(), a.input.cols());
+  if (labelled) oneHot_ = Tensor::view(a.oneHot.device(), a.oneHot.data(), a.oneHot.rows(), a.oneHot.cols());
   // The pass's operations begin once the copies have landed; the host goes on.
   const Event reached = backend_.record();
   backend_.waitOnDevice(a.copyInput.done);
-  if (graph_.labelNode() >= 0) {
-    std::swap(oneHot_, a.oneHot);
-    backend_.waitOnDevice(a.copyLabels.done);
-  }
-  dataWaits_.emplace_back(reached, graph_.labelNode() >= 0 ? a.copyLabels.done : a.copyInput.done);
+  if (labelled) backend_.waitOnDevice(a.copyLabels.done);
+  dataWaits_.emplace_back(reached, labelled ? a.copyLabels.done : a.copyInput.done);
   return true;
 }
 
