@@ -1,6 +1,7 @@
 // How a job's replicas keep in step: the sync mode of a clock and the consistency
-// model between clocks; and how a device's SVs come to the host for the wire. Read by the parts of the worker through their options
-// structs; the flags' names for the values are in engine/config.h.
+// model between clocks; and how a device's SVs come to the host for the wire. Read
+// by the parts of the worker through their options structs; the flags' names for
+// the values are in engine/config.h.
 #pragma once
 
 namespace orpheus::engine {

@@ -90,8 +90,8 @@ class DeviceExecutor {
   // is copied in as usual. Feed-forward graphs with an input only.
   void prefetch(const Matrix& dense, const Eigen::VectorXi& labels);
   // Seconds the compute queue waited for prefetched batches to land since the last
-  // call (on the device's timer; on the strict device, the copies' own time, as
-  // they land when waited for).
+  // call (on the device's timer; on the strict device a copy lands when it, or a
+  // later copy, is waited for: its host time when the pass's own wait landed it).
   double takeDataWait();
   // After a sequence pass: state k after the last step (graph.finalStates()[k]),
   // and node `id`'s value (a step's prediction), copied into `out`.

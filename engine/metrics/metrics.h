@@ -124,7 +124,8 @@ struct ClockAround {
   // (ops::Backend::transfers; 0 on the CPU).
   uint64_t deviceInBytes = 0;
   uint64_t deviceOutBytes = 0;
-  // Waited for the clock's minibatch (the prefetch queue had none ready).
+  // Waited for the clock's minibatch (the prefetch queue had none ready); with
+  // the data queue, for the next clock's too, and staged it for the device.
   double dataWaitSeconds = 0.0;
   // The SVs' share of those copies: the clock's batch to the host (U, V) and the
   // rebuilds' operands to the device, with the copies' time to the host and the
