@@ -64,7 +64,7 @@ step() {
     work here DEVICE hidden 2>/dev/null); $fn" >"$OUT/$name.log" 2>&1
   rc=$?
   local took=$(($(date +%s) - t0)) figure=""
-  [ -f "$work/figure" ] && figure=": $(paste -sd';' "$work/figure" | sed 's/;/; /g')"
+  [ -f "$work/figure" ] && figure=": $(paste -sd'|' "$work/figure" | sed 's/|/; /g')"
   case $rc in
     0) record "- PASS $name (${took}s)$figure" ;;
     77) record "- SKIP $name: $(cat "$work/why" 2>/dev/null || echo skipped)" ;;
