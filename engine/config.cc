@@ -48,6 +48,11 @@ const NamedValues<SvDtype>& svDtypeNames() {
   return table;
 }
 
+const NamedValues<TransferMode>& transferModeNames() {
+  static const NamedValues<TransferMode> table{{"staged", TransferMode::kStaged}, {"sync", TransferMode::kSync}};
+  return table;
+}
+
 const NamedValues<SelectionMethod>& selectionMethodNames() {
   static const NamedValues<SelectionMethod> table = [] {
     NamedValues<SelectionMethod> t;

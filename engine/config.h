@@ -112,6 +112,8 @@ struct TrainConfig {
   std::string transport = "mpi";  // comm/factory.h
   std::string device = "cpu";     // ops/backends.h: cpu, cuda, cuda:N, strict
   bool resident = true;           // the replica lives on a device where it can (engine/worker/device_replica.h)
+  // How a resident replica's SV batches come to the host (engine/worker/sv_transfer.h).
+  TransferMode transfer = TransferMode::kStaged;
   bool overwrite = false;         // a fresh job may replace the checkpoint in --ckpt-dir
   int blasThreads = 1;
   std::string logLevel = "info";
@@ -129,6 +131,7 @@ const NamedValues<Consistency>& consistencyNames();
 const NamedValues<comm::MulticastKind>& multicastNames();
 const NamedValues<SelectionMethod>& selectionMethodNames();
 const NamedValues<SvDtype>& svDtypeNames();
+const NamedValues<TransferMode>& transferModeNames();
 const NamedValues<ops::Model::SvgUnit>& svgUnitNames();
 const NamedValues<OptimizerKind>& optimizerNames();
 const NamedValues<LrScheduleKind>& lrScheduleNames();

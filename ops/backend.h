@@ -27,6 +27,23 @@
 // side may be read or reused. synchronize() waits for everything queued so far.
 // The CPU backend runs everything before returning.
 //
+// Asynchronous copies (after c10d's and NCCL's copy streams and ggml's async
+// tensor copies). copyToHostAsync and copyToDeviceAsync move a tensor between the
+// device and a HostBuffer (page-locked host memory, Backend::allocateHost) on a
+// queue of their own (CUDA: a second stream), in order among themselves and beside
+// the operations, so a transfer overlaps compute. Each copy begins once every
+// operation queued before the call has finished, and returns an AsyncCopy whose
+// `done` event completes when the data has landed. Until then:
+//  - host code must not read the host bytes a copy writes, nor write the host
+//    bytes it reads (wait(done), or ready(done) == true, says it may);
+//  - operations must not read a copy's device destination (waitOnDevice(done)
+//    orders every later operation after the copy, without blocking the host),
+//    nor write its device source;
+//  - both sides must stay alive.
+// The strict device catches each of these (ops/strict/strict_backend.h). A backend
+// whose copies are synchronous keeps the defaults: the copy is done when the call
+// returns, and every event is complete when made.
+//
 // Threads. A backend is used by one thread at a time (one backend per worker
 // thread, like GraphExecutor). Different backends are independent, also when
 // several of them, in several processes, share one GPU.
@@ -61,7 +78,7 @@ inline const char* deviceName(Device d) {
 
 // Bumped whenever Backend's virtual interface or Tensor's layout changes: a
 // backend plugin (liborpheus_cuda.so) built against another version is refused.
-inline constexpr int kBackendAbiVersion = 6;
+inline constexpr int kBackendAbiVersion = 7;
 
 class Tensor {
  public:
@@ -138,6 +155,56 @@ struct SparseCopy {
   SparseTensor view;
   std::shared_ptr<void> storage;
   size_t capacity = 0;
+};
+
+// Host memory for asynchronous copies: page-locked on CUDA (a copy from pageable
+// memory would not return before it is done). Host code reads and writes it as any
+// memory, within the rules above. Copies of the handle share the memory, released
+// with the last of them, which must go before the backend that made it.
+class HostBuffer {
+ public:
+  using Release = std::function<void(void*)>;
+  HostBuffer() = default;
+  HostBuffer(void* data, size_t bytes, Release release)
+      : bytes_(bytes), memory_(static_cast<std::byte*>(data), [release = std::move(release)](std::byte* p) {
+          if (p != nullptr && release) release(p);
+        }) {}
+
+  std::byte* data() const { return memory_.get(); }
+  size_t bytes() const { return bytes_; }
+  // rows x cols floats from byte `offset`, as a host tensor view.
+  Tensor floats(size_t offset, int64_t rows, int64_t cols) const {
+    ORPHEUS_ENFORCE(offset % sizeof(float) == 0 && rows >= 0 && cols >= 0 &&
+                        offset + static_cast<size_t>(rows * cols) * sizeof(float) <= bytes_,
+                    "{}x{} floats at byte {} of a host buffer of {} bytes", rows, cols, offset, bytes_);
+    return Tensor::host(reinterpret_cast<float*>(data() + offset), rows, cols);
+  }
+
+ private:
+  size_t bytes_ = 0;
+  std::shared_ptr<std::byte> memory_;
+};
+
+// A point on one of a backend's queues (CUDA's events): complete once everything
+// queued there before it has finished. Only the backend that made it may be asked
+// about it, while that backend lives. A default Event is complete from the start.
+class Event {
+ public:
+  Event() = default;
+  Event(const void* owner, std::shared_ptr<void> state) : owner_(owner), state_(std::move(state)) {}
+  bool empty() const { return state_ == nullptr; }
+  const void* owner() const { return owner_; }
+  void* state() const { return state_.get(); }
+
+ private:
+  const void* owner_ = nullptr;
+  std::shared_ptr<void> state_;
+};
+
+// One asynchronous copy: when it began on the copy queue and when it landed.
+struct AsyncCopy {
+  Event started;
+  Event done;
 };
 
 enum class Trans { kNo, kYes };
@@ -259,8 +326,28 @@ class Backend {
   virtual void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
                              Tensor* buffer1) = 0;
 
-  // Bytes copy() and copySparse() moved from host memory to this backend's device
-  // and back, since the backend was made (0 on the CPU backend, whose device is the host).
+  // Asynchronous copies (see the top of this file). A HostBuffer of `bytes` bytes.
+  virtual HostBuffer allocateHost(size_t bytes);
+  // src (this backend's device) into dst's bytes [offset, offset + 4 src.size()).
+  virtual AsyncCopy copyToHostAsync(const Tensor& src, HostBuffer& dst, size_t offset);
+  // dst (this backend's device) from src's bytes [offset, offset + 4 dst.size()).
+  virtual AsyncCopy copyToDeviceAsync(const HostBuffer& src, size_t offset, Tensor& dst);
+  // A point on the compute queue: complete once every operation queued so far has.
+  virtual Event record();
+  // Operations queued after this call begin only once `e` is complete; the host goes on.
+  virtual void waitOnDevice(const Event& e);
+  // Whether `e` is complete, without waiting.
+  virtual bool ready(const Event& e);
+  // Blocks until `e` is complete.
+  virtual void wait(const Event& e);
+  // Seconds from `from` to `to`, both complete and made by this backend: on the
+  // device's own timer where it has one (CUDA's events), else the host's clock when
+  // each completed. Negative when `to` came first.
+  virtual double secondsBetween(const Event& from, const Event& to);
+
+  // Bytes copy(), copySparse() and the asynchronous copies moved from host memory to
+  // this backend's device and back, since the backend was made (0 on the CPU
+  // backend, whose device is the host).
   struct Transfers {
     uint64_t toDevice = 0;
     uint64_t toHost = 0;
@@ -272,6 +359,13 @@ class Backend {
   [[noreturn]] void unsupported(const std::string& what) const {
     throw Error(fmt::format("backend {} does not support {}", name(), what));
   }
+  // Error unless `e` is empty or this backend's.
+  void checkOwn(const Event& e, const char* op) const {
+    ORPHEUS_ENFORCE(e.empty() || e.owner() == this, "backend {}: {} of another backend's event", name(), op);
+  }
+  // Checks an asynchronous copy's operands: `device` on this backend's device, the
+  // bytes [offset, offset + 4 device.size()) inside `host`.
+  void checkAsyncCopy(const char* op, const Tensor& device, const HostBuffer& host, size_t offset) const;
   // Counts a copy of `bytes` from `from` to `to` memory in transfers().
   void countCopy(Device from, Device to, uint64_t bytes) {
     if (from == Device::kCpu && to != Device::kCpu) transfers_.toDevice += bytes;

@@ -116,6 +116,7 @@ void DeviceExecutor::reserve(int64_t batch) {
 
 void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels) {
   ORPHEUS_ENFORCE(graph_.steps() == 0, "a sequence model runs through runSequence and evaluateSequence");
+  if (dense != nullptr && takePrefetched(dense, labels)) return;
   const int input = graph_.inputNode();
   int64_t batch = labels.size();
   if (input >= 0) {
@@ -127,8 +128,12 @@ void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, con
   }
   reserve(batch);
   sparseBatch_ = sparse != nullptr;
+  // input_ and oneHot_ may view a data queue slot's buffers (takePrefetched): a
+  // batch copied in here gets buffers of its own.
   const auto uploadDense = [&](const Matrix& m) {
-    if (input_.rows() != m.rows() || input_.cols() != m.cols()) input_ = backend_.allocate(m.rows(), m.cols());
+    if (!input_.owning() || input_.rows() != m.rows() || input_.cols() != m.cols()) {
+      input_ = backend_.allocate(m.rows(), m.cols());
+    }
     backend_.copy(hostView(m), input_);
   };
   if (dense != nullptr) uploadDense(*dense);
@@ -148,13 +153,8 @@ void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, con
   const int label = graph_.labelNode();
   if (label < 0) return;
   ORPHEUS_CHECK_INPUT(labels.size() == batch, "the batch has {} examples but {} labels", batch, labels.size());
-  hostOneHot_.setZero();
-  for (int64_t j = 0; j < batch; ++j) {
-    const int t = labels(j);
-    ORPHEUS_CHECK_INPUT(t >= 0 && t < hostOneHot_.rows(), "label {} out of range: the model has {} classes", t,
-                        hostOneHot_.rows());
-    hostOneHot_(t, j) = 1.0f;
-  }
+  oneHot(labels, Eigen::Map<Matrix>(hostOneHot_.data(), hostOneHot_.rows(), hostOneHot_.cols()));
+  if (!oneHot_.owning()) oneHot_ = backend_.allocate(hostOneHot_.rows(), hostOneHot_.cols());
   backend_.copy(hostView(hostOneHot_), oneHot_);
 }
 

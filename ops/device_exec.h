@@ -47,6 +47,7 @@
 #include "ops/graph.h"
 #include "ops/graph_exec.h"
 
+#include <array>
 #include <functional>
 #include <span>
 #include <string>
@@ -80,6 +81,18 @@ class DeviceExecutor {
   double runSequence(std::span<const Tensor> params, const Matrix& segments, const std::vector<Matrix>* states,
                      const std::function<void(size_t)>& siteReady = {});
   double evaluateSequence(std::span<const Tensor> params, const Matrix& segments, const std::vector<Matrix>* states);
+  // The data queue (device_exec_queue.cc): a dense minibatch (D x B) and its
+  // labels' one-hot copied to the device ahead of the run() that uses them, on the
+  // backend's copy queue (Backend::copyToDeviceAsync) while the passes queued before
+  // this call compute, into buffers they do not use. The next run() whose `dense`
+  // and `labels` are these same objects, alive and unchanged since, starts from the
+  // copy (its operations ordered after it, the host not waiting); any other batch
+  // is copied in as usual. Feed-forward graphs with an input only.
+  void prefetch(const Matrix& dense, const Eigen::VectorXi& labels);
+  // Seconds the compute queue waited for prefetched batches to land since the last
+  // call (on the device's timer; on the strict device a copy lands when it, or a
+  // later copy, is waited for: its host time when the pass's own wait landed it).
+  double takeDataWait();
   // After a sequence pass: state k after the last step (graph.finalStates()[k]),
   // and node `id`'s value (a step's prediction), copied into `out`.
   void finalState(size_t k, Matrix& out) const { copyOut(graph_.finalStates().at(k), out); }
@@ -106,6 +119,10 @@ class DeviceExecutor {
  private:
   // The batch's data and labels on the device; buffers (re)made when B changes.
   void upload(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels);
+  // upload() of the batch prefetch() copied ahead: true when it was that batch.
+  bool takePrefetched(const Matrix* dense, const Eigen::VectorXi& labels);
+  // The label's one-hot of `labels` into `out` (C x B), labels checked.
+  void oneHot(const Eigen::VectorXi& labels, Eigen::Map<Matrix> out) const;
   void reserve(int64_t batch);
   const Tensor& value(int id, std::span<const Tensor> params) const;
   double forward(std::span<const Tensor> params);
@@ -168,6 +185,25 @@ class DeviceExecutor {
   std::vector<const Tensor*> chainIn_, chainValConst_;
   std::vector<Tensor*> chainVal_, chainGrad_;
   std::vector<std::pair<int, size_t>> pendingSites_;
+
+  // The data queue: two slots used in turn, so that the batch after next can be
+  // on its way while the next one waits for its run. A slot owns the device
+  // buffers its batch lands in (input_ and oneHot_ view them while it is the
+  // batch being run) and a page-locked staging buffer (reused once the copy that
+  // read it is done). A buffer is written again two batches later, by a copy that
+  // starts after everything queued before it: the passes that read it included.
+  struct Ahead {
+    const Matrix* dense = nullptr;  // the batch copied ahead, until a run takes it
+    const float* data = nullptr;
+    const Eigen::VectorXi* labels = nullptr;
+    Tensor input, oneHot;
+    HostBuffer staging;
+    Event stagingRead;
+    AsyncCopy copyInput, copyLabels;
+  };
+  std::array<Ahead, 2> ahead_;
+  size_t aheadNext_ = 0;                            // the slot the next prefetch fills
+  std::vector<std::pair<Event, Event>> dataWaits_;  // (compute queue reached the batch, its copy landed)
 
   // Unrolled sequence graphs.
   HoistPlan hoist_;

@@ -76,8 +76,14 @@ class GraphModel final : public Model {
   std::string deviceRefusal() const override { return deviceRefusal_; }
   SvBatch computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
                              Backend& backend) const override;
+  // A feed-forward graph hands out every site; a sequence model none.
+  SvBatch computeSvgOnDeviceStreamed(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                     Backend& backend, const DeviceSvReadyFn& ready) const override;
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
+  // Feed-forward graphs with dense input copy the next batch ahead (DeviceExecutor::prefetch).
+  bool prefetchOnDevice(const ExampleBatch& next, Backend& backend) const override;
+  double takeDeviceDataWait() const override { return deviceExec_ ? deviceExec_->takeDataWait() : 0.0; }
   // A feed-forward graph's sites as the executor holds them; none for a sequence model.
   std::vector<DeviceSvs> lastDeviceSvs() const override;
   void releaseDevice() const override {
@@ -127,10 +133,16 @@ class GraphModel final : public Model {
   // again afterwards, from the device's last step); returns the summed loss.
   double runSegmentsOnDevice(DeviceExecutor& exec, std::span<const Tensor> w, const Matrix& segments,
                              CarriedStates& kept, bool train) const;
+  // The training executor for `backend`, made anew when it is another backend's.
+  DeviceExecutor& trainingExecutor(Backend& backend) const;
   // The device executor's forward and backward pass on the batch: sets *meanLoss and
-  // returns the executor, which holds every site's U and V.
-  DeviceExecutor& runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
-                              double* meanLoss) const;
+  // returns the executor, which holds every site's U and V. `siteReady` as
+  // DeviceExecutor::run's (feed-forward graphs).
+  DeviceExecutor& runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend, double* meanLoss,
+                              const std::function<void(size_t)>& siteReady = {}) const;
+  // computeSvgOnDevice, the sites handed to `ready` when it is given.
+  SvBatch deviceBatch(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
+                      const DeviceSvReadyFn& ready) const;
   EvalSums evaluateSegments(const std::vector<const Matrix*>& params, const Matrix& segments) const;
   // A training pass on the device leaves its last step's states there: the next
   // one starts from them when its segments continue the same streams column by

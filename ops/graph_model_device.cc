@@ -8,9 +8,18 @@
 #include <unordered_map>
 
 namespace orpheus::ops {
+namespace {
+
+// One object for a batch without labels, so the data queue knows it again.
+const Eigen::VectorXi& noLabels() {
+  static const Eigen::VectorXi none;
+  return none;
+}
+
+}  // namespace
 
 DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend,
-                                        double* meanLoss) const {
+                                        double* meanLoss, const std::function<void(size_t)>& siteReady) const {
   if (!deviceRefusal_.empty()) throw Error(fmt::format("model {} does not run on a device: {}", spec_, deviceRefusal_));
   ORPHEUS_CHECK_INPUT(w.size() == graph_.params().size(), "the model has {} parameters, got {}",
                       graph_.params().size(), w.size());
@@ -22,11 +31,7 @@ DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const Example
     ORPHEUS_ENFORCE(w[i].device() == backend.device(), "parameter '{}' lives in {} memory, the backend is {}", n.name,
                     deviceName(w[i].device()), backend.name());
   }
-  if (!deviceExec_ || &deviceExec_->backend() != &backend) {
-    flushDeviceStates();
-    deviceExec_.reset();  // its tensors go back to the backend they came from first
-    deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
-  }
+  trainingExecutor(backend);
   const int64_t b = x.dense ? x.dense->cols() : x.sparse ? x.sparse->cols() : x.size();
   if (graph_.steps() > 0) {
     ORPHEUS_CHECK_INPUT(x.dense != nullptr, "a sequence model needs token-stream data");
@@ -35,10 +40,24 @@ DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const Example
     if (meanLoss) *meanLoss = b > 0 ? loss / static_cast<double>(b * graph_.steps()) : 0.0;
     return *deviceExec_;
   }
-  static const Eigen::VectorXi kNoLabels;
-  const double loss = deviceExec_->run(w, x.dense, x.sparse, x.labels ? *x.labels : kNoLabels);
+  const double loss = deviceExec_->run(w, x.dense, x.sparse, x.labels ? *x.labels : noLabels(), siteReady);
   if (meanLoss) *meanLoss = b > 0 ? loss / static_cast<double>(b) : 0.0;
   return *deviceExec_;
+}
+
+DeviceExecutor& GraphModel::trainingExecutor(Backend& backend) const {
+  if (!deviceExec_ || &deviceExec_->backend() != &backend) {
+    flushDeviceStates();
+    deviceExec_.reset();  // its tensors go back to the backend they came from first
+    deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
+  }
+  return *deviceExec_;
+}
+
+bool GraphModel::prefetchOnDevice(const ExampleBatch& next, Backend& backend) const {
+  if (!deviceRefusal_.empty() || graph_.steps() > 0 || graph_.inputNode() < 0 || next.dense == nullptr) return false;
+  trainingExecutor(backend).prefetch(*next.dense, next.labels ? *next.labels : noLabels());
+  return true;
 }
 
 bool GraphModel::continuesDeviceStates(const Matrix& segments) const {
@@ -136,7 +155,26 @@ EvalSums GraphModel::evaluateOnDevice(std::span<const Tensor> w, const ExampleBa
 
 SvBatch GraphModel::computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
                                        Backend& backend) const {
-  DeviceExecutor& exec = runOnDevice(w, x, backend, meanLoss);
+  return deviceBatch(w, x, meanLoss, backend, {});
+}
+
+SvBatch GraphModel::computeSvgOnDeviceStreamed(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                               Backend& backend, const DeviceSvReadyFn& ready) const {
+  // A sequence model's batch entries are not the executor's sites one to one (stepColumns).
+  return deviceBatch(w, x, meanLoss, backend, graph_.steps() > 0 ? DeviceSvReadyFn() : ready);
+}
+
+SvBatch GraphModel::deviceBatch(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
+                                const DeviceSvReadyFn& ready) const {
+  // A site's V is a value of the pass unless it is host data: the input, or token one-hots.
+  const auto deviceV = [](const DeviceExecutor& e, size_t i) -> const Tensor* {
+    return e.siteVTokens(i) != nullptr || e.siteVIsInput(i) ? nullptr : e.siteVDense(i);
+  };
+  std::function<void(size_t)> siteReady;
+  if (ready) {
+    siteReady = [&](size_t i) { ready(i, deviceExec_->siteU(i), deviceV(*deviceExec_, i)); };
+  }
+  DeviceExecutor& exec = runOnDevice(w, x, backend, meanLoss, siteReady);
   const std::vector<SvSite>& sites = exec.sites();
   SvBatch batch;
   batch.matrices.resize(sites.size());
@@ -146,8 +184,10 @@ SvBatch GraphModel::computeSvgOnDevice(std::span<const Tensor> w, const ExampleB
     m.biasId = sites[i].bias;
     const Tensor& u = exec.siteU(i);
     m.u.resize(u.rows(), u.cols());
-    Tensor hostU = cpu::view(m.u);
-    backend.copy(u, hostU);
+    if (!ready) {
+      Tensor hostU = cpu::view(m.u);
+      backend.copy(u, hostU);
+    }
     // V of a token is the one-hot the executor built on the host.
     if (const SparseMatrix* tokens = exec.siteVTokens(i)) {
       m.sparseV = true;
@@ -164,8 +204,9 @@ SvBatch GraphModel::computeSvgOnDevice(std::span<const Tensor> w, const ExampleB
       }
       continue;
     }
-    const Tensor& v = *exec.siteVDense(i);
+    const Tensor& v = *deviceV(exec, i);
     m.vDense.resize(v.rows(), v.cols());
+    if (ready) continue;
     Tensor hostV = cpu::view(m.vDense);
     backend.copy(v, hostV);
   }

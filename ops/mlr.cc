@@ -95,6 +95,13 @@ SvBatch MultinomialLogisticRegression::computeSvgOnDevice(std::span<const Tensor
   return graph_.computeSvgOnDevice(w, x, meanLoss, backend);
 }
 
+SvBatch MultinomialLogisticRegression::computeSvgOnDeviceStreamed(std::span<const Tensor> w, const ExampleBatch& x,
+                                                                  double* meanLoss, Backend& backend,
+                                                                  const DeviceSvReadyFn& ready) const {
+  check(x);
+  return graph_.computeSvgOnDeviceStreamed(w, x, meanLoss, backend, ready);
+}
+
 void MultinomialLogisticRegression::denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x,
                                                           double* meanLoss, Backend& backend,
                                                           std::span<Tensor> grad) const {

@@ -41,9 +41,16 @@ class MultinomialLogisticRegression final : public Model {
   std::string deviceRefusal() const override { return graph_.deviceRefusal(); }
   SvBatch computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
                              Backend& backend) const override;
+  SvBatch computeSvgOnDeviceStreamed(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                     Backend& backend, const DeviceSvReadyFn& ready) const override;
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
   std::vector<DeviceSvs> lastDeviceSvs() const override { return graph_.lastDeviceSvs(); }
+  bool prefetchOnDevice(const ExampleBatch& next, Backend& backend) const override {
+    check(next);
+    return graph_.prefetchOnDevice(next, backend);
+  }
+  double takeDeviceDataWait() const override { return graph_.takeDeviceDataWait(); }
   void releaseDevice() const override { graph_.releaseDevice(); }
   EvalSums evaluateOnDevice(std::span<const Tensor> w, const ExampleBatch& x, Backend& backend) const override;
 

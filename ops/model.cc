@@ -50,6 +50,11 @@ SvBatch Model::computeSvgOnDevice(std::span<const Tensor>, const ExampleBatch&, 
   throw Error(fmt::format("model {} does not run on a device: {}", spec(), deviceRefusal()));
 }
 
+SvBatch Model::computeSvgOnDeviceStreamed(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                          Backend& backend, const DeviceSvReadyFn&) const {
+  return computeSvgOnDevice(w, x, meanLoss, backend);
+}
+
 void Model::denseGradientOnDevice(std::span<const Tensor>, const ExampleBatch&, double*, Backend&,
                                   std::span<Tensor>) const {
   throw Error(fmt::format("model {} does not run on a device: {}", spec(), deviceRefusal()));

@@ -102,6 +102,31 @@ class Model {
   // SV log need it). The default throws "model <spec> does not run on a device".
   virtual SvBatch computeSvgOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
                                      Backend& backend) const;
+  // Told from inside a device pass, on the calling thread, that the batch's matrix
+  // `index` is final on the device: its U (J x B) and, where its V is a value of
+  // the pass, V (K x B); `v` is null where V is host data the batch holds itself
+  // (the input, token one-hots). Both stay valid until the model's next device
+  // pass or releaseDevice().
+  using DeviceSvReadyFn = std::function<void(size_t index, const Tensor& u, const Tensor* v)>;
+  // computeSvgOnDevice that leaves the device's arrays to the caller: each matrix
+  // handed to `ready` (top layer first, as the backward pass makes it final, so its
+  // copy to the host can overlap the rest of the pass) comes back with U, and V
+  // where `ready` got one, sized but not filled; the caller copies them in. A
+  // model whose batch is not its sites one to one (a sequence model's) fills the
+  // whole batch itself and hands out nothing. The default does that.
+  virtual SvBatch computeSvgOnDeviceStreamed(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
+                                             Backend& backend, const DeviceSvReadyFn& ready) const;
+  // The data queue: copies `next` to `backend`'s device now, on its copy queue,
+  // while the device passes queued before compute, so that the next device pass on
+  // exactly this batch (the same objects, alive and unchanged until then) finds it
+  // there. False where the model copies nothing ahead (the default; a sequence
+  // model, sparse data): the pass then copies the batch in itself.
+  virtual bool prefetchOnDevice(const ExampleBatch& next, Backend& backend) const {
+    (void)next, (void)backend;
+    return false;
+  }
+  // Seconds the device's compute waited for prefetched batches since the last call.
+  virtual double takeDeviceDataWait() const { return 0.0; }
   // The dense gradient of the summed loss into `grad` (tensors on backend's device,
   // the parameters' shapes), with no host round trip: one GEMM U V^T per site, a
   // bias the column sum of its U. The default throws as computeSvgOnDevice's.

@@ -307,6 +307,10 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
       ->check(onOff())
       ->type_name("on|off")
       ->default_str("on");
+  addEnumOption(cmd, "--transfer", c.transfer, orpheus::engine::transferModeNames(),
+                "How a replica on --device brings each clock's SVs to host memory for the wire: staged (each site's U "
+                "and V copied on the device's copy queue while the backward pass goes on) or sync (blocking copies "
+                "after it); the same bits either way");
   // One knob for a rank's compute threads: the GEMMs run in OpenBLAS, everything
   // else in one thread. --blas-threads is its earlier name.
   cmd.add_option("--threads,--blas-threads", c.blasThreads,

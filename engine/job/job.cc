@@ -116,8 +116,12 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   }
   if (backend.device() != ops::Device::kCpu && transport.size() > 1) {
     // Device buffers are never handed to the transport yet, even where it could take them.
-    spdlog::info("transfer: staged (SV batches and gradients cross host memory; transport {} {} device memory)",
-                 transport.name(), transport.deviceMemoryAware() ? "could take" : "cannot take");
+    const bool staged = config.transfer == TransferMode::kStaged && config.sync == SyncMode::kSv &&
+                        deviceResidency(config, model, backend).empty();
+    spdlog::info("transfer: {} (SV batches and gradients cross host memory{}; transport {} {} device memory)",
+                 staged ? "staged" : "sync",
+                 staged ? ", each site copied on the device's copy queue during the pass" : "", transport.name(),
+                 transport.deviceMemoryAware() ? "could take" : "cannot take");
   }
   if (config.sync == SyncMode::kSv && transport.size() > 1) {
     spdlog::info("{}; {} consistency{}; {}", comm::MulticastSchedule(scheduleConfig(config, transport.size())).describe(),

@@ -181,7 +181,20 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
   // Host <-> device copies, all ranks (a device's jobs only).
   if (e.sum[kDeviceIn] > 0 || e.sum[kDeviceOut] > 0) {
     line.add("device_in_bytes", static_cast<uint64_t>(e.sum[kDeviceIn]))
-        .add("device_out_bytes", static_cast<uint64_t>(e.sum[kDeviceOut]));
+        .add("device_out_bytes", static_cast<uint64_t>(e.sum[kDeviceOut]))
+        // The data queue: how long the device waited for the clock's minibatch (rank mean).
+        .add("device_data_wait_seconds", e.sum[kDeviceDataWait] / p);
+  }
+  // How the SVs crossed between device and host (a device's jobs only): rank 0's
+  // way, all ranks' bytes, and the share of the copies' time to the host that
+  // overlapped the backward pass.
+  if (e.sum[kTransfer] > 0) {
+    line.add("transfer", transferName(static_cast<TransferKind>(static_cast<int>(e.sum[kTransfer]))))
+        .add("d2h_bytes", static_cast<uint64_t>(e.sum[kToHost]))
+        .add("h2d_bytes", static_cast<uint64_t>(e.sum[kToDevice]))
+        .add("transfer_hidden_share",
+             e.sum[kTransferSeconds] > 0 ? std::clamp(e.sum[kTransferHidden] / e.sum[kTransferSeconds], 0.0, 1.0)
+                                         : 0.0);
   }
   if (e.sum[kRankError] >= 0) line.add("sv_rank_error", e.sum[kRankError] / p);
   if (e.sum[kParamDigest] >= 0) line.add("param_crc32c", static_cast<int64_t>(e.sum[kParamDigest]));
@@ -245,6 +258,16 @@ void MetricsReporter::report(const ClockRecord& record) {
   transport_.control().send(0, encodeRecord(record));
 }
 
+const char* transferName(TransferKind kind) {
+  switch (kind) {
+    case TransferKind::kNone: return "none";
+    case TransferKind::kSync: return "sync";
+    case TransferKind::kStaged: return "staged";
+    case TransferKind::kCudaAware: return "cuda-aware";
+  }
+  return "unknown";
+}
+
 ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockAround& around) {
   ClockRecord r{};
   r[kClock] = static_cast<double>(clock);
@@ -269,6 +292,11 @@ ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockArou
   r[kDeviceIn] = static_cast<double>(around.deviceInBytes);
   r[kDeviceOut] = static_cast<double>(around.deviceOutBytes);
   r[kDataWait] = around.dataWaitSeconds;
+  r[kToHost] = static_cast<double>(around.toHostBytes);
+  r[kToDevice] = static_cast<double>(around.toDeviceBytes);
+  r[kTransferSeconds] = around.transferSeconds;
+  r[kTransferHidden] = around.transferHiddenSeconds;
+  r[kDeviceDataWait] = around.deviceDataWaitSeconds;
   r[kRankError] = stats.rankError;
   if (around.leader) {
     r[kReplica] = around.replica;
@@ -277,6 +305,7 @@ ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockArou
     r[kDivergenceMax] = around.divergenceMax;
     r[kDivergenceMean] = around.divergenceMean;
     r[kParamDigest] = around.paramDigest;
+    r[kTransfer] = static_cast<double>(static_cast<int>(around.transfer));
   }
   return r;
 }

@@ -91,8 +91,10 @@ class MetricsWriter {
 enum ClockField : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount, kDeviceIn, kDeviceOut, kDataWait,
+  kToHost, kToDevice, kTransferSeconds, kTransferHidden, kDeviceDataWait,
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
-  kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kParamDigest, kClockFieldCount
+  kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kParamDigest,
+  kTransfer, kClockFieldCount
 };
 // On the wire: the kClockFieldCount doubles as they are in memory (every rank runs
 // the same binary).
@@ -101,6 +103,13 @@ using ClockRecord = std::array<double, kClockFieldCount>;
 comm::SharedBytes encodeRecord(const ClockRecord& record);
 // Error (an internal invariant) when `bytes` is not one record; `peer` names the sender.
 ClockRecord decodeRecord(std::span<const std::byte> bytes, int peer);
+
+// How a clock's SVs crossed between the job's device and host memory (the metrics'
+// "transfer"; engine/worker/sv_transfer.h): not at all (the device is the host),
+// with blocking copies, staged on the device's copy queue, or handed to a
+// CUDA-aware transport as device memory (not done yet: such a job stages too).
+enum class TransferKind { kNone, kSync, kStaged, kCudaAware };
+const char* transferName(TransferKind kind);
 
 // What the loop measured around a clock, for its record (clockRecord).
 struct ClockAround {
@@ -115,8 +124,20 @@ struct ClockAround {
   // (ops::Backend::transfers; 0 on the CPU).
   uint64_t deviceInBytes = 0;
   uint64_t deviceOutBytes = 0;
-  // Waited for the clock's minibatch (the prefetch queue had none ready).
+  // Waited for the clock's minibatch (the prefetch queue had none ready); with
+  // the data queue, for the next clock's too, and staged it for the device.
   double dataWaitSeconds = 0.0;
+  // The SVs' share of those copies: the clock's batch to the host (U, V) and the
+  // rebuilds' operands to the device, with the copies' time to the host and the
+  // part of it hidden behind the backward pass.
+  TransferKind transfer = TransferKind::kNone;
+  uint64_t toHostBytes = 0;
+  uint64_t toDeviceBytes = 0;
+  double transferSeconds = 0.0;
+  double transferHiddenSeconds = 0.0;
+  // The data queue: the device's compute waited this long for the clock's
+  // minibatch to land (ops::Model::takeDeviceDataWait).
+  double deviceDataWaitSeconds = 0.0;
   // Set by rank 0 only (the fields after kReplica).
   bool leader = false;
   int replica = 0;

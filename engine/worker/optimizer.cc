@@ -375,6 +375,12 @@ void ReplicaUpdater::hostChanged() {
 }
 
 void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params) {
+  const uint64_t before = backend_.transfers().toDevice;
+  applyGroupOn(clock, batches, params);
+  rebuildToDevice_ += backend_.transfers().toDevice - before;
+}
+
+void ReplicaUpdater::applyGroupOn(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params) {
   if (device_ != nullptr) {
     const bool folds = optimizer_.settings().foldsLearningRate();
     if (!folds && pendingClock_ != 0 && pendingClock_ != clock) finishClock(params);

@@ -206,6 +206,10 @@ class ReplicaUpdater {
 
   Optimizer& optimizer() { return optimizer_; }
   ops::Backend& backend() const { return backend_; }
+  // Bytes the groups' rebuilds copied from host memory to the backend's device
+  // since the updater was made: the batches' U C and V and the bias updates (and
+  // W, where the replica is not resident); 0 on the CPU backend.
+  uint64_t rebuildToDeviceBytes() const { return rebuildToDevice_; }
   const Optimizer& optimizer() const { return optimizer_; }
 
   // Device residency (engine/worker/device_replica.h): from here on the replica
@@ -232,6 +236,7 @@ class ReplicaUpdater {
   }
 
  private:
+  void applyGroupOn(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params);
   void noteTouched(std::span<const SvBatchView* const> batches);
   void trimBuffers();
   void clearGradient();
@@ -248,6 +253,7 @@ class ReplicaUpdater {
   std::vector<std::vector<char>> touchedMask_;
   std::unique_ptr<DeviceReplica> device_;  // resident: the replica on the device
   std::vector<ops::DeviceSvs> localOnDevice_;
+  uint64_t rebuildToDevice_ = 0;
 };
 
 // The parameters and the optimizer state as one ParamSet (snapshots, files):

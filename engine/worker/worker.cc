@@ -75,6 +75,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
       // and dense sync), so --lr means the same step whatever the fanout.
       heard_(static_cast<double>(config.batch) * (schedule_.fanout() + 1)),
       updater_(optimizerSettings(config), model, backend),
+      transfer_(backend, config.transfer),
       feed_(balanceOptions(config), transport, train),
       broadcast_(transport, model.paramShapes(), *log_),
       multicast_(config.consistency, schedule_, transport, inbox_, updater_, replica_, *log_) {
@@ -245,12 +246,12 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
   exchange.begin(clock, header(clock), scale, start, local);
   const bool selects = knobs_.select > 0 && knobs_.select < examples.size();
   if (updater_.resident()) {
-    // The pass runs where the replica lives; the batch comes back whole, and a
-    // streaming exchange gets its sites last to first (as Model's default does).
-    *local = model_.computeSvgOnDevice(updater_.deviceParams(replica_), examples, &stats.loss, updater_.backend());
-    if (exchange.streams(selects) && std::isfinite(stats.loss)) {
-      for (size_t i = local->matrices.size(); i-- > 0;) exchange.siteReady(i, local->matrices[i]);
-    }
+    // The pass runs where the replica lives; its sites come to the host as
+    // --transfer says, and a streaming exchange gets each as soon as it is there.
+    const bool streams = exchange.streams(selects);
+    transfer_.computeSvg(model_, updater_.deviceParams(replica_), examples, &stats.loss, *local, [&](size_t i) {
+      if (streams && std::isfinite(stats.loss)) exchange.siteReady(i, local->matrices[i]);
+    });
   } else if (exchange.streams(selects)) {
     bool finite = true;
     // The batch the backward pass builds is moved in here, arrays and all: the
@@ -500,7 +501,9 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   const double ckptWaitBefore = log_->waitSeconds();
   const double ckptCpuBefore = log_->writerCpuSeconds();
   const ops::Backend::Transfers transfersBefore = updater_.backend().transfers();
-  const data::Batch batch = feed_.next();
+  const TransferMark transferBefore = transferMark();
+  const std::unique_ptr<data::Batch> owned = takeBatch(clock);
+  const data::Batch& batch = *owned;
   const double dataWaitSeconds = secondsSince(start);
   const ClockStats stats = runClock(clock, batch, sink);
   const uint64_t bytesBefore = transport_.counters().bytesSent;
@@ -526,6 +529,8 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   around.deviceInBytes = updater_.backend().transfers().toDevice - transfersBefore.toDevice;
   around.deviceOutBytes = updater_.backend().transfers().toHost - transfersBefore.toHost;
   around.dataWaitSeconds = dataWaitSeconds;
+  noteTransfer(transferBefore, around);
+  around.deviceDataWaitSeconds = model_.takeDeviceDataWait();
   around.leader = transport_.rank() == 0;
   around.replica = replicaId_;
   around.averaged = coordination.averaged;

@@ -21,6 +21,7 @@
 #include "engine/worker/optimizer.h"
 #include "engine/recovery/recovery.h"
 #include "engine/worker/membership_check.h"
+#include "engine/worker/sv_transfer.h"
 #include "ops/model.h"
 
 #include <map>
@@ -188,6 +189,18 @@ class Worker {
   const ParamSet& runClocks(MetricsWriter& metrics, MetricsSink& sink, const MetricsAggregator& aggregator);
   bool runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally);
   Recovery::Failure afterClock(uint64_t clock);
+  // What crossed between the device and the host for the SVs since `before`, into `around`.
+  struct TransferMark {
+    SvTransfer::Totals transfer;
+    uint64_t rebuildToDevice = 0;
+  };
+  TransferMark transferMark() const { return {transfer_.totals(), updater_.rebuildToDeviceBytes()}; }
+  void noteTransfer(const TransferMark& before, ClockAround& around) const;
+  // This clock's minibatch: fetched in the clock before with the data queue, else
+  // now. With the data queue the next clock's is fetched too and handed to the
+  // model to copy to the device while this clock computes.
+  std::unique_ptr<data::Batch> takeBatch(uint64_t clock);
+  bool queuesData(uint64_t clock) const;
   bool evaluateAt(uint64_t clock, ClockRecord& record);
   void writeSummary(MetricsWriter& metrics, const Tally& tally, const EvalResult& initialEval) const;
 
@@ -244,6 +257,7 @@ class Worker {
   double heard_ = 0.0;
   // The optimizer and its state, and the pending clock's gradient (engine/worker/optimizer.h).
   ReplicaUpdater updater_;
+  SvTransfer transfer_;  // resident: how the clock's SVs come to the host (--transfer)
   ops::RebuildBuffers gradientBuffers_;  // --sync dense: the gradient's products, reused every clock
   std::vector<ops::Tensor> deviceGradient_;  // --sync dense, resident: the gradient on the device
   EvalResult lastEval_;
@@ -254,6 +268,7 @@ class Worker {
   MembershipCheck* membership_ = nullptr;
   uint64_t changesAfter_ = 0;
   DataFeed feed_;  // the minibatches: the shard, or with --balance the chunks this rank owns
+  std::unique_ptr<data::Batch> aheadBatch_;  // the data queue: the next clock's minibatch, on its way to the device
   // The ways a clock's batches travel (exchangeNow): the overlapped one only with --overlap.
   BroadcastExchange broadcast_;
   MulticastExchange multicast_;

@@ -6,10 +6,11 @@
 
 #include <climits>
 #include <cstdint>
-#include <functional>
-#include <vector>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace orpheus::ops::cuda {
 namespace {
@@ -51,8 +52,13 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device) : device_(device) {
     ORPHEUS_CUDA_CHECK(cudaSetDevice(device_));
     ORPHEUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (const cudaError_t e = cudaStreamCreateWithFlags(&copyStream_, cudaStreamNonBlocking); e != cudaSuccess) {
+      static_cast<void>(cudaStreamDestroy(stream_));
+      ORPHEUS_CUDA_CHECK(e);
+    }
     const cublasStatus_t status = cublasCreate(&blas_);
     if (status != CUBLAS_STATUS_SUCCESS) {
+      static_cast<void>(cudaStreamDestroy(copyStream_));
       static_cast<void>(cudaStreamDestroy(stream_));
       ORPHEUS_CUBLAS_CHECK(status);
     }
@@ -70,8 +76,10 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     static_cast<void>(cudaSetDevice(device_));
+    static_cast<void>(cudaStreamSynchronize(copyStream_));
     static_cast<void>(cudaStreamSynchronize(stream_));
     static_cast<void>(cublasDestroy(blas_));
+    static_cast<void>(cudaStreamDestroy(copyStream_));
     static_cast<void>(cudaStreamDestroy(stream_));
   }
 
@@ -159,6 +167,60 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     activate();
     ORPHEUS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Page-locked, so the copy engine reads and writes it while the host goes on.
+  HostBuffer allocateHost(size_t bytes) override {
+    activate();
+    void* p = nullptr;
+    ORPHEUS_CUDA_CHECK(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault));
+    return HostBuffer(p, bytes, [](void* q) { static_cast<void>(cudaFreeHost(q)); });
+  }
+
+  AsyncCopy copyToHostAsync(const Tensor& src, HostBuffer& dst, size_t offset) override {
+    checkAsyncCopy("copyToHostAsync", src, dst, offset);
+    const size_t bytes = static_cast<size_t>(src.size()) * sizeof(float);
+    countCopy(Device::kCuda, Device::kCpu, bytes);
+    return onCopyStream(dst.data() + offset, src.data(), bytes, cudaMemcpyDeviceToHost);
+  }
+
+  AsyncCopy copyToDeviceAsync(const HostBuffer& src, size_t offset, Tensor& dst) override {
+    checkAsyncCopy("copyToDeviceAsync", dst, src, offset);
+    const size_t bytes = static_cast<size_t>(dst.size()) * sizeof(float);
+    countCopy(Device::kCpu, Device::kCuda, bytes);
+    return onCopyStream(dst.data(), src.data() + offset, bytes, cudaMemcpyHostToDevice);
+  }
+
+  Event record() override { return recordOn(stream_); }
+
+  void waitOnDevice(const Event& e) override {
+    checkOwn(e, "waitOnDevice");
+    if (e.empty()) return;
+    activate();
+    ORPHEUS_CUDA_CHECK(cudaStreamWaitEvent(stream_, eventOf(e), 0));
+  }
+
+  bool ready(const Event& e) override {
+    checkOwn(e, "ready");
+    if (e.empty()) return true;
+    const cudaError_t status = cudaEventQuery(eventOf(e));
+    if (status == cudaErrorNotReady) return false;
+    ORPHEUS_CUDA_CHECK(status);
+    return true;
+  }
+
+  void wait(const Event& e) override {
+    checkOwn(e, "wait");
+    if (!e.empty()) ORPHEUS_CUDA_CHECK(cudaEventSynchronize(eventOf(e)));
+  }
+
+  double secondsBetween(const Event& from, const Event& to) override {
+    checkOwn(from, "secondsBetween");
+    checkOwn(to, "secondsBetween");
+    ORPHEUS_ENFORCE(!from.empty() && !to.empty(), "backend cuda: secondsBetween of an empty event");
+    float ms = 0.0f;
+    ORPHEUS_CUDA_CHECK(cudaEventElapsedTime(&ms, eventOf(from), eventOf(to)));
+    return static_cast<double>(ms) / 1000.0;
   }
 
   void gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) override {
@@ -342,6 +404,39 @@ class CudaBackend final : public Backend {
     return k;
   }
 
+  // A timed event recorded on `stream` (CUDA's event timer measures copies).
+  Event recordOn(cudaStream_t stream) {
+    activate();
+    cudaEvent_t e = nullptr;
+    ORPHEUS_CUDA_CHECK(cudaEventCreate(&e));
+    std::shared_ptr<CUevent_st> owned(e, [](cudaEvent_t q) { static_cast<void>(cudaEventDestroy(q)); });
+    ORPHEUS_CUDA_CHECK(cudaEventRecord(e, stream));
+    return Event(this, std::shared_ptr<void>(owned, e));
+  }
+  static cudaEvent_t eventOf(const Event& e) { return static_cast<cudaEvent_t>(e.state()); }
+
+  // The copy stream first waits for everything queued on the compute stream, so the
+  // copy reads (or overwrites) what those operations left; the copies keep their
+  // order on it. An event that was waited on may be destroyed at once.
+  AsyncCopy onCopyStream(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    activate();
+    cudaEvent_t queued = nullptr;
+    ORPHEUS_CUDA_CHECK(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
+    const cudaError_t recorded = cudaEventRecord(queued, stream_);
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(copyStream_, queued, 0) : recorded;
+    static_cast<void>(cudaEventDestroy(queued));
+    ORPHEUS_CUDA_CHECK(waited);
+    AsyncCopy c;
+    c.started = recordOn(copyStream_);
+    if (bytes > 0) ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copyStream_));
+    c.done = recordOn(copyStream_);
+    if (syncEveryCall_) {
+      ORPHEUS_CUDA_CHECK(cudaStreamSynchronize(copyStream_));
+      ORPHEUS_CUDA_CHECK(cudaGetLastError());
+    }
+    return c;
+  }
+
   void upload(void* dst, const void* src, size_t bytes) {
     if (bytes > 0) ORPHEUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   }
@@ -385,6 +480,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   bool syncEveryCall_ = false;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t copyStream_ = nullptr;  // the asynchronous copies (Backend::copyToHostAsync)
   cublasHandle_t blas_ = nullptr;
 };
 

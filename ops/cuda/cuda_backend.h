@@ -1,7 +1,9 @@
 // The CUDA backend: cuBLAS for the GEMMs, axpy and scaling; the project's own
 // kernels (kernels.cu) for fused elementwise chains, softmax + cross-entropy,
 // reductions, sparse products and optimizer steps. One stream and one cuBLAS handle per backend,
-// on one device chosen when it is made; see ops/backend.h for the contract.
+// on one device chosen when it is made, and a second stream for the asynchronous
+// copies (to and from page-locked host buffers, timed with CUDA events); see
+// ops/backend.h for the contract.
 // Reached only through ops/backends.h; this header needs no CUDA headers.
 #pragma once
 

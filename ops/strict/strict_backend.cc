@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -45,8 +47,21 @@ struct Registry {
       if (it == regions.end()) return;
       length = it->second;
       regions.erase(it);
+      inbound.erase(reinterpret_cast<uintptr_t>(p));
     }
     static_cast<void>(munmap(p, length));
+  }
+
+  // Mappings an asynchronous copy from the host is still to land in (by start):
+  // no operation may use them until it has (Backend::waitOnDevice).
+  std::map<uintptr_t, int> inbound;
+  void markInbound(uintptr_t start, int delta) {
+    std::lock_guard lock(mutex);
+    if ((inbound[start] += delta) <= 0) inbound.erase(start);
+  }
+  bool awaitsInbound(uintptr_t start) {
+    std::lock_guard lock(mutex);
+    return inbound.count(start) > 0;
   }
 
   // The mapping that holds `p`: {start, length}, or {0, 0}.
@@ -77,6 +92,10 @@ class Opened {
     if (p == nullptr) return;
     const auto region = registry_.find(p);
     ORPHEUS_ENFORCE(region.second > 0, "backend strict: an operand of {} is not memory of this strict device", op_);
+    ORPHEUS_ENFORCE(!registry_.awaitsInbound(region.first),
+                    "backend strict: {} used a tensor whose asynchronous copy from the host has not landed (call "
+                    "waitOnDevice or wait on the copy's done event first)",
+                    op_);
     for (const auto& o : open_) {
       if (o.first == region.first) return;
     }
@@ -170,7 +189,49 @@ class StrictBackend final : public Backend {
     dst.view.values = values;
   }
 
+  // The operations are done when they return; asynchronous copies are not
+  // operations (they land when waited for).
   void synchronize() override {}
+
+  // Asynchronous copies run when they are waited for (wait, waitOnDevice, or the
+  // second ready() about their event), in order: the latest a device may run them.
+  AsyncCopy copyToHostAsync(const Tensor& src, HostBuffer& dst, size_t offset) override {
+    checkAsyncCopy("copyToHostAsync", src, dst, offset);
+    return queue(true, src, dst, offset);
+  }
+  AsyncCopy copyToDeviceAsync(const HostBuffer& src, size_t offset, Tensor& dst) override {
+    checkAsyncCopy("copyToDeviceAsync", dst, src, offset);
+    return queue(false, dst, src, offset);
+  }
+  // Operations run when called: a point on the compute queue is complete at once.
+  Event record() override { return Event(this, std::make_shared<StrictEvent>(StrictEvent{0, now(), false})); }
+  void waitOnDevice(const Event& e) override { wait(e); }
+  // False the first time it is asked about a copy's event, so that callers take
+  // their not-ready path; the copies through it land on the second.
+  bool ready(const Event& e) override {
+    checkOwn(e, "ready");
+    StrictEvent* s = stateOf(e);
+    if (s == nullptr || s->seconds >= 0) return true;
+    if (!s->asked) {
+      s->asked = true;
+      return false;
+    }
+    landThrough(s->sequence);
+    return true;
+  }
+  void wait(const Event& e) override {
+    checkOwn(e, "wait");
+    if (StrictEvent* s = stateOf(e)) landThrough(s->sequence);
+  }
+  double secondsBetween(const Event& from, const Event& to) override {
+    checkOwn(from, "secondsBetween");
+    checkOwn(to, "secondsBetween");
+    const StrictEvent* a = stateOf(from);
+    const StrictEvent* b = stateOf(to);
+    ORPHEUS_ENFORCE(a != nullptr && b != nullptr && a->seconds >= 0 && b->seconds >= 0,
+                    "backend strict: secondsBetween of an event that is empty or not complete");
+    return b->seconds - a->seconds;
+  }
 
   void gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) override {
     on("gemm", {&a, &b, &c});
@@ -329,8 +390,97 @@ class StrictBackend final : public Backend {
     for (const Tensor* t : ts) checks::onDevice(*this, op, *t);
   }
 
+  // An event of this backend: its copy's place in the queue (0: the compute
+  // queue's), the host's clock when it completed (-1: not yet), whether ready()
+  // was asked about it.
+  struct StrictEvent {
+    uint64_t sequence = 0;
+    double seconds = -1.0;
+    bool asked = false;
+  };
+  // A copy not landed yet: its device and host ends, and the source's bytes as
+  // they were when it was queued (a GPU may read them any time until it lands).
+  struct PendingCopy {
+    bool toHost = true;
+    void* device = nullptr;
+    std::byte* host = nullptr;
+    size_t bytes = 0;
+    std::vector<std::byte> source;
+    HostBuffer buffer;  // keeps the host end alive
+    std::shared_ptr<StrictEvent> started, done;
+  };
+
+  static StrictEvent* stateOf(const Event& e) { return static_cast<StrictEvent*>(e.state()); }
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+  AsyncCopy queue(bool toHost, const Tensor& device, const HostBuffer& host, size_t offset) {
+    const size_t bytes = static_cast<size_t>(device.size()) * sizeof(float);
+    PendingCopy p;
+    p.toHost = toHost;
+    p.device = device.data();
+    p.host = host.data() + offset;
+    p.bytes = bytes;
+    p.buffer = host;
+    p.started = std::make_shared<StrictEvent>(StrictEvent{++queued_, -1.0, false});
+    p.done = std::make_shared<StrictEvent>(StrictEvent{queued_, -1.0, false});
+    if (bytes > 0) {
+      const auto region = registry_->find(p.device);
+      ORPHEUS_ENFORCE(region.second > 0, "backend strict: the tensor of an asynchronous copy is not memory of this "
+                      "strict device");
+      if (toHost) {
+        Opened o(*registry_, "copyToHostAsync");
+        o.open(p.device);
+        p.source.assign(static_cast<const std::byte*>(p.device), static_cast<const std::byte*>(p.device) + bytes);
+        // Poison where the copy will land: host code that reads it early reads NaN.
+        for (size_t k = 0; k < bytes / sizeof(float); ++k) std::memcpy(p.host + k * sizeof(float), &kPoison, 4);
+      } else {
+        p.source.assign(p.host, p.host + bytes);
+        registry_->markInbound(region.first, 1);
+      }
+    }
+    countCopy(toHost ? Device::kStrict : Device::kCpu, toHost ? Device::kCpu : Device::kStrict, bytes);
+    AsyncCopy c{Event(this, p.started), Event(this, p.done)};
+    pending_.push_back(std::move(p));
+    return c;
+  }
+
+  void landThrough(uint64_t sequence) {
+    while (!pending_.empty() && pending_.front().done->sequence <= sequence) {
+      PendingCopy p = std::move(pending_.front());
+      pending_.pop_front();
+      land(p);
+    }
+  }
+
+  // Each end checked as a GPU would need it now: alive, and the source unchanged
+  // since the copy was queued.
+  void land(PendingCopy& p) {
+    p.started->seconds = now();
+    if (p.bytes > 0) {
+      const auto region = registry_->find(p.device);
+      ORPHEUS_ENFORCE(region.second > 0, "backend strict: the device {} of an asynchronous copy was freed before "
+                      "the copy landed", p.toHost ? "source" : "destination");
+      if (!p.toHost) registry_->markInbound(region.first, -1);
+      Opened o(*registry_, p.toHost ? "copyToHostAsync" : "copyToDeviceAsync");
+      o.open(p.device);
+      const std::byte* from = p.toHost ? static_cast<const std::byte*>(p.device) : p.host;
+      ORPHEUS_ENFORCE(std::memcmp(from, p.source.data(), p.bytes) == 0,
+                      "backend strict: {} wrote the source of an asynchronous copy {} before the copy landed",
+                      p.toHost ? "an operation" : "host code", p.toHost ? "to the host" : "to the device");
+      std::memcpy(p.toHost ? static_cast<void*>(p.host) : p.device, from, p.bytes);
+    }
+    p.done->seconds = now();
+  }
+
+  // A float NaN (0x7fbadbad) that names itself in a hex dump.
+  static constexpr uint32_t kPoison = 0x7fbadbadU;
+
   std::shared_ptr<Registry> registry_;
   cpu::CpuBackend cpu_;
+  std::deque<PendingCopy> pending_;
+  uint64_t queued_ = 0;
 };
 
 void appendHex(char*& at, uintptr_t v) {

@@ -36,6 +36,8 @@ orpheus_script_test(bad_input_label_range LABEL mpi
   COMMAND ${EXPECT} "label7.libsvm.*label 7" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --test ${FIX}/label7.libsvm)
 orpheus_script_test(bad_input_classes_flag LABEL mpi
   COMMAND ${EXPECT} "label 2.*--classes is 2" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --classes 2)
+orpheus_script_test(bad_input_bad_transfer LABEL unit
+  COMMAND ${EXPECT} "--transfer: expected one of staged,sync, got 'async'" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --transfer async)
 orpheus_script_test(bad_input_bad_sync LABEL unit
   COMMAND ${EXPECT} "--sync" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --sync gossip)
 orpheus_script_test(bad_flag_transport LABEL unit

@@ -12,7 +12,9 @@
 # dense (--sync dense with and without --overlap), sparse (LIBSVM rows, sparse V),
 # optimizers (examples/mlr.loss, the replica resident on the device, with each
 # optimizer), recovery (failures and the checkpoint log, resident), ssp (an SSP job
-# resident, its replica against the host's replay of its log).
+# resident, its replica against the host's replay of its log), transfer (an MLP's SVs
+# staged to the host on the copy queue against blocking copies, streamed with
+# --overlap and whole with --select: the same bits, and the metrics' transfer fields).
 # Where the replica is resident (engine/worker/device_replica.h), the strict device
 # also fills the host's mirror of the replica with NaN whenever it falls behind, so
 # host code that reads the replica without bringing it up to date fails too.
@@ -54,10 +56,11 @@ scored() {
 # 2 ranks, a rank's minibatch (784 x 40 floats, 125440 bytes) and one-hot labels
 # (10 x 40, 1600), the peer's batch U C and V (1600 + 125440) and two bias updates
 # (2 x 40): 254160 a rank. The local batch's U and V are read where the pass made
-# them (copied in again, they made it 762400).
+# them (copied in again, they made it 762400). The data queue copies each clock's
+# minibatch and labels in the clock before, so the last clock has neither: 254240.
 inbound() {
   grep -o '"device_in_bytes": *[0-9]*' "$out/$1-strict.jsonl" | sed 's/.*: *//' | tail -n +2 |
-    awk -v name="$1" '$1 != 508320 { print "strict_device.sh: " $1 " bytes crossed to the device in a clock of " name; bad = 1 }
+    awk -v name="$1" '$1 != (NR < 19 ? 508320 : 254240) { print "strict_device.sh: " $1 " bytes crossed to the device in clock " NR + 1 " of " name; bad = 1 }
       END { if (NR != 19) { print "strict_device.sh: " NR + 1 " clocks of " name " report device_in_bytes"; bad = 1 }; exit bad }' >&2
 }
 # same NAME FLAGS...: the job on both devices, compared bitwise.
@@ -182,6 +185,37 @@ case "$case" in
     "$compare" "$out/ssp-strict.h5" "$out/r30-cpu.h5" 0
     resident ssp
     scored ssp >/dev/null
+    ;;
+  transfer)
+    sed -e 's/^dim hidden1 = .*/dim hidden1 = 64/' -e 's/^dim hidden2 = .*/dim hidden2 = 32/' \
+      "$here/../../examples/mlp.loss" >"$out/mlp.loss"
+    mlp=("${fmnist[@]}" --model "$out/mlp.loss" --clocks 12 --batch 40 --optimizer momentum)
+    for mode in staged sync; do
+      run "stream-$mode" strict "${mlp[@]}" --overlap on --transfer "$mode"
+      run "select-$mode" strict "${mlp[@]}" --select 10 --transfer "$mode"
+    done
+    run stream cpu "${mlp[@]}" --overlap on
+    "$compare" "$out/stream-cpu.h5" "$out/stream-staged-strict.h5" 0
+    "$compare" "$out/stream-staged-strict.h5" "$out/stream-sync-strict.h5" 0
+    "$compare" "$out/select-staged-strict.h5" "$out/select-sync-strict.h5" 0
+    resident stream-staged
+    # Every clock says how its SVs crossed and what moved: to the host each site's U
+    # and its V where the pass made it, 4 x 40 x (10 + 32 + 32 + 64 + 64) bytes a rank
+    # (the first layer's V is the minibatch, already on the host); to the device the
+    # peer's batch for the rebuild. The strict device runs a copy when it is waited
+    # for, after the pass, so none of it is hidden there.
+    for job in stream-staged stream-sync select-staged select-sync; do
+      mode=${job#*-}; file="$out/$job-strict.jsonl"
+      n=$(grep -c '"clock"' "$file")
+      for field in "\"transfer\": *\"$mode\"" '"d2h_bytes": *64640[,}]' '"h2d_bytes": *[1-9]' \
+        '"transfer_hidden_share": *0[,}]'; do
+        [ "$(grep -c "$field" "$file")" -eq "$n" ] ||
+          { echo "strict_device.sh: not every clock of $job has $field" >&2; exit 1; }
+      done
+    done
+    if grep -q '"transfer"' "$out/stream-cpu.jsonl"; then
+      echo "strict_device.sh: a cpu job reports a device transfer" >&2; exit 1
+    fi
     ;;
   sparse)
     # 900 rows of 300 features, about 12 nonzeros each, 6 classes.

@@ -133,6 +133,9 @@ TEST_CASE("train's other flags: names, --inject-delay and unknown flags") {
   requireMatch(trainRefusal({"--resident", "maybe"}), "--resident: expected on or off, got 'maybe'");
   requireMatch(trainRefusal({"--overlap", "2"}), "--overlap: expected on or off, got '2'");
   CHECK(trainRefusal({"--resident", "off", "--overlap", "ON"}).empty());
+  requireMatch(trainRefusal({"--transfer", "async"}), "--transfer: expected one of staged,sync, got 'async'");
+  CHECK(trainRefusal({"--transfer", "sync"}).empty());
+  CHECK(trainRefusal({"--transfer", "STAGED"}).empty());
   CHECK(trainRefusal({"--inject-delay", "1:10", "--optimizer", "adam", "--sync", "dense"}).empty());
 }
 

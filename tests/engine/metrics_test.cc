@@ -195,3 +195,40 @@ TEST_CASE("records travel to rank 0 on the control channel", "[engine][metrics]"
   CHECK(decodeRecord(*bytes, 1) == record(1, 2));
   CHECK_THROWS_AS(decodeRecord(std::span<const std::byte>(*bytes).first(8), 1), Error);
 }
+
+TEST_CASE("a device job's lines say how its SVs crossed, with the bytes and the share hidden", "[engine][metrics]") {
+  TempFile file("orpheus-metrics-transfer");
+  {
+    MetricsWriter out(file.path());
+    ProgressLine progress("off", 2);
+    MetricsAggregator aggregator(2, out, progress, true, 1, 2);
+    for (int rank = 0; rank < 2; ++rank) {
+      ClockAround around;
+      around.leader = rank == 0;
+      around.deviceInBytes = 1000;
+      around.deviceOutBytes = 500;
+      around.deviceDataWaitSeconds = 0.5 * rank;  // mean 0.25
+      around.transfer = TransferKind::kStaged;
+      around.toHostBytes = 400;
+      around.toDeviceBytes = 300;
+      around.transferSeconds = 2.0;              // 4 s of copies, 1 s of them before the passes ended
+      around.transferHiddenSeconds = rank == 0 ? 1.0 : 0.0;
+      aggregator.add(clockRecord(1, ClockStats{}, around));
+      // Clock 2: a job on the host, whose SVs never cross.
+      ClockAround host;
+      host.leader = rank == 0;
+      aggregator.add(clockRecord(2, ClockStats{}, host));
+    }
+  }
+  const std::vector<std::string> lines = file.lines();
+  REQUIRE(lines.size() == 2);
+  INFO(lines[0]);
+  CHECK(has(lines[0], "\"transfer\": \"staged\""));
+  CHECK(has(lines[0], "\"d2h_bytes\": 800,"));
+  CHECK(has(lines[0], "\"h2d_bytes\": 600,"));
+  CHECK(has(lines[0], "\"transfer_hidden_share\": 0.25"));
+  CHECK(has(lines[0], "\"device_data_wait_seconds\": 0.25"));
+  CHECK_FALSE(has(lines[1], "transfer"));
+  CHECK_FALSE(has(lines[1], "d2h_bytes"));
+  CHECK(std::string(transferName(TransferKind::kCudaAware)) == "cuda-aware");
+}

@@ -175,6 +175,43 @@ TEST_CASE("cuda backend refuses host operands outside copy", "[gpu]") {
   CHECK_THROWS_AS(gpu->scale(2.0f, t), Error);
 }
 
+TEST_CASE("cuda asynchronous copies deliver the data, in order, timed", "[gpu]") {
+  const auto gpu = makeBackend("cuda", 0);
+  std::mt19937 rng(13);
+  // Large enough that the copies take measurable time behind a queued product.
+  const MatF a = randomMatrix(rng, 2048, 784);
+  const MatF b = randomMatrix(rng, 784, 400);
+  const Tensor da = upload(*gpu, a);
+  const Tensor db = upload(*gpu, b);
+  Tensor c = gpu->allocate(2048, 400);
+  HostBuffer staging = gpu->allocateHost(static_cast<size_t>(a.size() + c.size()) * sizeof(float));
+  // The product is queued on the compute stream; the copy of c waits for it.
+  gpu->gemm(Trans::kNo, Trans::kNo, 1.0f, da, db, 0.0f, c);
+  const AsyncCopy ca = gpu->copyToHostAsync(da, staging, 0);
+  const AsyncCopy cc = gpu->copyToHostAsync(c, staging, static_cast<size_t>(a.size()) * sizeof(float));
+  const Event computed = gpu->record();
+  gpu->wait(cc.done);
+  CHECK(gpu->ready(ca.done));
+  const Tensor hostA = staging.floats(0, a.rows(), a.cols());
+  CHECK(std::memcmp(hostA.data(), a.data(), static_cast<size_t>(a.size()) * sizeof(float)) == 0);
+  const Tensor hostC = staging.floats(static_cast<size_t>(a.size()) * sizeof(float), c.rows(), c.cols());
+  const MatF product = Eigen::Map<const MatF>(hostC.data(), c.rows(), c.cols());
+  CHECK(relativeError(product, download(*gpu, c)) == 0.0);
+  gpu->wait(computed);
+  CHECK(gpu->secondsBetween(ca.started, ca.done) > 0.0);
+  CHECK(gpu->secondsBetween(ca.done, cc.started) >= 0.0);  // in order on the copy stream
+  // And back: an operation after waitOnDevice reads what landed.
+  Tensor back = gpu->allocate(a.rows(), a.cols());
+  const AsyncCopy up = gpu->copyToDeviceAsync(staging, 0, back);
+  gpu->waitOnDevice(up.done);
+  gpu->scale(2.0f, back);
+  const MatF twice = 2.0f * a;
+  CHECK(relativeError(download(*gpu, back), twice) == 0.0);
+  // Events of another backend are refused.
+  cpu::CpuBackend cpu;
+  CHECK_THROWS_AS(cpu.wait(up.done), Error);
+}
+
 namespace {
 
 // Batches of `n` columns each for W (rows x cols): dense V, or sparse V at ~5% density.

@@ -146,6 +146,41 @@ TEST_CASE("device SVs and gradients are bitwise the host executor's on the cpu a
   }
 }
 
+TEST_CASE("batches copied ahead (the data queue) give the passes of batches copied in, bitwise",
+          "[ops][device][strict]") {
+  const auto strict = strict::makeStrictBackend();
+  std::mt19937 gen(23);
+  GraphModel reference(smallMlp(), "mlp", 1);
+  const ParamSet w = randomParams(reference, gen);
+  std::vector<Data> data;
+  for (int k = 0; k < 4; ++k) data.push_back(randomData(gen, k == 2 ? kBatch + 3 : kBatch));
+  const std::vector<Tensor> dw = upload(*strict, w);
+  std::vector<SvBatch> want;
+  std::vector<double> wantLoss;
+  for (const Data& d : data) {
+    double loss = 0.0;
+    want.push_back(reference.computeSvgOnDevice(dw, d.batch(false), &loss, *strict));
+    wantLoss.push_back(loss);
+  }
+  // As the worker queues them: the next batch copied ahead before each pass. A
+  // pass that read a batch before its copy landed would fail on the strict device.
+  GraphModel queued(smallMlp(), "mlp", 1);
+  REQUIRE(queued.prefetchOnDevice(data[0].batch(false), *strict));
+  for (size_t k = 0; k < data.size(); ++k) {
+    INFO("batch " << k);
+    if (k + 1 < data.size()) REQUIRE(queued.prefetchOnDevice(data[k + 1].batch(false), *strict));
+    double loss = 0.0;
+    requireSameBatch(queued.computeSvgOnDevice(dw, data[k].batch(false), &loss, *strict), want[k]);
+    CHECK(loss == wantLoss[k]);
+  }
+  CHECK(queued.takeDeviceDataWait() >= 0.0);
+  // A batch that was not copied ahead is copied in by its pass, as before.
+  double loss = 0.0;
+  requireSameBatch(queued.computeSvgOnDevice(dw, data[1].batch(false), &loss, *strict), want[1]);
+  // Sparse data is not queued.
+  CHECK_FALSE(queued.prefetchOnDevice(data[0].batch(true), *strict));
+}
+
 TEST_CASE("at examples/mlp.loss's own sizes the device SVs are still bitwise the host's", "[ops][device][strict]") {
   // Products large enough for BLAS and Eigen's blocked GEMM (784 features, 1024 hidden).
   const int64_t features = 784;
