@@ -40,52 +40,10 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
 failed=0
 
-# Binaries: the bundle's (env.sh sourced), else a build tree's.
-if [ -n "${ORPHEUS_BUNDLE:-}" ]; then
-  bin=$ORPHEUS_BUNDLE/bin; tests=$bin; examples=$ORPHEUS_BUNDLE/examples; mpirun=$bin/mpirun
-else
-  build=${BUILD_DIR:-$here/build}
-  bin=$build/engine; tests=$build/tests; examples=$here/examples; mpirun=$(command -v mpirun || echo mpirun)
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-fi
-orpheus=$bin/orpheus
-compare=$tests/compare_params
-data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+source "$here/scripts/gpu_steps.sh"
 fmnist=(--train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3-ubyte.gz")
 python=$(command -v python3 || echo /usr/bin/python3)
-
-left() { echo $((BUDGET - ($(date +%s) - start))); }
-record() { echo "$*" | tee -a "$summary"; }
-
-# step NAME LIMIT FUNCTION: runs FUNCTION under a timeout of LIMIT seconds (cut to
-# what the budget has left), its output in $OUT/NAME.log. FUNCTION returns 0 (PASS),
-# 77 (SKIP, its reason in $work/why) or anything else (FAIL); its figure, if any, in
-# $work/figure.
-step() {
-  local name=$1 limit=$2 fn=$3 rc
-  rm -f "$work/why" "$work/figure"
-  case " ${SKIP_STEPS:-} " in *" $name "*) record "- SKIP $name: SKIP_STEPS"; return ;; esac
-  if [ "$(left)" -lt 15 ]; then
-    record "- SKIP $name: the budget of ${BUDGET}s is spent"
-    return
-  fi
-  [ "$limit" -gt "$(left)" ] && limit=$(left)
-  local t0=$(date +%s)
-  timeout --kill-after=5 "$limit" bash -c "$(declare -f); $(declare -p orpheus compare tests examples mpirun data fmnist \
-    python work here DEVICE ACC_CLOCKS THREADS OUT 2>/dev/null); $fn" >"$OUT/$name.log" 2>&1
-  rc=$?
-  local took=$(($(date +%s) - t0)) figure=""
-  [ -f "$work/figure" ] && figure=": $(cat "$work/figure")"
-  case $rc in
-    0) record "- PASS $name (${took}s)$figure" ;;
-    77) record "- SKIP $name: $(cat "$work/why" 2>/dev/null || echo skipped)" ;;
-    124|137) record "- FAIL $name: timed out after ${limit}s (log: $name.log)"; failed=1 ;;
-    *) record "- FAIL $name (exit $rc, ${took}s)$figure (log: $name.log)"; failed=1 ;;
-  esac
-}
-
-skip() { echo "$*" >"$work/why"; exit 77; }
-figure() { echo "$*" >"$work/figure"; }
+STEP_VARS=(orpheus compare tests examples mpirun data fmnist python work here DEVICE ACC_CLOCKS THREADS OUT)
 # train DEVICE NP NAME FLAGS...: a job whose parameters go to $work/NAME.h5 and metrics to $work/NAME.jsonl.
 train() {
   local device=$1 np=$2 name=$3; shift 3

@@ -34,47 +34,11 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
 failed=0
 
-if [ -n "${ORPHEUS_BUNDLE:-}" ]; then
-  bin=$ORPHEUS_BUNDLE/bin; tests=$bin; examples=$ORPHEUS_BUNDLE/examples; mpirun=$bin/mpirun
-else
-  build=${BUILD_DIR:-$here/build}
-  bin=$build/engine; tests=$build/tests; examples=$here/examples; mpirun=$(command -v mpirun || echo mpirun)
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-fi
-orpheus=$bin/orpheus
-compare=$tests/compare_params
-data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+source "$here/scripts/gpu_steps.sh"
 python=/usr/bin/python3
 [ -x "$python" ] || python=$(command -v python3 || echo python3)
 if [ "$DEVICE" = cuda ]; then hidden=2048; else hidden=64; fi
-
-left() { echo $((BUDGET - ($(date +%s) - start))); }
-record() { echo "$*" | tee -a "$summary"; }
-
-# step NAME LIMIT FUNCTION: as scripts/gpu_check.sh's: FUNCTION returns 0 (PASS), 77
-# (SKIP, the reason in $work/why) or anything else (FAIL); its figures in $work/figure.
-step() {
-  local name=$1 limit=$2 fn=$3 rc
-  rm -f "$work/why" "$work/figure"
-  case " ${SKIP_STEPS:-} " in *" $name "*) record "- SKIP $name: SKIP_STEPS"; return ;; esac
-  if [ "$(left)" -lt 15 ]; then record "- SKIP $name: the budget of ${BUDGET}s is spent"; return; fi
-  [ "$limit" -gt "$(left)" ] && limit=$(left)
-  local t0=$(date +%s)
-  timeout --kill-after=5 "$limit" bash -c "$(declare -f); $(declare -p orpheus compare examples mpirun data python \
-    work here DEVICE hidden 2>/dev/null); $fn" >"$OUT/$name.log" 2>&1
-  rc=$?
-  local took=$(($(date +%s) - t0)) figure=""
-  [ -f "$work/figure" ] && figure=": $(paste -sd'|' "$work/figure" | sed 's/|/; /g')"
-  case $rc in
-    0) record "- PASS $name (${took}s)$figure" ;;
-    77) record "- SKIP $name: $(cat "$work/why" 2>/dev/null || echo skipped)" ;;
-    124|137) record "- FAIL $name: timed out after ${limit}s (log: $name.log)"; failed=1 ;;
-    *) record "- FAIL $name (exit $rc, ${took}s)$figure (log: $name.log)"; failed=1 ;;
-  esac
-}
-
-skip() { echo "$*" >"$work/why"; exit 77; }
-figure() { echo "$*" >>"$work/figure"; }
+STEP_VARS=(orpheus compare examples mpirun data python work here DEVICE hidden)
 mlp() {
   sed -e "s/^dim hidden1 = .*/dim hidden1 = $hidden/" -e "s/^dim hidden2 = .*/dim hidden2 = $hidden/" \
     "$examples/mlp.loss" >"$work/mlp.loss"
