@@ -34,12 +34,6 @@ OUT=${OUT:-$PWD/gpu_check_out}
 ACC_CLOCKS=${ACC_CLOCKS:-1000}
 THREADS=${THREADS:-8}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-mkdir -p "$OUT"
-summary=$OUT/summary.md
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-start=$(date +%s)
-failed=0
-
 source "$here/scripts/gpu_steps.sh"
 fmnist=(--train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3-ubyte.gz")
 python=$(command -v python3 || echo /usr/bin/python3)

@@ -1,7 +1,14 @@
 # Sourced by scripts/gpu_check.sh and scripts/bench/gpu.sh: where the binaries are,
 # and the time-boxed steps both scripts are made of. The sourcing script sets BUDGET,
-# OUT, summary, work, start, failed and `here` (the repository root) first, and lists
-# in STEP_VARS the variables its step functions read.
+# OUT and `here` (the repository root) first, and lists in STEP_VARS the variables its
+# step functions read. Sets summary ($OUT/summary.md), work (a scratch folder removed
+# on exit), start and failed.
+
+mkdir -p "$OUT"
+summary=$OUT/summary.md
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+start=$(date +%s)
+failed=0
 
 # Binaries: the bundle's (env.sh sourced), else a build tree's.
 if [ -n "${ORPHEUS_BUNDLE:-}" ]; then

@@ -28,12 +28,6 @@ DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-$PWD/gpu_bench_out}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 RESULTS=${RESULTS:-$here/scripts/bench/results/gpu.md}
-mkdir -p "$OUT"
-summary=$OUT/summary.md
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-start=$(date +%s)
-failed=0
-
 source "$here/scripts/gpu_steps.sh"
 python=/usr/bin/python3
 [ -x "$python" ] || python=$(command -v python3 || echo python3)

@@ -18,11 +18,6 @@ using namespace orpheus::ops::test;
 
 namespace {
 
-bool same(const MatF& a, const MatF& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() &&
-         std::memcmp(a.data(), b.data(), static_cast<size_t>(a.size()) * sizeof(float)) == 0;
-}
-
 MatF fromBuffer(const HostBuffer& b, size_t offset, int64_t rows, int64_t cols) {
   const Tensor t = b.floats(offset, rows, cols);
   return Eigen::Map<const MatF>(t.data(), rows, cols);

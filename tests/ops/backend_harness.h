@@ -10,6 +10,7 @@
 #include <Eigen/SparseCore>
 
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <vector>
@@ -47,6 +48,12 @@ inline SparseF randomSparse(std::mt19937& rng, int64_t rows, int64_t cols, doubl
   s.setFromTriplets(t.begin(), t.end());
   s.makeCompressed();
   return s;
+}
+
+// Bit for bit the same matrix.
+inline bool same(const MatF& a, const MatF& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         (a.size() == 0 || std::memcmp(a.data(), b.data(), static_cast<size_t>(a.size()) * sizeof(float)) == 0);
 }
 
 inline double relativeError(const MatF& got, const MatD& want) {

@@ -19,11 +19,6 @@ namespace {
 
 constexpr int kSteps = 3;
 
-bool same(const MatF& a, const MatF& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() &&
-         (a.size() == 0 || std::memcmp(a.data(), b.data(), static_cast<size_t>(a.size()) * sizeof(float)) == 0);
-}
-
 const std::vector<engine::OptimizerKind>& kinds() {
   static const std::vector<engine::OptimizerKind> k{engine::OptimizerKind::kSgd, engine::OptimizerKind::kMomentum,
                                                     engine::OptimizerKind::kNesterov, engine::OptimizerKind::kAdagrad,

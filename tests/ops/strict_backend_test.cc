@@ -21,11 +21,6 @@ using namespace orpheus::ops::test;
 
 namespace {
 
-bool same(const MatF& a, const MatF& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() &&
-         (a.size() == 0 || std::memcmp(a.data(), b.data(), static_cast<size_t>(a.size()) * sizeof(float)) == 0);
-}
-
 // Runs `body` in a child process; returns its wait status and what it wrote to stderr.
 template <typename Body>
 std::pair<int, std::string> inChild(Body body) {
