@@ -164,8 +164,8 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
       ->check(integerIn(0));
   cmd.add_option("--sv-rank", c.svRank,
                  "Send and apply each matrix's update at rank R (R + 1 SVGs, one power iteration a clock) with "
-                 "error feedback: what a clock leaves out is sent later; replaces --select "
-                 "(engine/worker/low_rank.h; 0: off). With --sync powersgd: the rank of its factors")
+                 "error feedback: what a clock leaves out is sent later; replaces --select, and --adapt moves "
+                 "it (engine/worker/low_rank.h; 0: off). With --sync powersgd: the rank of its factors")
       ->capture_default_str()
       ->check(integerIn(0));
   addEnumOption(cmd, "--sv-dtype", c.svDtype, orpheus::engine::svDtypeNames(),
@@ -349,9 +349,9 @@ void addRangeOption(CLI::App& cmd, const std::string& flag, std::pair<int64_t, i
 
 void addAdaptFlags(CLI::App& cmd, TrainConfig& c) {
   cmd.add_flag("--adapt", c.adapt,
-               "Adaptive consistency: every --adapt-every clocks the coordinator sets C, Q, s and R from what it "
-               "measured, within the --adapt-* bounds (starting from --select, --fanout, --staleness, "
-               "--average-every); see engine/adapt/README.md");
+               "Adaptive consistency: every --adapt-every clocks the coordinator sets C (the rank under "
+               "--sv-rank), Q, s and R from what it measured, within the --adapt-* bounds (starting from "
+               "--select or --sv-rank, --fanout, --staleness, --average-every); see engine/adapt/README.md");
   cmd.add_option("--adapt-every", c.adaptEvery, "With --adapt: clocks between decisions")
       ->capture_default_str()
       ->check(integerIn(1));
