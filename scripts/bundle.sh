@@ -11,7 +11,8 @@
 #             paths and the three settings a bare container needs)
 #   env.sh    `source DIR/env.sh`: the paths, and the CUDA libraries found on the
 #             host (a CUDA install's lib64, or a Python wheel's nvidia/*/lib)
-#   data/     Fashion-MNIST's test set and the first TRAIN_EXAMPLES training images
+#   data/     Fashion-MNIST's test set and the first TRAIN_EXAMPLES training images, and the
+#             KJV token files (scripts/data/make_tokens.sh, vocabulary 2000, 35 steps)
 #   examples/ the .loss models
 # CUDA's own libraries are never shipped (libcublasLt alone is 517 MiB).
 # Builds a stripped Release tree in $BUILD_DIR (default build-bundle) first.
@@ -40,7 +41,7 @@ rm -rf "$dest" "$dest.tar.xz" "$dest-data.tar"
 mkdir -p "$dest"/{bin,lib,mpi,data/fashion-mnist,examples}
 binaries=("$build_dir/engine/orpheus" "$build_dir/tests/compare_params" "$build_dir/tests/check_metrics"
   "$build_dir/tests/test_backend" "$build_dir/tests/test_backend_cuda" "$build_dir/tests/test_strict_backend"
-  "$build_dir/tests/test_rebuild")
+  "$build_dir/tests/test_rebuild" "$build_dir/tests/rebuild_rate")
 [ -f "$build_dir/engine/liborpheus_cuda.so" ] && binaries+=("$build_dir/engine/liborpheus_cuda.so")
 for b in "${binaries[@]}"; do
   cp "$b" "$dest/bin/"
@@ -85,6 +86,7 @@ for name, header, item in (("train-images-idx3-ubyte.gz", 16, 784), ("train-labe
     with gzip.open(f"{dst}/{name}", "wb", compresslevel=9) as f:
         f.write(bytes(head) + data[header:header + count * item])
 EOF
+"$ROOT/scripts/data/make_tokens.sh" "$dest/data/kjv" --vocab 2000 --steps 35
 cp "$ROOT"/examples/*.loss "$dest/examples/"
 
 cat >"$dest/env.sh" <<'EOF'
@@ -125,7 +127,7 @@ fi
 export ORPHEUS_CUDA_LIBS_USED=$_cuda
 export LD_LIBRARY_PATH=$ORPHEUS_BUNDLE/lib:$_m/usr/lib/x86_64-linux-gnu${_cuda:+:$_cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$ORPHEUS_BUNDLE/bin:$PATH
-export FASHION_MNIST=$ORPHEUS_BUNDLE/data/fashion-mnist
+export FASHION_MNIST=$ORPHEUS_BUNDLE/data/fashion-mnist ORPHEUS_KJV=$ORPHEUS_BUNDLE/data/kjv
 unset _m _cuda _wheels
 EOF
 cat >"$dest/bin/mpirun" <<'EOF'
@@ -143,6 +145,6 @@ git -C "$ROOT" rev-parse --short HEAD >"$dest/VERSION" 2>/dev/null || echo unkno
 tar -C "$(dirname "$dest")" -cJf "$dest.tar.xz" --exclude="$(basename "$dest")/data" "$(basename "$dest")"
 tar -C "$(dirname "$dest")" -cf "$dest-data.tar" "$(basename "$dest")/data"
 echo "bundle: $dest ($(du -sh "$dest" | cut -f1)); $dest.tar.xz ($(du -h "$dest.tar.xz" | cut -f1), the programs)" \
-  "and $dest-data.tar ($(du -h "$dest-data.tar" | cut -f1), Fashion-MNIST): tar -xJf, tar -xf, source env.sh"
+  "and $dest-data.tar ($(du -h "$dest-data.tar" | cut -f1), Fashion-MNIST and KJV tokens): tar -xJf, tar -xf, source env.sh"
 echo "newest glibc symbol needed: $(for b in "$dest"/bin/* "$dest"/lib/*; do objdump -T "$b" 2>/dev/null; done |
   grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2 -n -u | tail -1)"

@@ -123,6 +123,9 @@ def parse_args(argv):
     p.add_argument("--ifname", help="network interface gloo uses (sets GLOO_SOCKET_IFNAME), e.g. eth0")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                    help="parameters and data (default float32; float64 for the correctness checks)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu, or cuda: every rank on the GPU of its rank modulo the GPUs visible (several ranks "
+                        "may share one; gloo stages CUDA tensors through host memory) (default cpu)")
     p.add_argument("--save-params", metavar="FILE", help="rank 0 writes its parameters at the end (.npz)")
     peers.add_arguments(p)
     a = p.parse_args(argv)
@@ -293,8 +296,14 @@ def worker(rank, args, init_method):
     # Data first (excluded from the timing), then the rendezvous.
     xtr, ytr = load_shard(args.data, "train", rank, world)
     xte, yte = load_shard(args.data, "test", rank, world)
-    xtr, ytr = torch.from_numpy(xtr), torch.from_numpy(ytr)
-    xte, yte = torch.from_numpy(xte), torch.from_numpy(yte)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: this torch sees no CUDA GPU")
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    xtr, ytr = torch.from_numpy(xtr).to(device), torch.from_numpy(ytr).to(device)
+    xte, yte = torch.from_numpy(xte).to(device), torch.from_numpy(yte).to(device)
     if len(ytr) == 0:
         raise UsageError(f"rank {rank} of {world} has an empty training shard")
     features, classes = xtr.shape[1], 10
@@ -308,7 +317,7 @@ def worker(rank, args, init_method):
                            f"(interface {os.environ.get('GLOO_SOCKET_IFNAME', 'default')}): {first}") from e
     model, model_name, model_spec = build_model(torch, args, features, classes)
     dtype = getattr(torch, args.dtype)
-    model.to(dtype)
+    model.to(device=device, dtype=dtype)
     peer = peers.make(args, model, world)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.nesterov, nesterov=args.nesterov > 0)
     sampler = Sampler(len(ytr), args.batch, args.seed, rank)
@@ -341,7 +350,7 @@ def worker(rank, args, init_method):
     reached = False
     step = 0
     for step in range(1, args.clocks + 1):
-        idx = torch.from_numpy(sampler.next())
+        idx = torch.from_numpy(sampler.next()).to(device)
         x, y = xtr[idx].to(dtype), ytr[idx]
         before, comm_before = peer.bytes, peer.comm_seconds
         start = time.perf_counter()
@@ -351,6 +360,8 @@ def worker(rank, args, init_method):
         peer.after_backward()
         opt.step()
         peer.after_step(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the step's kernels are queued, not done
         clock_seconds = time.perf_counter() - start
         comm_seconds = peer.comm_seconds - comm_before
         train_seconds += clock_seconds
@@ -376,7 +387,7 @@ def worker(rank, args, init_method):
     payload_per_step = peer.bytes / step
     if leader:
         if args.save_params:
-            np.savez(args.save_params, *[p.detach().numpy() for p in model.parameters()])
+            np.savez(args.save_params, *[p.detach().cpu().numpy() for p in model.parameters()])
         summary = {
             "summary": True, "system": args.peer, "peer": peers.describe(args), "dtype": args.dtype,
             "clocks": step, "clocks_planned": args.clocks,

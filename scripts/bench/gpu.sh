@@ -4,8 +4,8 @@
 #   source bundle/env.sh && scripts/bench/gpu.sh     # on a GPU host, from a bundle
 #   BUILD_DIR=build scripts/bench/gpu.sh             # from a build tree
 #   DEVICE=strict scripts/bench/gpu.sh               # dry run here: the strict device
-#                                                      stands in, small models, no PyTorch
-# BUDGET (seconds, default 300) bounds the whole run: every step has a timeout, and a
+#                                                      stands in, small models, PyTorch on the CPU
+# BUDGET (seconds, default 540) bounds the whole run: every step has a timeout, and a
 # step that would not fit in what is left is skipped, not overrun. Everything goes to
 # $OUT (default ./gpu_bench_out): summary.md (one PASS/FAIL/SKIP line per step with its
 # figures) and a log per step; on a GPU the summary is also copied to RESULTS
@@ -20,10 +20,24 @@
 #   step      one GPU, the same MLP at batch 100: seconds per training step, Orpheus
 #             (--sync dense, resident) against PyTorch's (goal <= 1.2x)
 #   netns     whether this host allows network namespaces and tc (scripts/netcluster.sh)
-#   rebuild, shared, lstm   not prepared yet: SKIP with the reason
+#   rebuild   the rebuild of an np-4 clock of the MLP (4 batches of 100 columns into W resident
+#             on the device): FLOP/s and bytes/s against the SGEMM and device-to-device copy
+#             rates measured in the same run (tests/tools/rebuild_rate.cc; goal >= 0.7 of the
+#             bound, whichever of the two binds)
+#   shared    4 ranks sharing the GPU train MLP 784-2048-2048-10 to 0.85 (dry run: 784-64-64-10
+#             to 0.75): Orpheus (--sv-rank 2, and --sync dense) against PyTorch DDP over gloo and
+#             PowerSGD rank 2 (scripts/bench/ddp_fmnist.py), all with Nesterov 0.9, lr 0.1, batch
+#             100 per rank: seconds to target and the ratios, over loopback (an emulated
+#             1 Gbit/s needs scripts/netcluster.sh's namespaces: not run by this script)
+#   lstm      the KJV LSTM language model (examples/lstm.loss, embed = hidden = 1024; dry run 32),
+#             4 ranks sharing the GPU: Orpheus dense, SV (broadcast) and best (lstm_vs_torch.sh's
+#             flags) against PyTorch nn.LSTM + DDP over gloo (scripts/bench/lstm_torch.py), the
+#             same data, shards, init and SGD step: validation perplexity and training seconds
+#             after LSTM_CLOCKS clocks (150), and the seconds to the worst final perplexity
+# Every run is one repetition (the GPU machine is lent for minutes): each ratio is one sample.
 set -uo pipefail
 
-BUDGET=${BUDGET:-300}
+BUDGET=${BUDGET:-540}
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-$PWD/gpu_bench_out}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,7 +46,8 @@ source "$here/scripts/gpu_steps.sh"
 python=/usr/bin/python3
 [ -x "$python" ] || python=$(command -v python3 || echo python3)
 if [ "$DEVICE" = cuda ]; then hidden=2048; else hidden=64; fi
-STEP_VARS=(orpheus compare examples mpirun data python work here DEVICE hidden)
+kjv=${ORPHEUS_KJV:-}
+STEP_VARS=(orpheus compare tests examples mpirun data kjv python work here DEVICE hidden)
 mlp() {
   sed -e "s/^dim hidden1 = .*/dim hidden1 = $hidden/" -e "s/^dim hidden2 = .*/dim hidden2 = $hidden/" \
     "$examples/mlp.loss" >"$work/mlp.loss"
@@ -112,7 +127,131 @@ check_netns() {
     figure "network namespaces: no (loopback only)"
   fi
 }
-not_prepared() { skip "not prepared yet"; }
+# seconds METRICS TARGET [perplexity]: training seconds at the first evaluation that reached
+# TARGET (accuracy >= TARGET, or perplexity <= TARGET), else "none"; Orpheus's and the
+# peers' metrics files alike.
+seconds() {
+  "$python" - "$@" <<'EOF'
+import json, sys
+path, target = sys.argv[1], float(sys.argv[2])
+perplexity = len(sys.argv) > 3
+for line in open(path):
+    r = json.loads(line)
+    if r.get("summary") or "clock" not in r:
+        continue
+    v = r.get("test_perplexity", r.get("valid_perplexity")) if perplexity else r.get("test_accuracy")
+    if v is not None and (v <= target if perplexity else v >= target):
+        print(f"{r['seconds']:.4g}")
+        break
+else:
+    print("none")
+EOF
+}
+# lastPerplexity METRICS: "PERPLEXITY SECONDS" of the last evaluation in the file.
+lastPerplexity() {
+  "$python" - "$1" <<'EOF'
+import json, sys
+last = None
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "clock" in r and not r.get("summary") and ("test_perplexity" in r or "valid_perplexity" in r):
+        last = r
+print(f"{last.get('test_perplexity', last.get('valid_perplexity'))!r} {last['seconds']:.4g}" if last else "nan nan")
+EOF
+}
+# ratio A B: A / B to three digits, or "n/a" when either is not a number.
+ratio() {
+  "$python" -c 'import sys
+try: print(f"{float(sys.argv[1]) / float(sys.argv[2]):.3g}")
+except (ValueError, ZeroDivisionError): print("n/a")' "$1" "$2"
+}
+
+check_rebuild() {
+  local shapes=2048x784,2048x2048,10x2048
+  [ "$DEVICE" = cuda ] || shapes=256x196,256x256,10x256
+  "$tests/rebuild_rate" --device "$DEVICE" --shape "$shapes" --ranks 4 --columns 100 --reps 20 >"$work/rebuild.json" ||
+    exit 1
+  cat "$work/rebuild.json"
+  figure "$("$python" - "$work/rebuild.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"W {r['shapes']} from 4 x 100 columns: {r['device_seconds'] * 1e3:.3g} ms a clock on the device, "
+      f"{r['device_flops'] / 1e12:.3g} TFLOP/s ({r['device_flops'] / r['sgemm_flops']:.2f} of SGEMM's "
+      f"{r['sgemm_flops'] / 1e12:.3g}), {r['device_bytes_per_second'] / 1e9:.3g} GB/s "
+      f"({r['device_bytes_per_second'] / r['copy_bytes_per_second']:.2f} of the copy's "
+      f"{r['copy_bytes_per_second'] / 1e9:.3g}); {r['bound']} binds: efficiency {r['efficiency']:.2f} "
+      f"(goal >= 0.7); from host batches (their U C and V copied in) {r['received_seconds'] * 1e3:.3g} ms")
+EOF
+)"
+  [ "$DEVICE" != cuda ] ||
+    "$python" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["efficiency"] < 0.7)' "$work/rebuild.json"
+}
+check_shared() {
+  "$python" -c 'import torch' || skip "no PyTorch"
+  local target=0.85 clocks=400 every=25 torch_device=cuda
+  if [ "$DEVICE" = cuda ]; then
+    "$python" -c 'import torch; assert torch.cuda.is_available()' || skip "no PyTorch with CUDA"
+  else
+    target=0.75 clocks=200 torch_device=cpu
+  fi
+  mlp
+  local common=(--test "$data/t10k-images-idx3-ubyte.gz" --model "$work/mlp.loss" --batch 100 --lr 0.1
+    --optimizer nesterov --momentum 0.9 --clocks $clocks --eval-every $every --target-accuracy $target)
+  train 4 best "${common[@]}" --sync sv --sv-rank 2 || exit 1
+  train 4 dense "${common[@]}" --sync dense || exit 1
+  local peer=("$python" "$here/scripts/bench/ddp_fmnist.py" --np 4 --device $torch_device --model mlp --hidden "$hidden"
+    --data "$data" --batch 100 --lr 0.1 --nesterov 0.9 --clocks $clocks --eval-every $every --target-accuracy $target)
+  "${peer[@]}" --metrics "$work/ddp.jsonl" || exit 1
+  "${peer[@]}" --peer powersgd --rank-r 2 --metrics "$work/powersgd.jsonl" || exit 1
+  local best dense ddp psgd
+  best=$(seconds "$work/best.jsonl" $target); dense=$(seconds "$work/dense.jsonl" $target)
+  ddp=$(seconds "$work/ddp.jsonl" $target); psgd=$(seconds "$work/powersgd.jsonl" $target)
+  figure "seconds to $target, 4 ranks on one $DEVICE, loopback: Orpheus --sv-rank 2 $best, Orpheus dense $dense, DDP $ddp, PowerSGD r2 $psgd"
+  figure "DDP / Orpheus best $(ratio "$ddp" "$best"), PowerSGD / Orpheus best $(ratio "$psgd" "$best"), DDP / Orpheus dense $(ratio "$ddp" "$dense")"
+  figure "bytes per clock: Orpheus best $(mean "$work/best.jsonl" bytes_sent), dense $(mean "$work/dense.jsonl" bytes_sent), DDP $(mean "$work/ddp.jsonl" bytes_sent), PowerSGD $(mean "$work/powersgd.jsonl" bytes_sent)"
+  [ "$best" != none ] && [ "$ddp" != none ]
+}
+check_lstm() {
+  "$python" -c 'import torch' || skip "no PyTorch"
+  local size=1024 clocks=${LSTM_CLOCKS:-150} every=25 torch_device=cuda
+  [ "$DEVICE" = cuda ] || { size=32; clocks=${LSTM_CLOCKS:-10}; every=$clocks; torch_device=cpu; }
+  local corpus=$work/kjv
+  if [ -n "$kjv" ] && [ -f "$kjv/kjv.train.tokens" ]; then
+    corpus=$kjv
+  elif [ -f /usr/lib/bible.data ] && command -v bible >/dev/null; then
+    "$here/scripts/data/make_tokens.sh" "$corpus" --vocab 2000 --steps 35 || exit 1
+  else
+    skip "no KJV tokens (the bundle's data/kjv, or Debian's bible-kjv for scripts/data/make_tokens.sh)"
+  fi
+  sed -e "s/^dim embed = .*/dim embed = $size/" -e "s/^dim hidden = .*/dim hidden = $size/" "$examples/lstm.loss" \
+    >"$work/lstm.loss"
+  local common=(--model "$work/lstm.loss" --train "$corpus/kjv.train.tokens" --test "$corpus/kjv.valid.tokens"
+    --batch 20 --clocks $clocks --lr 0.1 --eval-every $every)
+  local -A flags=([dense]="--sync dense" [sv]="--sync sv"
+    [best]="--sync sv --select 5 --multicast random --fanout 2 --consistency ssp --staleness 4 --average-every 50")
+  local c
+  for c in dense sv best; do
+    "$mpirun" -n 4 --oversubscribe "$orpheus" train --device "$DEVICE" --seed 1 --progress off --log-level warn \
+      "${common[@]}" ${flags[$c]} --metrics "$work/lstm-$c.jsonl" || exit 1
+  done
+  "$python" "$here/scripts/bench/lstm_torch.py" --ddp --ranks 4 --device $torch_device --train "$corpus/kjv.train.tokens" \
+    --valid "$corpus/kjv.valid.tokens" --batch 20 --clocks $clocks --lr 0.1 --eval-every $every --embed $size \
+    --hidden $size >"$work/lstm-torch.jsonl" || exit 1
+  local finals="" worst=0 ppl secs
+  for c in dense sv best torch; do
+    read -r ppl secs < <(lastPerplexity "$work/lstm-$c.jsonl")
+    finals+="${finals:+, }$c $(printf %.4g "$ppl") in $secs s"
+    worst=$("$python" -c 'import sys; print(max(map(float, sys.argv[1:])))' "$worst" "$ppl")
+  done
+  figure "embed = hidden = $size, 4 ranks on one $DEVICE, $clocks clocks: perplexity and training seconds: $finals"
+  local theirs line="seconds to perplexity $(printf %.4g "$worst"):"
+  theirs=$(seconds "$work/lstm-torch.jsonl" "$worst" perplexity)
+  for c in dense sv best; do
+    local ours; ours=$(seconds "$work/lstm-$c.jsonl" "$worst" perplexity)
+    line+=" Orpheus $c $ours (torch / it $(ratio "$theirs" "$ours")),"
+  done
+  figure "$line torch $theirs"
+}
 
 : >"$summary"
 record "# gpu bench $(date -u +%FT%TZ), device $DEVICE, budget ${BUDGET}s, $(git -C "$here" rev-parse --short HEAD 2>/dev/null)"
@@ -120,7 +259,9 @@ step gpu 60 check_gpu
 step transfer 150 check_transfer
 step step 120 check_step
 step netns 20 check_netns
-for s in rebuild shared lstm; do step "$s" 10 not_prepared; done
+step rebuild 60 check_rebuild
+step shared 240 check_shared
+step lstm 240 check_lstm
 record "total $(($(date +%s) - start))s of ${BUDGET}s"
 if [ "$DEVICE" = cuda ]; then cp "$summary" "$RESULTS"; fi
 exit $failed

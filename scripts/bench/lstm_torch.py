@@ -7,6 +7,7 @@ by the B*P examples of the clock), the same evaluation.
 
   lstm_torch.py --train T.tokens --valid V.tokens --ranks P --batch B --clocks N --lr LR
                 [--embed D] [--hidden H] [--eval-every K] [--target-perplexity X] [--ddp] [--threads N]
+                [--device cpu|cuda]
                 [--rank R --master ADDR]   (one DDP process, started by the caller on its host)
 
 Without --ddp one process computes what P ranks of DDP would (the mean of their
@@ -87,15 +88,15 @@ class Model(torch.nn.Module):
         return loss, tuple(s.detach() for s in state)
 
 
-def zero_state(batch, hidden):
-    return (torch.zeros(1, batch, hidden), torch.zeros(1, batch, hidden))
+def zero_state(batch, hidden, device=None):
+    return (torch.zeros(1, batch, hidden, device=device), torch.zeros(1, batch, hidden, device=device))
 
 
 def evaluate(model, shards, hidden):
     total, count = 0.0, 0
     with torch.no_grad():
         for segs in shards:
-            state = zero_state(segs.shape[1], hidden)
+            state = zero_state(segs.shape[1], hidden, segs.device)
             for s in range(segs.shape[0]):
                 loss, state = model(segs[s], state)
                 total += loss.item()
@@ -106,14 +107,20 @@ def evaluate(model, shards, hidden):
 def train(args, rank, ranks, ddp):
     data, start, vocab, steps = read_tokens(args.train)
     my_ranks = [rank] if ddp else list(range(ranks))
-    train_shards = [segments(shard(data, start, r, ranks), args.batch, steps) for r in my_ranks]
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("lstm_torch: --device cuda: this torch sees no CUDA GPU")
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    train_shards = [segments(shard(data, start, r, ranks), args.batch, steps).to(device) for r in my_ranks]
     vdata, vstart, _, _ = read_tokens(args.valid)
-    valid_shards = [segments(shard(vdata, vstart, r, ranks), args.batch, steps) for r in my_ranks]
+    valid_shards = [segments(shard(vdata, vstart, r, ranks), args.batch, steps).to(device) for r in my_ranks]
     torch.manual_seed(args.seed)
-    model = Model(vocab, args.embed, args.hidden)
+    model = Model(vocab, args.embed, args.hidden).to(device)
     net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    states = [zero_state(args.batch, args.hidden) for _ in my_ranks]
+    states = [zero_state(args.batch, args.hidden, device) for _ in my_ranks]
     seconds = 0.0
     lead = rank == 0
 
@@ -141,6 +148,8 @@ def train(args, rank, ranks, ddp):
             # (DDP averages the ranks' gradients: each divides by B only).
             (loss / (args.batch * (1 if ddp else ranks))).backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the clock's kernels are queued, not done
         seconds += time.perf_counter() - began
         if (args.eval_every > 0 and clock % args.eval_every == 0) or clock == args.clocks:
             ppl = report(clock)
@@ -175,6 +184,8 @@ def main():
     p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--target-perplexity", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: each rank on the GPU of its rank modulo the GPUs visible (several may share one)")
     p.add_argument("--ddp", action="store_true", help="P processes of DDP over gloo")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--port", type=int, default=29533)
