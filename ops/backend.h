@@ -63,6 +63,8 @@
 
 namespace orpheus::ops {
 
+enum class OpKind;  // ops/operators.h
+
 // kStrict: host memory that host code cannot touch outside backend calls
 // (ops/strict/strict_backend.h), the device CI proves residency on.
 enum class Device { kCpu, kCuda, kStrict };
@@ -78,7 +80,7 @@ inline const char* deviceName(Device d) {
 
 // Bumped whenever Backend's virtual interface or Tensor's layout changes: a
 // backend plugin (liborpheus_cuda.so) built against another version is refused.
-inline constexpr int kBackendAbiVersion = 7;
+inline constexpr int kBackendAbiVersion = 8;
 
 class Tensor {
  public:
@@ -307,6 +309,16 @@ class Backend {
   // in ops/lstm_cell.h's order.
   virtual void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
                                 Tensor* dCPrev) = 0;
+
+  // The operators of ops/operators.h that reduce or normalise each column
+  // (isColumnOp: sq_l2, l2_norm, l1, sum, softmax, log_softmax, cross_entropy, dot,
+  // sq_dist): out = op(a[, b]) as ops::forward computes it, 1 x B for a reduction and
+  // r x B for a softmax. b: the second operand of a two-operand one (a's shape), else null.
+  virtual void columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& out) = 0;
+  // dst (the operand's shape, overwritten) = the gradient of sum(upstream . out) with
+  // respect to operand `which` (0: a, 1: b), as ops::backward computes it.
+  virtual void columnOpBackward(OpKind op, int which, const Tensor& a, const Tensor* b, const Tensor& out,
+                                const Tensor& upstream, Tensor& dst) = 0;
 
   // out (r x 1) = beta * out + the sum of a's columns.
   virtual void sumColumns(const Tensor& a, float beta, Tensor& out) = 0;

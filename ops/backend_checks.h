@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ops/backend.h"
+#include "ops/operators.h"
 
 #include <initializer_list>
 #include <utility>
@@ -142,6 +143,34 @@ inline ChainShape backward(const Backend& b, const EwChain& c, std::span<const T
 }
 
 // copyRows: both on b's device, the same columns, the row ranges inside.
+// A column operator's operands (Backend::columnOp): the operator is one, b is given
+// exactly for two-operand ones, in a's shape, and out is 1 x B or a's shape.
+inline void columnOp(const Backend& b, const char* what, OpKind op, const Tensor& a, const Tensor* second,
+                     const Tensor& out) {
+  ORPHEUS_ENFORCE(isColumnOp(op), "{}: {} is not a column operator", what, opName(op));
+  onDevice(b, what, a);
+  onDevice(b, what, out);
+  ORPHEUS_ENFORCE((second != nullptr) == (arity(op) == 2), "{}: {} takes {} operand(s)", what, opName(op), arity(op));
+  if (second != nullptr) {
+    onDevice(b, what, *second);
+    sameShape(what, a, *second);
+  }
+  const bool reduces = op != OpKind::kSoftmax && op != OpKind::kLogSoftmax;
+  ORPHEUS_ENFORCE(out.rows() == (reduces ? 1 : a.rows()) && out.cols() == a.cols(), "{}: {} of a {}x{} operand into {}x{}",
+                  what, opName(op), a.rows(), a.cols(), out.rows(), out.cols());
+}
+
+inline void columnOpBackward(const Backend& b, OpKind op, int which, const Tensor& a, const Tensor* second,
+                             const Tensor& out, const Tensor& upstream, const Tensor& dst) {
+  columnOp(b, "columnOpBackward", op, a, second, out);
+  onDevice(b, "columnOpBackward", upstream);
+  onDevice(b, "columnOpBackward", dst);
+  sameShape("columnOpBackward", out, upstream);
+  ORPHEUS_ENFORCE(which == 0 || (which == 1 && second != nullptr), "columnOpBackward: no operand {} of {}", which,
+                  opName(op));
+  sameShape("columnOpBackward", a, dst);
+}
+
 inline void copyRows(const Backend& b, const Tensor& src, int64_t srcRow, const Tensor& dst, int64_t dstRow,
                      int64_t rows) {
   onDevice(b, "copyRows", src);

@@ -41,9 +41,11 @@ std::string DeviceExecutor::unsupported(const Graph& graph) {
     };
     if (n.kind == NodeKind::kLocal) return refused(terminalName(n.kind), "data-dependent variables are");
     if (n.kind != NodeKind::kOp || inStep[static_cast<size_t>(n.id)]) continue;
-    if (n.op == OpKind::kMatVec || n.op == OpKind::kConcat || n.op == OpKind::kSlice || isElementwise(n.op)) continue;
-    return refused(opName(n.op),
-                   "outside a fused step, only matrix-vector products, concats, slices and elementwise operators are");
+    if (n.op == OpKind::kMatVec || n.op == OpKind::kConcat || n.op == OpKind::kSlice || isElementwise(n.op) ||
+        isColumnOp(n.op)) {
+      continue;
+    }
+    return refused(opName(n.op), "this operator is");
   }
   return "";
 }
@@ -204,6 +206,9 @@ void DeviceExecutor::forwardNode(const Node& n, std::span<const Tensor> params) 
     forwardProduct(n, params);
   } else if (n.op == OpKind::kConcat || n.op == OpKind::kSlice) {
     forwardRows(n, params);
+  } else if (isColumnOp(n.op)) {
+    const Tensor* b = n.inputs.size() > 1 ? &value(n.inputs[1], params) : nullptr;
+    backend_.columnOp(n.op, value(n.inputs[0], params), b, values_[i]);
   } else {
     forwardChain(lone_[i], std::span<const int>(&n.id, 1), params);
   }
@@ -278,6 +283,21 @@ void DeviceExecutor::backwardMatVec(const Node& n, std::span<const Tensor> param
   addTerm(v, [&](Tensor& dv) { backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, w, upstream, 0.0f, dv); });
 }
 
+// Each operand's term in turn, as the host executor adds them.
+void DeviceExecutor::backwardColumnOp(const Node& n, std::span<const Tensor> params) {
+  const Tensor& a = value(n.inputs[0], params);
+  const Tensor* b = n.inputs.size() > 1 ? &value(n.inputs[1], params) : nullptr;
+  const Tensor& out = values_[static_cast<size_t>(n.id)];
+  const Tensor& upstream = grads_[static_cast<size_t>(n.id)];
+  for (size_t o = 0; o < n.inputs.size(); ++o) {
+    const int operand = n.inputs[o];
+    if (!needsGrad_[static_cast<size_t>(operand)]) continue;
+    addTerm(operand, [&](Tensor& d) {
+      backend_.columnOpBackward(n.op, static_cast<int>(o), a, b, out, upstream, d);
+    });
+  }
+}
+
 void DeviceExecutor::backward(std::span<const Tensor> params, const std::function<void(size_t)>& siteReady) {
   std::fill(live_.begin(), live_.end(), 0);
   const int loss = graph_.loss();
@@ -321,6 +341,8 @@ void DeviceExecutor::backward(std::span<const Tensor> params, const std::functio
       backwardMatVec(n, params);
     } else if (n.op == OpKind::kConcat || n.op == OpKind::kSlice) {
       backwardRows(n);
+    } else if (isColumnOp(n.op)) {
+      backwardColumnOp(n, params);
     } else {
       backwardChain(lone_[i], std::span<const int>(&n.id, 1), params);
     }

@@ -9,7 +9,9 @@
 // What runs: parameters, one input (dense or sparse), a label, matrix-vector
 // products (W v dense, or W x with x the sparse input or a token one-hot), the
 // fusion plan's elementwise chains and lone elementwise nodes (each a chain of
-// one), the fused softmax + cross-entropy, concats and slices (row blocks,
+// one), the fused softmax + cross-entropy, the other operators that reduce or
+// normalise a column (Backend::columnOp: sq_l2, l2_norm, l1, sum, softmax,
+// log_softmax, cross_entropy, dot, sq_dist), concats and slices (row blocks,
 // Backend::copyRows) and fused LSTM cell steps (Backend::lstmCellForward).
 // Unrolled sequence graphs (Graph::unroll) run as GraphExecutor runs them: each
 // step's token one-hots built on the host from the segments (sparse where a
@@ -18,8 +20,8 @@
 // products over concat(a_t, b_t) hoisted (HoistPlan: W's first columns times
 // all steps' a_t as one GEMM, then W's other columns times b_t per step: column
 // blocks of W, Tensor::middleCols), the last step's states left on the device
-// for finalState(). Refused by unsupported(): data-dependent variables, cells
-// not unrolled, and any other operator.
+// for finalState(). Refused by unsupported(): data-dependent variables and cells
+// not unrolled.
 //
 // Same values as GraphExecutor<float> (with fusion, its default): the backend
 // runs the same operations on the same operands in the same order (the CPU
@@ -132,6 +134,7 @@ class DeviceExecutor {
   void backwardChain(const ChainPlan& plan, std::span<const int> nodes, std::span<const Tensor> params);
   void backwardSoftmaxCrossEntropy(const FusedStep& step, std::span<const Tensor> params);
   void backwardMatVec(const Node& n, std::span<const Tensor> params);
+  void backwardColumnOp(const Node& n, std::span<const Tensor> params);
   // Sequences and row blocks (device_exec_sequence.cc).
   void planSequence();
   void reserveSequence(int64_t batch);

@@ -323,6 +323,10 @@ std::optional<OpKind> opFromName(const std::string& name) {
 
 bool isElementwise(OpKind op) { return info(op).elementwise; }
 
+bool isColumnOp(OpKind op) {
+  return info(op).type == 1 || info(op).type == 3 || op == OpKind::kSoftmax || op == OpKind::kLogSoftmax;
+}
+
 template <typename S>
 Mat<S> forward(OpKind op, const Operands<S>& in) {
   const Checked<S> c = check(op, in);

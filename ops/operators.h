@@ -61,6 +61,9 @@ std::optional<OpKind> opFromName(const std::string& name);
 // True for operators applied independently per element (sigmoid, tanh, relu, exp,
 // log, scale, add, subtract, multiply): these can be fused into one pass.
 bool isElementwise(OpKind op);
+// True for the operators that reduce or normalise each column on its own (types 1 and
+// 3, softmax and log_softmax): Backend::columnOp runs them.
+bool isColumnOp(OpKind op);
 
 template <typename S>
 using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;

@@ -4,6 +4,7 @@
 #include "ops/cpu/elementwise_chain.h"
 #include "ops/cpu/optimizer_step.h"
 #include "ops/lstm_cell.h"
+#include "ops/operators.h"
 
 #include <algorithm>
 #include <cstring>
@@ -235,6 +236,35 @@ void CpuBackend::softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, c
   }
   if (beta != 1.0f) dm *= beta;
   dm += (pm.array().rowwise() * mass - tm.array().rowwise() * g).matrix();
+}
+
+// ops::forward and ops::backward themselves, on copies of the operands: bitwise the
+// host executor's values (these operators are O(r B); the copies cost as much).
+void CpuBackend::columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& out) {
+  checks::columnOp(*this, "columnOp", op, a, b, out);
+  const Mat<float> am = map(a);
+  const Mat<float> bm = b != nullptr ? Mat<float>(map(*b)) : Mat<float>();
+  Operands<float> in;
+  in.a = &am;
+  in.b = b != nullptr ? &bm : nullptr;
+  Mat<float> result;
+  forwardInto<float>(op, in, result);
+  map(out) = result;
+}
+
+void CpuBackend::columnOpBackward(OpKind op, int which, const Tensor& a, const Tensor* b, const Tensor& out,
+                                  const Tensor& upstream, Tensor& dst) {
+  checks::columnOpBackward(*this, op, which, a, b, out, upstream, dst);
+  const Mat<float> am = map(a);
+  const Mat<float> bm = b != nullptr ? Mat<float>(map(*b)) : Mat<float>();
+  const Mat<float> outm = map(out);
+  const Mat<float> gm = map(upstream);
+  Operands<float> in;
+  in.a = &am;
+  in.b = b != nullptr ? &bm : nullptr;
+  Mat<float> result;
+  backwardInto<float>(op, which, in, outm, gm, result);
+  map(dst) = result;
 }
 
 void CpuBackend::copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) {

@@ -36,6 +36,9 @@ class CpuBackend : public Backend {
   void lstmCellForward(const LstmCellArgs& a) override;
   void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
                         Tensor* dCPrev) override;
+  void columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& out) override;
+  void columnOpBackward(OpKind op, int which, const Tensor& a, const Tensor* b, const Tensor& out,
+                        const Tensor& upstream, Tensor& dst) override;
   void sumColumns(const Tensor& a, float beta, Tensor& out) override;
   void sumRows(const Tensor& a, float beta, Tensor& out) override;
   void axpy(float alpha, const Tensor& x, Tensor& y) override;

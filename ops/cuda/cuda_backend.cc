@@ -16,6 +16,21 @@ namespace orpheus::ops::cuda {
 namespace {
 
 // cuBLAS takes int dimensions.
+ColumnOp columnOpCode(OpKind op) {
+  switch (op) {
+    case OpKind::kSquaredL2: return ColumnOp::kSquaredL2;
+    case OpKind::kL2Norm: return ColumnOp::kL2Norm;
+    case OpKind::kL1: return ColumnOp::kL1;
+    case OpKind::kSum: return ColumnOp::kSum;
+    case OpKind::kSoftmax: return ColumnOp::kSoftmax;
+    case OpKind::kLogSoftmax: return ColumnOp::kLogSoftmax;
+    case OpKind::kCrossEntropy: return ColumnOp::kCrossEntropy;
+    case OpKind::kDot: return ColumnOp::kDot;
+    case OpKind::kSquaredDistance: return ColumnOp::kSquaredDistance;
+    default: throw Error(fmt::format("{} is not a column operator", opName(op)));
+  }
+}
+
 int blasInt(int64_t n) {
   ORPHEUS_ENFORCE(n >= 0 && n <= INT_MAX, "dimension {} does not fit cuBLAS", n);
   return static_cast<int>(n);
@@ -323,6 +338,21 @@ class CudaBackend final : public Backend {
     activate();
     ORPHEUS_CUDA_CHECK(launchSoftmaxCrossEntropyBackward(p.data(), t.data(), upstream.data(), beta, dz.data(),
                                                          p.rows(), p.cols(), stream_));
+  }
+
+  void columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& out) override {
+    checks::columnOp(*this, "columnOp", op, a, b, out);
+    activate();
+    ORPHEUS_CUDA_CHECK(launchColumnOp(columnOpCode(op), a.data(), b ? b->data() : nullptr, out.data(), a.rows(),
+                                      a.cols(), stream_));
+  }
+
+  void columnOpBackward(OpKind op, int which, const Tensor& a, const Tensor* b, const Tensor& out,
+                        const Tensor& upstream, Tensor& dst) override {
+    checks::columnOpBackward(*this, op, which, a, b, out, upstream, dst);
+    activate();
+    ORPHEUS_CUDA_CHECK(launchColumnOpBackward(columnOpCode(op), which, a.data(), b ? b->data() : nullptr, out.data(),
+                                              upstream.data(), dst.data(), a.rows(), a.cols(), stream_));
   }
 
   void sumColumns(const Tensor& a, float beta, Tensor& out) override {

@@ -137,6 +137,87 @@ __global__ void softmaxCrossEntropyBackward(const float* p, const float* t, cons
   }
 }
 
+// The column operators, one block per column (ops/operators.cc's formulas).
+__global__ void columnOpForward(ColumnOp op, const float* a, const float* b, float* out, int64_t rows,
+                                int64_t cols) {
+  __shared__ float scratch[kThreads];
+  for (int64_t j = blockIdx.x; j < cols; j += gridDim.x) {
+    const float* aj = a + j * rows;
+    const float* bj = b != nullptr ? b + j * rows : nullptr;
+    if (op == ColumnOp::kSoftmax || op == ColumnOp::kLogSoftmax) {
+      float* oj = out + j * rows;
+      float m = -INFINITY;
+      for (int64_t i = threadIdx.x; i < rows; i += kThreads) m = fmaxf(m, aj[i]);
+      m = blockReduce(m, scratch, Max());
+      float sum = 0.0f;
+      for (int64_t i = threadIdx.x; i < rows; i += kThreads) sum += expf(aj[i] - m);
+      sum = blockReduce(sum, scratch, Sum());
+      const float inv = 1.0f / sum, logSum = logf(sum);
+      for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
+        oj[i] = op == ColumnOp::kSoftmax ? expf(aj[i] - m) * inv : (aj[i] - m) - logSum;
+      }
+      continue;
+    }
+    float part = 0.0f;
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
+      const float x = aj[i];
+      switch (op) {
+        case ColumnOp::kSquaredL2:
+        case ColumnOp::kL2Norm: part += x * x; break;
+        case ColumnOp::kL1: part += fabsf(x); break;
+        case ColumnOp::kSum: part += x; break;
+        case ColumnOp::kCrossEntropy: part += bj[i] * logf(fmaxf(x, FLT_MIN)); break;
+        case ColumnOp::kDot: part += x * bj[i]; break;
+        case ColumnOp::kSquaredDistance: part += (x - bj[i]) * (x - bj[i]); break;
+        default: break;
+      }
+    }
+    part = blockReduce(part, scratch, Sum());
+    if (threadIdx.x == 0) {
+      out[j] = op == ColumnOp::kL2Norm ? sqrtf(part) : (op == ColumnOp::kCrossEntropy ? -part : part);
+    }
+  }
+}
+
+__global__ void columnOpBackward(ColumnOp op, int which, const float* a, const float* b, const float* out,
+                                 const float* g, float* dst, int64_t rows, int64_t cols) {
+  __shared__ float scratch[kThreads];
+  for (int64_t j = blockIdx.x; j < cols; j += gridDim.x) {
+    const float* aj = a + j * rows;
+    const float* bj = b != nullptr ? b + j * rows : nullptr;
+    float* dj = dst + j * rows;
+    if (op == ColumnOp::kSoftmax || op == ColumnOp::kLogSoftmax) {
+      const float* oj = out + j * rows;
+      const float* gj = g + j * rows;
+      float part = 0.0f;  // softmax: p . g; log_softmax: the sum of g
+      for (int64_t i = threadIdx.x; i < rows; i += kThreads) part += op == ColumnOp::kSoftmax ? oj[i] * gj[i] : gj[i];
+      part = blockReduce(part, scratch, Sum());
+      for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
+        dj[i] = op == ColumnOp::kSoftmax ? oj[i] * (gj[i] - part) : gj[i] - expf(oj[i]) * part;
+      }
+      continue;
+    }
+    const float gj = g[j];
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
+      const float x = aj[i];
+      float d = 0.0f;
+      switch (op) {
+        case ColumnOp::kSquaredL2: d = x * (2.0f * gj); break;
+        case ColumnOp::kL2Norm: d = out[j] > 0.0f ? x * (gj / out[j]) : 0.0f; break;
+        case ColumnOp::kL1: d = (x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f)) * gj; break;
+        case ColumnOp::kSum: d = gj; break;
+        case ColumnOp::kCrossEntropy:
+          d = (which == 0 ? bj[i] / fmaxf(x, FLT_MIN) : logf(fmaxf(x, FLT_MIN))) * -gj;
+          break;
+        case ColumnOp::kDot: d = (which == 0 ? bj[i] : x) * gj; break;
+        case ColumnOp::kSquaredDistance: d = (x - bj[i]) * (which == 0 ? 2.0f * gj : -2.0f * gj); break;
+        default: break;
+      }
+      dj[i] = d;
+    }
+  }
+}
+
 // Thread i walks row i across the columns: neighbouring threads read neighbouring addresses.
 __global__ void sumColumns(const float* a, float beta, float* out, int64_t rows, int64_t cols) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows;
@@ -284,6 +365,20 @@ cudaError_t launchSoftmaxCrossEntropyBackward(const float* p, const float* t, co
                                               int64_t rows, int64_t cols, cudaStream_t stream) {
   if (cols == 0 || rows == 0) return cudaSuccess;
   softmaxCrossEntropyBackward<<<gridY(cols), kThreads, 0, stream>>>(p, t, g, beta, dz, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launchColumnOp(ColumnOp op, const float* a, const float* b, float* out, int64_t rows, int64_t cols,
+                           cudaStream_t stream) {
+  if (cols == 0) return cudaSuccess;
+  columnOpForward<<<gridY(cols), kThreads, 0, stream>>>(op, a, b, out, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launchColumnOpBackward(ColumnOp op, int which, const float* a, const float* b, const float* out,
+                                   const float* g, float* dst, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (cols == 0 || rows == 0) return cudaSuccess;
+  columnOpBackward<<<gridY(cols), kThreads, 0, stream>>>(op, which, a, b, out, g, dst, rows, cols);
   return cudaGetLastError();
 }
 

@@ -48,6 +48,16 @@ cudaError_t launchSoftmaxCrossEntropy(const float* z, const float* t, float* p, 
 cudaError_t launchSoftmaxCrossEntropyBackward(const float* p, const float* t, const float* g, float beta, float* dz,
                                               int64_t rows, int64_t cols, cudaStream_t stream);
 
+// The column operators (ops/operators.h's isColumnOp), one block per column, its
+// reductions a fixed tree (the same bits run after run).
+enum class ColumnOp : int { kSquaredL2, kL2Norm, kL1, kSum, kSoftmax, kLogSoftmax, kCrossEntropy, kDot, kSquaredDistance };
+// out = op(a[, b]): 1 x cols for a reduction, rows x cols for a softmax.
+cudaError_t launchColumnOp(ColumnOp op, const float* a, const float* b, float* out, int64_t rows, int64_t cols,
+                           cudaStream_t stream);
+// dst (rows x cols, overwritten) = d sum(g . out) / d operand `which` (0: a, 1: b).
+cudaError_t launchColumnOpBackward(ColumnOp op, int which, const float* a, const float* b, const float* out,
+                                   const float* g, float* dst, int64_t rows, int64_t cols, cudaStream_t stream);
+
 // out (rows) = beta out + sum over columns; out (cols) = beta out + sum over rows.
 cudaError_t launchSumColumns(const float* a, float beta, float* out, int64_t rows, int64_t cols, cudaStream_t stream);
 cudaError_t launchSumRows(const float* a, float beta, float* out, int64_t rows, int64_t cols, cudaStream_t stream);

@@ -311,6 +311,23 @@ class StrictBackend final : public Backend {
     cpu_.lstmCellBackward(h.args, dHidden ? &hh : nullptr, dCell ? &hc : nullptr, hg, dCPrev ? &hp : nullptr);
   }
 
+  void columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& out) override {
+    checks::columnOp(*this, "columnOp", op, a, b, out);
+    Opened o(*registry_, "columnOp");
+    const Tensor hb = b ? o.host(*b) : Tensor();
+    Tensor h = o.host(out);
+    cpu_.columnOp(op, o.host(a), b ? &hb : nullptr, h);
+  }
+
+  void columnOpBackward(OpKind op, int which, const Tensor& a, const Tensor* b, const Tensor& out,
+                        const Tensor& upstream, Tensor& dst) override {
+    checks::columnOpBackward(*this, op, which, a, b, out, upstream, dst);
+    Opened o(*registry_, "columnOpBackward");
+    const Tensor hb = b ? o.host(*b) : Tensor();
+    Tensor h = o.host(dst);
+    cpu_.columnOpBackward(op, which, o.host(a), b ? &hb : nullptr, o.host(out), o.host(upstream), h);
+  }
+
   void sumColumns(const Tensor& a, float beta, Tensor& out) override {
     on("sumColumns", {&a, &out});
     Opened o(*registry_, "sumColumns");

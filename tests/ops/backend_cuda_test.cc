@@ -122,6 +122,33 @@ TEST_CASE("cuda softmax cross-entropy matches cpu", "[gpu]") {
   }
 }
 
+TEST_CASE("cuda column operators match cpu, forward and backward, past one grid", "[gpu]") {
+  const auto gpu = makeBackend("cuda", 0);
+  cpu::CpuBackend cpu;
+  std::mt19937 rng(15);
+  std::vector<std::pair<int64_t, int64_t>> sizes = shapes();
+  sizes.emplace_back(5000, 3);   // a column longer than a block
+  sizes.emplace_back(3, 70000);  // more columns than blocks
+  for (const OpKind op : {OpKind::kSquaredL2, OpKind::kL2Norm, OpKind::kL1, OpKind::kSum, OpKind::kSoftmax,
+                          OpKind::kLogSoftmax, OpKind::kCrossEntropy, OpKind::kDot, OpKind::kSquaredDistance}) {
+    for (const auto& [rows, cols] : sizes) {
+      INFO(opName(op) << " " << rows << "x" << cols);
+      // cross_entropy's first operand is a probability: positive.
+      const MatF a = op == OpKind::kCrossEntropy ? MatF(randomMatrix(rng, rows, cols).cwiseAbs())
+                                                 : randomMatrix(rng, rows, cols, 2.0f);
+      const MatF b = randomMatrix(rng, rows, cols);
+      const MatF* second = arity(op) == 2 ? &b : nullptr;
+      const MatF want = runColumnOp(cpu, op, a, second);
+      CHECK(relativeError(runColumnOp(*gpu, op, a, second), want) < 1e-5);
+      const MatF g = randomMatrix(rng, want.rows(), want.cols());
+      for (int which = 0; which < arity(op); ++which) {
+        CHECK(relativeError(runColumnOpBackward(*gpu, op, which, a, second, want, g),
+                            runColumnOpBackward(cpu, op, which, a, second, want, g)) < 1e-5);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda row copies and LSTM cell steps match cpu", "[gpu]") {
   const auto gpu = makeBackend("cuda", 0);
   cpu::CpuBackend cpu;

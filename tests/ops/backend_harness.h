@@ -5,6 +5,7 @@
 
 #include "ops/backend.h"
 #include "ops/cpu/cpu_backend.h"
+#include "ops/operators.h"
 
 #include <Eigen/Dense>
 #include <Eigen/SparseCore>
@@ -148,6 +149,23 @@ inline MatF runSoftmaxCrossEntropyBackward(Backend& b, const MatF& p, const MatF
                                            const MatF& dz) {
   Tensor d = upload(b, dz);
   b.softmaxCrossEntropyBackward(upload(b, p), upload(b, t), upload(b, g), beta, d);
+  return download(b, d);
+}
+
+// Backend::columnOp of a (and b, for two-operand operators); its output's shape.
+inline MatF runColumnOp(Backend& b, OpKind op, const MatF& a, const MatF* second) {
+  const bool reduces = op != OpKind::kSoftmax && op != OpKind::kLogSoftmax;
+  Tensor out = b.allocate(reduces ? 1 : a.rows(), a.cols());
+  const Tensor tb = second ? upload(b, *second) : Tensor();
+  b.columnOp(op, upload(b, a), second ? &tb : nullptr, out);
+  return download(b, out);
+}
+
+inline MatF runColumnOpBackward(Backend& b, OpKind op, int which, const MatF& a, const MatF* second, const MatF& out,
+                                const MatF& g) {
+  Tensor d = b.allocate(a.rows(), a.cols());
+  const Tensor tb = second ? upload(b, *second) : Tensor();
+  b.columnOpBackward(op, which, upload(b, a), second ? &tb : nullptr, upload(b, out), upload(b, g), d);
   return download(b, d);
 }
 
