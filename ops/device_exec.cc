@@ -39,7 +39,9 @@ std::string DeviceExecutor::unsupported(const Graph& graph) {
     const auto refused = [&](const char* what, const char* why) {
       return fmt::format("{}node '{}' ({}): {} not supported on a device", graph.where(n.id), n.name, what, why);
     };
-    if (n.kind == NodeKind::kLocal) return refused(terminalName(n.kind), "data-dependent variables are");
+    if (n.kind == NodeKind::kLocal && graph.steps() > 0) {
+      return refused(terminalName(n.kind), "data-dependent variables of a sequence model are");
+    }
     if (n.kind != NodeKind::kOp || inStep[static_cast<size_t>(n.id)]) continue;
     if (n.op == OpKind::kMatVec || n.op == OpKind::kConcat || n.op == OpKind::kSlice || isElementwise(n.op) ||
         isColumnOp(n.op)) {
@@ -66,6 +68,9 @@ DeviceExecutor::DeviceExecutor(const Graph& graph, Backend& backend) : graph_(gr
   }
   lone_.resize(n);
   paramOf_.assign(n, -1);
+  localOf_.assign(n, -1);
+  for (size_t k = 0; k < graph.locals().size(); ++k) localOf_[static_cast<size_t>(graph.locals()[k])] = static_cast<int>(k);
+  locals_.resize(graph.locals().size());
   for (const Node& node : graph.nodes()) {
     const size_t i = static_cast<size_t>(node.id);
     if (node.kind == NodeKind::kParam) paramOf_[i] = graph.paramIndex(node.id);
@@ -99,6 +104,7 @@ void DeviceExecutor::reserve(int64_t batch) {
       largest = std::max(largest, n.rows * batch);
     }
   }
+  for (size_t k = 0; k < locals_.size(); ++k) locals_[k] = backend_.allocate(graph_.node(graph_.locals()[k]).rows, batch);
   if (graph_.labelNode() >= 0) {
     const int64_t classes = graph_.node(graph_.labelNode()).rows;
     oneHot_ = backend_.allocate(classes, batch);
@@ -170,6 +176,8 @@ const Tensor& DeviceExecutor::value(int id, std::span<const Tensor> params) cons
       return input_;
     case NodeKind::kLabel:
       return oneHot_;
+    case NodeKind::kLocal:
+      return locals_[static_cast<size_t>(localOf_[i])];
     default:
       return values_[i];
   }
@@ -350,17 +358,52 @@ void DeviceExecutor::backward(std::span<const Tensor> params, const std::functio
   for (; next != pendingSites_.end(); ++next) ready(next->second);
 }
 
+void DeviceExecutor::optimizeLocals(std::span<const Tensor> params, std::vector<Matrix>* locals) {
+  if (locals_.empty()) return;
+  ORPHEUS_ENFORCE(locals != nullptr && locals->size() == locals_.size(), "the graph has {} data-dependent variables",
+                  locals_.size());
+  const auto& ids = graph_.locals();
+  for (size_t k = 0; k < locals_.size(); ++k) {
+    const Matrix& m = (*locals)[k];
+    ORPHEUS_ENFORCE(m.rows() == locals_[k].rows() && m.cols() == locals_[k].cols(),
+                    "data-dependent variable '{}' is {}x{}, the batch needs {}x{}", graph_.node(ids[k]).name, m.rows(),
+                    m.cols(), locals_[k].rows(), locals_[k].cols());
+    backend_.copy(hostView(m), locals_[k]);
+  }
+  // As GraphExecutor::optimizeLocals: each step a pass, then every variable that
+  // still has steps to take moves against its gradient (none when no term reached it).
+  int steps = 0;
+  for (int id : ids) steps = std::max(steps, graph_.node(id).innerSteps);
+  for (int s = 0; s < steps; ++s) {
+    forward(params);
+    backward(params, {});
+    for (size_t k = 0; k < locals_.size(); ++k) {
+      const Node& n = graph_.node(ids[k]);
+      if (s < n.innerSteps && live_[static_cast<size_t>(n.id)]) {
+        backend_.axpy(-static_cast<float>(n.innerLr), grads_[static_cast<size_t>(n.id)], locals_[k]);
+      }
+    }
+  }
+  for (size_t k = 0; k < locals_.size(); ++k) {
+    Tensor out = hostView((*locals)[k]);
+    backend_.copy(locals_[k], out);
+  }
+}
+
 double DeviceExecutor::run(std::span<const Tensor> params, const Matrix* dense, const SparseMatrix* sparse,
-                           const Eigen::VectorXi& labels, const std::function<void(size_t)>& siteReady) {
+                           const Eigen::VectorXi& labels, const std::function<void(size_t)>& siteReady,
+                           std::vector<Matrix>* locals) {
   upload(dense, sparse, labels);
+  optimizeLocals(params, locals);
   const double loss = forward(params);
   backward(params, siteReady);
   return loss;
 }
 
 double DeviceExecutor::evaluate(std::span<const Tensor> params, const Matrix* dense, const SparseMatrix* sparse,
-                                const Eigen::VectorXi& labels, Matrix* prediction) {
+                                const Eigen::VectorXi& labels, Matrix* prediction, std::vector<Matrix>* locals) {
   upload(dense, sparse, labels);
+  optimizeLocals(params, locals);
   const double loss = forward(params);
   if (prediction != nullptr) {
     const int id = graph_.prediction();
@@ -382,6 +425,7 @@ bool DeviceExecutor::siteVIsInput(size_t i) const { return sites_.at(i).vectorNo
 const Tensor* DeviceExecutor::siteVDense(size_t i) const {
   const int v = sites_.at(i).vectorNode;
   if (graph_.node(v).kind == NodeKind::kToken) return nullptr;
+  if (graph_.node(v).kind == NodeKind::kLocal) return &locals_[static_cast<size_t>(localOf_[static_cast<size_t>(v)])];
   if (!siteVIsInput(i)) return &values_[static_cast<size_t>(v)];
   return sparseBatch_ ? nullptr : &input_;
 }

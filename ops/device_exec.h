@@ -20,8 +20,10 @@
 // products over concat(a_t, b_t) hoisted (HoistPlan: W's first columns times
 // all steps' a_t as one GEMM, then W's other columns times b_t per step: column
 // blocks of W, Tensor::middleCols), the last step's states left on the device
-// for finalState(). Refused by unsupported(): data-dependent variables and cells
-// not unrolled.
+// for finalState(). Data-dependent variables (examples/tm.loss's theta) come in
+// with their batch, take their inner steps on the device and go back to the
+// caller. Refused by unsupported(): cells not unrolled, and data-dependent
+// variables in a sequence model.
 //
 // Same values as GraphExecutor<float> (with fusion, its default): the backend
 // runs the same operations on the same operands in the same order (the CPU
@@ -71,12 +73,18 @@ class DeviceExecutor {
   // `params`: tensors on the backend's device in graph.params() order. Returns the
   // loss summed over the batch. `siteReady` as GraphExecutor::backward's: told
   // each site's index once its U is final, top layer first.
+  // A graph with data-dependent variables takes their values for the batch in
+  // `locals` (graph.locals() order, rows x B each): copied in, refined on the device
+  // by their inner steps before the pass (as GraphExecutor::optimizeLocals), and
+  // copied back into `locals`, for the caller to keep with the examples.
   double run(std::span<const Tensor> params, const Matrix* dense, const SparseMatrix* sparse,
-             const Eigen::VectorXi& labels, const std::function<void(size_t)>& siteReady = {});
-  // The forward pass only: the summed loss, and when `prediction` is given the
-  // prediction node's value (rows x B) copied into it.
+             const Eigen::VectorXi& labels, const std::function<void(size_t)>& siteReady = {},
+             std::vector<Matrix>* locals = nullptr);
+  // The forward pass only (after the data-dependent variables' inner steps, as in
+  // run): the summed loss, and when `prediction` is given the prediction node's
+  // value (rows x B) copied into it.
   double evaluate(std::span<const Tensor> params, const Matrix* dense, const SparseMatrix* sparse,
-                  const Eigen::VectorXi& labels, Matrix* prediction = nullptr);
+                  const Eigen::VectorXi& labels, Matrix* prediction = nullptr, std::vector<Matrix>* locals = nullptr);
   // Unrolled sequence graphs: `segments` (ops/sequence_layout.h) and the carried
   // states at the first step (graph.states() order, rows x B each; null: zeros).
   // As run() and evaluate(); the loss is summed over examples and steps.
@@ -126,6 +134,8 @@ class DeviceExecutor {
   // The label's one-hot of `labels` into `out` (C x B), labels checked.
   void oneHot(const Eigen::VectorXi& labels, Eigen::Map<Matrix> out) const;
   void reserve(int64_t batch);
+  // The data-dependent variables in, their inner steps, and back out (run()).
+  void optimizeLocals(std::span<const Tensor> params, std::vector<Matrix>* locals);
   const Tensor& value(int id, std::span<const Tensor> params) const;
   double forward(std::span<const Tensor> params);
   void backward(std::span<const Tensor> params, const std::function<void(size_t)>& siteReady);
@@ -167,6 +177,7 @@ class DeviceExecutor {
   std::vector<int> stepEnding_;    // per node: index of the fused step it ends, or -1
   std::vector<bool> inStep_;
   std::vector<int> paramOf_;       // per node: its index among the parameters, or -1
+  std::vector<int> localOf_;       // per node: its index among the data-dependent variables, or -1
   std::vector<ChainPlan> lone_;    // per node: the chain of one of a lone elementwise node
   std::vector<bool> needsGrad_;
   bool inputReadDensely_ = false;  // some node other than a product's vector operand reads the input
@@ -175,6 +186,7 @@ class DeviceExecutor {
   bool sparseBatch_ = false;
   std::vector<Tensor> values_;  // per operator node, rows x B
   std::vector<Tensor> grads_;   // per node needing a gradient, rows x B; the loss's: ones
+  std::vector<Tensor> locals_;  // per data-dependent variable, rows x B: the batch's values
   std::vector<char> live_;      // per node: its gradient holds a term of this pass
   Tensor input_;                // the dense input (or a sparse batch's dense copy), D x B
   SparseCopy sparse_;           // the sparse input's device copy

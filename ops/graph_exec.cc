@@ -392,6 +392,9 @@ template <typename S>
 S GraphExecutor<S>::forward(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
   ORPHEUS_ENFORCE(params.size() == graph_.params().size(), "graph has {} parameters, got {}", graph_.params().size(),
                   params.size());
+  // A sparse batch's dense copy is made anew for every pass (a feed may hand the
+  // next batch in the same object), except between the inner steps' passes.
+  if (!holdDenseInput_) denseInputOf_ = nullptr;
   prepareSequence(in);
   if (!hoisted_.empty()) forwardHoisted(params, in);
   for (const Node& n : graph_.nodes()) {

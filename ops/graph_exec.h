@@ -174,8 +174,9 @@ class GraphExecutor {
   std::vector<SparseMat<S>> tokenSparse_;  // per token node
   std::vector<bool> tokenDense_;           // per token node: also needed dense (values_)
   Mat<S> oneHot_;
-  Mat<S> denseInput_;
-  const SparseMat<S>* denseInputOf_ = nullptr;
+  Mat<S> denseInput_;                          // a sparse batch's dense copy, for operands read densely
+  const SparseMat<S>* denseInputOf_ = nullptr;  // the batch it was made from in this pass, or null
+  bool holdDenseInput_ = false;                 // optimizeLocals: its passes keep the copy
 };
 
 }  // namespace orpheus::ops

@@ -131,6 +131,13 @@ void GraphExecutor<S>::optimizeLocals(const std::vector<const Mat<S>*>& params, 
   const auto& locals = graph_.locals();
   int steps = 0;
   for (int id : locals) steps = std::max(steps, graph_.node(id).innerSteps);
+  // The inner passes all read one batch: its dense copy (if sparse) is made once.
+  denseInputOf_ = nullptr;
+  holdDenseInput_ = true;
+  struct Release {
+    bool& hold;
+    ~Release() { hold = false; }
+  } release{holdDenseInput_};
   for (int s = 0; s < steps; ++s) {
     forward(params, in);
     backward(params, in);

@@ -40,7 +40,12 @@ DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const Example
     if (meanLoss) *meanLoss = b > 0 ? loss / static_cast<double>(b * graph_.steps()) : 0.0;
     return *deviceExec_;
   }
-  const double loss = deviceExec_->run(w, x.dense, x.sparse, x.labels ? *x.labels : noLabels(), siteReady);
+  // Data-dependent variables: the kept values of the batch's examples in, refined
+  // on the device, and kept again, as runBatch keeps them.
+  std::vector<Matrix> locals = initialLocals(x, true);
+  const double loss = deviceExec_->run(w, x.dense, x.sparse, x.labels ? *x.labels : noLabels(), siteReady,
+                                       locals.empty() ? nullptr : &locals);
+  keepLocals(x, locals);
   if (meanLoss) *meanLoss = b > 0 ? loss / static_cast<double>(b) : 0.0;
   return *deviceExec_;
 }
@@ -140,8 +145,10 @@ EvalSums GraphModel::evaluateOnDevice(std::span<const Tensor> w, const ExampleBa
   static const Eigen::VectorXi kNoLabels;
   Matrix scores;
   EvalSums sums;
+  // A test example's data-dependent variables are inferred afresh, never kept.
+  std::vector<Matrix> locals = initialLocals(x, false);
   sums.lossSum = evalExec_->evaluate(w, x.dense, x.sparse, x.labels ? *x.labels : kNoLabels,
-                                     hasAccuracy() ? &scores : nullptr);
+                                     hasAccuracy() ? &scores : nullptr, locals.empty() ? nullptr : &locals);
   sums.count = static_cast<double>(x.size());
   if (hasAccuracy()) {
     for (int64_t j = 0; j < x.size(); ++j) {

@@ -9,7 +9,8 @@
 # start-up line),
 # mlp (selection, random multicast, averaging and rotation, adam), lstm (adagrad, resident,
 # carried states, a test set, restore),
-# dense (--sync dense with and without --overlap), sparse (LIBSVM rows, sparse V),
+# dense (--sync dense with and without --overlap), sparse (LIBSVM rows, sparse V), tm (the
+# topic model resident: its data-dependent variables' inner steps on the device, a test set),
 # optimizers (examples/mlr.loss, the replica resident on the device, with each
 # optimizer), recovery (failures and the checkpoint log, resident), ssp (an SSP job
 # resident, its replica against the host's replay of its log), transfer (an MLP's SVs
@@ -122,6 +123,21 @@ case "$case" in
     resident lstm
     [ "$(scored lstm)" = "$(losses "$out/lstm-cpu.jsonl")" ] ||
       { echo "strict_device.sh: the lstm job's test loss differs between cpu and strict" >&2; exit 1; }
+    ;;
+  tm)
+    # The topic model resident: each document's theta (a data-dependent variable)
+    # comes to the device with its batch, takes its inner steps there and is kept
+    # on the host; the test documents' are inferred afresh on the device.
+    "$here/../../scripts/data/make_corpus.sh" "$out/kjv" --block 30 --vocab 200 >/dev/null
+    for device in cpu strict; do
+      run tm "$device" --model "$here/../../examples/tm.loss" --train "$out/kjv/kjv.train.libsvm" \
+        --test "$out/kjv/kjv.test.libsvm" --clocks 30 --batch 20 --lr 10 --eval-every 10 --ckpt sv \
+        --ckpt-dir "$out/ck-$device"
+    done
+    "$compare" "$out/tm-cpu.h5" "$out/tm-strict.h5" 0
+    resident tm
+    [ "$(scored tm)" = "$(losses "$out/tm-cpu.jsonl")" ] ||
+      { echo "strict_device.sh: the topic model's test loss differs between cpu and strict" >&2; exit 1; }
     ;;
   dense)
     same dense "${fmnist[@]}" --clocks 20 --batch 50 --lr 0.1 --sync dense --overlap off
