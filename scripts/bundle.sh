@@ -12,7 +12,8 @@
 #   env.sh    `source DIR/env.sh`: the paths, and the CUDA libraries found on the
 #             host (a CUDA install's lib64, or a Python wheel's nvidia/*/lib)
 #   data/     Fashion-MNIST's test set and the first TRAIN_EXAMPLES training images, and the
-#             KJV token files (scripts/data/make_tokens.sh, vocabulary 2000, 35 steps)
+#             KJV token files (scripts/data/make_tokens.sh, vocabulary 2000, 35 steps) and bag
+#             of words (scripts/data/make_corpus.sh, blocks of 30 verses, 500 words)
 #   examples/ the .loss models
 # CUDA's own libraries are never shipped (libcublasLt alone is 517 MiB).
 # Builds a stripped Release tree in $BUILD_DIR (default build-bundle) first.
@@ -87,6 +88,7 @@ for name, header, item in (("train-images-idx3-ubyte.gz", 16, 784), ("train-labe
         f.write(bytes(head) + data[header:header + count * item])
 EOF
 "$ROOT/scripts/data/make_tokens.sh" "$dest/data/kjv" --vocab 2000 --steps 35
+"$ROOT/scripts/data/make_corpus.sh" "$dest/data/kjv-bow" --block 30 --vocab 500
 cp "$ROOT"/examples/*.loss "$dest/examples/"
 
 cat >"$dest/env.sh" <<'EOF'
@@ -127,7 +129,7 @@ fi
 export ORPHEUS_CUDA_LIBS_USED=$_cuda
 export LD_LIBRARY_PATH=$ORPHEUS_BUNDLE/lib:$_m/usr/lib/x86_64-linux-gnu${_cuda:+:$_cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$ORPHEUS_BUNDLE/bin:$PATH
-export FASHION_MNIST=$ORPHEUS_BUNDLE/data/fashion-mnist ORPHEUS_KJV=$ORPHEUS_BUNDLE/data/kjv
+export FASHION_MNIST=$ORPHEUS_BUNDLE/data/fashion-mnist ORPHEUS_KJV=$ORPHEUS_BUNDLE/data/kjv ORPHEUS_KJV_BOW=$ORPHEUS_BUNDLE/data/kjv-bow
 unset _m _cuda _wheels
 EOF
 cat >"$dest/bin/mpirun" <<'EOF'

@@ -22,6 +22,9 @@
 #   accuracy    MLP test accuracy after ACC_CLOCKS clocks within 0.01 of the CPU's
 #   lstm        the LSTM resident: memcheck (where present), parameters after 20 clocks within
 #               1e-4 of the CPU's, validation perplexity within 2% of the CPU's
+#   tm          the topic model resident (examples/tm.loss on the KJV bag of words: theta's inner
+#               steps on the device): parameters after 30 clocks within 1e-3 of the CPU's, the
+#               held-out reconstruction loss within 1% of the CPU's
 #   shared      4 ranks sharing the GPU train examples/mlp.loss to >= 0.85
 #   sv_dense    --sync sv equals --sync dense on the GPU (<= 1e-5 after 50 clocks)
 #   bitwise     two GPU runs (dense and sparse V) bitwise equal
@@ -37,7 +40,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$here/scripts/gpu_steps.sh"
 fmnist=(--train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3-ubyte.gz")
 python=$(command -v python3 || echo /usr/bin/python3)
-STEP_VARS=(orpheus compare tests examples mpirun data fmnist python work here DEVICE ACC_CLOCKS THREADS OUT)
+bow=${ORPHEUS_KJV_BOW:-}
+STEP_VARS=(orpheus compare tests examples mpirun data fmnist bow python work here DEVICE ACC_CLOCKS THREADS OUT)
 # train DEVICE NP NAME FLAGS...: a job whose parameters go to $work/NAME.h5 and metrics to $work/NAME.jsonl.
 train() {
   local device=$1 np=$2 name=$3; shift 3
@@ -109,6 +113,25 @@ check_mlp() {
     "${sa}s with --resident off, ${sc}s on cpu"
   within "$d50" 1e-5 || return 1
   within "$d" 1e-3 || within "$d" "$("$python" -c 'import sys; print(2 * float(sys.argv[1]))' "$d1")"
+}
+check_tm() {
+  local corpus=$work/bow
+  if [ -n "$bow" ] && [ -f "$bow/kjv.train.libsvm" ]; then
+    corpus=$bow
+  elif [ -f /usr/lib/bible.data ] && command -v bible >/dev/null; then
+    "$here/scripts/data/make_corpus.sh" "$corpus" --block 30 --vocab 500 || exit 1
+  else
+    skip "no KJV bag of words (the bundle's data/kjv-bow, or Debian's bible-kjv for scripts/data/make_corpus.sh)"
+  fi
+  for device in "$DEVICE" cpu; do
+    train "$device" 2 tm-$device --model "$examples/tm.loss" --train "$corpus/kjv.train.libsvm" \
+      --test "$corpus/kjv.test.libsvm" --clocks 30 --batch 50 --lr 10 --eval-every 30
+  done
+  local d a b dev; d=$(relDiff "$work/tm-$DEVICE.h5" "$work/tm-cpu.h5"); dev=$(summaryField "$work/tm-$DEVICE.jsonl" device)
+  a=$(summaryField "$work/tm-$DEVICE.jsonl" test_loss); b=$(summaryField "$work/tm-cpu.jsonl" test_loss)
+  figure "device '$dev'; parameters after 30 clocks $d from cpu (goal <= 1e-3); held-out loss $a on $DEVICE, $b on cpu (goal: within 1%)"
+  [[ "$dev" == *"(resident)" ]] && within "$d" 1e-3
+  "$python" -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 0.01 * b else 1)' "$a" "$b"
 }
 check_accuracy() {
   for device in "$DEVICE" cpu; do
@@ -192,6 +215,7 @@ else
   step bitwise 90 check_bitwise
   step restore 60 check_restore
   step lstm 120 check_lstm
+  step tm 60 check_tm
   step accuracy 180 check_accuracy
   step shared 240 check_shared
 fi
