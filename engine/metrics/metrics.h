@@ -91,7 +91,7 @@ class MetricsWriter {
 enum ClockField : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount, kDeviceIn, kDeviceOut, kDataWait,
-  kToHost, kToDevice, kTransferSeconds, kTransferHidden, kDeviceDataWait,
+  kToHost, kToDevice, kTransferSeconds, kTransferHidden, kDeviceDataWait, kLaunches,
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
   kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kParamDigest,
   kTransfer, kClockFieldCount
@@ -124,6 +124,9 @@ struct ClockAround {
   // (ops::Backend::transfers; 0 on the CPU).
   uint64_t deviceInBytes = 0;
   uint64_t deviceOutBytes = 0;
+  // Operations queued on the job's backend during the clock (ops::Backend::launches:
+  // on a GPU, kernel launches and library calls).
+  uint64_t launches = 0;
   // Waited for the clock's minibatch (the prefetch queue had none ready); with
   // the data queue, for the next clock's too, and staged it for the device.
   double dataWaitSeconds = 0.0;

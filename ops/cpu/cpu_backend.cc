@@ -94,6 +94,7 @@ Tensor CpuBackend::allocate(int64_t rows, int64_t cols) {
 }
 
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  countLaunch();
   if (src.device() != Device::kCpu || dst.device() != Device::kCpu) unsupported("copies to or from device memory");
   checks::sameShape("copy", src, dst);
   if (src.size() > 0 && src.data() != dst.data()) {
@@ -111,6 +112,7 @@ struct SparseArrays {
 }  // namespace
 
 void CpuBackend::copySparse(const SparseTensor& src, SparseCopy& dst) {
+  countLaunch();
   if (src.device != Device::kCpu) unsupported("copies from device memory");
   const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
   const size_t bytes = static_cast<size_t>(outerSize + 2 * src.nonZeros) * sizeof(float);
@@ -131,6 +133,7 @@ void CpuBackend::copySparse(const SparseTensor& src, SparseCopy& dst) {
 }
 
 void CpuBackend::gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
+  countLaunch();
   checks::onDevice(*this, "gemm", a);
   checks::onDevice(*this, "gemm", b);
   checks::onDevice(*this, "gemm", c);
@@ -152,6 +155,7 @@ void CpuBackend::gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Te
 }
 
 void CpuBackend::gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) {
+  countLaunch();
   checks::onDevice(*this, "gemmSparse", a);
   checks::onDevice(*this, "gemmSparse", c);
   ORPHEUS_ENFORCE(s.device == Device::kCpu, "backend cpu: the sparse operand lives in {} memory",
@@ -183,6 +187,7 @@ void CpuBackend::gemmSparse(float alpha, const Tensor& a, const SparseTensor& s,
 
 void CpuBackend::elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
                              std::span<Tensor* const> outputs) {
+  countLaunch();
   const checks::ChainShape shape = checks::forward(*this, chain, inputs, outputs);
   runChainForward<float>(chain, buffers(inputs, shape, outputs));
 }
@@ -190,6 +195,7 @@ void CpuBackend::elementwise(const EwChain& chain, std::span<const Tensor* const
 void CpuBackend::elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
                                      std::span<const Tensor* const> values, const Tensor& upstream,
                                      std::span<Tensor* const> inputGrads) {
+  countLaunch();
   const checks::ChainShape shape = checks::backward(*this, chain, inputs, values, upstream, inputGrads);
   ChainBuffers<float> b = buffers(inputs, shape, values);
   b.upstream = upstream.data();
@@ -198,6 +204,7 @@ void CpuBackend::elementwiseBackward(const EwChain& chain, std::span<const Tenso
 }
 
 void CpuBackend::softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) {
+  countLaunch();
   for (const Tensor* x : std::initializer_list<const Tensor*>{&z, &t, &p, &loss}) checks::onDevice(*this, "softmaxCrossEntropy", *x);
   checks::sameShape("softmaxCrossEntropy", z, t);
   checks::sameShape("softmaxCrossEntropy", z, p);
@@ -219,6 +226,7 @@ void CpuBackend::softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p
 
 void CpuBackend::softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
                                              Tensor& dz) {
+  countLaunch();
   for (const Tensor* x : std::initializer_list<const Tensor*>{&p, &t, &upstream, &dz}) checks::onDevice(*this, "softmaxCrossEntropyBackward", *x);
   checks::sameShape("softmaxCrossEntropyBackward", p, t);
   checks::sameShape("softmaxCrossEntropyBackward", p, dz);
@@ -238,6 +246,7 @@ void CpuBackend::softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, c
 }
 
 void CpuBackend::copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) {
+  countLaunch();
   checks::copyRows(*this, src, srcRow, dst, dstRow, rows);
   map(dst).middleRows(dstRow, rows) = map(src).middleRows(srcRow, rows);
 }
@@ -263,18 +272,21 @@ LstmCellBuffers<float> lstmBuffers(const LstmCellArgs& a, int64_t h) {
 }  // namespace
 
 void CpuBackend::lstmCellForward(const LstmCellArgs& a) {
+  countLaunch();
   const int64_t h = checks::lstmCell(*this, "lstmCellForward", a, true);
   ops::lstmCellForward(lstmBuffers(a, h));
 }
 
 void CpuBackend::lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
                                   Tensor* dCPrev) {
+  countLaunch();
   const int64_t h = checks::lstmCellBackward(*this, a, dHidden, dCell, dGates, dCPrev);
   ops::lstmCellBackward(lstmBuffers(a, h), dHidden ? dHidden->data() : nullptr, dCell ? dCell->data() : nullptr,
                         dGates.data(), dCPrev ? dCPrev->data() : nullptr);
 }
 
 void CpuBackend::sumColumns(const Tensor& a, float beta, Tensor& out) {
+  countLaunch();
   checks::onDevice(*this, "sumColumns", a);
   checks::onDevice(*this, "sumColumns", out);
   ORPHEUS_ENFORCE(out.rows() == a.rows() && out.cols() == 1, "sumColumns: out must be {}x1", a.rows());
@@ -288,6 +300,7 @@ void CpuBackend::sumColumns(const Tensor& a, float beta, Tensor& out) {
 }
 
 void CpuBackend::sumRows(const Tensor& a, float beta, Tensor& out) {
+  countLaunch();
   checks::onDevice(*this, "sumRows", a);
   checks::onDevice(*this, "sumRows", out);
   ORPHEUS_ENFORCE(out.rows() == 1 && out.cols() == a.cols(), "sumRows: out must be 1x{}", a.cols());
@@ -301,6 +314,7 @@ void CpuBackend::sumRows(const Tensor& a, float beta, Tensor& out) {
 }
 
 void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
+  countLaunch();
   checks::onDevice(*this, "axpy", x);
   checks::onDevice(*this, "axpy", y);
   checks::sameShape("axpy", x, y);
@@ -308,12 +322,14 @@ void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void CpuBackend::scale(float alpha, Tensor& x) {
+  countLaunch();
   checks::onDevice(*this, "scale", x);
   map(x) *= alpha;
 }
 
 void CpuBackend::optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
                                Tensor* buffer1) {
+  countLaunch();
   const auto [b0, b1] = checks::optimizerStep(*this, s, gradient, param, buffer0, buffer1);
   applyOptimizerStep(s, param.size(), gradient.data(), param.data(), b0 ? b0->data() : nullptr,
                      b1 ? b1->data() : nullptr);
