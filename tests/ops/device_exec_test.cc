@@ -485,3 +485,63 @@ TEST_CASE("the unrolled LSTM's states stay on the device while segments continue
   CHECK(uploaded[2] == uploaded[1] + 2 * 6 * kBatch * sizeof(float));
   requireSameParams(device.carriedState(), host.carriedState());
 }
+
+namespace {
+
+// One --sync dense clock of the LSTM on `backend`: the dense gradient of the
+// segment, then an SGD step on every parameter. Returns the operations it queued.
+uint64_t lstmClock(const GraphModel& model, Backend& backend, std::vector<Tensor>& w, std::vector<Tensor>& grad,
+                   const Matrix& segments) {
+  const Eigen::VectorXi labels = Eigen::VectorXi::Zero(segments.cols());
+  ExampleBatch x;
+  x.dense = &segments;
+  x.labels = &labels;
+  const uint64_t before = backend.launches();
+  double loss = 0.0;
+  model.denseGradientOnDevice(w, x, &loss, backend, grad);
+  OptimizerStep sgd;
+  sgd.lr = 0.5f;
+  for (size_t k = 0; k < w.size(); ++k) backend.optimizerStep(sgd, grad[k], w[k], nullptr, nullptr);
+  return backend.launches() - before;
+}
+
+}  // namespace
+
+TEST_CASE("the fused LSTM cell queues at most half the operations of its elementwise chains, to the same parameters",
+          "[ops][device][strict]") {
+  const Graph g = smallLstm();
+  const auto cells = [](const std::vector<FusedStep>& plan) {
+    return std::count_if(plan.begin(), plan.end(), [](const FusedStep& s) { return s.kind == FusedStep::Kind::kLstmCell; });
+  };
+  REQUIRE(cells(g.fusionPlan()) == kSteps);
+  REQUIRE(cells(g.fusionPlan(false)) == 0);
+  REQUIRE(DeviceExecutor::unsupported(g, false).empty());
+  const auto strict = strict::makeStrictBackend();
+  GraphModel fused(g, "lstm", 1);
+  GraphModel unfused(g, "lstm", 1);
+  unfused.setLstmCellFusion(false);
+  std::mt19937 gen(53);
+  const ParamSet w0 = randomParams(fused, gen);
+  std::vector<Tensor> wFused = upload(*strict, w0);
+  std::vector<Tensor> wUnfused = upload(*strict, w0);
+  std::vector<Tensor> gFused = allocateLike(*strict, w0);
+  std::vector<Tensor> gUnfused = allocateLike(*strict, w0);
+  for (int64_t clock = 0; clock < 5; ++clock) {
+    const Matrix s = randomSegments(gen, kBatch, clock);
+    const uint64_t launchesFused = lstmClock(fused, *strict, wFused, gFused, s);
+    const uint64_t launchesUnfused = lstmClock(unfused, *strict, wUnfused, gUnfused, s);
+    INFO("clock " << clock << ": " << launchesFused << " operations fused, " << launchesUnfused << " unfused");
+    CHECK(2 * launchesFused <= launchesUnfused);
+  }
+  // The same arithmetic in another order (ops/lstm_cell.h): equal to float rounding.
+  const ParamSet a = download(*strict, w0, wFused);
+  const ParamSet b = download(*strict, w0, wUnfused);
+  for (size_t k = 0; k < a.params.size(); ++k) {
+    INFO(a.params[k].name);
+    const double scale = std::max(1e-30, static_cast<double>(a[k].norm()));
+    CHECK(static_cast<double>((a[k] - b[k]).norm()) / scale < 1e-6);
+  }
+  double moved = 0.0;
+  for (size_t k = 0; k < a.params.size(); ++k) moved += static_cast<double>((a[k] - w0[k]).norm());
+  CHECK(moved > 0.1);  // the clocks trained: the comparison is not of the initial values
+}
