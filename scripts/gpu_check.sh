@@ -12,7 +12,7 @@
 # the named steps. Exits 1 when a check failed, else 0.
 #
 # The checks (against --device cpu on the same host, same flags):
-#   gpu         nvidia-smi; the `gpu` test tier (CUDA backend against CPU, op by op)
+#   gpu         nvidia-smi; the `gpu` test tier (CUDA backend against CPU, op by op; our LSTM against cuDNN's)
 #   memcheck    compute-sanitizer memcheck on a short training run (where present)
 #   device      the device can be made, and the MLP's replica is resident on it
 #   mlr, mlp    parameters after 200 clocks within 1e-4 (MLR: the built-in and the resident

@@ -193,7 +193,8 @@ class CudnnLstm {
     for (int k = 0; k < 8; ++k) {
       void* mAddr = nullptr;
       void* bAddr = nullptr;
-      LSTM_CUDNN_CHECK(cudnnGetRNNWeightParams(handle_, rnn_, 0, weightBytes_, weights_.get(), k, m, &mAddr, b, &bAddr));
+      LSTM_CUDNN_CHECK(
+          cudnnGetRNNWeightParams(handle_, rnn_, 0, weightBytes_, weights_.get(), k, m, &mAddr, b, &bAddr));
       ORPHEUS_ENFORCE(mAddr != nullptr && bAddr != nullptr, "cuDNN linear layer {} has no matrix or no bias", k);
       l.matrix[static_cast<size_t>(k)] = block(m, mAddr);
       l.bias[static_cast<size_t>(k)] = block(b, bAddr);

@@ -75,7 +75,9 @@ inline double relativeFrobenius(const MatD& got, const MatD& want) {
 inline MatD stacked(const std::vector<MatD>& steps) {
   if (steps.empty()) return MatD();
   MatD all(steps[0].rows(), steps[0].cols() * static_cast<int64_t>(steps.size()));
-  for (size_t t = 0; t < steps.size(); ++t) all.middleCols(static_cast<int64_t>(t) * steps[t].cols(), steps[t].cols()) = steps[t];
+  for (size_t t = 0; t < steps.size(); ++t) {
+    all.middleCols(static_cast<int64_t>(t) * steps[t].cols(), steps[t].cols()) = steps[t];
+  }
   return all;
 }
 
@@ -309,7 +311,9 @@ inline void unpackCudnnGradients(const std::vector<float>& space, const CudnnLst
   for (int k = 0; k < 4; ++k) {
     const int64_t row0 = p.offset[static_cast<size_t>(k)];
     for (int64_t r = 0; r < p.hidden; ++r) {
-      for (int64_t c = 0; c < p.input; ++c) dw(row0 + r, c) = space[static_cast<size_t>(at(l.matrix[static_cast<size_t>(k)], r, c))];
+      for (int64_t c = 0; c < p.input; ++c) {
+        dw(row0 + r, c) = space[static_cast<size_t>(at(l.matrix[static_cast<size_t>(k)], r, c))];
+      }
       for (int64_t c = 0; c < p.hidden; ++c) {
         dw(row0 + r, p.input + c) = space[static_cast<size_t>(at(l.matrix[static_cast<size_t>(k + 4)], r, c))];
       }
