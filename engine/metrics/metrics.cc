@@ -231,6 +231,7 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
   progress_.update(clock, e.sum[kLoss] / p, lastAccuracy_, e.leaderSeconds, e.sum[kHasEval] > 0);
   totalBytes_ += static_cast<uint64_t>(e.sum[kBytes]);
   totalMessages_ += static_cast<uint64_t>(e.sum[kMessages]);
+  totalLaunches_ += static_cast<uint64_t>(e.sum[kLaunches]);
   totalFailures_ += static_cast<int64_t>(e.sum[kFailed]);
   totalLost_ += static_cast<int64_t>(e.sum[kLostClocks]);
   maxGapSeen_ = std::max(maxGapSeen_, e.maxGap);
@@ -340,6 +341,7 @@ JsonLine summaryLine(const MetricsOptions& options, const ops::Model& model, con
       .add("bytes_sent", totals.bytesSent)
       .add("messages", totals.messages)
       .add("bytes_per_clock", static_cast<double>(totals.bytesSent) / clocksRun)
+      .add("launches_per_clock", static_cast<double>(totals.launches) / clocksRun)
       .add("max_clock_gap", static_cast<int64_t>(totals.maxGap))
       .add("average_every", options.averageEvery)
       .add("rotate_every", options.rotateEvery)

@@ -162,6 +162,7 @@ struct RunTotals {
   double trainSeconds = 0.0;
   uint64_t bytesSent = 0;
   uint64_t messages = 0;
+  uint64_t launches = 0;  // operations queued on the ranks' backends (ClockAround::launches)
   int64_t failures = 0;
   int64_t lostClocks = 0;
   double maxGap = 0.0;
@@ -238,6 +239,7 @@ class MetricsAggregator {
   // Totals over the lines written so far.
   uint64_t totalBytes() const { return totalBytes_; }
   uint64_t totalMessages() const { return totalMessages_; }
+  uint64_t totalLaunches() const { return totalLaunches_; }
   int64_t totalFailures() const { return totalFailures_; }
   int64_t totalLostClocks() const { return totalLost_; }
   double maxGap() const { return maxGapSeen_; }
@@ -267,6 +269,7 @@ class MetricsAggregator {
   std::map<uint64_t, std::vector<JsonLine>> after_;
   uint64_t totalBytes_ = 0;
   uint64_t totalMessages_ = 0;
+  uint64_t totalLaunches_ = 0;
   int64_t totalFailures_ = 0;
   int64_t totalLost_ = 0;
   double maxGapSeen_ = 0;

@@ -476,6 +476,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
   totals_.trainSeconds = tally.trainSeconds;
   totals_.bytesSent += aggregator.totalBytes();
   totals_.messages += aggregator.totalMessages();
+  totals_.launches += aggregator.totalLaunches();
   totals_.failures += aggregator.totalFailures();
   totals_.lostClocks += aggregator.totalLostClocks();
   totals_.maxGap = std::max(totals_.maxGap, aggregator.maxGap());

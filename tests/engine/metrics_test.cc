@@ -220,6 +220,7 @@ TEST_CASE("a device job's lines say how its SVs crossed, with the bytes and the 
       host.leader = rank == 0;
       aggregator.add(clockRecord(2, ClockStats{}, host));
     }
+    CHECK(aggregator.totalLaunches() == 140);  // the summary's launches_per_clock
   }
   const std::vector<std::string> lines = file.lines();
   REQUIRE(lines.size() == 2);
