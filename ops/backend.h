@@ -80,7 +80,7 @@ inline const char* deviceName(Device d) {
 
 // Bumped whenever Backend's virtual interface or Tensor's layout changes: a
 // backend plugin (liborpheus_cuda.so) built against another version is refused.
-inline constexpr int kBackendAbiVersion = 8;
+inline constexpr int kBackendAbiVersion = 9;
 
 class Tensor {
  public:
@@ -365,6 +365,13 @@ class Backend {
     uint64_t toHost = 0;
   };
   const Transfers& transfers() const { return transfers_; }
+  // Device operations queued since the backend was made: one per call of an
+  // operation above (a GEMM, a sparse product, a chain or its backward, a cell
+  // step, a reduction, a row copy, a copy or an asynchronous copy, an optimizer
+  // step), the same count on every backend. On CUDA each is one kernel launch or
+  // library call (copySparse: its few uploads, counted as one), so a pass's count
+  // is what its launch overhead scales with.
+  uint64_t launches() const { return launches_; }
 
  protected:
   // Throws "backend <name> does not support <what>".
@@ -383,9 +390,12 @@ class Backend {
     if (from == Device::kCpu && to != Device::kCpu) transfers_.toDevice += bytes;
     if (from != Device::kCpu && to == Device::kCpu) transfers_.toHost += bytes;
   }
+  // Counts one operation queued in launches().
+  void countLaunch() { ++launches_; }
 
  private:
   Transfers transfers_;
+  uint64_t launches_ = 0;
 };
 
 }  // namespace orpheus::ops

@@ -27,10 +27,10 @@ Tensor hostView(const Matrix& m) { return Tensor::host(m.data(), m.rows(), m.col
 
 }  // namespace
 
-std::string DeviceExecutor::unsupported(const Graph& graph) {
+std::string DeviceExecutor::unsupported(const Graph& graph, bool fuseLstmCells) {
   if (graph.isCell()) return "a recurrent cell runs on a device only unrolled (Graph::unroll)";
   if (graph.loss() < 0) return "the graph has no loss";
-  const std::vector<FusedStep> plan = graph.fusionPlan();
+  const std::vector<FusedStep> plan = graph.fusionPlan(fuseLstmCells);
   std::vector<bool> inStep(graph.nodes().size(), false);
   for (const FusedStep& step : plan) {
     for (int id : step.nodes) inStep[static_cast<size_t>(id)] = true;
@@ -52,11 +52,12 @@ std::string DeviceExecutor::unsupported(const Graph& graph) {
   return "";
 }
 
-DeviceExecutor::DeviceExecutor(const Graph& graph, Backend& backend) : graph_(graph), backend_(backend) {
-  const std::string refusal = unsupported(graph);
+DeviceExecutor::DeviceExecutor(const Graph& graph, Backend& backend, bool fuseLstmCells)
+    : graph_(graph), backend_(backend) {
+  const std::string refusal = unsupported(graph, fuseLstmCells);
   ORPHEUS_ENFORCE(refusal.empty(), "DeviceExecutor: {}", refusal);
   sites_ = graph.identifySvs();
-  plan_ = graph.fusionPlan();
+  plan_ = graph.fusionPlan(fuseLstmCells);
   const size_t n = graph.nodes().size();
   stepEnding_.assign(n, -1);
   inStep_.assign(n, false);

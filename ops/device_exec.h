@@ -63,10 +63,12 @@ class DeviceExecutor {
  public:
   // "" when the executor can run `graph`, else why not, naming the first node it
   // cannot run ("node 'concat(e, h)' (concat): ...").
-  static std::string unsupported(const Graph& graph);
+  // fuseLstmCells false: an LSTM cell's nodes run one by one, not as a fused cell
+  // step (Graph::fusionPlan), for tests and benchmarks that weigh the two.
+  static std::string unsupported(const Graph& graph, bool fuseLstmCells = true);
 
   // `graph` must be supported (Error with unsupported()'s reason otherwise).
-  DeviceExecutor(const Graph& graph, Backend& backend);
+  DeviceExecutor(const Graph& graph, Backend& backend, bool fuseLstmCells = true);
 
   // Copies the minibatch (`dense` or `sparse`, D x B; `labels`, B class ids, when
   // the graph has a label) to the device and runs the forward and backward pass.

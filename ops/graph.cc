@@ -524,14 +524,14 @@ bool Graph::matchLstmCell(int hidden, FusedStep* step) const {
   return true;
 }
 
-std::vector<FusedStep> Graph::fusionPlan() const {
+std::vector<FusedStep> Graph::fusionPlan(bool lstmCells) const {
   std::vector<FusedStep> steps;
   std::vector<bool> taken(nodes_.size(), false);
   for (const Node& n : nodes_) {
     FusedStep cell;
     if (n.kind == NodeKind::kOp && matchLstmCell(n.id, &cell)) {
       for (int id : cell.nodes) taken[static_cast<size_t>(id)] = true;
-      steps.push_back(std::move(cell));
+      if (lstmCells) steps.push_back(std::move(cell));
     }
   }
   std::vector<int> chainOf(nodes_.size(), -1);  // index into `chains` of the chain a node ends

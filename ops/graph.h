@@ -149,7 +149,11 @@ class Graph {
   // loss is missing, the model has no parameters, or some parameter does not
   // influence the loss.
   std::vector<SvSite> identifySvs() const;
-  std::vector<FusedStep> fusionPlan() const;
+  // lstmCells false: no kLstmCell steps, and the cells' nodes in no chain either:
+  // each gate nonlinearity and each product and sum of the c and h updates runs
+  // alone, as an LSTM without a fused cell would (tests and benchmarks weigh the
+  // fused cell against it).
+  std::vector<FusedStep> fusionPlan(bool lstmCells = true) const;
   // The LSTM cell step whose hidden state is node `hidden` (LstmCellRoles), if it
   // has that form.
   bool matchLstmCell(int hidden, FusedStep* step) const;

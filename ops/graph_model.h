@@ -48,6 +48,9 @@ class GraphModel final : public Model {
                              const SvReadyFn& ready) const override;
   // SvgUnit::kStep: every parameter's per-step entries as one of B * T columns.
   void setSvgUnit(SvgUnit unit) override { svgUnit_ = unit; }
+  // Tests and benchmarks, before the first device pass: LSTM cells run node by
+  // node instead of as fused cell steps (DeviceExecutor's fuseLstmCells).
+  void setLstmCellFusion(bool on) { fuseLstmCells_ = on; }
   // Data-dependent variables of test examples are inferred afresh, never kept.
   // Sequence models: the batch is taken in runs of consecutive segments of distinct
   // streams, each run's states carried from the previous segment of its stream
@@ -155,6 +158,7 @@ class GraphModel final : public Model {
   std::string spec_;
   uint64_t seed_;
   SvgUnit svgUnit_ = SvgUnit::kExample;
+  bool fuseLstmCells_ = true;
   // The compute thread owns these; a model is used by one worker.
   mutable std::unique_ptr<GraphExecutor<float>> exec_;
   bool oneSitePerMatrix_ = false;  // denseGradient's direct path applies

@@ -54,7 +54,7 @@ DeviceExecutor& GraphModel::trainingExecutor(Backend& backend) const {
   if (!deviceExec_ || &deviceExec_->backend() != &backend) {
     flushDeviceStates();
     deviceExec_.reset();  // its tensors go back to the backend they came from first
-    deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
+    deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend, fuseLstmCells_);
   }
   return *deviceExec_;
 }
@@ -125,7 +125,7 @@ EvalSums GraphModel::evaluateOnDevice(std::span<const Tensor> w, const ExampleBa
                       graph_.params().size(), w.size());
   if (!evalExec_ || &evalExec_->backend() != &backend) {
     evalExec_.reset();
-    evalExec_ = std::make_unique<DeviceExecutor>(graph_, backend);
+    evalExec_ = std::make_unique<DeviceExecutor>(graph_, backend, fuseLstmCells_);
   }
   if (graph_.steps() > 0) {
     ORPHEUS_CHECK_INPUT(x.dense != nullptr, "a sequence model needs token-stream data");

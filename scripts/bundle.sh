@@ -9,13 +9,13 @@
 #             CUDA; the binaries find it through $ORIGIN-relative RUNPATHs
 #   mpi/      Debian's Open MPI, relocated (extracted packages; env.sh sets the
 #             paths and the three settings a bare container needs)
-#   env.sh    `source DIR/env.sh`: the paths, and the CUDA libraries found on the
-#             host (a CUDA install's lib64, or a Python wheel's nvidia/*/lib)
+#   env.sh    `source DIR/env.sh`: the paths, and the CUDA and cuDNN libraries found
+#             on the host (a CUDA install's lib64, or a Python wheel's nvidia/*/lib)
 #   data/     Fashion-MNIST's test set and the first TRAIN_EXAMPLES training images, and the
 #             KJV token files (scripts/data/make_tokens.sh, vocabulary 2000, 35 steps) and bag
 #             of words (scripts/data/make_corpus.sh, blocks of 30 verses, 500 words)
 #   examples/ the .loss models
-# CUDA's own libraries are never shipped (libcublasLt alone is 517 MiB).
+# CUDA's own libraries and cuDNN are never shipped (libcublasLt alone is 517 MiB).
 # Builds a stripped Release tree in $BUILD_DIR (default build-bundle) first.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -44,6 +44,8 @@ binaries=("$build_dir/engine/orpheus" "$build_dir/tests/compare_params" "$build_
   "$build_dir/tests/test_backend" "$build_dir/tests/test_backend_cuda" "$build_dir/tests/test_strict_backend"
   "$build_dir/tests/test_rebuild" "$build_dir/tests/rebuild_rate")
 [ -f "$build_dir/engine/liborpheus_cuda.so" ] && binaries+=("$build_dir/engine/liborpheus_cuda.so")
+# Our LSTM against cuDNN's: built where cuDNN was found; cuDNN itself is found on the host (env.sh).
+[ -f "$build_dir/tests/test_lstm_cudnn" ] && binaries+=("$build_dir/tests/test_lstm_cudnn")
 for b in "${binaries[@]}"; do
   cp "$b" "$dest/bin/"
   strip --strip-unneeded "$dest/bin/$(basename "$b")"
@@ -127,10 +129,32 @@ else
   echo "env.sh: no CUDA 13 libraries found (set ORPHEUS_CUDA_LIBS): --device cuda will say so" >&2
 fi
 export ORPHEUS_CUDA_LIBS_USED=$_cuda
+# cuDNN 9, for test_lstm_cudnn only: $ORPHEUS_CUDNN_LIBS, beside CUDA's, the
+# system's, or a Python wheel's nvidia/cudnn/lib.
+_cudnn=""
+for d in ${ORPHEUS_CUDNN_LIBS:-} ${_cuda//:/ } /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
+  if [ -e "$d/libcudnn.so.9" ]; then _cudnn=$d; break; fi
+done
+if [ -z "$_cudnn" ]; then
+  for py in python3 /usr/bin/python3; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    _cudnn=$("$py" -c 'import glob, os, site
+dirs = site.getsitepackages() + [site.getusersitepackages()]
+print(next((d for s in dirs for d in glob.glob(os.path.join(s, "nvidia", "cudnn", "lib"))
+            if os.path.exists(os.path.join(d, "libcudnn.so.9"))), ""))' 2>/dev/null || true)
+    [ -n "$_cudnn" ] && break
+  done
+fi
+if [ -n "$_cudnn" ]; then
+  echo "env.sh: cuDNN from $_cudnn" >&2
+  case ":$_cuda:" in *":$_cudnn:"*) ;; *) _cuda=$_cuda${_cuda:+:}$_cudnn ;; esac
+else
+  echo "env.sh: no cuDNN 9 found (set ORPHEUS_CUDNN_LIBS): test_lstm_cudnn cannot start" >&2
+fi
 export LD_LIBRARY_PATH=$ORPHEUS_BUNDLE/lib:$_m/usr/lib/x86_64-linux-gnu${_cuda:+:$_cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$ORPHEUS_BUNDLE/bin:$PATH
 export FASHION_MNIST=$ORPHEUS_BUNDLE/data/fashion-mnist ORPHEUS_KJV=$ORPHEUS_BUNDLE/data/kjv ORPHEUS_KJV_BOW=$ORPHEUS_BUNDLE/data/kjv-bow
-unset _m _cuda _wheels
+unset _m _cuda _cudnn _wheels
 EOF
 cat >"$dest/bin/mpirun" <<'EOF'
 #!/usr/bin/env bash

@@ -12,7 +12,7 @@
 # the named steps. Exits 1 when a check failed, else 0.
 #
 # The checks (against --device cpu on the same host, same flags):
-#   gpu         nvidia-smi; the `gpu` test tier (CUDA backend against CPU, op by op)
+#   gpu         nvidia-smi; the `gpu` test tier (CUDA backend against CPU, op by op; our LSTM against cuDNN's)
 #   memcheck    compute-sanitizer memcheck on a short training run (where present)
 #   device      the device can be made, and the MLP's replica is resident on it
 #   mlr, mlp    parameters after 200 clocks within 1e-4 (MLR: the built-in and the resident
@@ -59,7 +59,13 @@ check_gpu() {
   command -v nvidia-smi >/dev/null || skip "no nvidia-smi: no NVIDIA driver on this host"
   nvidia-smi || exit 1
   figure "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
-  "$tests/test_backend_cuda"
+  "$tests/test_backend_cuda" || exit $?
+  # Our LSTM against cuDNN's (built where cuDNN was found): its differences are the figures.
+  [ -x "$tests/test_lstm_cudnn" ] || { figure "no test_lstm_cudnn (built without cuDNN)"; return 0; }
+  "$tests/test_lstm_cudnn" | tee "$work/lstm_cudnn.out"
+  local rc=${PIPESTATUS[0]}
+  while read -r line; do figure "$line"; done < <(grep -o 'E=[0-9]* H=.*cuDNN (relative Frobenius): .*' "$work/lstm_cudnn.out")
+  return "$rc"
 }
 check_device() {
   # Whether the job's device can be made at all: otherwise every later check skips.

@@ -178,6 +178,8 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
       .add("failures", static_cast<int64_t>(e.sum[kFailed]))
       .add("lost_clocks", static_cast<int64_t>(e.sum[kLostClocks]));
   if (reportRanks_) line.add("ranks", ranks_);
+  // Operations queued on the ranks' backends (kernel launches on a GPU), all ranks.
+  if (e.sum[kLaunches] > 0) line.add("launches", static_cast<uint64_t>(e.sum[kLaunches]));
   // Host <-> device copies, all ranks (a device's jobs only).
   if (e.sum[kDeviceIn] > 0 || e.sum[kDeviceOut] > 0) {
     line.add("device_in_bytes", static_cast<uint64_t>(e.sum[kDeviceIn]))
@@ -229,6 +231,7 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
   progress_.update(clock, e.sum[kLoss] / p, lastAccuracy_, e.leaderSeconds, e.sum[kHasEval] > 0);
   totalBytes_ += static_cast<uint64_t>(e.sum[kBytes]);
   totalMessages_ += static_cast<uint64_t>(e.sum[kMessages]);
+  totalLaunches_ += static_cast<uint64_t>(e.sum[kLaunches]);
   totalFailures_ += static_cast<int64_t>(e.sum[kFailed]);
   totalLost_ += static_cast<int64_t>(e.sum[kLostClocks]);
   maxGapSeen_ = std::max(maxGapSeen_, e.maxGap);
@@ -291,6 +294,7 @@ ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockArou
   r[kLostClocks] = static_cast<double>(around.lostClocks);
   r[kDeviceIn] = static_cast<double>(around.deviceInBytes);
   r[kDeviceOut] = static_cast<double>(around.deviceOutBytes);
+  r[kLaunches] = static_cast<double>(around.launches);
   r[kDataWait] = around.dataWaitSeconds;
   r[kToHost] = static_cast<double>(around.toHostBytes);
   r[kToDevice] = static_cast<double>(around.toDeviceBytes);
@@ -337,6 +341,7 @@ JsonLine summaryLine(const MetricsOptions& options, const ops::Model& model, con
       .add("bytes_sent", totals.bytesSent)
       .add("messages", totals.messages)
       .add("bytes_per_clock", static_cast<double>(totals.bytesSent) / clocksRun)
+      .add("launches_per_clock", static_cast<double>(totals.launches) / clocksRun)
       .add("max_clock_gap", static_cast<int64_t>(totals.maxGap))
       .add("average_every", options.averageEvery)
       .add("rotate_every", options.rotateEvery)

@@ -91,7 +91,7 @@ class MetricsWriter {
 enum ClockField : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount, kDeviceIn, kDeviceOut, kDataWait,
-  kToHost, kToDevice, kTransferSeconds, kTransferHidden, kDeviceDataWait,
+  kToHost, kToDevice, kTransferSeconds, kTransferHidden, kDeviceDataWait, kLaunches,
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
   kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kParamDigest,
   kTransfer, kClockFieldCount
@@ -124,6 +124,9 @@ struct ClockAround {
   // (ops::Backend::transfers; 0 on the CPU).
   uint64_t deviceInBytes = 0;
   uint64_t deviceOutBytes = 0;
+  // Operations queued on the job's backend during the clock (ops::Backend::launches:
+  // on a GPU, kernel launches and library calls).
+  uint64_t launches = 0;
   // Waited for the clock's minibatch (the prefetch queue had none ready); with
   // the data queue, for the next clock's too, and staged it for the device.
   double dataWaitSeconds = 0.0;
@@ -159,6 +162,7 @@ struct RunTotals {
   double trainSeconds = 0.0;
   uint64_t bytesSent = 0;
   uint64_t messages = 0;
+  uint64_t launches = 0;  // operations queued on the ranks' backends (ClockAround::launches)
   int64_t failures = 0;
   int64_t lostClocks = 0;
   double maxGap = 0.0;
@@ -235,6 +239,7 @@ class MetricsAggregator {
   // Totals over the lines written so far.
   uint64_t totalBytes() const { return totalBytes_; }
   uint64_t totalMessages() const { return totalMessages_; }
+  uint64_t totalLaunches() const { return totalLaunches_; }
   int64_t totalFailures() const { return totalFailures_; }
   int64_t totalLostClocks() const { return totalLost_; }
   double maxGap() const { return maxGapSeen_; }
@@ -264,6 +269,7 @@ class MetricsAggregator {
   std::map<uint64_t, std::vector<JsonLine>> after_;
   uint64_t totalBytes_ = 0;
   uint64_t totalMessages_ = 0;
+  uint64_t totalLaunches_ = 0;
   int64_t totalFailures_ = 0;
   int64_t totalLost_ = 0;
   double maxGapSeen_ = 0;

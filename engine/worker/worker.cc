@@ -476,6 +476,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
   totals_.trainSeconds = tally.trainSeconds;
   totals_.bytesSent += aggregator.totalBytes();
   totals_.messages += aggregator.totalMessages();
+  totals_.launches += aggregator.totalLaunches();
   totals_.failures += aggregator.totalFailures();
   totals_.lostClocks += aggregator.totalLostClocks();
   totals_.maxGap = std::max(totals_.maxGap, aggregator.maxGap());
@@ -501,6 +502,7 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   const double ckptWaitBefore = log_->waitSeconds();
   const double ckptCpuBefore = log_->writerCpuSeconds();
   const ops::Backend::Transfers transfersBefore = updater_.backend().transfers();
+  const uint64_t launchesBefore = updater_.backend().launches();
   const TransferMark transferBefore = transferMark();
   const std::unique_ptr<data::Batch> owned = takeBatch(clock);
   const data::Batch& batch = *owned;
@@ -528,6 +530,7 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   around.lostClocks = failure.lostClocks;
   around.deviceInBytes = updater_.backend().transfers().toDevice - transfersBefore.toDevice;
   around.deviceOutBytes = updater_.backend().transfers().toHost - transfersBefore.toHost;
+  around.launches = updater_.backend().launches() - launchesBefore;
   around.dataWaitSeconds = dataWaitSeconds;
   noteTransfer(transferBefore, around);
   around.deviceDataWaitSeconds = model_.takeDeviceDataWait();

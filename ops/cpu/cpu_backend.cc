@@ -95,6 +95,7 @@ Tensor CpuBackend::allocate(int64_t rows, int64_t cols) {
 }
 
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  countLaunch();
   if (src.device() != Device::kCpu || dst.device() != Device::kCpu) unsupported("copies to or from device memory");
   checks::sameShape("copy", src, dst);
   if (src.size() > 0 && src.data() != dst.data()) {
@@ -112,6 +113,7 @@ struct SparseArrays {
 }  // namespace
 
 void CpuBackend::copySparse(const SparseTensor& src, SparseCopy& dst) {
+  countLaunch();
   if (src.device != Device::kCpu) unsupported("copies from device memory");
   const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
   const size_t bytes = static_cast<size_t>(outerSize + 2 * src.nonZeros) * sizeof(float);
@@ -132,6 +134,7 @@ void CpuBackend::copySparse(const SparseTensor& src, SparseCopy& dst) {
 }
 
 void CpuBackend::gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) {
+  countLaunch();
   checks::onDevice(*this, "gemm", a);
   checks::onDevice(*this, "gemm", b);
   checks::onDevice(*this, "gemm", c);
@@ -153,6 +156,7 @@ void CpuBackend::gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Te
 }
 
 void CpuBackend::gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) {
+  countLaunch();
   checks::onDevice(*this, "gemmSparse", a);
   checks::onDevice(*this, "gemmSparse", c);
   ORPHEUS_ENFORCE(s.device == Device::kCpu, "backend cpu: the sparse operand lives in {} memory",
@@ -184,6 +188,7 @@ void CpuBackend::gemmSparse(float alpha, const Tensor& a, const SparseTensor& s,
 
 void CpuBackend::elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
                              std::span<Tensor* const> outputs) {
+  countLaunch();
   const checks::ChainShape shape = checks::forward(*this, chain, inputs, outputs);
   runChainForward<float>(chain, buffers(inputs, shape, outputs));
 }
@@ -191,6 +196,7 @@ void CpuBackend::elementwise(const EwChain& chain, std::span<const Tensor* const
 void CpuBackend::elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
                                      std::span<const Tensor* const> values, const Tensor& upstream,
                                      std::span<Tensor* const> inputGrads) {
+  countLaunch();
   const checks::ChainShape shape = checks::backward(*this, chain, inputs, values, upstream, inputGrads);
   ChainBuffers<float> b = buffers(inputs, shape, values);
   b.upstream = upstream.data();
@@ -199,6 +205,7 @@ void CpuBackend::elementwiseBackward(const EwChain& chain, std::span<const Tenso
 }
 
 void CpuBackend::softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) {
+  countLaunch();
   for (const Tensor* x : std::initializer_list<const Tensor*>{&z, &t, &p, &loss}) checks::onDevice(*this, "softmaxCrossEntropy", *x);
   checks::sameShape("softmaxCrossEntropy", z, t);
   checks::sameShape("softmaxCrossEntropy", z, p);
@@ -220,6 +227,7 @@ void CpuBackend::softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p
 
 void CpuBackend::softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
                                              Tensor& dz) {
+  countLaunch();
   for (const Tensor* x : std::initializer_list<const Tensor*>{&p, &t, &upstream, &dz}) checks::onDevice(*this, "softmaxCrossEntropyBackward", *x);
   checks::sameShape("softmaxCrossEntropyBackward", p, t);
   checks::sameShape("softmaxCrossEntropyBackward", p, dz);
@@ -242,6 +250,7 @@ void CpuBackend::softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, c
 // host executor's values (these operators are O(r B); the copies cost as much).
 void CpuBackend::columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& out) {
   checks::columnOp(*this, "columnOp", op, a, b, out);
+  countLaunch();
   const Mat<float> am = map(a);
   const Mat<float> bm = b != nullptr ? Mat<float>(map(*b)) : Mat<float>();
   Operands<float> in;
@@ -255,6 +264,7 @@ void CpuBackend::columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& o
 void CpuBackend::columnOpBackward(OpKind op, int which, const Tensor& a, const Tensor* b, const Tensor& out,
                                   const Tensor& upstream, Tensor& dst) {
   checks::columnOpBackward(*this, op, which, a, b, out, upstream, dst);
+  countLaunch();
   const Mat<float> am = map(a);
   const Mat<float> bm = b != nullptr ? Mat<float>(map(*b)) : Mat<float>();
   const Mat<float> outm = map(out);
@@ -268,6 +278,7 @@ void CpuBackend::columnOpBackward(OpKind op, int which, const Tensor& a, const T
 }
 
 void CpuBackend::copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) {
+  countLaunch();
   checks::copyRows(*this, src, srcRow, dst, dstRow, rows);
   map(dst).middleRows(dstRow, rows) = map(src).middleRows(srcRow, rows);
 }
@@ -293,18 +304,21 @@ LstmCellBuffers<float> lstmBuffers(const LstmCellArgs& a, int64_t h) {
 }  // namespace
 
 void CpuBackend::lstmCellForward(const LstmCellArgs& a) {
+  countLaunch();
   const int64_t h = checks::lstmCell(*this, "lstmCellForward", a, true);
   ops::lstmCellForward(lstmBuffers(a, h));
 }
 
 void CpuBackend::lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
                                   Tensor* dCPrev) {
+  countLaunch();
   const int64_t h = checks::lstmCellBackward(*this, a, dHidden, dCell, dGates, dCPrev);
   ops::lstmCellBackward(lstmBuffers(a, h), dHidden ? dHidden->data() : nullptr, dCell ? dCell->data() : nullptr,
                         dGates.data(), dCPrev ? dCPrev->data() : nullptr);
 }
 
 void CpuBackend::sumColumns(const Tensor& a, float beta, Tensor& out) {
+  countLaunch();
   checks::onDevice(*this, "sumColumns", a);
   checks::onDevice(*this, "sumColumns", out);
   ORPHEUS_ENFORCE(out.rows() == a.rows() && out.cols() == 1, "sumColumns: out must be {}x1", a.rows());
@@ -318,6 +332,7 @@ void CpuBackend::sumColumns(const Tensor& a, float beta, Tensor& out) {
 }
 
 void CpuBackend::sumRows(const Tensor& a, float beta, Tensor& out) {
+  countLaunch();
   checks::onDevice(*this, "sumRows", a);
   checks::onDevice(*this, "sumRows", out);
   ORPHEUS_ENFORCE(out.rows() == 1 && out.cols() == a.cols(), "sumRows: out must be 1x{}", a.cols());
@@ -331,6 +346,7 @@ void CpuBackend::sumRows(const Tensor& a, float beta, Tensor& out) {
 }
 
 void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
+  countLaunch();
   checks::onDevice(*this, "axpy", x);
   checks::onDevice(*this, "axpy", y);
   checks::sameShape("axpy", x, y);
@@ -338,12 +354,14 @@ void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void CpuBackend::scale(float alpha, Tensor& x) {
+  countLaunch();
   checks::onDevice(*this, "scale", x);
   map(x) *= alpha;
 }
 
 void CpuBackend::optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
                                Tensor* buffer1) {
+  countLaunch();
   const auto [b0, b1] = checks::optimizerStep(*this, s, gradient, param, buffer0, buffer1);
   applyOptimizerStep(s, param.size(), gradient.data(), param.data(), b0 ? b0->data() : nullptr,
                      b1 ? b1->data() : nullptr);

@@ -120,6 +120,7 @@ class CudaBackend final : public Backend {
   }
 
   void copy(const Tensor& src, Tensor& dst) override {
+    countLaunch();
     checks::sameShape("copy", src, dst);
     if (src.size() == 0) return;
     countCopy(src.device(), dst.device(), static_cast<uint64_t>(src.size()) * sizeof(float));
@@ -133,6 +134,7 @@ class CudaBackend final : public Backend {
   // in host memory, the other one (SparseTensor::otherOuter), built here.
   using Backend::copySparse;
   void copySparse(const SparseTensor& src, SparseCopy& dst) override {
+    countLaunch();
     activate();
     const bool csc = src.layout == SparseTensor::Layout::kCsc;
     const int64_t outerSize = (csc ? src.cols : src.rows) + 1;
@@ -193,6 +195,7 @@ class CudaBackend final : public Backend {
   }
 
   AsyncCopy copyToHostAsync(const Tensor& src, HostBuffer& dst, size_t offset) override {
+    countLaunch();
     checkAsyncCopy("copyToHostAsync", src, dst, offset);
     const size_t bytes = static_cast<size_t>(src.size()) * sizeof(float);
     countCopy(Device::kCuda, Device::kCpu, bytes);
@@ -200,6 +203,7 @@ class CudaBackend final : public Backend {
   }
 
   AsyncCopy copyToDeviceAsync(const HostBuffer& src, size_t offset, Tensor& dst) override {
+    countLaunch();
     checkAsyncCopy("copyToDeviceAsync", dst, src, offset);
     const size_t bytes = static_cast<size_t>(dst.size()) * sizeof(float);
     countCopy(Device::kCpu, Device::kCuda, bytes);
@@ -239,6 +243,7 @@ class CudaBackend final : public Backend {
   }
 
   void gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) override {
+    countLaunch();
     for (const Tensor* t : {&a, &b, static_cast<const Tensor*>(&c)}) checks::onDevice(*this, "gemm", *t);
     const checks::GemmShape s = checks::gemm(ta, tb, a, b, c);
     if (s.m == 0 || s.n == 0) return;
@@ -248,6 +253,7 @@ class CudaBackend final : public Backend {
   }
 
   void gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) override {
+    countLaunch();
     checks::onDevice(*this, "gemmSparse", a);
     checks::onDevice(*this, "gemmSparse", c);
     ORPHEUS_ENFORCE(s.device == Device::kCuda, "backend cuda: the sparse operand lives in {} memory",
@@ -269,6 +275,7 @@ class CudaBackend final : public Backend {
 
   void elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
                    std::span<Tensor* const> outputs) override {
+    countLaunch();
     const checks::ChainShape shape = checks::forward(*this, chain, inputs, outputs);
     ChainArgs args = chainArgs(chain, inputs, shape);
     for (size_t k = 0; k < outputs.size(); ++k) args.value[k] = outputs[k]->data();
@@ -279,6 +286,7 @@ class CudaBackend final : public Backend {
   void elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
                            std::span<const Tensor* const> values, const Tensor& upstream,
                            std::span<Tensor* const> inputGrads) override {
+    countLaunch();
     const checks::ChainShape shape = checks::backward(*this, chain, inputs, values, upstream, inputGrads);
     ChainArgs args = chainArgs(chain, inputs, shape);
     for (size_t k = 0; k < values.size(); ++k) args.value[k] = values[k]->data();
@@ -290,6 +298,7 @@ class CudaBackend final : public Backend {
 
   // Rows of every column: one strided 2-D copy on the stream.
   void copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) override {
+    countLaunch();
     checks::copyRows(*this, src, srcRow, dst, dstRow, rows);
     if (rows == 0 || src.cols() == 0) return;
     activate();
@@ -301,6 +310,7 @@ class CudaBackend final : public Backend {
   }
 
   void lstmCellForward(const LstmCellArgs& a) override {
+    countLaunch();
     checks::lstmCell(*this, "lstmCellForward", a, true);
     activate();
     ORPHEUS_CUDA_CHECK(launchLstmCellForward(lstmArgs(a), stream_));
@@ -308,6 +318,7 @@ class CudaBackend final : public Backend {
 
   void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
                         Tensor* dCPrev) override {
+    countLaunch();
     checks::lstmCellBackward(*this, a, dHidden, dCell, dGates, dCPrev);
     activate();
     ORPHEUS_CUDA_CHECK(launchLstmCellBackward(lstmArgs(a), dHidden ? dHidden->data() : nullptr,
@@ -316,6 +327,7 @@ class CudaBackend final : public Backend {
   }
 
   void softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) override {
+    countLaunch();
     for (const Tensor* x : {&z, &t, static_cast<const Tensor*>(&p), static_cast<const Tensor*>(&loss)}) {
       checks::onDevice(*this, "softmaxCrossEntropy", *x);
     }
@@ -328,6 +340,7 @@ class CudaBackend final : public Backend {
 
   void softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
                                    Tensor& dz) override {
+    countLaunch();
     for (const Tensor* x : {&p, &t, &upstream, static_cast<const Tensor*>(&dz)}) {
       checks::onDevice(*this, "softmaxCrossEntropyBackward", *x);
     }
@@ -342,6 +355,7 @@ class CudaBackend final : public Backend {
 
   void columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& out) override {
     checks::columnOp(*this, "columnOp", op, a, b, out);
+    countLaunch();
     activate();
     ORPHEUS_CUDA_CHECK(launchColumnOp(columnOpCode(op), a.data(), b ? b->data() : nullptr, out.data(), a.rows(),
                                       a.cols(), stream_));
@@ -350,12 +364,14 @@ class CudaBackend final : public Backend {
   void columnOpBackward(OpKind op, int which, const Tensor& a, const Tensor* b, const Tensor& out,
                         const Tensor& upstream, Tensor& dst) override {
     checks::columnOpBackward(*this, op, which, a, b, out, upstream, dst);
+    countLaunch();
     activate();
     ORPHEUS_CUDA_CHECK(launchColumnOpBackward(columnOpCode(op), which, a.data(), b ? b->data() : nullptr, out.data(),
                                               upstream.data(), dst.data(), a.rows(), a.cols(), stream_));
   }
 
   void sumColumns(const Tensor& a, float beta, Tensor& out) override {
+    countLaunch();
     checks::onDevice(*this, "sumColumns", a);
     checks::onDevice(*this, "sumColumns", out);
     ORPHEUS_ENFORCE(out.rows() == a.rows() && out.cols() == 1, "sumColumns: out must be {}x1", a.rows());
@@ -364,6 +380,7 @@ class CudaBackend final : public Backend {
   }
 
   void sumRows(const Tensor& a, float beta, Tensor& out) override {
+    countLaunch();
     checks::onDevice(*this, "sumRows", a);
     checks::onDevice(*this, "sumRows", out);
     ORPHEUS_ENFORCE(out.rows() == 1 && out.cols() == a.cols(), "sumRows: out must be 1x{}", a.cols());
@@ -372,6 +389,7 @@ class CudaBackend final : public Backend {
   }
 
   void axpy(float alpha, const Tensor& x, Tensor& y) override {
+    countLaunch();
     checks::onDevice(*this, "axpy", x);
     checks::onDevice(*this, "axpy", y);
     checks::sameShape("axpy", x, y);
@@ -381,6 +399,7 @@ class CudaBackend final : public Backend {
   }
 
   void scale(float alpha, Tensor& x) override {
+    countLaunch();
     checks::onDevice(*this, "scale", x);
     if (x.size() == 0) return;
     activate();
@@ -389,6 +408,7 @@ class CudaBackend final : public Backend {
 
   void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
                      Tensor* buffer1) override {
+    countLaunch();
     const auto [b0, b1] = checks::optimizerStep(*this, s, gradient, param, buffer0, buffer1);
     if (param.size() == 0) return;
     activate();

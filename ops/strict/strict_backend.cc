@@ -144,6 +144,7 @@ class StrictBackend final : public Backend {
   }
 
   void copy(const Tensor& src, Tensor& dst) override {
+    countLaunch();
     checks::sameShape("copy", src, dst);
     ORPHEUS_ENFORCE(src.device() != Device::kCuda && dst.device() != Device::kCuda,
                     "backend strict: copy from {} to {} memory", deviceName(src.device()), deviceName(dst.device()));
@@ -158,6 +159,7 @@ class StrictBackend final : public Backend {
 
   using Backend::copySparse;
   void copySparse(const SparseTensor& src, SparseCopy& dst) override {
+    countLaunch();
     ORPHEUS_ENFORCE(src.device != Device::kCuda, "backend strict: a sparse copy from cuda memory");
     const int64_t outerSize = (src.layout == SparseTensor::Layout::kCsc ? src.cols : src.rows) + 1;
     const size_t indexBytes = static_cast<size_t>(outerSize + src.nonZeros) * sizeof(int32_t);
@@ -196,10 +198,12 @@ class StrictBackend final : public Backend {
   // Asynchronous copies run when they are waited for (wait, waitOnDevice, or the
   // second ready() about their event), in order: the latest a device may run them.
   AsyncCopy copyToHostAsync(const Tensor& src, HostBuffer& dst, size_t offset) override {
+    countLaunch();
     checkAsyncCopy("copyToHostAsync", src, dst, offset);
     return queue(true, src, dst, offset);
   }
   AsyncCopy copyToDeviceAsync(const HostBuffer& src, size_t offset, Tensor& dst) override {
+    countLaunch();
     checkAsyncCopy("copyToDeviceAsync", dst, src, offset);
     return queue(false, dst, src, offset);
   }
@@ -234,6 +238,7 @@ class StrictBackend final : public Backend {
   }
 
   void gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Tensor& b, float beta, Tensor& c) override {
+    countLaunch();
     on("gemm", {&a, &b, &c});
     Opened o(*registry_, "gemm");
     Tensor hc = o.host(c);
@@ -241,6 +246,7 @@ class StrictBackend final : public Backend {
   }
 
   void gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) override {
+    countLaunch();
     on("gemmSparse", {&a, &c});
     ORPHEUS_ENFORCE(s.device == Device::kStrict, "backend strict: the sparse operand lives in {} memory",
                     deviceName(s.device));
@@ -251,6 +257,7 @@ class StrictBackend final : public Backend {
 
   void elementwise(const EwChain& chain, std::span<const Tensor* const> inputs,
                    std::span<Tensor* const> outputs) override {
+    countLaunch();
     checks::forward(*this, chain, inputs, outputs);
     Opened o(*registry_, "elementwise");
     HostList in(o, inputs);
@@ -261,6 +268,7 @@ class StrictBackend final : public Backend {
   void elementwiseBackward(const EwChain& chain, std::span<const Tensor* const> inputs,
                            std::span<const Tensor* const> values, const Tensor& upstream,
                            std::span<Tensor* const> inputGrads) override {
+    countLaunch();
     checks::backward(*this, chain, inputs, values, upstream, inputGrads);
     Opened o(*registry_, "elementwiseBackward");
     HostList in(o, inputs);
@@ -270,6 +278,7 @@ class StrictBackend final : public Backend {
   }
 
   void softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p, Tensor& loss) override {
+    countLaunch();
     on("softmaxCrossEntropy", {&z, &t, &p, &loss});
     Opened o(*registry_, "softmaxCrossEntropy");
     Tensor hp = o.host(p);
@@ -279,6 +288,7 @@ class StrictBackend final : public Backend {
 
   void softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,
                                    Tensor& dz) override {
+    countLaunch();
     on("softmaxCrossEntropyBackward", {&p, &t, &upstream, &dz});
     Opened o(*registry_, "softmaxCrossEntropyBackward");
     Tensor hd = o.host(dz);
@@ -286,6 +296,7 @@ class StrictBackend final : public Backend {
   }
 
   void copyRows(const Tensor& src, int64_t srcRow, Tensor& dst, int64_t dstRow, int64_t rows) override {
+    countLaunch();
     checks::copyRows(*this, src, srcRow, dst, dstRow, rows);
     Opened o(*registry_, "copyRows");
     Tensor hd = o.host(dst);
@@ -293,6 +304,7 @@ class StrictBackend final : public Backend {
   }
 
   void lstmCellForward(const LstmCellArgs& a) override {
+    countLaunch();
     checks::lstmCell(*this, "lstmCellForward", a, true);
     Opened o(*registry_, "lstmCellForward");
     LstmCellHost h(o, a);
@@ -301,6 +313,7 @@ class StrictBackend final : public Backend {
 
   void lstmCellBackward(const LstmCellArgs& a, const Tensor* dHidden, const Tensor* dCell, Tensor& dGates,
                         Tensor* dCPrev) override {
+    countLaunch();
     checks::lstmCellBackward(*this, a, dHidden, dCell, dGates, dCPrev);
     Opened o(*registry_, "lstmCellBackward");
     LstmCellHost h(o, a);
@@ -313,6 +326,7 @@ class StrictBackend final : public Backend {
 
   void columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& out) override {
     checks::columnOp(*this, "columnOp", op, a, b, out);
+    countLaunch();
     Opened o(*registry_, "columnOp");
     const Tensor hb = b ? o.host(*b) : Tensor();
     Tensor h = o.host(out);
@@ -322,6 +336,7 @@ class StrictBackend final : public Backend {
   void columnOpBackward(OpKind op, int which, const Tensor& a, const Tensor* b, const Tensor& out,
                         const Tensor& upstream, Tensor& dst) override {
     checks::columnOpBackward(*this, op, which, a, b, out, upstream, dst);
+    countLaunch();
     Opened o(*registry_, "columnOpBackward");
     const Tensor hb = b ? o.host(*b) : Tensor();
     Tensor h = o.host(dst);
@@ -329,6 +344,7 @@ class StrictBackend final : public Backend {
   }
 
   void sumColumns(const Tensor& a, float beta, Tensor& out) override {
+    countLaunch();
     on("sumColumns", {&a, &out});
     Opened o(*registry_, "sumColumns");
     Tensor h = o.host(out);
@@ -336,6 +352,7 @@ class StrictBackend final : public Backend {
   }
 
   void sumRows(const Tensor& a, float beta, Tensor& out) override {
+    countLaunch();
     on("sumRows", {&a, &out});
     Opened o(*registry_, "sumRows");
     Tensor h = o.host(out);
@@ -343,6 +360,7 @@ class StrictBackend final : public Backend {
   }
 
   void axpy(float alpha, const Tensor& x, Tensor& y) override {
+    countLaunch();
     on("axpy", {&x, &y});
     Opened o(*registry_, "axpy");
     Tensor h = o.host(y);
@@ -350,6 +368,7 @@ class StrictBackend final : public Backend {
   }
 
   void scale(float alpha, Tensor& x) override {
+    countLaunch();
     on("scale", {&x});
     Opened o(*registry_, "scale");
     Tensor h = o.host(x);
@@ -358,6 +377,7 @@ class StrictBackend final : public Backend {
 
   void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
                      Tensor* buffer1) override {
+    countLaunch();
     const auto [b0, b1] = checks::optimizerStep(*this, s, gradient, param, buffer0, buffer1);
     Opened o(*registry_, "optimizerStep");
     Tensor hp = o.host(param);

@@ -207,6 +207,7 @@ TEST_CASE("a device job's lines say how its SVs crossed, with the bytes and the 
       around.leader = rank == 0;
       around.deviceInBytes = 1000;
       around.deviceOutBytes = 500;
+      around.launches = 70;
       around.deviceDataWaitSeconds = 0.5 * rank;  // mean 0.25
       around.transfer = TransferKind::kStaged;
       around.toHostBytes = 400;
@@ -219,6 +220,7 @@ TEST_CASE("a device job's lines say how its SVs crossed, with the bytes and the 
       host.leader = rank == 0;
       aggregator.add(clockRecord(2, ClockStats{}, host));
     }
+    CHECK(aggregator.totalLaunches() == 140);  // the summary's launches_per_clock
   }
   const std::vector<std::string> lines = file.lines();
   REQUIRE(lines.size() == 2);
@@ -228,6 +230,8 @@ TEST_CASE("a device job's lines say how its SVs crossed, with the bytes and the 
   CHECK(has(lines[0], "\"h2d_bytes\": 600,"));
   CHECK(has(lines[0], "\"transfer_hidden_share\": 0.25"));
   CHECK(has(lines[0], "\"device_data_wait_seconds\": 0.25"));
+  CHECK(has(lines[0], "\"launches\": 140,"));
+  CHECK_FALSE(has(lines[1], "launches"));
   CHECK_FALSE(has(lines[1], "transfer"));
   CHECK_FALSE(has(lines[1], "d2h_bytes"));
   CHECK(std::string(transferName(TransferKind::kCudaAware)) == "cuda-aware");

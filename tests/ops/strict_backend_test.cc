@@ -98,6 +98,28 @@ TEST_CASE("strict device: every operation is bitwise the cpu backend's", "[ops][
   }
 }
 
+TEST_CASE("strict device: each operation counts one launch, as on the cpu backend", "[ops][strict]") {
+  const auto strict = strict::makeStrictBackend();
+  cpu::CpuBackend cpu;
+  std::mt19937 rng(22);
+  const MatF a = randomMatrix(rng, 5, 3);
+  const MatF b = randomMatrix(rng, 3, 4);
+  const MatF c = randomMatrix(rng, 5, 4);
+  for (Backend* backend : {static_cast<Backend*>(strict.get()), static_cast<Backend*>(&cpu)}) {
+    INFO(backend->name());
+    uint64_t before = backend->launches();
+    runGemm(*backend, Trans::kNo, Trans::kNo, 1.0f, a, b, 0.0f, c);
+    CHECK(backend->launches() - before == 5);  // three copies in, the product, one copy out
+    before = backend->launches();
+    runLstmCell(*backend, randomMatrix(rng, 12, 4), c.topRows(3), c.topRows(3), c.topRows(3),
+                randomMatrix(rng, 12, 4), c.topRows(3));
+    CHECK(backend->launches() - before == 2 + 2 + 4 + 9);  // the two cell steps, 6 copies in, 9 out
+    before = backend->launches();
+    runGemmSparse(*backend, 1.0f, a, randomSparse(rng, 3, 4, 0.5), false, Trans::kNo, 0.0f, c);
+    CHECK(backend->launches() - before == 5);  // the sparse copy, two copies in, the product, one out
+  }
+}
+
 TEST_CASE("strict device: operands in host memory are refused", "[ops][strict]") {
   const auto strict = strict::makeStrictBackend();
   MatF host = MatF::Ones(3, 3);
