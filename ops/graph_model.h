@@ -81,10 +81,13 @@ class GraphModel final : public Model {
                                      Backend& backend, const DeviceSvReadyFn& ready) const override;
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
-  // Feed-forward graphs with dense input copy the next batch ahead (DeviceExecutor::prefetch).
+  // The next batch copied ahead (DeviceExecutor::prefetch): feed-forward graphs'
+  // dense data, and sparse data where no node reads the input densely; a sequence
+  // model's token one-hots (prefetchSequence).
   bool prefetchOnDevice(const ExampleBatch& next, Backend& backend) const override;
   double takeDeviceDataWait() const override { return deviceExec_ ? deviceExec_->takeDataWait() : 0.0; }
-  // A feed-forward graph's sites as the executor holds them; none for a sequence model.
+  // The last pass's sites as the executor holds them, one per batch entry: a
+  // feed-forward graph's, and a sequence model's per (example, step); none per step.
   std::vector<DeviceSvs> lastDeviceSvs() const override;
   void releaseDevice() const override {
     flushDeviceStates();

@@ -55,8 +55,20 @@ DeviceExecutor& GraphModel::trainingExecutor(Backend& backend) const {
 }
 
 bool GraphModel::prefetchOnDevice(const ExampleBatch& next, Backend& backend) const {
-  if (!deviceRefusal_.empty() || graph_.steps() > 0 || graph_.inputNode() < 0 || next.dense == nullptr) return false;
-  trainingExecutor(backend).prefetch(*next.dense, next.labels ? *next.labels : noLabels());
+  if (!deviceRefusal_.empty()) return false;
+  if (graph_.steps() > 0) {
+    if (next.dense == nullptr) return false;
+    trainingExecutor(backend).prefetchSequence(*next.dense);
+    return true;
+  }
+  if (graph_.inputNode() < 0) return false;
+  const Eigen::VectorXi& labels = next.labels ? *next.labels : noLabels();
+  if (next.dense != nullptr) {
+    trainingExecutor(backend).prefetch(*next.dense, labels);
+    return true;
+  }
+  if (next.sparse == nullptr || !trainingExecutor(backend).queuesSparse()) return false;
+  trainingExecutor(backend).prefetch(*next.sparse, labels);
   return true;
 }
 
@@ -217,8 +229,10 @@ SvBatch GraphModel::deviceBatch(std::span<const Tensor> w, const ExampleBatch& x
 }
 
 std::vector<DeviceSvs> GraphModel::lastDeviceSvs() const {
-  // A sequence model's batch entries are not the executor's sites one to one (stepColumns).
-  if (!deviceExec_ || graph_.steps() > 0) return {};
+  // Per (example, step), a sequence model's batch has one entry per site, as a
+  // feed-forward one: its U, and its V unless that is a token's one-hot (sparse, on
+  // the host). Per step (stepColumns) an entry joins several sites' columns.
+  if (!deviceExec_ || (graph_.steps() > 0 && svgUnit_ == SvgUnit::kStep)) return {};
   std::vector<DeviceSvs> svs(deviceExec_->sites().size());
   for (size_t i = 0; i < svs.size(); ++i) {
     svs[i].u = &deviceExec_->siteU(i);
