@@ -138,6 +138,14 @@ case "$case" in
         awk -v job="$job" '$1 != 2 * (9984 + 3456 + 580) { print "strict_device.sh: the " job " job copied " $1 " bytes in for the rebuild in clock " NR; bad = 1 }
           END { if (NR != 20) { print "strict_device.sh: " NR " clocks of " job " report h2d_bytes"; bad = 1 }; exit bad }' >&2
     done
+    # SVs per step (--select-unit step): each parameter's steps as one entry, whose
+    # local U and V are joined on the device; only the bias updates differ in size
+    # (one per entry, 2 x (32 + 40) floats a clock).
+    same lstm-step --model "$out/lstm.loss" --train "$out/tokens" --clocks 12 --batch 4 --lr 0.05 \
+      --optimizer adagrad --select-unit step
+    grep -o '"h2d_bytes": *[0-9]*' "$out/lstm-step-strict.jsonl" | sed 's/.*: *//' |
+      awk '$1 != 2 * (9984 + 576 + 580) { print "strict_device.sh: the lstm-step job copied " $1 " bytes in for the rebuild in clock " NR; bad = 1 }
+        END { if (NR != 12) bad = 1; exit bad }' >&2
     # The data queue copies each clock's token one-hots (6 steps of E's sparse one
     # (52 bytes) and the label's dense one (640), 4152 a rank) in the clock before:
     # the last clock copies none, the sync job's every clock its own.
