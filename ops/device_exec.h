@@ -2,7 +2,7 @@
 // model) with every value and gradient in tensors of one backend (ops/backend.h):
 // parameters, activations, gradients and the SVs stay on its device; only the
 // minibatch goes in (dense data into a kept buffer, sparse data through
-// copySparse, labels as a one-hot built on the host) and only the loss row comes
+// copySparse, labels as a one-hot built on the host; or a clock ahead, prefetch) and only the loss row comes
 // out. The executor never touches tensor memory from host code, so it runs on the
 // strict device (ops/strict).
 //
@@ -201,6 +201,12 @@ class DeviceExecutor {
   std::vector<Tensor*> chainVal_, chainGrad_;
   std::vector<std::pair<int, size_t>> pendingSites_;
 
+  // A sparse matrix staged to the device: its arrays as 4-byte words in `storage`
+  // (outer, inner, values; on CUDA the compression by rows after them), `view` into it.
+  struct StagedSparse {
+    Tensor storage;
+    SparseTensor view;
+  };
   // The data queue: two slots used in turn, so that the batch after next can be
   // on its way while the next one waits for its run. A slot owns the device
   // buffers its batch lands in (input_, oneHot_ and sparse_.view view them while
@@ -208,12 +214,6 @@ class DeviceExecutor {
   // executor's) and a page-locked staging buffer (reused once the copy that read
   // it is done). A buffer is written again two batches later, by a copy that
   // starts after everything queued before it: the passes that read it included.
-  // A sparse matrix staged to the device: its arrays as 4-byte words in `storage`
-  // (outer, inner, values; on CUDA the compression by rows after them), `view` into it.
-  struct StagedSparse {
-    Tensor storage;
-    SparseTensor view;
-  };
   struct Ahead {
     // The batch copied ahead, until a run takes it: dense data or a sequence's segments, or sparse data.
     const Matrix* dense = nullptr;
