@@ -125,7 +125,7 @@ void DeviceExecutor::reserve(int64_t batch) {
 
 void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels) {
   ORPHEUS_ENFORCE(graph_.steps() == 0, "a sequence model runs through runSequence and evaluateSequence");
-  if (dense != nullptr && takePrefetched(dense, labels)) return;
+  if ((dense != nullptr || sparse != nullptr) && takePrefetched(dense, sparse, labels)) return;
   const int input = graph_.inputNode();
   int64_t batch = labels.size();
   if (input >= 0) {

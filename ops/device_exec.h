@@ -2,7 +2,7 @@
 // model) with every value and gradient in tensors of one backend (ops/backend.h):
 // parameters, activations, gradients and the SVs stay on its device; only the
 // minibatch goes in (dense data into a kept buffer, sparse data through
-// copySparse, labels as a one-hot built on the host) and only the loss row comes
+// copySparse, labels as a one-hot built on the host; or a clock ahead, prefetch) and only the loss row comes
 // out. The executor never touches tensor memory from host code, so it runs on the
 // strict device (ops/strict).
 //
@@ -101,6 +101,17 @@ class DeviceExecutor {
   // copy (its operations ordered after it, the host not waiting); any other batch
   // is copied in as usual. Feed-forward graphs with an input only.
   void prefetch(const Matrix& dense, const Eigen::VectorXi& labels);
+  // The same for a sparse minibatch (D x B), whose compressed arrays cross through
+  // the page-locked staging buffer as copySparse lays them out on the device (on
+  // CUDA with the compression by rows its products read). Only where no node reads
+  // the input densely (queuesSparse()).
+  void prefetch(const SparseMatrix& sparse, const Eigen::VectorXi& labels);
+  bool queuesSparse() const { return graph_.steps() == 0 && graph_.inputNode() >= 0 && !inputReadDensely_; }
+  // The same for an unrolled sequence graph: the segments' token one-hots (sparse
+  // where a product reads them, dense where the cross-entropy does), built on the
+  // host now and copied ahead; the next runSequence on these same segments starts
+  // from them. The carried states are not data: they come as runSequence says.
+  void prefetchSequence(const Matrix& segments);
   // Seconds the compute queue waited for prefetched batches to land since the last
   // call (on the device's timer; on the strict device a copy lands when it, or a
   // later copy, is waited for: its host time when the pass's own wait landed it).
@@ -132,7 +143,11 @@ class DeviceExecutor {
   // The batch's data and labels on the device; buffers (re)made when B changes.
   void upload(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels);
   // upload() of the batch prefetch() copied ahead: true when it was that batch.
-  bool takePrefetched(const Matrix* dense, const Eigen::VectorXi& labels);
+  bool takePrefetched(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels);
+  // uploadSequence()'s token one-hots from prefetchSequence(): true when these segments were queued.
+  bool takePrefetchedSequence(const Matrix& segments);
+  // The one-hots of token node `n` of the segments into `m` (tokens checked).
+  void buildTokens(const Matrix& segments, const Node& n, SparseMatrix& m) const;
   // The label's one-hot of `labels` into `out` (C x B), labels checked.
   void oneHot(const Eigen::VectorXi& labels, Eigen::Map<Matrix> out) const;
   void reserve(int64_t batch);
@@ -203,21 +218,45 @@ class DeviceExecutor {
   std::vector<Tensor*> chainVal_, chainGrad_;
   std::vector<std::pair<int, size_t>> pendingSites_;
 
+  // A sparse matrix staged to the device: its arrays as 4-byte words in `storage`
+  // (outer, inner, values; on CUDA the compression by rows after them), `view` into it.
+  struct StagedSparse {
+    Tensor storage;
+    SparseTensor view;
+  };
   // The data queue: two slots used in turn, so that the batch after next can be
   // on its way while the next one waits for its run. A slot owns the device
-  // buffers its batch lands in (input_ and oneHot_ view them while it is the
-  // batch being run) and a page-locked staging buffer (reused once the copy that
-  // read it is done). A buffer is written again two batches later, by a copy that
+  // buffers its batch lands in (input_, oneHot_ and sparse_.view view them while
+  // it is the batch being run; a sequence's dense one-hots are swapped with the
+  // executor's) and a page-locked staging buffer (reused once the copy that read
+  // it is done). A buffer is written again two batches later, by a copy that
   // starts after everything queued before it: the passes that read it included.
   struct Ahead {
-    const Matrix* dense = nullptr;  // the batch copied ahead, until a run takes it
-    const float* data = nullptr;
+    // The batch copied ahead, until a run takes it: dense data or a sequence's segments, or sparse data.
+    const Matrix* dense = nullptr;
+    const SparseMatrix* sparse = nullptr;
+    const void* data = nullptr;
+    int64_t cols = 0;
     const Eigen::VectorXi* labels = nullptr;
     Tensor input, oneHot;
+    StagedSparse sparseInput;
+    std::vector<SparseMatrix> tokens;        // per token node: its one-hots on the host
+    std::vector<StagedSparse> sparseTokens;  // per token node a product reads
+    std::vector<Tensor> denseTokens;         // per token node read densely
     HostBuffer staging;
     Event stagingRead;
-    AsyncCopy copyInput, copyLabels;
+    Event landed;  // the slot's last copy (copies land in order)
   };
+  // The next slot, its staging buffer free and at least `bytes` long.
+  Ahead& nextAhead(size_t bytes);
+  // The labels' one-hot (C x B) staged at `offset` and queued to the slot's oneHot.
+  void stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_t batch, size_t& offset);
+  // `m` (compressed) staged at `offset` and queued to `out`; the copy's done event.
+  Event stageSparse(const SparseMatrix& m, HostBuffer& staging, size_t& offset, StagedSparse& out);
+  // Bytes stageSparse takes for `m`.
+  size_t stagedSparseBytes(const SparseMatrix& m) const;
+  // The batch's compute waits on the device for the slot's copies; the wait is timed.
+  void orderAfter(const Ahead& a);
   std::array<Ahead, 2> ahead_;
   size_t aheadNext_ = 0;                            // the slot the next prefetch fills
   std::vector<std::pair<Event, Event>> dataWaits_;  // (compute queue reached the batch, its copy landed)

@@ -1,12 +1,29 @@
 // DeviceExecutor's data queue: the next minibatch copied to the device while the
-// current one computes (ops/device_exec.h, prefetch).
+// current one computes (ops/device_exec.h, prefetch): dense and sparse data, and
+// a sequence model's token one-hots.
 #include "engine/base/error.h"
 #include "ops/device_exec.h"
+#include "ops/sequence_layout.h"
 
 #include <algorithm>
 #include <cstring>
 
 namespace orpheus::ops {
+namespace {
+
+using RowSparse = Eigen::SparseMatrix<float, Eigen::RowMajor, int32_t>;
+
+// CUDA's sparse products read a host matrix's compression by rows too: its
+// copySparse adds it (ops/backend.h, SparseTensor), and so does the queue.
+bool withRows(const Backend& backend) { return backend.device() == Device::kCuda; }
+
+// The 4-byte words of `m` on the device: outer, inner, values, and by rows the same again.
+int64_t sparseWords(const SparseMatrix& m, bool rows) {
+  const int64_t nnz = m.nonZeros();
+  return m.cols() + 1 + 2 * nnz + (rows ? m.rows() + 1 + 2 * nnz : 0);
+}
+
+}  // namespace
 
 void DeviceExecutor::oneHot(const Eigen::VectorXi& labels, Eigen::Map<Matrix> out) const {
   out.setZero();
@@ -17,6 +34,78 @@ void DeviceExecutor::oneHot(const Eigen::VectorXi& labels, Eigen::Map<Matrix> ou
   }
 }
 
+DeviceExecutor::Ahead& DeviceExecutor::nextAhead(size_t bytes) {
+  Ahead& a = ahead_[aheadNext_];
+  aheadNext_ ^= 1;
+  // The copy that read the staging buffer last (two batches ago) must be done before it is written.
+  backend_.wait(a.stagingRead);
+  if (a.staging.bytes() < bytes) a.staging = backend_.allocateHost(bytes);
+  a.dense = nullptr;
+  a.sparse = nullptr;
+  a.labels = nullptr;
+  return a;
+}
+
+void DeviceExecutor::stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_t batch, size_t& offset) {
+  const int label = graph_.labelNode();
+  if (label < 0) return;
+  ORPHEUS_CHECK_INPUT(labels.size() == batch, "the batch has {} examples but {} labels", batch, labels.size());
+  const int64_t classes = graph_.node(label).rows;
+  const Tensor host = a.staging.floats(offset, classes, batch);
+  oneHot(labels, Eigen::Map<Matrix>(host.data(), classes, batch));
+  if (a.oneHot.rows() != classes || a.oneHot.cols() != batch) a.oneHot = backend_.allocate(classes, batch);
+  a.landed = backend_.copyToDeviceAsync(a.staging, offset, a.oneHot).done;
+  offset += static_cast<size_t>(classes * batch) * sizeof(float);
+}
+
+size_t DeviceExecutor::stagedSparseBytes(const SparseMatrix& m) const {
+  return static_cast<size_t>(sparseWords(m, withRows(backend_))) * sizeof(float);
+}
+
+Event DeviceExecutor::stageSparse(const SparseMatrix& m, HostBuffer& staging, size_t& offset, StagedSparse& out) {
+  ORPHEUS_ENFORCE(m.isCompressed(), "stageSparse: the matrix is not compressed");
+  const bool rows = withRows(backend_);
+  const int64_t words = sparseWords(m, rows);
+  const int64_t nnz = m.nonZeros();
+  if (out.storage.size() < words) out.storage = backend_.allocate(words, 1);
+  std::byte* host = staging.data() + offset;
+  size_t at = 0;
+  const auto put = [&](const void* from, int64_t n) {
+    std::memcpy(host + at, from, static_cast<size_t>(n) * sizeof(float));
+    at += static_cast<size_t>(n) * sizeof(float);
+  };
+  put(m.outerIndexPtr(), m.cols() + 1);
+  put(m.innerIndexPtr(), nnz);
+  put(m.valuePtr(), nnz);
+  if (rows) {
+    RowSparse byRows = m;
+    byRows.makeCompressed();
+    put(byRows.outerIndexPtr(), m.rows() + 1);
+    put(byRows.innerIndexPtr(), nnz);
+    put(byRows.valuePtr(), nnz);
+  }
+  Tensor region = Tensor::view(backend_.device(), out.storage.data(), words, 1);
+  const Event done = backend_.copyToDeviceAsync(staging, offset, region).done;
+  offset += at;
+  const auto* base = reinterpret_cast<const int32_t*>(out.storage.data());
+  SparseTensor& v = out.view;
+  v = SparseTensor();
+  v.device = backend_.device();
+  v.layout = SparseTensor::Layout::kCsc;
+  v.rows = m.rows();
+  v.cols = m.cols();
+  v.nonZeros = nnz;
+  v.outer = base;
+  v.inner = base + m.cols() + 1;
+  v.values = reinterpret_cast<const float*>(v.inner + nnz);
+  if (rows) {
+    v.otherOuter = base + m.cols() + 1 + 2 * nnz;
+    v.otherInner = v.otherOuter + m.rows() + 1;
+    v.otherValues = reinterpret_cast<const float*>(v.otherInner + nnz);
+  }
+  return done;
+}
+
 void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels) {
   const int input = graph_.inputNode();
   ORPHEUS_ENFORCE(graph_.steps() == 0 && input >= 0, "only a feed-forward graph with an input copies batches ahead");
@@ -25,50 +114,137 @@ void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels
   const int64_t batch = dense.cols();
   const int label = graph_.labelNode();
   const int64_t classes = label >= 0 ? graph_.node(label).rows : 0;
-  if (label >= 0) {
-    ORPHEUS_CHECK_INPUT(labels.size() == batch, "the batch has {} examples but {} labels", batch, labels.size());
-  }
-  Ahead& a = ahead_[aheadNext_];
-  aheadNext_ ^= 1;
-  // The copy that read the staging buffer last (two batches ago) must be done before it is written.
-  backend_.wait(a.stagingRead);
   const size_t inputBytes = static_cast<size_t>(dense.size()) * sizeof(float);
-  const size_t labelBytes = static_cast<size_t>(classes * batch) * sizeof(float);
-  if (a.staging.bytes() < inputBytes + labelBytes) a.staging = backend_.allocateHost(inputBytes + labelBytes);
+  Ahead& a = nextAhead(inputBytes + static_cast<size_t>(classes * batch) * sizeof(float));
   if (inputBytes > 0) std::memcpy(a.staging.data(), dense.data(), inputBytes);
   if (a.input.rows() != features || a.input.cols() != batch) a.input = backend_.allocate(features, batch);
-  a.copyInput = backend_.copyToDeviceAsync(a.staging, 0, a.input);
-  a.copyLabels = AsyncCopy();
-  if (label >= 0) {
-    const Tensor host = a.staging.floats(inputBytes, classes, batch);
-    oneHot(labels, Eigen::Map<Matrix>(host.data(), classes, batch));
-    if (a.oneHot.rows() != classes || a.oneHot.cols() != batch) a.oneHot = backend_.allocate(classes, batch);
-    a.copyLabels = backend_.copyToDeviceAsync(a.staging, inputBytes, a.oneHot);
-  }
-  a.stagingRead = label >= 0 ? a.copyLabels.done : a.copyInput.done;
+  a.landed = backend_.copyToDeviceAsync(a.staging, 0, a.input).done;
+  size_t offset = inputBytes;
+  stageLabels(a, labels, batch, offset);
+  a.stagingRead = a.landed;
   a.dense = &dense;
   a.data = dense.data();
+  a.cols = batch;
   a.labels = &labels;
 }
 
-bool DeviceExecutor::takePrefetched(const Matrix* dense, const Eigen::VectorXi& labels) {
+void DeviceExecutor::prefetch(const SparseMatrix& sparse, const Eigen::VectorXi& labels) {
+  ORPHEUS_ENFORCE(queuesSparse(), "only a feed-forward graph that reads its input by products copies sparse batches "
+                  "ahead");
+  const int64_t features = graph_.node(graph_.inputNode()).rows;
+  ORPHEUS_CHECK_INPUT(sparse.rows() == features, "the model has {} features, the data {}", features, sparse.rows());
+  const int64_t batch = sparse.cols();
+  SparseMatrix compressed;
+  if (!sparse.isCompressed()) {
+    compressed = sparse;
+    compressed.makeCompressed();
+  }
+  const SparseMatrix& m = sparse.isCompressed() ? sparse : compressed;
+  const int label = graph_.labelNode();
+  const int64_t classes = label >= 0 ? graph_.node(label).rows : 0;
+  Ahead& a = nextAhead(stagedSparseBytes(m) + static_cast<size_t>(classes * batch) * sizeof(float));
+  size_t offset = 0;
+  a.landed = stageSparse(m, a.staging, offset, a.sparseInput);
+  stageLabels(a, labels, batch, offset);
+  a.stagingRead = a.landed;
+  a.sparse = &sparse;
+  a.data = sparse.valuePtr();
+  a.cols = batch;
+  a.labels = &labels;
+}
+
+void DeviceExecutor::prefetchSequence(const Matrix& segments) {
+  ORPHEUS_ENFORCE(graph_.steps() > 0, "prefetchSequence: the graph is not an unrolled sequence model");
+  ORPHEUS_CHECK_INPUT(segments.rows() == segmentRows(graph_.steps()),
+                      "the model unrolls {} steps, so a segment needs {} rows, but the data has {}", graph_.steps(),
+                      segmentRows(graph_.steps()), segments.rows());
+  const int64_t b = segments.cols();
+  const size_t nodes = graph_.nodes().size();
+  // The one-hots are built into the slot that is free: the other may still be the pass's.
+  Ahead& a = ahead_[aheadNext_];
+  a.tokens.resize(nodes);
+  a.sparseTokens.resize(nodes);
+  a.denseTokens.resize(nodes);
+  size_t bytes = 0;
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (n.kind != NodeKind::kToken) continue;
+    buildTokens(segments, n, a.tokens[i]);
+    if (tokenSparse_[i]) bytes += stagedSparseBytes(a.tokens[i]);
+    if (tokenDense_[i]) bytes += static_cast<size_t>(n.rows * b) * sizeof(float);
+  }
+  nextAhead(bytes);
+  size_t offset = 0;
+  a.landed = Event();
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (n.kind != NodeKind::kToken) continue;
+    if (tokenSparse_[i]) a.landed = stageSparse(a.tokens[i], a.staging, offset, a.sparseTokens[i]);
+    if (tokenDense_[i]) {
+      // The dense one-hot as uploadSequence makes it (hostStep_ = m: zeros and ones).
+      const Tensor host = a.staging.floats(offset, n.rows, b);
+      Eigen::Map<Matrix>(host.data(), n.rows, b) = a.tokens[i];
+      Tensor& dst = a.denseTokens[i];
+      if (dst.rows() != n.rows || dst.cols() != b) dst = backend_.allocate(n.rows, b);
+      a.landed = backend_.copyToDeviceAsync(a.staging, offset, dst).done;
+      offset += static_cast<size_t>(n.rows * b) * sizeof(float);
+    }
+  }
+  a.stagingRead = a.landed;
+  a.dense = &segments;
+  a.data = segments.data();
+  a.cols = b;
+}
+
+void DeviceExecutor::orderAfter(const Ahead& a) {
+  // The pass's operations begin once the copies have landed; the host goes on.
+  if (a.landed.empty()) return;
+  const Event reached = backend_.record();
+  backend_.waitOnDevice(a.landed);
+  dataWaits_.emplace_back(reached, a.landed);
+}
+
+bool DeviceExecutor::takePrefetched(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels) {
+  const void* data = dense != nullptr ? static_cast<const void*>(dense->data())
+                     : sparse != nullptr ? static_cast<const void*>(sparse->valuePtr())
+                                         : nullptr;
+  const int64_t cols = dense != nullptr ? dense->cols() : sparse != nullptr ? sparse->cols() : -1;
   const auto it = std::find_if(ahead_.begin(), ahead_.end(), [&](const Ahead& a) {
-    return a.dense != nullptr && a.dense == dense && a.data == dense->data() && a.labels == &labels &&
-           a.input.cols() == dense->cols();
+    return (a.dense != nullptr || a.sparse != nullptr) && a.dense == dense && a.sparse == sparse && a.data == data &&
+           a.labels == &labels && a.cols == cols;
   });
   if (it == ahead_.end()) return false;
   Ahead& a = *it;
   a.dense = nullptr;
-  reserve(dense->cols());
-  sparseBatch_ = false;
-  const bool labelled = graph_.labelNode() >= 0;
-  input_ = Tensor::view(a.input.device(), a.input.data(), a.input.rows(), a.input.cols());
-  if (labelled) oneHot_ = Tensor::view(a.oneHot.device(), a.oneHot.data(), a.oneHot.rows(), a.oneHot.cols());
-  // The pass's operations begin once the copies have landed; the host goes on.
-  const Event reached = backend_.record();
-  backend_.waitOnDevice(a.copyInput.done);
-  if (labelled) backend_.waitOnDevice(a.copyLabels.done);
-  dataWaits_.emplace_back(reached, labelled ? a.copyLabels.done : a.copyInput.done);
+  a.sparse = nullptr;
+  reserve(cols);
+  sparseBatch_ = sparse != nullptr;
+  if (dense != nullptr) input_ = Tensor::view(a.input.device(), a.input.data(), a.input.rows(), a.input.cols());
+  // sparse_ keeps its storage for batches copied in later; its view is the slot's.
+  if (sparse != nullptr) sparse_.view = a.sparseInput.view;
+  if (graph_.labelNode() >= 0) {
+    oneHot_ = Tensor::view(a.oneHot.device(), a.oneHot.data(), a.oneHot.rows(), a.oneHot.cols());
+  }
+  orderAfter(a);
+  return true;
+}
+
+bool DeviceExecutor::takePrefetchedSequence(const Matrix& segments) {
+  const auto it = std::find_if(ahead_.begin(), ahead_.end(), [&](const Ahead& a) {
+    return a.dense == &segments && a.data == segments.data() && a.cols == segments.cols();
+  });
+  if (it == ahead_.end()) return false;
+  Ahead& a = *it;
+  a.dense = nullptr;
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (n.kind != NodeKind::kToken) continue;
+    // The host one-hots are the batch's V (siteVTokens); the slot keeps the last batch's.
+    std::swap(hostTokens_[i], a.tokens[i]);
+    if (tokenSparse_[i]) deviceTokens_[i].view = a.sparseTokens[i].view;
+    if (tokenDense_[i]) std::swap(values_[i], a.denseTokens[i]);
+  }
+  orderAfter(a);
   return true;
 }
 

@@ -66,20 +66,13 @@ void DeviceExecutor::uploadSequence(const Matrix& segments, const std::vector<Ma
   ORPHEUS_ENFORCE(!carry || b == batch_, "carried states of {} examples for a batch of {}", batch_, b);
   reserve(b);
   sparseBatch_ = false;
+  // The one-hots prefetchSequence copied ahead, or built and copied in now.
+  const bool queued = takePrefetchedSequence(segments);
   for (const Node& n : graph_.nodes()) {
     const size_t i = static_cast<size_t>(n.id);
-    if (n.kind != NodeKind::kToken) continue;
+    if (queued || n.kind != NodeKind::kToken) continue;
     SparseMatrix& m = hostTokens_[i];
-    m.resize(n.rows, b);
-    m.reserve(Eigen::VectorXi::Constant(b, 1));
-    for (int64_t j = 0; j < b; ++j) {
-      const float value = segments(kSegmentTokenRow + n.step + n.tokenOffset, j);
-      const auto id = static_cast<int64_t>(value);
-      ORPHEUS_CHECK_INPUT(static_cast<float>(id) == value && id >= 0 && id < n.rows,
-                          "token {} out of range: the vocabulary has {} words", value, n.rows);
-      m.insert(id, j) = 1.0f;
-    }
-    m.makeCompressed();
+    buildTokens(segments, n, m);
     if (tokenSparse_[i]) backend_.copySparse(cpu::view(m), deviceTokens_[i]);
     if (tokenDense_[i]) {
       hostStep_ = m;
@@ -103,6 +96,20 @@ void DeviceExecutor::uploadSequence(const Matrix& segments, const std::vector<Ma
                     given.rows(), given.cols(), n.rows, b);
     backend_.copy(hostView(given), values_[static_cast<size_t>(n.id)]);
   }
+}
+
+void DeviceExecutor::buildTokens(const Matrix& segments, const Node& n, SparseMatrix& m) const {
+  const int64_t b = segments.cols();
+  m.resize(n.rows, b);
+  m.reserve(Eigen::VectorXi::Constant(b, 1));
+  for (int64_t j = 0; j < b; ++j) {
+    const float value = segments(kSegmentTokenRow + n.step + n.tokenOffset, j);
+    const auto id = static_cast<int64_t>(value);
+    ORPHEUS_CHECK_INPUT(static_cast<float>(id) == value && id >= 0 && id < n.rows,
+                        "token {} out of range: the vocabulary has {} words", value, n.rows);
+    m.insert(id, j) = 1.0f;
+  }
+  m.makeCompressed();
 }
 
 double DeviceExecutor::runSequence(std::span<const Tensor> params, const Matrix& segments,

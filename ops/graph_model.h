@@ -84,13 +84,19 @@ class GraphModel final : public Model {
                                      Backend& backend, const DeviceSvReadyFn& ready) const override;
   void denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss, Backend& backend,
                              std::span<Tensor> grad) const override;
-  // Feed-forward graphs with dense input copy the next batch ahead (DeviceExecutor::prefetch).
+  // The next batch copied ahead (DeviceExecutor::prefetch): feed-forward graphs'
+  // dense data, and sparse data where no node reads the input densely; a sequence
+  // model's token one-hots (prefetchSequence).
   bool prefetchOnDevice(const ExampleBatch& next, Backend& backend) const override;
   double takeDeviceDataWait() const override { return deviceExec_ ? deviceExec_->takeDataWait() : 0.0; }
-  // A feed-forward graph's sites as the executor holds them; none for a sequence model.
+  // The last pass's SVs on the device, one per batch entry: a feed-forward graph's
+  // sites and a sequence model's per (example, step) as the executor holds them;
+  // per step each entry's sites joined there (copies on the device).
   std::vector<DeviceSvs> lastDeviceSvs() const override;
   void releaseDevice() const override {
     flushDeviceStates();
+    stepU_.clear();
+    stepV_.clear();
     deviceExec_.reset();
     evalExec_.reset();
   }
@@ -169,6 +175,9 @@ class GraphModel final : public Model {
   mutable CarriedStates trainStates_;  // by stream
   mutable CarriedStates evalStates_;
   mutable Matrix deviceStatesOf_;  // stream and index rows (2 x B) of the states left on the device, or empty
+  // Per step (stepColumns), each batch entry's sites' U and dense V joined on the
+  // training executor's device (lastDeviceSvs), kept from clock to clock.
+  mutable std::vector<Tensor> stepU_, stepV_;
 };
 
 // Entries of the same matrix (and bias), one per step, as one entry whose columns

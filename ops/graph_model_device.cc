@@ -5,6 +5,7 @@
 #include "ops/graph_model.h"
 #include "ops/sequence_layout.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace orpheus::ops {
@@ -53,6 +54,8 @@ DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const Example
 DeviceExecutor& GraphModel::trainingExecutor(Backend& backend) const {
   if (!deviceExec_ || &deviceExec_->backend() != &backend) {
     flushDeviceStates();
+    stepU_.clear();
+    stepV_.clear();
     deviceExec_.reset();  // its tensors go back to the backend they came from first
     deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend, fuseLstmCells_);
   }
@@ -60,8 +63,20 @@ DeviceExecutor& GraphModel::trainingExecutor(Backend& backend) const {
 }
 
 bool GraphModel::prefetchOnDevice(const ExampleBatch& next, Backend& backend) const {
-  if (!deviceRefusal_.empty() || graph_.steps() > 0 || graph_.inputNode() < 0 || next.dense == nullptr) return false;
-  trainingExecutor(backend).prefetch(*next.dense, next.labels ? *next.labels : noLabels());
+  if (!deviceRefusal_.empty()) return false;
+  if (graph_.steps() > 0) {
+    if (next.dense == nullptr) return false;
+    trainingExecutor(backend).prefetchSequence(*next.dense);
+    return true;
+  }
+  if (graph_.inputNode() < 0) return false;
+  const Eigen::VectorXi& labels = next.labels ? *next.labels : noLabels();
+  if (next.dense != nullptr) {
+    trainingExecutor(backend).prefetch(*next.dense, labels);
+    return true;
+  }
+  if (next.sparse == nullptr || !trainingExecutor(backend).queuesSparse()) return false;
+  trainingExecutor(backend).prefetch(*next.sparse, labels);
   return true;
 }
 
@@ -224,12 +239,59 @@ SvBatch GraphModel::deviceBatch(std::span<const Tensor> w, const ExampleBatch& x
 }
 
 std::vector<DeviceSvs> GraphModel::lastDeviceSvs() const {
-  // A sequence model's batch entries are not the executor's sites one to one (stepColumns).
-  if (!deviceExec_ || graph_.steps() > 0) return {};
-  std::vector<DeviceSvs> svs(deviceExec_->sites().size());
-  for (size_t i = 0; i < svs.size(); ++i) {
-    svs[i].u = &deviceExec_->siteU(i);
-    svs[i].vDense = deviceExec_->siteVDense(i);
+  if (!deviceExec_) return {};
+  const DeviceExecutor& exec = *deviceExec_;
+  // Per (example, step), a sequence model's batch has one entry per site, as a
+  // feed-forward one: its U, and its V unless that is a token's one-hot (sparse, on
+  // the host).
+  if (graph_.steps() == 0 || svgUnit_ != SvgUnit::kStep) {
+    std::vector<DeviceSvs> svs(exec.sites().size());
+    for (size_t i = 0; i < svs.size(); ++i) {
+      svs[i].u = &exec.siteU(i);
+      svs[i].vDense = exec.siteVDense(i);
+    }
+    return svs;
+  }
+  // Per step, an entry joins the sites stepColumns joins (same parameter, bias and
+  // kind of V, in site order), their columns side by side: joined here the same way.
+  const std::vector<SvSite>& sites = exec.sites();
+  std::vector<std::vector<size_t>> groups;
+  const auto sameEntry = [&](size_t a, size_t b) {
+    return sites[a].param == sites[b].param && sites[a].bias == sites[b].bias &&
+           (exec.siteVDense(a) == nullptr) == (exec.siteVDense(b) == nullptr);
+  };
+  for (size_t i = 0; i < sites.size(); ++i) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return sameEntry(g.front(), i); });
+    if (it == groups.end()) {
+      groups.push_back({i});
+    } else {
+      it->push_back(i);
+    }
+  }
+  Backend& backend = exec.backend();
+  // Sized first: the entries point into them.
+  stepU_.resize(std::max(stepU_.size(), groups.size()));
+  stepV_.resize(std::max(stepV_.size(), groups.size()));
+  const auto joined = [&](std::vector<Tensor>& store, size_t k, const std::vector<const Tensor*>& parts) {
+    const int64_t b = parts.front()->cols();
+    Tensor& t = store[k];
+    const auto cols = static_cast<int64_t>(parts.size()) * b;
+    if (t.rows() != parts.front()->rows() || t.cols() != cols) t = backend.allocate(parts.front()->rows(), cols);
+    for (size_t s = 0; s < parts.size(); ++s) {
+      Tensor block = t.middleCols(static_cast<int64_t>(s) * b, b);
+      backend.copy(*parts[s], block);
+    }
+    return &t;
+  };
+  std::vector<DeviceSvs> svs(groups.size());
+  for (size_t k = 0; k < groups.size(); ++k) {
+    std::vector<const Tensor*> u, v;
+    for (size_t i : groups[k]) {
+      u.push_back(&exec.siteU(i));
+      if (const Tensor* dense = exec.siteVDense(i)) v.push_back(dense);
+    }
+    svs[k].u = joined(stepU_, k, u);
+    if (!v.empty()) svs[k].vDense = joined(stepV_, k, v);
   }
   return svs;
 }

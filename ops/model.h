@@ -119,8 +119,8 @@ class Model {
   // The data queue: copies `next` to `backend`'s device now, on its copy queue,
   // while the device passes queued before compute, so that the next device pass on
   // exactly this batch (the same objects, alive and unchanged until then) finds it
-  // there. False where the model copies nothing ahead (the default; a sequence
-  // model, sparse data): the pass then copies the batch in itself.
+  // there. False where the model copies nothing ahead (the default): the pass then
+  // copies the batch in itself.
   virtual bool prefetchOnDevice(const ExampleBatch& next, Backend& backend) const {
     (void)next, (void)backend;
     return false;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
+#include <optional>
 #include <vector>
 
 namespace orpheus::ops {
@@ -60,15 +62,9 @@ class ParamRebuild {
   // (a piece also on the device: copied there, nothing crosses).
   Tensor uploadDenseV(Backend& backend, Tensor& store, int64_t k) const {
     Tensor v = deviceBuffer(backend, store, k, denseCols_);
-    for (const auto& p : pieces_) {
-      if (p.m->sparseV) continue;
-      Tensor columns = v.middleCols(p.at, p.m->columns);
-      if (p.onDevice != nullptr && p.onDevice->vDense != nullptr) {
-        backend.copy(*p.onDevice->vDense, columns);
-      } else {
-        backend.copy(Tensor::host(p.m->vDense, k, p.m->columns), columns);
-      }
-    }
+    visitDenseV(
+        k, [&](const Tensor& host, int64_t at) { copyInto(backend, host, v.middleCols(at, host.cols())); },
+        [&](const Tensor& device, int64_t at) { copyInto(backend, device, v.middleCols(at, device.cols())); });
     return v;
   }
 
@@ -78,23 +74,44 @@ class ParamRebuild {
   // host's product); each run of the others is copied in from the host's U C at once.
   Tensor uploadU(Backend& backend, Tensor& store, int64_t first, int64_t cols) const {
     Tensor u = deviceBuffer(backend, store, u_.rows(), cols);
-    int64_t from = first;  // the host run not copied yet: [from, at)
-    const auto copyRun = [&](int64_t to) {
-      if (to <= from) return;
-      Tensor run = u.middleCols(from - first, to - from);
-      backend.copy(uPart(from, to - from), run);
-    };
-    for (const auto& p : pieces_) {
-      const float* c = uniformCoefficient(p);
-      if (c == nullptr || p.at < first || p.at >= first + cols) continue;
-      copyRun(p.at);
-      Tensor columns = u.middleCols(p.at - first, p.m->columns);
-      backend.copy(*p.onDevice->u, columns);
-      backend.scale(*c, columns);
-      from = p.at + p.m->columns;
-    }
-    copyRun(first + cols);
+    visitU(
+        first, cols, [&](int64_t from, int64_t n) { copyInto(backend, uPart(from, n), u.middleCols(from - first, n)); },
+        [&](const Piece& p, float c) { scaledInto(backend, p, c, u.middleCols(p.at - first, p.m->columns)); });
     return u;
+  }
+
+  // Staged: the host operands' columns of `u` (U C, all columns) and `v` (the dense
+  // V's) handed to `put(host, device columns)`, in the order the blocking path
+  // copies them.
+  template <class Put>
+  void hostOperands(Tensor& u, Tensor& v, int64_t k, Put&& put) const {
+    visitDenseV(k, [&](const Tensor& host, int64_t at) { put(host, v.middleCols(at, host.cols())); },
+                [](const Tensor&, int64_t) {});
+    for (const auto& [first, cols] : {std::pair{int64_t{0}, denseCols_}, std::pair{denseCols_, sparseCols()}}) {
+      visitU(first, cols, [&](int64_t from, int64_t n) { put(uPart(from, n), u.middleCols(from, n)); },
+             [](const Piece&, float) {});
+    }
+  }
+
+  // Staged: the operands already on the device copied (and scaled) into their
+  // columns of `u` and `v`, as uploadU and uploadDenseV do.
+  void deviceOperands(Backend& backend, Tensor& u, Tensor& v, int64_t k) const {
+    visitDenseV(k, [](const Tensor&, int64_t) {},
+                [&](const Tensor& device, int64_t at) { copyInto(backend, device, v.middleCols(at, device.cols())); });
+    for (const auto& [first, cols] : {std::pair{int64_t{0}, denseCols_}, std::pair{denseCols_, sparseCols()}}) {
+      visitU(first, cols, [](int64_t, int64_t) {},
+             [&](const Piece& p, float c) { scaledInto(backend, p, c, u.middleCols(p.at, p.m->columns)); });
+    }
+  }
+
+  // Bytes of the host operands (hostOperands).
+  size_t hostBytes(int64_t k) const {
+    int64_t floats = 0;
+    visitDenseV(k, [&](const Tensor& host, int64_t) { floats += host.size(); }, [](const Tensor&, int64_t) {});
+    for (const auto& [first, cols] : {std::pair{int64_t{0}, denseCols_}, std::pair{denseCols_, sparseCols()}}) {
+      visitU(first, cols, [&](int64_t, int64_t n) { floats += u_.rows() * n; }, [](const Piece&, float) {});
+    }
+    return static_cast<size_t>(floats) * sizeof(float);
   }
 
   // The sparse pieces' V (K x sparseCols), compressed by columns.
@@ -129,6 +146,42 @@ class ParamRebuild {
       if (bits(p.coeffs[j]) != bits(p.coeffs[0])) return nullptr;
     }
     return p.coeffs;
+  }
+
+  // The dense pieces' V in column order: host(V, at) for a V in host memory,
+  // device(V, at) for one on the device.
+  template <class Host, class Device>
+  void visitDenseV(int64_t k, Host&& host, Device&& device) const {
+    for (const auto& p : pieces_) {
+      if (p.m->sparseV) continue;
+      if (p.onDevice != nullptr && p.onDevice->vDense != nullptr) {
+        device(*p.onDevice->vDense, p.at);
+      } else {
+        host(Tensor::host(p.m->vDense, k, p.m->columns), p.at);
+      }
+    }
+  }
+
+  // The weighted columns [first, first + cols) in column order: host(from, n) for
+  // each run copied from the host's U C, device(piece, c) for each piece whose U
+  // is on the device with the one coefficient c.
+  template <class Host, class Device>
+  void visitU(int64_t first, int64_t cols, Host&& host, Device&& device) const {
+    int64_t from = first;  // the host run not visited yet: [from, at)
+    for (const auto& p : pieces_) {
+      const float* c = uniformCoefficient(p);
+      if (c == nullptr || p.at < first || p.at >= first + cols) continue;
+      if (p.at > from) host(from, p.at - from);
+      device(p, *c);
+      from = p.at + p.m->columns;
+    }
+    if (first + cols > from) host(from, first + cols - from);
+  }
+
+  static void copyInto(Backend& backend, const Tensor& src, Tensor dst) { backend.copy(src, dst); }
+  static void scaledInto(Backend& backend, const Piece& p, float c, Tensor dst) {
+    backend.copy(*p.onDevice->u, dst);
+    backend.scale(c, dst);
   }
 
   Tensor uPart(int64_t first, int64_t cols) const {
@@ -173,8 +226,63 @@ Tensor& deviceParam(Backend& backend, DeviceOperands& d, size_t param, const Mat
   return t;
 }
 
+// Staged uploads (DeviceOperands::staged): every parameter's host operands
+// queued to its own device buffers through the staging buffer, before any product.
+// `rebuilds` and `k` (each parameter's V rows) are indexed by parameter; a null
+// rebuild has no pieces.
+void stageUploads(std::span<ParamRebuild* const> rebuilds, std::span<const int64_t> k, std::span<const int64_t> rows,
+                  Backend& backend, DeviceOperands& d) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < rebuilds.size(); ++i) {
+    if (rebuilds[i] != nullptr) bytes += rebuilds[i]->hostBytes(k[i]);
+  }
+  // The copies that read the buffer last (the previous rebuild's) land before it is written.
+  backend.wait(d.stagingRead);
+  if (d.staging.bytes() < bytes) d.staging = backend.allocateHost(bytes);
+  d.stagedU.resize(rebuilds.size());
+  d.stagedV.resize(rebuilds.size());
+  d.landed.assign(rebuilds.size(), Event());
+  size_t offset = 0;
+  for (size_t i = 0; i < rebuilds.size(); ++i) {
+    ParamRebuild* r = rebuilds[i];
+    if (r == nullptr) continue;
+    Tensor u = deviceBuffer(backend, d.stagedU[i], rows[i], r->denseCols() + r->sparseCols());
+    Tensor v = deviceBuffer(backend, d.stagedV[i], k[i], r->denseCols());
+    r->hostOperands(u, v, k[i], [&](const Tensor& host, Tensor columns) {
+      const size_t n = static_cast<size_t>(host.size()) * sizeof(float);
+      if (n == 0) return;
+      std::memcpy(d.staging.data() + offset, host.data(), n);
+      d.landed[i] = backend.copyToDeviceAsync(d.staging, offset, columns).done;
+      d.stagingRead = d.landed[i];
+      offset += n;
+    });
+  }
+}
+
+// target += the products of parameter `param`, on the device from its staged
+// buffers: ordered after its copies (the host goes on), the operands on the
+// device copied in there.
+void stagedProducts(ParamRebuild& r, size_t param, Tensor& target, Backend& backend, DeviceOperands& d) {
+  ORPHEUS_ENFORCE(param < d.landed.size(), "parameter #{} has no staged operands", param);
+  backend.waitOnDevice(d.landed[param]);
+  const int64_t k = target.cols();
+  Tensor u = Tensor::view(backend.device(), d.stagedU[param].data(), target.rows(), r.denseCols() + r.sparseCols());
+  Tensor v = Tensor::view(backend.device(), d.stagedV[param].data(), k, r.denseCols());
+  r.deviceOperands(backend, u, v, k);
+  if (r.denseCols() > 0) backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u.middleCols(0, r.denseCols()), v, 1.0f, target);
+  if (r.sparseCols() > 0) {
+    const SparseMatrix host = r.sparseV(k);
+    backend.copySparse(cpu::view(host), d.sparseV);
+    backend.gemmSparse(1.0f, u.middleCols(r.denseCols(), r.sparseCols()), d.sparseV.view, Trans::kYes, 1.0f, target);
+  }
+}
+
 // target += the products, on the device: U and V in the persistent buffers.
-void productsOnDevice(ParamRebuild& r, Tensor& target, Backend& backend, DeviceOperands& d) {
+void productsOnDevice(ParamRebuild& r, size_t param, Tensor& target, Backend& backend, DeviceOperands& d) {
+  if (d.staged) {
+    stagedProducts(r, param, target, backend, d);
+    return;
+  }
   if (r.denseCols() > 0) {
     const Tensor v = r.uploadDenseV(backend, d.v, target.cols());
     const Tensor u = r.uploadU(backend, d.u, 0, r.denseCols());
@@ -193,7 +301,7 @@ void applyOnDevice(ParamRebuild& r, Matrix& w, size_t param, Backend& backend, D
   Tensor& target = deviceParam(backend, d, param, w);
   Tensor host = cpu::view(w);
   backend.copy(host, target);
-  productsOnDevice(r, target, backend, d);
+  productsOnDevice(r, param, target, backend, d);
   backend.copy(target, host);
 }
 
@@ -265,7 +373,7 @@ class DeviceTargets {
     Tensor& target = w_[i];
     ORPHEUS_ENFORCE(target.device() == backend.device(), "parameter #{} is on {}, the rebuild on {}", i,
                     deviceName(target.device()), backend.name());
-    productsOnDevice(r, target, backend, d);
+    productsOnDevice(r, i, target, backend, d);
   }
 
  private:
@@ -337,10 +445,22 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
       at += m.columns;
     }
   }
+  std::vector<std::optional<ParamRebuild>> rebuilds(params);
   for (size_t i = 0; i < params; ++i) {
-    if (byParam[i].empty()) continue;
-    ParamRebuild r(byParam[i], buffers.u[i], denseCols[i], buffers.v);
-    w.apply(i, r, backend, buffers.device);
+    if (!byParam[i].empty()) rebuilds[i].emplace(byParam[i], buffers.u[i], denseCols[i], buffers.v);
+  }
+  if (buffers.device.staged && backend.device() != Device::kCpu) {
+    std::vector<ParamRebuild*> staged(params, nullptr);
+    std::vector<int64_t> k(params), rows(params);
+    for (size_t i = 0; i < params; ++i) {
+      if (rebuilds[i]) staged[i] = &*rebuilds[i];
+      k[i] = w.cols(i);
+      rows[i] = w.rows(i);
+    }
+    stageUploads(staged, k, rows, backend, buffers.device);
+  }
+  for (size_t i = 0; i < params; ++i) {
+    if (rebuilds[i]) w.apply(i, *rebuilds[i], backend, buffers.device);
   }
 }
 

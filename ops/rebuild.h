@@ -40,12 +40,31 @@ struct RebuildPiece {
 // reads them where they lie): each parameter's W, and U and V in buffers that grow
 // to the largest clock seen and are reused, so a clock allocates nothing on the
 // device (the sparse V's copy too, unless it has more nonzeros than any before).
+//
+// Staged uploads (`staged`, which the caller sets: a resident replica under
+// --transfer staged). The host operands of a rebuild, the weighted columns U C and
+// the dense V's not already on the device, cross through one page-locked buffer
+// (`staging`, Backend::allocateHost) with Backend::copyToDeviceAsync: every
+// parameter's copies are queued before the first product, into device buffers of
+// that parameter's own (`stagedU`, `stagedV`), and each parameter's products are
+// ordered after its copies with waitOnDevice, so the copies run beside the
+// products of the parameters before and the host never waits for them. The
+// staging buffer is written again only once the copies that read it have landed
+// (`stagingRead`); it and the device buffers grow to the largest rebuild and are
+// reused. Not staged: one blocking copy per operand into `u` and `v`, which the
+// parameters share. The same operands either way, so the same bits; the sparse
+// V's and the bias updates cross with blocking copies in both.
 struct DeviceOperands {
   std::vector<Tensor> w;  // per parameter, its shape
   Tensor u;               // flat, at least the largest U of a clock
   Tensor v;               // flat, at least the largest dense V of a clock
   Tensor bias;            // a bias update, when the parameters live on the device
   SparseCopy sparseV;     // the sparse V's of a clock, its storage reused (Backend::copySparse)
+  bool staged = false;
+  HostBuffer staging;                    // the host operands of one rebuild, back to back
+  Event stagingRead;                     // done when the last copy that read `staging` has landed
+  std::vector<Tensor> stagedU, stagedV;  // per parameter: flat, its U C (dense pieces' columns first) and dense V
+  std::vector<Event> landed;             // per parameter: its last staged copy of this rebuild
 };
 
 // What a rebuild works in, kept by a caller that rebuilds every clock so the

@@ -20,8 +20,9 @@ std::string residencyRefusal(const ops::Model& model, const ops::Backend& backen
   return "";
 }
 
-DeviceReplica::DeviceReplica(ops::Backend& backend, const ParamSet& params, Optimizer& optimizer)
+DeviceReplica::DeviceReplica(ops::Backend& backend, const ParamSet& params, Optimizer& optimizer, bool stagedUploads)
     : backend_(backend), poisons_(backend.device() == ops::Device::kStrict) {
+  rebuild_.device.staged = stagedUploads;
   int64_t largest = 1;
   for (const Param& p : params.params) {
     params_.push_back(backend.allocate(p.value.rows(), p.value.cols()));

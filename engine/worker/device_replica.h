@@ -36,8 +36,10 @@ class DeviceReplica {
  public:
   // Tensors of `params`' shapes on `backend`, and of the optimizer's buffers; a
   // gradient buffer when the optimizer does not fold the learning rate. The host
-  // values are copied in before the first device operation.
-  DeviceReplica(ops::Backend& backend, const ParamSet& params, Optimizer& optimizer);
+  // values are copied in before the first device operation. `stagedUploads`: the
+  // rebuilds' host operands cross on the copy queue (ops::DeviceOperands::staged,
+  // --transfer staged), else with blocking copies (--transfer sync).
+  DeviceReplica(ops::Backend& backend, const ParamSet& params, Optimizer& optimizer, bool stagedUploads = true);
 
   // The parameters on the device, current (the host's copied in first if newer).
   std::span<const ops::Tensor> params(ParamSet& host, Optimizer& optimizer);

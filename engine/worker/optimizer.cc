@@ -355,9 +355,9 @@ void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatch* const> 
 
 ReplicaUpdater::~ReplicaUpdater() = default;
 
-void ReplicaUpdater::reside(const ParamSet& params) {
+void ReplicaUpdater::reside(const ParamSet& params, bool stagedUploads) {
   ORPHEUS_ENFORCE(!isQuasiNewton(optimizer_.settings().kind), "a quasi-Newton optimizer does not run on a device");
-  device_ = std::make_unique<DeviceReplica>(backend_, params, optimizer_);
+  device_ = std::make_unique<DeviceReplica>(backend_, params, optimizer_, stagedUploads);
 }
 
 std::span<const ops::Tensor> ReplicaUpdater::deviceParams(ParamSet& params) {

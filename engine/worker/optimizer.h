@@ -215,7 +215,9 @@ class ReplicaUpdater {
   // Device residency (engine/worker/device_replica.h): from here on the replica
   // `params`, the gradient and the optimizer's state live on the backend's device,
   // and the ParamSet every call passes is the host's mirror of the parameters.
-  void reside(const ParamSet& params);
+  // `stagedUploads`: the rebuilds' host operands cross on the device's copy queue
+  // (DeviceReplica's, --transfer staged), else with blocking copies.
+  void reside(const ParamSet& params, bool stagedUploads = true);
   bool resident() const { return device_ != nullptr; }
   // The parameters on the device (resident only).
   std::span<const ops::Tensor> deviceParams(ParamSet& params);

@@ -90,7 +90,9 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
   }
   applyKnobs(knobs_);
   coordinator_.startFrom(replica_);  // W0 is the same on every rank (the seed's)
-  if (deviceResidency(config, model, backend).empty()) updater_.reside(replica_);
+  if (deviceResidency(config, model, backend).empty()) {
+    updater_.reside(replica_, config.transfer == TransferMode::kStaged);
+  }
 }
 
 // The model's device state goes before the backend it came from (the job's, which outlives the worker).

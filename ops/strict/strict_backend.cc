@@ -88,11 +88,13 @@ class Opened {
   Opened(const Opened&) = delete;
   Opened& operator=(const Opened&) = delete;
 
-  void open(const void* p) {
+  // `landing`: a copy landing in the mapping, which other copies may still be due
+  // to land in (their columns apart): no operation reads it until all have.
+  void open(const void* p, bool landing = false) {
     if (p == nullptr) return;
     const auto region = registry_.find(p);
     ORPHEUS_ENFORCE(region.second > 0, "backend strict: an operand of {} is not memory of this strict device", op_);
-    ORPHEUS_ENFORCE(!registry_.awaitsInbound(region.first),
+    ORPHEUS_ENFORCE(landing || !registry_.awaitsInbound(region.first),
                     "backend strict: {} used a tensor whose asynchronous copy from the host has not landed (call "
                     "waitOnDevice or wait on the copy's done event first)",
                     op_);
@@ -501,7 +503,7 @@ class StrictBackend final : public Backend {
                       "the copy landed", p.toHost ? "source" : "destination");
       if (!p.toHost) registry_->markInbound(region.first, -1);
       Opened o(*registry_, p.toHost ? "copyToHostAsync" : "copyToDeviceAsync");
-      o.open(p.device);
+      o.open(p.device, !p.toHost);
       const std::byte* from = p.toHost ? static_cast<const std::byte*>(p.device) : p.host;
       ORPHEUS_ENFORCE(std::memcmp(from, p.source.data(), p.bytes) == 0,
                       "backend strict: {} wrote the source of an asynchronous copy {} before the copy landed",

@@ -121,6 +121,41 @@ case "$case" in
     "$compare" "$out/lstm-cpu.h5" "$out/lstm-strict.h5" 0
     "$compare" "$out/r15-cpu.h5" "$out/r15-strict.h5" 0
     resident lstm
+    # Without a test set, staged (the data queue on) and with blocking copies and no
+    # data queue (--transfer sync): the same bits.
+    for mode in staged sync; do
+      run "lstm-$mode" strict --model "$out/lstm.loss" --train "$out/tokens" --clocks 20 --batch 4 --lr 0.05 \
+        --optimizer adagrad --transfer "$mode"
+    done
+    "$compare" "$out/lstm-strict.h5" "$out/lstm-staged-strict.h5" 0
+    "$compare" "$out/lstm-staged-strict.h5" "$out/lstm-sync-strict.h5" 0
+    # What the rebuild copies in each clock (h2d_bytes, both ranks): the peer's
+    # batch, 6 steps of U (8 + 32 + 40 rows) and V (16 + 8 rows) at 4 columns,
+    # 9984 bytes; the bias updates (6 x (32 + 40) floats a batch, 3456 for two);
+    # the E sites' sparse V (48 columns, 580). The rank's own batch is read where
+    # the pass left it (copied in again, it made 48008).
+    for job in lstm lstm-staged lstm-sync; do
+      grep -o '"h2d_bytes": *[0-9]*' "$out/$job-strict.jsonl" | sed 's/.*: *//' |
+        awk -v job="$job" '$1 != 2 * (9984 + 3456 + 580) { print "strict_device.sh: the " job " job copied " $1 " bytes in for the rebuild in clock " NR; bad = 1 }
+          END { if (NR != 20) { print "strict_device.sh: " NR " clocks of " job " report h2d_bytes"; bad = 1 }; exit bad }' >&2
+    done
+    # SVs per step (--select-unit step): each parameter's steps as one entry, whose
+    # local U and V are joined on the device; only the bias updates differ in size
+    # (one per entry, 2 x (32 + 40) floats a clock).
+    same lstm-step --model "$out/lstm.loss" --train "$out/tokens" --clocks 12 --batch 4 --lr 0.05 \
+      --optimizer adagrad --select-unit step
+    grep -o '"h2d_bytes": *[0-9]*' "$out/lstm-step-strict.jsonl" | sed 's/.*: *//' |
+      awk '$1 != 2 * (9984 + 576 + 580) { print "strict_device.sh: the lstm-step job copied " $1 " bytes in for the rebuild in clock " NR; bad = 1 }
+        END { if (NR != 12) bad = 1; exit bad }' >&2
+    # The data queue copies each clock's token one-hots (6 steps of E's sparse one
+    # (52 bytes) and the label's dense one (640), 4152 a rank) in the clock before:
+    # the last clock copies none, the sync job's every clock its own.
+    for job in lstm-staged lstm-sync; do
+      grep -o '"device_in_bytes": *[0-9]*' "$out/$job-strict.jsonl" | sed 's/.*: *//' | tail -n +2 |
+        awk -v job="$job" -v last="$([ $job = lstm-staged ] && echo 0 || echo 1)" \
+          '$1 != 2 * (9984 + 3456 + 580) + (NR < 19 || last ? 2 * 4152 : 0) { print "strict_device.sh: " $1 " bytes crossed to the device in clock " NR + 1 " of " job; bad = 1 }
+          END { exit bad }' >&2
+    done
     [ "$(scored lstm)" = "$(losses "$out/lstm-cpu.jsonl")" ] ||
       { echo "strict_device.sh: the lstm job's test loss differs between cpu and strict" >&2; exit 1; }
     ;;
@@ -228,6 +263,12 @@ case "$case" in
         [ "$(grep -c "$field" "$file")" -eq "$n" ] ||
           { echo "strict_device.sh: not every clock of $job has $field" >&2; exit 1; }
       done
+    done
+    # The rebuild's bytes are the same, clock by clock, staged or copied at once.
+    for job in stream select; do
+      [ "$(grep -o '"h2d_bytes": *[0-9]*' "$out/$job-staged-strict.jsonl")" = \
+        "$(grep -o '"h2d_bytes": *[0-9]*' "$out/$job-sync-strict.jsonl")" ] ||
+        { echo "strict_device.sh: $job copies other h2d_bytes staged than sync" >&2; exit 1; }
     done
     if grep -q '"transfer"' "$out/stream-cpu.jsonl"; then
       echo "strict_device.sh: a cpu job reports a device transfer" >&2; exit 1

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 using namespace orpheus;
 using namespace orpheus::ops;
@@ -87,6 +88,24 @@ TEST_CASE("strict device: an operation on a copy's destination before waitOnDevi
   CHECK_THROWS_WITH(strict->scale(2.0f, t), Catch::Contains("asynchronous copy from the host has not landed"));
   strict->waitOnDevice(c.done);
   CHECK_NOTHROW(strict->scale(2.0f, t));
+}
+
+TEST_CASE("strict device: copies into one tensor's columns land in turn, used once all have", "[ops][strict]") {
+  const auto strict = strict::makeStrictBackend();
+  HostBuffer staging = strict->allocateHost(8 * sizeof(float));
+  for (int k = 0; k < 8; ++k) reinterpret_cast<float*>(staging.data())[k] = static_cast<float>(k);
+  Tensor t = strict->allocate(2, 4);
+  Tensor left = t.middleCols(0, 2);
+  Tensor right = t.middleCols(2, 2);
+  const AsyncCopy first = strict->copyToDeviceAsync(staging, 0, left);
+  const AsyncCopy second = strict->copyToDeviceAsync(staging, 4 * sizeof(float), right);
+  strict->wait(first.done);  // lands the first while the second is still due
+  CHECK_THROWS_WITH(strict->scale(2.0f, t), Catch::Contains("asynchronous copy from the host has not landed"));
+  strict->waitOnDevice(second.done);
+  std::vector<float> back(8);
+  Tensor host = Tensor::host(back.data(), 2, 4);
+  strict->copy(t, host);
+  for (int k = 0; k < 8; ++k) CHECK(back[k] == static_cast<float>(k));
 }
 
 TEST_CASE("strict device: a copy's source changed or freed before it lands is an error", "[ops][strict]") {

@@ -193,8 +193,34 @@ TEST_CASE("batches copied ahead (the data queue) give the passes of batches copi
   // A batch that was not copied ahead is copied in by its pass, as before.
   double loss = 0.0;
   requireSameBatch(queued.computeSvgOnDevice(dw, data[1].batch(false), &loss, *strict), want[1]);
-  // Sparse data is not queued.
-  CHECK_FALSE(queued.prefetchOnDevice(data[0].batch(true), *strict));
+  // Sparse data is queued as well, its compressed arrays staged: each pass then
+  // copies in what a pass of a batch copied in does, less the batch and labels.
+  GraphModel sparseReference(smallMlp(), "mlp", 1);
+  GraphModel sparseQueued(smallMlp(), "mlp", 1);
+  const auto prefetched = [&](size_t k) {
+    const uint64_t before = strict->transfers().toDevice;
+    REQUIRE(sparseQueued.prefetchOnDevice(data[k].batch(true), *strict));
+    return strict->transfers().toDevice - before;
+  };
+  uint64_t ahead = prefetched(0);
+  for (size_t k = 0; k < data.size(); ++k) {
+    INFO("sparse batch " << k);
+    uint64_t before = strict->transfers().toDevice;
+    double want = 0.0;
+    const SvBatch expected = sparseReference.computeSvgOnDevice(dw, data[k].batch(true), &want, *strict);
+    const uint64_t copiedIn = strict->transfers().toDevice - before;
+    const uint64_t next = k + 1 < data.size() ? prefetched(k + 1) : 0;
+    before = strict->transfers().toDevice;
+    double got = 0.0;
+    requireSameBatch(sparseQueued.computeSvgOnDevice(dw, data[k].batch(true), &got, *strict), expected);
+    CHECK(ahead > 0);
+    CHECK(strict->transfers().toDevice - before + ahead == copiedIn);
+    CHECK(got == want);
+    ahead = next;
+  }
+  // Not where a node reads the input densely (its dense copy is made in the pass).
+  GraphModel dense(sharedHidden(), "shared", 1);
+  CHECK_FALSE(dense.prefetchOnDevice(data[0].batch(true), *strict));
 }
 
 TEST_CASE("at examples/mlp.loss's own sizes the device SVs are still bitwise the host's", "[ops][device][strict]") {
@@ -638,4 +664,61 @@ TEST_CASE("the fused LSTM cell queues at most half the operations of its nodes r
     }
     CHECK(moved > 0.1);  // the clocks trained: the comparison is not of the initial values
   }
+}
+
+TEST_CASE("the unrolled LSTM's token one-hots copied ahead give the passes of segments copied in, bitwise",
+          "[ops][device][strict]") {
+  const auto strict = strict::makeStrictBackend();
+  const Graph g = smallLstm();
+  std::mt19937 gen(53);
+  GraphModel reference(g, "lstm", 1);
+  const ParamSet w = randomParams(reference, gen);
+  const std::vector<Tensor> dw = upload(*strict, w);
+  const Eigen::VectorXi labels = Eigen::VectorXi::Zero(kBatch);
+  // Four segments of each stream, then a smaller batch of new streams.
+  std::vector<Matrix> segments;
+  for (int64_t index = 0; index < 4; ++index) segments.push_back(randomSegments(gen, kBatch, index));
+  segments.push_back(randomSegments(gen, kBatch - 2, 0));
+  const auto batchOf = [&](const Matrix& s) {
+    ExampleBatch x;
+    x.dense = &s;
+    x.labels = &labels;
+    return x;
+  };
+  std::vector<SvBatch> want;
+  std::vector<double> wantLoss;
+  std::vector<uint64_t> copiedIn;
+  for (const Matrix& s : segments) {
+    const uint64_t before = strict->transfers().toDevice;
+    double loss = 0.0;
+    want.push_back(reference.computeSvgOnDevice(dw, batchOf(s), &loss, *strict));
+    wantLoss.push_back(loss);
+    copiedIn.push_back(strict->transfers().toDevice - before);
+  }
+  // As the worker queues them: the next segments' one-hots copied ahead before
+  // each pass. A pass that read them before their copies landed would fail here.
+  GraphModel queued(g, "lstm", 1);
+  const auto prefetched = [&](size_t k) {
+    const uint64_t before = strict->transfers().toDevice;
+    REQUIRE(queued.prefetchOnDevice(batchOf(segments[k]), *strict));
+    return strict->transfers().toDevice - before;
+  };
+  uint64_t ahead = prefetched(0);
+  for (size_t k = 0; k < segments.size(); ++k) {
+    INFO("segments " << k);
+    const uint64_t next = k + 1 < segments.size() ? prefetched(k + 1) : 0;
+    const uint64_t before = strict->transfers().toDevice;
+    double loss = 0.0;
+    requireSameBatch(queued.computeSvgOnDevice(dw, batchOf(segments[k]), &loss, *strict), want[k]);
+    CHECK(loss == wantLoss[k]);
+    // The pass copies in no token (the segments' one-hots came ahead), only what
+    // a pass of segments copied in does besides: new streams' states, the zeros
+    // of a new batch size.
+    CHECK(ahead > 0);
+    CHECK(strict->transfers().toDevice - before + ahead == copiedIn[k]);
+    if (k >= 1 && k <= 3) CHECK(strict->transfers().toDevice == before);
+    ahead = next;
+  }
+  CHECK(queued.takeDeviceDataWait() >= 0.0);
+  requireSameParams(queued.carriedState(), reference.carriedState());
 }

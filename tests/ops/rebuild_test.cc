@@ -353,3 +353,100 @@ TEST_CASE("a clock's sparse V reuses its device copy's storage while it fits", "
     ++clock;
   }
 }
+
+TEST_CASE("staged uploads on the strict device: bitwise the blocking copies, the same bytes, buffers reused",
+          "[ops][rebuild][strict]") {
+  ParamSet onCpu;
+  onCpu.params.push_back({"A", randomMatrix(6, 9, 501)});
+  onCpu.params.push_back({"a", randomMatrix(6, 1, 502)});
+  onCpu.params.push_back({"B", randomMatrix(5, 12, 503)});
+  // Each rebuild on a strict device of its own, its parameters resident there.
+  struct OnStrict {
+    std::unique_ptr<ops::Backend> backend = ops::makeBackend("strict");
+    std::vector<ops::Tensor> w;
+    ops::RebuildBuffers buffers;
+  };
+  OnStrict staged, sync;
+  staged.buffers.device.staged = true;
+  for (OnStrict* s : {&staged, &sync}) {
+    for (const Param& p : onCpu.params) {
+      s->w.push_back(s->backend->allocate(p.value.rows(), p.value.cols()));
+      s->backend->copy(ops::Tensor::host(p.value.data(), p.value.rows(), p.value.cols()), s->w.back());
+    }
+  }
+  ops::RebuildBuffers cpuBuffers;
+  const std::byte* staging = nullptr;
+  std::vector<const float*> stagedU;
+  for (int clock = 0; clock < 3; ++clock) {
+    // A received batch (dense V with a bias, sparse V with a core) and a local one
+    // whose U and dense V also lie on the device, its coefficients one value.
+    std::vector<SvBatch> batches(2);
+    const uint64_t key = 600 + 20 * static_cast<uint64_t>(clock);
+    SvBatch& peer = batches[0];
+    peer.coeffs = randomMatrix(4, 1, key).col(0);
+    SvMatrix dense;
+    dense.paramId = 0;
+    dense.biasId = 1;
+    dense.u = randomMatrix(6, 4, key + 1);
+    dense.vDense = randomMatrix(9, 4, key + 2);
+    SvMatrix sparse;
+    sparse.paramId = 2;
+    sparse.u = randomMatrix(5, 4, key + 3);
+    sparse.sparseV = true;
+    sparse.vSparse = randomSparse(12, 4, 0.3, key + 4);
+    sparse.core = randomMatrix(4, 4, key + 5);
+    peer.matrices = {dense, sparse};
+    SvBatch& local = batches[1];
+    local.coeffs = Vector::Constant(3, 0.25f);
+    SvMatrix mine;
+    mine.paramId = 0;
+    mine.u = randomMatrix(6, 3, key + 6);
+    mine.vDense = randomMatrix(9, 3, key + 7);
+    SvMatrix mineB;
+    mineB.paramId = 2;
+    mineB.u = randomMatrix(5, 3, key + 8);
+    mineB.vDense = randomMatrix(12, 3, key + 9);
+    local.matrices = {mine, mineB};
+    std::vector<SvBatchView> views;
+    for (const SvBatch& b : batches) views.push_back(viewOf(b));
+    std::vector<const SvBatchView*> ptrs;
+    for (const SvBatchView& v : views) ptrs.push_back(&v);
+    ops::applySvBatches(ptrs, onCpu, cpuBuffers);
+    for (OnStrict* s : {&staged, &sync}) {
+      ops::Backend& b = *s->backend;
+      std::vector<ops::Tensor> held;
+      for (const SvMatrix& m : local.matrices) {
+        held.push_back(b.allocate(m.u.rows(), m.u.cols()));
+        b.copy(ops::Tensor::host(m.u.data(), m.u.rows(), m.u.cols()), held.back());
+        held.push_back(b.allocate(m.vDense.rows(), m.vDense.cols()));
+        b.copy(ops::Tensor::host(m.vDense.data(), m.vDense.rows(), m.vDense.cols()), held.back());
+      }
+      const std::vector<ops::DeviceSvs> onDevice = {{local.matrices[0].u.data(), &held[0], &held[1]},
+                                                    {local.matrices[1].u.data(), &held[2], &held[3]}};
+      ops::applySvBatches(ptrs, s->w, b, s->buffers, onDevice);
+    }
+    INFO("clock " << clock);
+    CHECK(staged.backend->transfers().toDevice == sync.backend->transfers().toDevice);
+    for (size_t i = 0; i < onCpu.size(); ++i) {
+      INFO("parameter " << onCpu.params[i].name);
+      for (OnStrict* s : {&staged, &sync}) {
+        Matrix back(onCpu[i].rows(), onCpu[i].cols());
+        ops::Tensor host = ops::Tensor::host(back.data(), back.rows(), back.cols());
+        s->backend->copy(s->w[i], host);
+        CHECK(std::memcmp(back.data(), onCpu[i].data(), static_cast<size_t>(back.size()) * sizeof(float)) == 0);
+      }
+    }
+    // The host operands went through the staging buffer, which (like the device
+    // buffers) is made at the first clock and reused; the blocking path has none.
+    CHECK(staged.buffers.device.staging.bytes() > 0);
+    CHECK(sync.buffers.device.staging.bytes() == 0);
+    std::vector<const float*> now;
+    for (const ops::Tensor& t : staged.buffers.device.stagedU) now.push_back(t.data());
+    if (clock == 0) {
+      staging = staged.buffers.device.staging.data();
+      stagedU = now;
+    }
+    CHECK(staged.buffers.device.staging.data() == staging);
+    CHECK(now == stagedU);
+  }
+}
