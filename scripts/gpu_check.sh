@@ -121,14 +121,7 @@ check_mlp() {
   within "$d" 1e-3 || within "$d" "$("$python" -c 'import sys; print(2 * float(sys.argv[1]))' "$d1")"
 }
 check_tm() {
-  local corpus=$work/bow
-  if [ -n "$bow" ] && [ -f "$bow/kjv.train.libsvm" ]; then
-    corpus=$bow
-  elif [ -f /usr/lib/bible.data ] && command -v bible >/dev/null; then
-    "$here/scripts/data/make_corpus.sh" "$corpus" --block 30 --vocab 500 || exit 1
-  else
-    skip "no KJV bag of words (the bundle's data/kjv-bow, or Debian's bible-kjv for scripts/data/make_corpus.sh)"
-  fi
+  local corpus; corpus=$(kjvData "$bow" kjv.train.libsvm make_corpus.sh --block 30 --vocab 500) || exit $?
   for device in "$DEVICE" cpu; do
     train "$device" 2 tm-$device --model "$examples/tm.loss" --train "$corpus/kjv.train.libsvm" \
       --test "$corpus/kjv.test.libsvm" --clocks 30 --batch 50 --lr 10 --eval-every 30

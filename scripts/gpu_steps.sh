@@ -54,3 +54,14 @@ step() {
 
 skip() { echo "$*" >"$work/why"; exit 77; }
 figure() { echo "$*" >>"$work/figure"; }
+# kjvData GIVEN FILE SCRIPT ARGS...: a folder holding the KJV data file FILE: GIVEN (the
+# bundle's data/), else one made in $work by scripts/data/SCRIPT ARGS from Debian's
+# bible-kjv, else the step skips. Call as corpus=$(kjvData ...) || exit $?.
+kjvData() {
+  local given=$1 file=$2 script=$3; shift 3
+  if [ -n "$given" ] && [ -f "$given/$file" ]; then echo "$given"; return; fi
+  { [ -f /usr/lib/bible.data ] && command -v bible >/dev/null; } ||
+    skip "no KJV $file (the bundle's data/, or Debian's bible-kjv for scripts/data/$script)"
+  "$here/scripts/data/$script" "$work/kjv-$script" "$@" >&2 || exit 1
+  echo "$work/kjv-$script"
+}

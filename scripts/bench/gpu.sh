@@ -215,14 +215,7 @@ check_lstm() {
   "$python" -c 'import torch' || skip "no PyTorch"
   local size=1024 clocks=${LSTM_CLOCKS:-150} every=25 torch_device=cuda
   [ "$DEVICE" = cuda ] || { size=32; clocks=${LSTM_CLOCKS:-10}; every=$clocks; torch_device=cpu; }
-  local corpus=$work/kjv
-  if [ -n "$kjv" ] && [ -f "$kjv/kjv.train.tokens" ]; then
-    corpus=$kjv
-  elif [ -f /usr/lib/bible.data ] && command -v bible >/dev/null; then
-    "$here/scripts/data/make_tokens.sh" "$corpus" --vocab 2000 --steps 35 || exit 1
-  else
-    skip "no KJV tokens (the bundle's data/kjv, or Debian's bible-kjv for scripts/data/make_tokens.sh)"
-  fi
+  local corpus; corpus=$(kjvData "$kjv" kjv.train.tokens make_tokens.sh --vocab 2000 --steps 35) || exit $?
   sed -e "s/^dim embed = .*/dim embed = $size/" -e "s/^dim hidden = .*/dim hidden = $size/" "$examples/lstm.loss" \
     >"$work/lstm.loss"
   local common=(--model "$work/lstm.loss" --train "$corpus/kjv.train.tokens" --test "$corpus/kjv.valid.tokens"

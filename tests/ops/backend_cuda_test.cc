@@ -3,6 +3,7 @@
 // ctest reports as skipped, when this build has no CUDA backend or no GPU is
 // visible, and says which.
 #define CATCH_CONFIG_RUNNER
+#include "gpu_main.h"
 #include "backend_harness.h"
 
 #include "engine/base/error.h"
@@ -338,13 +339,4 @@ TEST_CASE("cuda optimizer steps match cpu", "[gpu]") {
   }
 }
 
-int main(int argc, char** argv) {
-  constexpr int kSkipped = 77;
-  try {
-    makeBackend("cuda", 0);
-  } catch (const InputError& e) {
-    std::printf("SKIPPED: the CUDA backend cannot run here: %s\n", e.what());
-    return kSkipped;
-  }
-  return Catch::Session().run(argc, argv);
-}
+int main(int argc, char** argv) { return orpheus::ops::test::runGpuTests(argc, argv); }

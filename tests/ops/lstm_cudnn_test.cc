@@ -10,6 +10,7 @@
 // or no GPU is visible, and says which. Linked to cuDNN itself: the orpheus
 // binary and liborpheus_cuda.so have no cuDNN dependency.
 #define CATCH_CONFIG_RUNNER
+#include "gpu_main.h"
 #include "lstm_layer.h"
 
 #include "engine/base/error.h"
@@ -260,13 +261,4 @@ TEST_CASE("cuda LSTM matches cuDNN's LSTM, H 256", "[gpu][lstm]") { compare(128,
 
 TEST_CASE("cuda LSTM matches cuDNN's LSTM, H 1024", "[gpu][lstm]") { compare(512, 1024, false); }
 
-int main(int argc, char** argv) {
-  constexpr int kSkipped = 77;
-  try {
-    makeBackend("cuda", 0);
-  } catch (const InputError& e) {
-    std::printf("SKIPPED: the CUDA backend cannot run here: %s\n", e.what());
-    return kSkipped;
-  }
-  return Catch::Session().run(argc, argv);
-}
+int main(int argc, char** argv) { return orpheus::ops::test::runGpuTests(argc, argv); }
