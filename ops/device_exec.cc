@@ -223,7 +223,7 @@ void DeviceExecutor::forwardNode(const Node& n, std::span<const Tensor> params) 
   }
 }
 
-double DeviceExecutor::forward(std::span<const Tensor> params) {
+void DeviceExecutor::forwardValues(std::span<const Tensor> params) {
   ORPHEUS_ENFORCE(params.size() == graph_.params().size(), "the graph has {} parameters, got {}",
                   graph_.params().size(), params.size());
   // As GraphExecutor::forward: with hoisted products, the nodes independent of the
@@ -234,6 +234,10 @@ double DeviceExecutor::forward(std::span<const Tensor> params) {
     if (n.kind != NodeKind::kOp || (hoisting && hoist_.early[static_cast<size_t>(n.id)])) continue;
     forwardNode(n, params);
   }
+}
+
+double DeviceExecutor::forward(std::span<const Tensor> params) {
+  forwardValues(params);
   Tensor lossRow = hostView(hostLoss_);
   backend_.copy(values_[static_cast<size_t>(graph_.loss())], lossRow);
   return hostLoss_.sum();  // as GraphExecutor::forward sums it
@@ -376,7 +380,7 @@ void DeviceExecutor::optimizeLocals(std::span<const Tensor> params, std::vector<
   int steps = 0;
   for (int id : ids) steps = std::max(steps, graph_.node(id).innerSteps);
   for (int s = 0; s < steps; ++s) {
-    forward(params);
+    forwardValues(params);  // the inner steps need no loss on the host
     backward(params, {});
     for (size_t k = 0; k < locals_.size(); ++k) {
       const Node& n = graph_.node(ids[k]);

@@ -154,6 +154,8 @@ class DeviceExecutor {
   // The data-dependent variables in, their inner steps, and back out (run()).
   void optimizeLocals(std::span<const Tensor> params, std::vector<Matrix>* locals);
   const Tensor& value(int id, std::span<const Tensor> params) const;
+  // Every node's value; forward() also brings the loss row to the host and sums it.
+  void forwardValues(std::span<const Tensor> params);
   double forward(std::span<const Tensor> params);
   void backward(std::span<const Tensor> params, const std::function<void(size_t)>& siteReady);
   void forwardNode(const Node& n, std::span<const Tensor> params);
