@@ -43,8 +43,11 @@ OUT=${OUT:-$PWD/gpu_bench_out}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 RESULTS=${RESULTS:-$here/scripts/bench/results/gpu.md}
 source "$here/scripts/gpu_steps.sh"
-python=/usr/bin/python3
-[ -x "$python" ] || python=$(command -v python3 || echo python3)
+# The first Python that has PyTorch (a GPU host's python3; Debian's /usr/bin/python3 here), else python3.
+python=$(command -v python3 || echo python3)
+for p in $(command -v python3) /usr/bin/python3; do
+  if "$p" -c 'import torch' 2>/dev/null; then python=$p; break; fi
+done
 if [ "$DEVICE" = cuda ]; then hidden=2048; else hidden=64; fi
 kjv=${ORPHEUS_KJV:-}
 STEP_VARS=(orpheus compare tests examples mpirun data kjv python work here DEVICE hidden)
