@@ -80,7 +80,7 @@ inline const char* deviceName(Device d) {
 
 // Bumped whenever Backend's virtual interface or Tensor's layout changes: a
 // backend plugin (liborpheus_cuda.so) built against another version is refused.
-inline constexpr int kBackendAbiVersion = 9;
+inline constexpr int kBackendAbiVersion = 10;
 
 class Tensor {
  public:
@@ -231,6 +231,7 @@ struct EwChain {
   int inputs = 0;  // number of external inputs the steps refer to
 };
 
+
 // One LSTM cell step (ops/lstm_cell.h) over B columns: the gate block's four row
 // blocks (offset: first row of the input, forget, candidate and output gate) and the
 // previous cell state in; the activations, the cell, its tanh and the hidden state
@@ -254,6 +255,8 @@ class Backend {
   // One line for the start-up line and the metrics summary: the backend, and for
   // a GPU its index, name and memory ("cuda:0 NVIDIA H100 80GB HBM3, 79.1 GiB").
   virtual std::string describe() const { return name(); }
+  // The longest elementwise chain elementwise() and elementwiseBackward() take.
+  virtual ChainLimits chainLimits() const { return {}; }
 
   // A rows x cols tensor on this backend's device. Contents undefined.
   virtual Tensor allocate(int64_t rows, int64_t cols) = 0;

@@ -57,7 +57,7 @@ DeviceExecutor::DeviceExecutor(const Graph& graph, Backend& backend, bool fuseLs
   const std::string refusal = unsupported(graph, fuseLstmCells);
   ORPHEUS_ENFORCE(refusal.empty(), "DeviceExecutor: {}", refusal);
   sites_ = graph.identifySvs();
-  plan_ = graph.fusionPlan(fuseLstmCells);
+  plan_ = graph.fusionPlan(fuseLstmCells, backend.chainLimits());
   const size_t n = graph.nodes().size();
   stepEnding_.assign(n, -1);
   inStep_.assign(n, false);

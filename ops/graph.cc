@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace orpheus::ops {
 namespace {
@@ -524,7 +525,7 @@ bool Graph::matchLstmCell(int hidden, FusedStep* step) const {
   return true;
 }
 
-std::vector<FusedStep> Graph::fusionPlan(bool lstmCells) const {
+std::vector<FusedStep> Graph::fusionPlan(bool lstmCells, ChainLimits limits) const {
   std::vector<FusedStep> steps;
   std::vector<bool> taken(nodes_.size(), false);
   for (const Node& n : nodes_) {
@@ -536,6 +537,19 @@ std::vector<FusedStep> Graph::fusionPlan(bool lstmCells) const {
   }
   std::vector<int> chainOf(nodes_.size(), -1);  // index into `chains` of the chain a node ends
   std::vector<std::vector<int>> chains;
+  std::vector<std::vector<int>> chainInputs;  // each chain's distinct operands from outside it
+  // The chain's inputs once node n joins it, or nothing when that would pass the limits.
+  const auto joinedInputs = [&](int c, const Node& n) -> std::optional<std::vector<int>> {
+    std::vector<int> in = chainInputs[static_cast<size_t>(c)];
+    for (int x : n.inputs) {
+      if (chainOf[static_cast<size_t>(x)] != c && std::find(in.begin(), in.end(), x) == in.end()) in.push_back(x);
+    }
+    if (static_cast<int64_t>(chains[static_cast<size_t>(c)].size()) + 1 > limits.steps ||
+        static_cast<int64_t>(in.size()) > limits.inputs) {
+      return std::nullopt;
+    }
+    return in;
+  };
   for (const Node& n : nodes_) {
     if (n.kind != NodeKind::kOp || taken[static_cast<size_t>(n.id)]) continue;
     // softmax -> cross_entropy: the pair's gradient is p * sum(t) - t.
@@ -549,15 +563,23 @@ std::vector<FusedStep> Graph::fusionPlan(bool lstmCells) const {
     }
     if (!isElementwise(n.op)) continue;
     int joined = -1;
+    std::optional<std::vector<int>> inputs;
     for (int in : n.inputs) {
       const int c = chainOf[static_cast<size_t>(in)];
-      if (c >= 0 && consumers(in).size() == 1 && joined < 0) joined = c;
+      if (c >= 0 && consumers(in).size() == 1 && joined < 0 && (inputs = joinedInputs(c, n))) joined = c;
     }
     if (joined >= 0) {
       chains[static_cast<size_t>(joined)].push_back(n.id);
+      chainInputs[static_cast<size_t>(joined)] = std::move(*inputs);
     } else {
+      // A new chain (also where joining would pass the backend's limits).
       joined = static_cast<int>(chains.size());
       chains.push_back({n.id});
+      std::vector<int> in;
+      for (int x : n.inputs) {
+        if (std::find(in.begin(), in.end(), x) == in.end()) in.push_back(x);
+      }
+      chainInputs.push_back(std::move(in));
     }
     chainOf[static_cast<size_t>(n.id)] = joined;
   }

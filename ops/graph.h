@@ -21,6 +21,7 @@
 // (truncated backpropagation through time).
 #pragma once
 
+#include "ops/elementwise_ops.h"
 #include "ops/operators.h"
 
 #include <cstdint>
@@ -153,7 +154,9 @@ class Graph {
   // each gate nonlinearity and each product and sum of the c and h updates runs
   // alone, as an LSTM without a fused cell would (tests and benchmarks weigh the
   // fused cell against it).
-  std::vector<FusedStep> fusionPlan(bool lstmCells = true) const;
+  // Chains stop at `limits` (a backend's Backend::chainLimits): a longer run of
+  // elementwise nodes becomes several chains, each within them.
+  std::vector<FusedStep> fusionPlan(bool lstmCells = true, ChainLimits limits = {}) const;
   // The LSTM cell step whose hidden state is node `hidden` (LstmCellRoles), if it
   // has that form.
   bool matchLstmCell(int hidden, FusedStep* step) const;

@@ -93,7 +93,7 @@ GraphExecutor<S>::GraphExecutor(const Graph& graph, bool fuse, Backend* backend)
       ownBackend_(backend ? nullptr : std::make_unique<cpu::CpuBackend>()),
       backend_(backend ? backend : ownBackend_.get()) {
   sites_ = graph.identifySvs();
-  if (fuse) plan_ = graph.fusionPlan();
+  if (fuse) plan_ = graph.fusionPlan(true, backend_->chainLimits());
   for (const FusedStep& step : plan_) {
     chains_.push_back(step.kind == FusedStep::Kind::kElementwise ? chainPlan(graph, step.nodes) : ChainPlan{});
   }

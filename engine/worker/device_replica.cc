@@ -91,6 +91,26 @@ void DeviceReplica::addScaled(const ParamSet& gradient, float scale, ParamSet& h
   moved(host, optimizer);
 }
 
+void DeviceReplica::loadGradient(std::span<const ops::Tensor> gradient, float scale, ParamSet& host,
+                                 Optimizer& optimizer) {
+  if (current_ == Current::kHost) upload(host, optimizer);
+  ORPHEUS_ENFORCE(gradient.size() == gradient_.size(), "a device gradient of {} parameters for {}", gradient.size(),
+                  gradient_.size());
+  for (size_t i = 0; i < gradient_.size(); ++i) {
+    backend_.copy(gradient[i], gradient_[i]);
+    backend_.scale(scale, gradient_[i]);
+  }
+}
+
+void DeviceReplica::addScaled(std::span<const ops::Tensor> gradient, float scale, ParamSet& host,
+                              Optimizer& optimizer) {
+  if (current_ == Current::kHost) upload(host, optimizer);
+  ORPHEUS_ENFORCE(gradient.size() == params_.size(), "a device gradient of {} parameters for {}", gradient.size(),
+                  params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) backend_.axpy(scale, gradient[i], params_[i]);
+  moved(host, optimizer);
+}
+
 void DeviceReplica::step(uint64_t clock, ParamSet& host, Optimizer& optimizer) {
   if (current_ == Current::kHost) upload(host, optimizer);
   // The step count moves as Optimizer::step moves it.

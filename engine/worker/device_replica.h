@@ -52,6 +52,9 @@ class DeviceReplica {
   void loadGradient(const ParamSet& gradient, float scale, ParamSet& host, Optimizer& optimizer);
   // W += scale * gradient (host): folding's dense update.
   void addScaled(const ParamSet& gradient, float scale, ParamSet& host, Optimizer& optimizer);
+  // The same two from a gradient already on this device (a job of one rank: no collective).
+  void loadGradient(std::span<const ops::Tensor> gradient, float scale, ParamSet& host, Optimizer& optimizer);
+  void addScaled(std::span<const ops::Tensor> gradient, float scale, ParamSet& host, Optimizer& optimizer);
   // One optimizer step from the gradient buffer at local clock `clock`; the buffer
   // is zeroed for the next clock.
   void step(uint64_t clock, ParamSet& host, Optimizer& optimizer);

@@ -436,6 +436,18 @@ void ReplicaUpdater::applyDense(uint64_t clock, ParamSet& gradient, float scale,
   optimizer_.step(clock, gradient, params);  // a dense gradient: every column
 }
 
+void ReplicaUpdater::applyDense(uint64_t clock, std::span<const ops::Tensor> gradient, float scale,
+                                ParamSet& params) {
+  ORPHEUS_ENFORCE(device_ != nullptr, "applyDense from device tensors needs a resident replica");
+  if (optimizer_.settings().foldsLearningRate()) {
+    device_->addScaled(gradient, scale, params, optimizer_);
+    return;
+  }
+  finishClock(params);
+  device_->loadGradient(gradient, scale, params, optimizer_);
+  device_->step(clock, params, optimizer_);  // a dense gradient: every column
+}
+
 void ReplicaUpdater::finishClock(ParamSet& params) {
   if (pendingClock_ == 0) return;
   if (device_ != nullptr) {

@@ -196,6 +196,9 @@ class ReplicaUpdater {
   void applyGroup(uint64_t clock, std::span<const SvBatch* const> batches, ParamSet& params);
   // --sync dense: the clock's summed gradient, times `scale` (coefficientScale()), one step.
   void applyDense(uint64_t clock, ParamSet& gradient, float scale, ParamSet& params);
+  // The same from a gradient on the device (resident only): a job of one rank has
+  // no collective, so its gradient need not cross to the host.
+  void applyDense(uint64_t clock, std::span<const ops::Tensor> gradient, float scale, ParamSet& params);
   // Takes the pending clock's step, if any.
   void finishClock(ParamSet& params);
   // Drops a pending step (the replica was replaced).

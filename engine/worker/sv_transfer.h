@@ -67,7 +67,7 @@ class SvTransfer {
     ops::AsyncCopy copyU, copyV;
   };
   void siteFinal(size_t index, const ops::Tensor& u, const ops::Tensor* v);
-  void landStaged(const Site& site, SvMatrix& m, const ops::Event& passEnd);
+  void landStaged(const Site& site, SvMatrix& m);
   void landSync(const Site& site, SvMatrix& m);
 
   ops::Backend& backend_;

@@ -336,6 +336,17 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
     return;
   }
   auto t = Clock::now();
+  if (updater_.resident() && transport_.size() == 1 && !powerSgd_) {
+    // One rank: nothing to all-reduce, so the gradient stays where it was computed.
+    residentDenseGradient(examples, stats, false);
+    stats.computeSeconds = secondsSince(t);
+    notePhase(ClockPhase::kExchange, clock);
+    notePhase(ClockPhase::kRebuild, clock);
+    t = Clock::now();
+    updater_.applyDense(clock, deviceGradient_, updater_.coefficientScale(clock, heard_), replica_);
+    stats.updateSeconds = secondsSince(t);
+    return;
+  }
   ParamSet grad = updater_.resident() ? residentDenseGradient(examples, stats)
                                       : model_.denseGradient(replica_, examples, &stats.loss, updater_.backend(),
                                                              gradientBuffers_);
@@ -357,14 +368,15 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
   stats.updateSeconds = secondsSince(t);
 }
 
-// The dense gradient computed where the replica lives, copied to the host for the
-// all-reduce (the host collective).
-ParamSet Worker::residentDenseGradient(const ops::ExampleBatch& examples, ClockStats& stats) {
+// The dense gradient computed where the replica lives (deviceGradient_), and copied
+// to the host for the all-reduce (the host collective) unless `toHost` is false.
+ParamSet Worker::residentDenseGradient(const ops::ExampleBatch& examples, ClockStats& stats, bool toHost) {
   ops::Backend& backend = updater_.backend();
   if (deviceGradient_.empty()) {
     for (const Param& p : replica_.params) deviceGradient_.push_back(backend.allocate(p.value.rows(), p.value.cols()));
   }
   model_.denseGradientOnDevice(updater_.deviceParams(replica_), examples, &stats.loss, backend, deviceGradient_);
+  if (!toHost) return {};
   ParamSet grad = model_.zeroParams();
   for (size_t i = 0; i < grad.size(); ++i) {
     ops::Tensor host = ops::Tensor::host(grad[i].data(), grad[i].rows(), grad[i].cols());

@@ -216,7 +216,7 @@ class Worker {
   // --sync dense: gradient, allreduce, step (the data-parallel baseline); --sync
   // powersgd: the same with the gradient all-reduced through PowerSGD's factors.
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
-  ParamSet residentDenseGradient(const ops::ExampleBatch& examples, ClockStats& stats);
+  ParamSet residentDenseGradient(const ops::ExampleBatch& examples, ClockStats& stats, bool toHost = true);
 
   // --adapt: this clock's measurements to the controller and, at a decision
   // barrier, the knobs it announces (logged, then in force from the next clock).

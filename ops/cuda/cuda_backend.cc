@@ -13,6 +13,10 @@
 #include <vector>
 
 namespace orpheus::ops::cuda {
+
+static_assert(kDeviceChainLimits.steps == kMaxChainSteps && kDeviceChainLimits.inputs == kMaxChainInputs,
+              "the chain kernels' arrays hold exactly what chainLimits() promises");
+
 namespace {
 
 // cuBLAS takes int dimensions.
@@ -102,6 +106,7 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   const char* name() const override { return "cuda"; }
+  ChainLimits chainLimits() const override { return kDeviceChainLimits; }
   Device device() const override { return Device::kCuda; }
   std::string describe() const override {
     cudaDeviceProp prop{};

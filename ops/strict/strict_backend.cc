@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -137,6 +138,8 @@ class StrictBackend final : public Backend {
   const char* name() const override { return "strict"; }
   Device device() const override { return Device::kStrict; }
   std::string describe() const override { return "strict (host memory closed to host code between backend calls)"; }
+  // A GPU's, so that plans made for one are the plans tested here.
+  ChainLimits chainLimits() const override { return kDeviceChainLimits; }
 
   Tensor allocate(int64_t rows, int64_t cols) override {
     ORPHEUS_ENFORCE(rows >= 0 && cols >= 0, "allocate: shape {}x{}", rows, cols);
@@ -194,8 +197,9 @@ class StrictBackend final : public Backend {
   }
 
   // The operations are done when they return; asynchronous copies are not
-  // operations (they land when waited for).
-  void synchronize() override {}
+  // operations (they land when waited for). The host now knows every point
+  // recorded on the compute queue is complete.
+  void synchronize() override { computeWaited_ = computeRecorded_; }
 
   // Asynchronous copies run when they are waited for (wait, waitOnDevice, or the
   // second ready() about their event), in order: the latest a device may run them.
@@ -209,14 +213,22 @@ class StrictBackend final : public Backend {
     checkAsyncCopy("copyToDeviceAsync", dst, src, offset);
     return queue(false, dst, src, offset);
   }
-  // Operations run when called: a point on the compute queue is complete at once.
-  Event record() override { return Event(this, std::make_shared<StrictEvent>(StrictEvent{0, now(), false})); }
-  void waitOnDevice(const Event& e) override { wait(e); }
+  // Operations run when called, so a point on the compute queue is reached at once;
+  // but as on a GPU, the host may treat it as complete (secondsBetween) only after
+  // it waited for it, for a later point, or for the whole device.
+  Event record() override {
+    return Event(this, std::make_shared<StrictEvent>(StrictEvent{0, now(), false, ++computeRecorded_}));
+  }
+  void waitOnDevice(const Event& e) override {
+    checkOwn(e, "waitOnDevice");
+    if (StrictEvent* s = stateOf(e)) landThrough(s->sequence);
+  }
   // False the first time it is asked about a copy's event, so that callers take
   // their not-ready path; the copies through it land on the second.
   bool ready(const Event& e) override {
     checkOwn(e, "ready");
     StrictEvent* s = stateOf(e);
+    if (s != nullptr && s->compute > 0) computeWaited_ = std::max(computeWaited_, s->compute);
     if (s == nullptr || s->seconds >= 0) return true;
     if (!s->asked) {
       s->asked = true;
@@ -227,15 +239,21 @@ class StrictBackend final : public Backend {
   }
   void wait(const Event& e) override {
     checkOwn(e, "wait");
-    if (StrictEvent* s = stateOf(e)) landThrough(s->sequence);
+    StrictEvent* s = stateOf(e);
+    if (s == nullptr) return;
+    if (s->compute > 0) computeWaited_ = std::max(computeWaited_, s->compute);
+    landThrough(s->sequence);
   }
   double secondsBetween(const Event& from, const Event& to) override {
     checkOwn(from, "secondsBetween");
     checkOwn(to, "secondsBetween");
     const StrictEvent* a = stateOf(from);
     const StrictEvent* b = stateOf(to);
-    ORPHEUS_ENFORCE(a != nullptr && b != nullptr && a->seconds >= 0 && b->seconds >= 0,
-                    "backend strict: secondsBetween of an event that is empty or not complete");
+    const auto complete = [this](const StrictEvent* e) {
+      return e != nullptr && e->seconds >= 0 && (e->compute == 0 || e->compute <= computeWaited_);
+    };
+    ORPHEUS_ENFORCE(complete(a) && complete(b),
+                    "backend strict: secondsBetween of an event that is empty or not known to the host as complete");
     return b->seconds - a->seconds;
   }
 
@@ -431,11 +449,12 @@ class StrictBackend final : public Backend {
 
   // An event of this backend: its copy's place in the queue (0: the compute
   // queue's), the host's clock when it completed (-1: not yet), whether ready()
-  // was asked about it.
+  // was asked about it, and a compute queue point's place on that queue (0: a copy's).
   struct StrictEvent {
     uint64_t sequence = 0;
     double seconds = -1.0;
     bool asked = false;
+    uint64_t compute = 0;
   };
   // A copy not landed yet: its device and host ends, and the source's bytes as
   // they were when it was queued (a GPU may read them any time until it lands).
@@ -520,6 +539,8 @@ class StrictBackend final : public Backend {
   cpu::CpuBackend cpu_;
   std::deque<PendingCopy> pending_;
   uint64_t queued_ = 0;
+  uint64_t computeRecorded_ = 0;  // compute queue points recorded
+  uint64_t computeWaited_ = 0;    // those the host waited for (through)
 };
 
 void appendHex(char*& at, uintptr_t v) {

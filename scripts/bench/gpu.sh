@@ -97,8 +97,11 @@ check_step() {
   [ "$DEVICE" = cuda ] || skip "DEVICE=$DEVICE: PyTorch's side needs the GPU"
   "$python" -c 'import torch; assert torch.cuda.is_available()' || skip "no PyTorch with CUDA"
   mlp
+  # One rank: the dense gradient never leaves the device (no collective); SV for comparison.
   train 1 step --model "$work/mlp.loss" --clocks 60 --batch 100 --eval-every 0 --sync dense --overlap off || exit 1
+  train 1 step-sv --model "$work/mlp.loss" --clocks 60 --batch 100 --eval-every 0 --sync sv || exit 1
   local ours; ours=$(mean "$work/step.jsonl" clock_seconds 11)
+  local sv; sv=$(mean "$work/step-sv.jsonl" clock_seconds 11)
   local theirs; theirs=$("$python" - "$hidden" <<'EOF'
 import sys, time, torch
 from torch import nn
@@ -116,7 +119,8 @@ torch.cuda.synchronize(); print(f"{(time.perf_counter() - t) / 50:.6g}")
 EOF
 )
   local ratio; ratio=$("$python" -c "print(f'{float(\"$ours\") / float(\"$theirs\"):.3g}')")
-  figure "seconds per step: Orpheus $ours, PyTorch $theirs, ratio $ratio (goal <= 1.2)"
+  figure "seconds per step: Orpheus $ours (dense, one rank; SV: $sv), PyTorch $theirs, ratio $ratio (goal <= 1.2)"
+  figure "bytes per clock, one rank dense: d2h $(mean "$work/step.jsonl" d2h_bytes 11), h2d $(mean "$work/step.jsonl" h2d_bytes 11)"
   "$python" -c "import sys; sys.exit(0 if float('$ratio') <= 1.2 else 1)"
 }
 check_netns() {

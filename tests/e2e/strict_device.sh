@@ -182,6 +182,17 @@ case "$case" in
     same dense-resident "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.1 --sync dense \
       --overlap off --optimizer nesterov --weight-decay 0.001
     resident dense-resident
+    # One rank: no collective, so the gradient stays on the device. Folding (sgd) and
+    # a step from the gradient buffer (adam), both bitwise the host's; in no clock
+    # does more than the loss come back (a gradient of MLP 784-48-24-10 is 155,944 bytes).
+    for opt in sgd adam; do
+      np=1 same dense-one-$opt "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.01 --sync dense \
+        --overlap off --optimizer $opt
+      resident dense-one-$opt
+      grep -o '"device_out_bytes": *[0-9]*' "$out/dense-one-$opt-strict.jsonl" | sed 's/.*: *//' |
+        awk -v o=$opt '$1 > 1024 { print "strict_device.sh: " $1 " bytes came back from the device in clock " NR " (" o ", one rank)"; bad = 1 }
+          END { if (NR < 20) { print "strict_device.sh: " NR " clocks report device_out_bytes"; bad = 1 }; exit bad }' >&2
+    done
     ;;
   optimizers)
     mlr="$here/../../examples/mlr.loss"

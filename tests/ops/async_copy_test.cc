@@ -60,6 +60,29 @@ TEST_CASE("asynchronous copies deliver the data once waited for, on cpu and stri
   }
 }
 
+TEST_CASE("strict device: a compute queue point is timed only once the host knows it complete", "[ops][strict]") {
+  // A GPU's timer reads only complete events (CUDA: cudaErrorNotReady otherwise),
+  // so the strict device refuses a point the host has not waited for.
+  std::unique_ptr<Backend> backend = strict::makeStrictBackend();
+  const Tensor t = upload(*backend, MatF::Ones(4, 3));
+  HostBuffer staging = backend->allocateHost(12 * sizeof(float));
+  const AsyncCopy c = backend->copyToHostAsync(t, staging, 0);
+  backend->wait(c.done);
+  const Event first = backend->record();
+  CHECK_THROWS_WITH(backend->secondsBetween(c.started, first),
+                    Catch::Matchers::Contains("not known to the host as complete"));
+  backend->waitOnDevice(first);  // orders the device, tells the host nothing
+  CHECK_THROWS(backend->secondsBetween(c.started, first));
+  const Event second = backend->record();
+  backend->wait(second);  // a later point on the same queue: both are complete
+  CHECK(backend->secondsBetween(first, second) >= 0.0);
+  CHECK(backend->secondsBetween(c.started, first) >= -1.0);
+  const Event third = backend->record();
+  CHECK_THROWS(backend->secondsBetween(second, third));
+  backend->synchronize();
+  CHECK(backend->secondsBetween(second, third) >= 0.0);
+}
+
 TEST_CASE("strict device: a staging buffer read before wait() holds poison", "[ops][strict]") {
   const auto strict = strict::makeStrictBackend();
   std::mt19937 rng(6);

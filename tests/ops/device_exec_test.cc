@@ -8,6 +8,7 @@
 #include "engine/base/error.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/device_exec.h"
+#include "ops/graph_exec.h"
 #include "ops/graph_model.h"
 #include "ops/loss_parser.h"
 #include "ops/sequence_layout.h"
@@ -15,11 +16,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 using namespace orpheus;
 using namespace orpheus::ops;
@@ -107,6 +110,24 @@ Graph columnOps() {
       "columns.loss", {kFeatures, kClasses});
 }
 
+// Runs of elementwise nodes past a GPU's chain limits (ops/elementwise_ops.h
+// kDeviceChainLimits): ten products and a bias added (eleven inputs) and twenty
+// nonlinearities.
+Graph longChains() {
+  std::string text = "dim h = 8\nparam W1[h, features] init he\nparam b1[h]\nparam W2[classes, h] init glorot\n";
+  std::string sum = "W1 * x + b1";
+  for (int k = 1; k <= 9; ++k) {
+    text += "param P" + std::to_string(k) + "[h, features] init he\n";
+    sum += " + P" + std::to_string(k) + " * x";
+  }
+  text += "input x[features]\nlabel y[classes]\nt0 = " + sum + "\n";
+  for (int k = 1; k <= 10; ++k) {
+    text += "t" + std::to_string(k) + " = tanh(scale(t" + std::to_string(k - 1) + ", 1.5))\n";
+  }
+  text += "z = W2 * t10\nloss cross_entropy(softmax(z), y)\npredict z\n";
+  return parseLoss(text, "chains.loss", {kFeatures, kClasses});
+}
+
 struct Case {
   const char* name;
   Graph (*graph)();
@@ -115,7 +136,8 @@ struct Case {
 const Case kCases[] = {{"mlp", smallMlp},
                        {"mlr", mlr},
                        {"shared hidden layer", sharedHidden},
-                       {"column operators", columnOps}};
+                       {"column operators", columnOps},
+                       {"chains past a GPU's limits", longChains}};
 
 }  // namespace
 
@@ -221,6 +243,35 @@ TEST_CASE("batches copied ahead (the data queue) give the passes of batches copi
   // Not where a node reads the input densely (its dense copy is made in the pass).
   GraphModel dense(sharedHidden(), "shared", 1);
   CHECK_FALSE(dense.prefetchOnDevice(data[0].batch(true), *strict));
+}
+
+TEST_CASE("the fusion plan splits runs of elementwise nodes at a backend's chain limits", "[ops][device]") {
+  const Graph g = longChains();
+  const auto longest = [&](const std::vector<FusedStep>& plan) {
+    std::pair<size_t, int> most{0, 0};  // steps, inputs
+    int chains = 0;
+    for (const FusedStep& step : plan) {
+      if (step.kind != FusedStep::Kind::kElementwise) continue;
+      ++chains;
+      const ChainPlan c = chainPlan(g, step.nodes);
+      most = {std::max(most.first, c.chain.steps.size()), std::max(most.second, c.chain.inputs)};
+    }
+    return std::make_tuple(most.first, most.second, chains);
+  };
+  const auto [steps, inputs, chains] = longest(g.fusionPlan());
+  CHECK(steps == 30);  // unlimited: the whole run is one chain
+  CHECK(inputs == 11);
+  CHECK(chains == 1);
+  const auto [dSteps, dInputs, dChains] = longest(g.fusionPlan(true, kDeviceChainLimits));
+  CHECK(dSteps <= static_cast<size_t>(kDeviceChainLimits.steps));
+  CHECK(dInputs <= kDeviceChainLimits.inputs);
+  CHECK(dChains >= 3);
+  // Every node of the run is still in some chain (split, not dropped).
+  size_t inChains = 0;
+  for (const FusedStep& step : g.fusionPlan(true, kDeviceChainLimits)) {
+    if (step.kind == FusedStep::Kind::kElementwise) inChains += step.nodes.size();
+  }
+  CHECK(inChains == 30);
 }
 
 TEST_CASE("at examples/mlp.loss's own sizes the device SVs are still bitwise the host's", "[ops][device][strict]") {
