@@ -344,6 +344,7 @@ class HostTargets {
   int64_t rows(size_t i) const { return w_[i].rows(); }
   int64_t cols(size_t i) const { return w_[i].cols(); }
   const std::string& name(size_t i) const { return w_.params[i].name; }
+  static constexpr bool kOnDevice = false;
   void addBias(size_t i, const Vector& delta, Backend&, DeviceOperands&) { w_[i].col(0) += delta; }
   void apply(size_t i, ParamRebuild& r, Backend& backend, DeviceOperands& d) {
     if (backend.device() == Device::kCpu) {
@@ -364,10 +365,21 @@ class DeviceTargets {
   int64_t rows(size_t i) const { return w_[i].rows(); }
   int64_t cols(size_t i) const { return w_[i].cols(); }
   std::string name(size_t i) const { return fmt::format("#{}", i); }
+  static constexpr bool kOnDevice = true;
   // The bias's delta uploaded and added where the bias lies (y += 1 * x: the host's sum).
   void addBias(size_t i, const Vector& delta, Backend& backend, DeviceOperands& d) {
     const Tensor t = uploaded(backend, d.bias, Tensor::host(delta.data(), delta.size(), 1));
     backend.axpy(1.0f, t, w_[i]);
+  }
+  // The same from a piece whose U lies on the device with the one coefficient c: its
+  // delta (U c) 1 formed there, as the host forms it (each product, then the row sums).
+  void addBias(size_t i, const Tensor& u, float c, Backend& backend, DeviceOperands& d) {
+    Tensor scaled = deviceBuffer(backend, d.biasU, u.rows(), u.cols());
+    backend.copy(u, scaled);
+    backend.scale(c, scaled);
+    Tensor delta = deviceBuffer(backend, d.bias, u.rows(), 1);
+    backend.sumColumns(scaled, 0.0f, delta);
+    backend.axpy(1.0f, delta, w_[i]);
   }
   void apply(size_t i, ParamRebuild& r, Backend& backend, DeviceOperands& d) {
     Tensor& target = w_[i];
@@ -424,8 +436,13 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
   for (const SvBatchView* b : batches) {
     for (const SvMatrixView& m : b->matrices) {
       int64_t& at = (m.sparseV ? sparseAt : denseAt)[m.paramId];
+      const Piece piece{&m, at, b->coeffs, onDeviceOf(m, onDevice)};
+      // A piece whose U is on the device with one coefficient is weighted there
+      // (ParamRebuild::visitU): its host columns are neither formed nor read.
+      const float* uniform = nullptr;
+      if constexpr (Targets::kOnDevice) uniform = ParamRebuild::uniformCoefficient(piece);
       auto weighted = buffers.u[m.paramId].middleCols(at, m.columns);
-      weightColumns(m, b->coeffs, weighted);
+      if (uniform == nullptr) weightColumns(m, b->coeffs, weighted);
       if (m.biasId >= 0) {
         const auto bias = static_cast<size_t>(m.biasId);
         ORPHEUS_ENFORCE(bias < params && w.rows(bias) == m.rows && w.cols(bias) == 1,
@@ -436,12 +453,15 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
                           "SV matrix for parameter '{}' has a core and bias {} but no bias coefficients for {} columns",
                           w.name(m.paramId), m.biasId, m.columns);
           buffers.biasDelta.noalias() = m.uMap() * m.biasCoeffsMap();
+          w.addBias(bias, buffers.biasDelta, backend, buffers.device);
+        } else if (uniform != nullptr) {
+          if constexpr (Targets::kOnDevice) w.addBias(bias, *piece.onDevice->u, *uniform, backend, buffers.device);
         } else {
           buffers.biasDelta = weighted.rowwise().sum();
+          w.addBias(bias, buffers.biasDelta, backend, buffers.device);
         }
-        w.addBias(bias, buffers.biasDelta, backend, buffers.device);
       }
-      byParam[m.paramId].push_back(Piece{&m, at, b->coeffs, onDeviceOf(m, onDevice)});
+      byParam[m.paramId].push_back(piece);
       at += m.columns;
     }
   }

@@ -59,6 +59,7 @@ struct DeviceOperands {
   Tensor u;               // flat, at least the largest U of a clock
   Tensor v;               // flat, at least the largest dense V of a clock
   Tensor bias;            // a bias update, when the parameters live on the device
+  Tensor biasU;           // a piece's U C on the device, summed into its bias update
   SparseCopy sparseV;     // the sparse V's of a clock, its storage reused (Backend::copySparse)
   bool staged = false;
   HostBuffer staging;                    // the host operands of one rebuild, back to back

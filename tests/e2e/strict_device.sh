@@ -53,15 +53,16 @@ scored() {
   echo "$l"
 }
 # inbound NAME: what crossed to the device in each clock after the first of NAME's
-# strict run (device_in_bytes, both ranks), which must be 508320: MLR at batch 40 on
+# strict run (device_in_bytes, both ranks), which must be 508240: MLR at batch 40 on
 # 2 ranks, a rank's minibatch (784 x 40 floats, 125440 bytes) and one-hot labels
-# (10 x 40, 1600), the peer's batch U C and V (1600 + 125440) and two bias updates
-# (2 x 40): 254160 a rank. The local batch's U and V are read where the pass made
-# them (copied in again, they made it 762400). The data queue copies each clock's
-# minibatch and labels in the clock before, so the last clock has neither: 254240.
+# (10 x 40, 1600), the peer's batch U C and V (1600 + 125440) and its bias update
+# (40): 254120 a rank. The local batch's U and V are read where the pass made them,
+# and its bias update is formed there (copied in again, they made it 762400). The
+# data queue copies each clock's minibatch and labels in the clock before, so the
+# last clock has neither: 254160.
 inbound() {
   grep -o '"device_in_bytes": *[0-9]*' "$out/$1-strict.jsonl" | sed 's/.*: *//' | tail -n +2 |
-    awk -v name="$1" '$1 != (NR < 19 ? 508320 : 254240) { print "strict_device.sh: " $1 " bytes crossed to the device in clock " NR + 1 " of " name; bad = 1 }
+    awk -v name="$1" '$1 != (NR < 19 ? 508240 : 254160) { print "strict_device.sh: " $1 " bytes crossed to the device in clock " NR + 1 " of " name; bad = 1 }
       END { if (NR != 19) { print "strict_device.sh: " NR + 1 " clocks of " name " report device_in_bytes"; bad = 1 }; exit bad }' >&2
 }
 # same NAME FLAGS...: the job on both devices, compared bitwise.
@@ -131,21 +132,21 @@ case "$case" in
     "$compare" "$out/lstm-staged-strict.h5" "$out/lstm-sync-strict.h5" 0
     # What the rebuild copies in each clock (h2d_bytes, both ranks): the peer's
     # batch, 6 steps of U (8 + 32 + 40 rows) and V (16 + 8 rows) at 4 columns,
-    # 9984 bytes; the bias updates (6 x (32 + 40) floats a batch, 3456 for two);
-    # the E sites' sparse V (48 columns, 580). The rank's own batch is read where
-    # the pass left it (copied in again, it made 48008).
+    # 9984 bytes; its bias updates (6 x (32 + 40) floats, 1728); the E sites' sparse
+    # V (48 columns, 580). The rank's own batch is read where the pass left it, and
+    # its bias updates are formed there (copied in again, it made 48008).
     for job in lstm lstm-staged lstm-sync; do
       grep -o '"h2d_bytes": *[0-9]*' "$out/$job-strict.jsonl" | sed 's/.*: *//' |
-        awk -v job="$job" '$1 != 2 * (9984 + 3456 + 580) { print "strict_device.sh: the " job " job copied " $1 " bytes in for the rebuild in clock " NR; bad = 1 }
+        awk -v job="$job" '$1 != 2 * (9984 + 1728 + 580) { print "strict_device.sh: the " job " job copied " $1 " bytes in for the rebuild in clock " NR; bad = 1 }
           END { if (NR != 20) { print "strict_device.sh: " NR " clocks of " job " report h2d_bytes"; bad = 1 }; exit bad }' >&2
     done
     # SVs per step (--select-unit step): each parameter's steps as one entry, whose
-    # local U and V are joined on the device; only the bias updates differ in size
-    # (one per entry, 2 x (32 + 40) floats a clock).
+    # local U and V are joined on the device; only the peer's bias updates differ in
+    # size (one per entry, (32 + 40) floats a clock).
     same lstm-step --model "$out/lstm.loss" --train "$out/tokens" --clocks 12 --batch 4 --lr 0.05 \
       --optimizer adagrad --select-unit step
     grep -o '"h2d_bytes": *[0-9]*' "$out/lstm-step-strict.jsonl" | sed 's/.*: *//' |
-      awk '$1 != 2 * (9984 + 576 + 580) { print "strict_device.sh: the lstm-step job copied " $1 " bytes in for the rebuild in clock " NR; bad = 1 }
+      awk '$1 != 2 * (9984 + 288 + 580) { print "strict_device.sh: the lstm-step job copied " $1 " bytes in for the rebuild in clock " NR; bad = 1 }
         END { if (NR != 12) bad = 1; exit bad }' >&2
     # The data queue copies each clock's token one-hots (6 steps of E's sparse one
     # (52 bytes) and the label's dense one (640), 4152 a rank) in the clock before:
@@ -153,7 +154,7 @@ case "$case" in
     for job in lstm-staged lstm-sync; do
       grep -o '"device_in_bytes": *[0-9]*' "$out/$job-strict.jsonl" | sed 's/.*: *//' | tail -n +2 |
         awk -v job="$job" -v last="$([ $job = lstm-staged ] && echo 0 || echo 1)" \
-          '$1 != 2 * (9984 + 3456 + 580) + (NR < 19 || last ? 2 * 4152 : 0) { print "strict_device.sh: " $1 " bytes crossed to the device in clock " NR + 1 " of " job; bad = 1 }
+          '$1 != 2 * (9984 + 1728 + 580) + (NR < 19 || last ? 2 * 4152 : 0) { print "strict_device.sh: " $1 " bytes crossed to the device in clock " NR + 1 " of " job; bad = 1 }
           END { exit bad }' >&2
     done
     [ "$(scored lstm)" = "$(losses "$out/lstm-cpu.jsonl")" ] ||

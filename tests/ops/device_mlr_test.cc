@@ -141,8 +141,10 @@ TEST_CASE("a rebuild reads the local batch's SVs where the device pass left them
       results[reads] = download(*strict, w, target);
     }
     requireSameParams(results[1], results[0]);
-    // V (K x B) stays on the device, and U C with it when C is one value.
-    const uint64_t saved = (kFeatures + (uniform ? kClasses : 0)) * kBatch * sizeof(float);
+    // V (K x B) stays on the device, and U C with it when C is one value, and then
+    // the bias update (U C 1) is formed there too.
+    const uint64_t saved =
+        ((kFeatures + (uniform ? kClasses : 0)) * kBatch + (uniform ? kClasses : 0)) * sizeof(float);
     CHECK(bytesIn[0] - bytesIn[1] == saved);
     model.releaseDevice();
   }

@@ -379,7 +379,8 @@ TEST_CASE("staged uploads on the strict device: bitwise the blocking copies, the
   std::vector<const float*> stagedU;
   for (int clock = 0; clock < 3; ++clock) {
     // A received batch (dense V with a bias, sparse V with a core) and a local one
-    // whose U and dense V also lie on the device, its coefficients one value.
+    // whose U and dense V also lie on the device, its coefficients one value (its
+    // U C and its bias update formed on the device).
     std::vector<SvBatch> batches(2);
     const uint64_t key = 600 + 20 * static_cast<uint64_t>(clock);
     SvBatch& peer = batches[0];
@@ -400,6 +401,7 @@ TEST_CASE("staged uploads on the strict device: bitwise the blocking copies, the
     local.coeffs = Vector::Constant(3, 0.25f);
     SvMatrix mine;
     mine.paramId = 0;
+    mine.biasId = 1;
     mine.u = randomMatrix(6, 3, key + 6);
     mine.vDense = randomMatrix(9, 3, key + 7);
     SvMatrix mineB;
