@@ -4,6 +4,7 @@
 #include "ops/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace orpheus::ops {
 
@@ -365,6 +366,9 @@ void DeviceExecutor::backward(std::span<const Tensor> params, const std::functio
 
 void DeviceExecutor::optimizeLocals(std::span<const Tensor> params, std::vector<Matrix>* locals) {
   if (locals_.empty()) return;
+  // A pass that threw left its copies out queued: they land before locals_ is refilled.
+  for (const AsyncCopy& c : localsCopies_) backend_.wait(c.done);
+  localsCopies_.clear();
   ORPHEUS_ENFORCE(locals != nullptr && locals->size() == locals_.size(), "the graph has {} data-dependent variables",
                   locals_.size());
   const auto& ids = graph_.locals();
@@ -389,10 +393,28 @@ void DeviceExecutor::optimizeLocals(std::span<const Tensor> params, std::vector<
       }
     }
   }
-  for (size_t k = 0; k < locals_.size(); ++k) {
-    Tensor out = hostView((*locals)[k]);
-    backend_.copy(locals_[k], out);
+  size_t bytes = 0;
+  for (const Tensor& t : locals_) bytes += static_cast<size_t>(t.size()) * sizeof(float);
+  if (localsOut_.bytes() < bytes) localsOut_ = backend_.allocateHost(bytes);
+  localsCopies_.clear();
+  size_t at = 0;
+  for (const Tensor& t : locals_) {
+    localsCopies_.push_back(backend_.copyToHostAsync(t, localsOut_, at));
+    at += static_cast<size_t>(t.size()) * sizeof(float);
   }
+}
+
+void DeviceExecutor::landLocals(std::vector<Matrix>* locals) {
+  if (localsCopies_.empty()) return;
+  size_t at = 0;
+  for (size_t k = 0; k < localsCopies_.size(); ++k) {
+    backend_.wait(localsCopies_[k].done);
+    Matrix& m = (*locals)[k];
+    const size_t bytes = static_cast<size_t>(m.size()) * sizeof(float);
+    std::memcpy(m.data(), localsOut_.data() + at, bytes);
+    at += bytes;
+  }
+  localsCopies_.clear();
 }
 
 double DeviceExecutor::run(std::span<const Tensor> params, const Matrix* dense, const SparseMatrix* sparse,
@@ -402,6 +424,7 @@ double DeviceExecutor::run(std::span<const Tensor> params, const Matrix* dense, 
   optimizeLocals(params, locals);
   const double loss = forward(params);
   backward(params, siteReady);
+  landLocals(locals);
   return loss;
 }
 
@@ -418,6 +441,7 @@ double DeviceExecutor::evaluate(std::span<const Tensor> params, const Matrix* de
     Tensor out = hostView(*prediction);
     backend_.copy(p, out);
   }
+  landLocals(locals);
   return loss;
 }
 

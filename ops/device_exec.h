@@ -151,8 +151,11 @@ class DeviceExecutor {
   // The label's one-hot of `labels` into `out` (C x B), labels checked.
   void oneHot(const Eigen::VectorXi& labels, Eigen::Map<Matrix> out) const;
   void reserve(int64_t batch);
-  // The data-dependent variables in, their inner steps, and back out (run()).
+  // The data-dependent variables in and their inner steps; their way back out is
+  // queued on the copy queue (the DDV swap queue: the pass is queued behind it, not
+  // after the host has them) and landed in `locals` by landLocals().
   void optimizeLocals(std::span<const Tensor> params, std::vector<Matrix>* locals);
+  void landLocals(std::vector<Matrix>* locals);
   const Tensor& value(int id, std::span<const Tensor> params) const;
   // Every node's value; forward() also brings the loss row to the host and sums it.
   void forwardValues(std::span<const Tensor> params);
@@ -206,6 +209,8 @@ class DeviceExecutor {
   std::vector<Tensor> values_;  // per operator node, rows x B
   std::vector<Tensor> grads_;   // per node needing a gradient, rows x B; the loss's: ones
   std::vector<Tensor> locals_;  // per data-dependent variable, rows x B: the batch's values
+  HostBuffer localsOut_;        // their refined values on their way back, back to back
+  std::vector<AsyncCopy> localsCopies_;  // this pass's copies into localsOut_, landed by landLocals()
   std::vector<char> live_;      // per node: its gradient holds a term of this pass
   Tensor input_;                // the dense input (or a sparse batch's dense copy), D x B
   SparseCopy sparse_;           // the sparse input's device copy
