@@ -101,7 +101,7 @@ Worker::~Worker() { model_.releaseDevice(); }
 std::string deviceResidency(const TrainConfig& config, const ops::Model& model, const ops::Backend& backend) {
   if (std::string why = residencyRefusal(model, backend, optimizerSettings(config).kind); !why.empty()) return why;
   if (!config.resident) return "--resident off";
-  if (config.sync != SyncMode::kSv && config.overlap) return "--overlap's all-reduce per layer runs on the host";
+  if (config.sync == SyncMode::kPowerSgd && config.overlap) return "--overlap's all-reduce per layer runs on the host";
   return "";
 }
 
@@ -315,6 +315,10 @@ void Worker::rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats)
 }
 
 void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
+  if (config_.overlap && !model_.svSites().empty() && updater_.resident()) {
+    residentOverlappedDense(clock, examples, stats);
+    return;
+  }
   if (config_.overlap && !model_.svSites().empty()) {
     // Each layer's all-reduce begun as soon as its gradient exists (engine/worker/exchange.h).
     const auto start = Clock::now();
@@ -366,6 +370,54 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
   t = Clock::now();
   updater_.applyDense(clock, grad, updater_.coefficientScale(clock, heard_), replica_);
   stats.updateSeconds = secondsSince(t);
+}
+
+// --sync dense --overlap on, resident: the gradient computed where the replica
+// lives, each parameter's copied to the host on the copy queue (last parameter
+// first, as the backward pass finishes them) and its all-reduce begun as soon as it
+// has landed, while the later ones are still on their way; the sums go back to the
+// device for the step.
+void Worker::residentOverlappedDense(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
+  const auto start = Clock::now();
+  ops::Backend& backend = updater_.backend();
+  residentDenseGradient(examples, stats, false);
+  stats.backwardEndAt = secondsSince(start);
+  std::vector<size_t> offset(deviceGradient_.size() + 1, 0);
+  for (size_t k = 0; k < deviceGradient_.size(); ++k) {
+    offset[k + 1] = offset[k] + static_cast<size_t>(deviceGradient_[k].size()) * sizeof(float);
+  }
+  if (gradientStaging_.bytes() < offset.back()) gradientStaging_ = backend.allocateHost(offset.back());
+  std::vector<ops::AsyncCopy> copies(deviceGradient_.size());
+  for (size_t k = copies.size(); k-- > 0;) copies[k] = backend.copyToHostAsync(deviceGradient_[k], gradientStaging_, offset[k]);
+  const auto floatsOf = [&](size_t k) {
+    return std::span<float>(reinterpret_cast<float*>(gradientStaging_.data() + offset[k]),
+                            static_cast<size_t>(deviceGradient_[k].size()));
+  };
+  double sendSeconds = 0.0;
+  for (size_t k = copies.size(); k-- > 0;) {
+    backend.wait(copies[k].done);
+    const auto t = Clock::now();
+    if (stats.firstSendAt < 0) stats.firstSendAt = secondsSince(start);
+    transport_.beginAllreduceSum(floatsOf(k), clock);
+    transport_.progressAllreduces();
+    sendSeconds += secondsSince(t);
+  }
+  const auto t = Clock::now();
+  transport_.finishAllreduces();
+  const double lastArrival = secondsSince(start);
+  stats.commSeconds = secondsSince(t) + sendSeconds;
+  stats.computeSeconds = secondsSince(start) - stats.commSeconds;
+  stats.exchangeSeconds = std::max(0.0, lastArrival - std::max(0.0, stats.firstSendAt));
+  notePhase(ClockPhase::kExchange, clock);
+  notePhase(ClockPhase::kRebuild, clock);
+  const auto u = Clock::now();
+  for (size_t k = 0; k < deviceGradient_.size(); ++k) {
+    const std::span<float> sum = floatsOf(k);
+    backend.copy(ops::Tensor::host(sum.data(), deviceGradient_[k].rows(), deviceGradient_[k].cols()),
+                 deviceGradient_[k]);
+  }
+  updater_.applyDense(clock, deviceGradient_, updater_.coefficientScale(clock, heard_), replica_);
+  stats.updateSeconds = secondsSince(u);
 }
 
 // The dense gradient computed where the replica lives (deviceGradient_), and copied

@@ -217,6 +217,7 @@ class Worker {
   // powersgd: the same with the gradient all-reduced through PowerSGD's factors.
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
   ParamSet residentDenseGradient(const ops::ExampleBatch& examples, ClockStats& stats, bool toHost = true);
+  void residentOverlappedDense(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
 
   // --adapt: this clock's measurements to the controller and, at a decision
   // barrier, the knobs it announces (logged, then in force from the next clock).
@@ -260,6 +261,7 @@ class Worker {
   SvTransfer transfer_;  // resident: how the clock's SVs come to the host (--transfer)
   ops::RebuildBuffers gradientBuffers_;  // --sync dense: the gradient's products, reused every clock
   std::vector<ops::Tensor> deviceGradient_;  // --sync dense, resident: the gradient on the device
+  ops::HostBuffer gradientStaging_;  // --sync dense --overlap, resident: the gradient on its way to the all-reduce
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
   RunTotals totals_;  // the earlier epochs' (continueRun), then through this one

@@ -179,7 +179,13 @@ case "$case" in
     same dense "${fmnist[@]}" --clocks 20 --batch 50 --lr 0.1 --sync dense --overlap off
     sed -e 's/^dim hidden1 = .*/dim hidden1 = 48/' -e 's/^dim hidden2 = .*/dim hidden2 = 24/' \
       "$here/../../examples/mlp.loss" >"$out/mlp.loss"
+    # Resident too: each parameter's gradient to the host on the copy queue, its
+    # all-reduce begun as it lands; folding (sgd) and a step from the buffer (adam).
     same dense-overlap "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.1 --sync dense --overlap on
+    resident dense-overlap
+    same dense-overlap-adam "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.01 --sync dense \
+      --overlap on --optimizer adam
+    resident dense-overlap-adam
     same dense-resident "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.1 --sync dense \
       --overlap off --optimizer nesterov --weight-decay 0.001
     resident dense-resident
