@@ -50,6 +50,12 @@ step() {
     124|137) record "- FAIL $name: timed out after ${limit}s (log: $name.log)"; failed=1 ;;
     *) record "- FAIL $name (exit $rc, ${took}s)$figure (log: $name.log)"; failed=1 ;;
   esac
+  # A failure's last lines on the console too: a GPU host may hand back only the console.
+  case $rc in
+    0|77) ;;
+    *) grep -v -e 'pmix' -e 'Perhaps a missing symbol' -e 'dlopen error' "$OUT/$name.log" | tail -n 6 |
+         cut -c1-300 | sed 's/^/    | /' ;;
+  esac
 }
 
 skip() { echo "$*" >"$work/why"; exit 77; }

@@ -263,5 +263,6 @@ step rebuild 60 check_rebuild
 step shared 240 check_shared
 step lstm 240 check_lstm
 record "total $(($(date +%s) - start))s of ${BUDGET}s"
+tar -C "$OUT" -czf "$OUT/logs.tar.gz" --exclude=logs.tar.gz . 2>/dev/null
 if [ "$DEVICE" = cuda ]; then cp "$summary" "$RESULTS"; fi
 exit $failed
