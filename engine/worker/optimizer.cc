@@ -416,15 +416,20 @@ void ReplicaUpdater::trimBuffers() {
   }
 }
 
+template <class Gradient>
+void ReplicaUpdater::applyDenseOnDevice(uint64_t clock, const Gradient& gradient, float scale, ParamSet& params) {
+  if (optimizer_.settings().foldsLearningRate()) {
+    device_->addScaled(gradient, scale, params, optimizer_);
+    return;
+  }
+  finishClock(params);
+  device_->loadGradient(gradient, scale, params, optimizer_);
+  device_->step(clock, params, optimizer_);  // a dense gradient: every column
+}
+
 void ReplicaUpdater::applyDense(uint64_t clock, ParamSet& gradient, float scale, ParamSet& params) {
   if (device_ != nullptr) {
-    if (optimizer_.settings().foldsLearningRate()) {
-      device_->addScaled(gradient, scale, params, optimizer_);
-      return;
-    }
-    finishClock(params);
-    device_->loadGradient(gradient, scale, params, optimizer_);
-    device_->step(clock, params, optimizer_);  // a dense gradient: every column
+    applyDenseOnDevice(clock, gradient, scale, params);
     return;
   }
   if (optimizer_.settings().foldsLearningRate()) {
@@ -439,13 +444,7 @@ void ReplicaUpdater::applyDense(uint64_t clock, ParamSet& gradient, float scale,
 void ReplicaUpdater::applyDense(uint64_t clock, std::span<const ops::Tensor> gradient, float scale,
                                 ParamSet& params) {
   ORPHEUS_ENFORCE(device_ != nullptr, "applyDense from device tensors needs a resident replica");
-  if (optimizer_.settings().foldsLearningRate()) {
-    device_->addScaled(gradient, scale, params, optimizer_);
-    return;
-  }
-  finishClock(params);
-  device_->loadGradient(gradient, scale, params, optimizer_);
-  device_->step(clock, params, optimizer_);  // a dense gradient: every column
+  applyDenseOnDevice(clock, gradient, scale, params);
 }
 
 void ReplicaUpdater::finishClock(ParamSet& params) {

@@ -242,6 +242,9 @@ class ReplicaUpdater {
 
  private:
   void applyGroupOn(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params);
+  // applyDense on the resident replica, the gradient a host ParamSet or device tensors.
+  template <class Gradient>
+  void applyDenseOnDevice(uint64_t clock, const Gradient& gradient, float scale, ParamSet& params);
   void noteTouched(std::span<const SvBatchView* const> batches);
   void trimBuffers();
   void clearGradient();
