@@ -64,10 +64,13 @@ struct ChainShape {
 inline ChainShape chain(const Backend& b, const EwChain& chain, std::span<const Tensor* const> inputs,
                         const Tensor& last) {
   ORPHEUS_ENFORCE(!chain.steps.empty(), "elementwise: empty chain");
+  // A plan made for another backend's limits (Graph::fusionPlan): said as unsupported, not as a broken invariant.
   const ChainLimits limits = b.chainLimits();
-  ORPHEUS_ENFORCE(static_cast<int64_t>(chain.steps.size()) <= limits.steps && chain.inputs <= limits.inputs,
-                  "backend {} does not support elementwise chains of more than {} steps or {} inputs (this one: {} "
-                  "steps, {} inputs)", b.name(), limits.steps, limits.inputs, chain.steps.size(), chain.inputs);
+  if (static_cast<int64_t>(chain.steps.size()) > limits.steps || chain.inputs > limits.inputs) {
+    throw Error(fmt::format("backend {} does not support elementwise chains of more than {} steps or {} inputs (this "
+                            "one: {} steps, {} inputs)", b.name(), limits.steps, limits.inputs, chain.steps.size(),
+                            chain.inputs));
+  }
   ORPHEUS_ENFORCE(static_cast<int>(inputs.size()) == chain.inputs, "elementwise: chain has {} inputs, got {}",
                   chain.inputs, inputs.size());
   onDevice(b, "elementwise", last);

@@ -120,7 +120,7 @@ EOF
 )
   local ratio; ratio=$("$python" -c "print(f'{float(\"$ours\") / float(\"$theirs\"):.3g}')")
   figure "seconds per step: Orpheus $ours (dense, one rank; SV: $sv), PyTorch $theirs, ratio $ratio (goal <= 1.2)"
-  figure "bytes per clock, one rank dense: d2h $(mean "$work/step.jsonl" d2h_bytes 11), h2d $(mean "$work/step.jsonl" h2d_bytes 11)"
+  figure "bytes per clock, one rank dense: to the host $(mean "$work/step.jsonl" device_out_bytes 11), to the device $(mean "$work/step.jsonl" device_in_bytes 11)"
   "$python" -c "import sys; sys.exit(0 if float('$ratio') <= 1.2 else 1)"
 }
 check_netns() {

@@ -120,6 +120,22 @@ TEST_CASE("strict device: each operation counts one launch, as on the cpu backen
   }
 }
 
+TEST_CASE("strict device: chains past a GPU kernel's limits are refused in one plain line, as on cuda",
+          "[ops][strict]") {
+  const auto strict = strict::makeStrictBackend();
+  EwChain chain;
+  chain.inputs = 1;
+  chain.steps.push_back({EwOp::kExp, {EwRef{EwRef::Kind::kInput, 0}, {}}, 1.0f});
+  for (int k = 1; k <= kDeviceChainLimits.steps; ++k) {
+    chain.steps.push_back({EwOp::kTanh, {EwRef{EwRef::Kind::kStep, k - 1}, {}}, 1.0f});
+  }
+  CHECK_THROWS_WITH(runChain(*strict, chain, {MatF::Ones(2, 2)}, 2, 2),
+                    Catch::Matchers::StartsWith("backend strict does not support elementwise chains of more than 16 "
+                                                "steps or 8 inputs (this one: 17 steps, 1 inputs)"));
+  chain.steps.pop_back();  // 16 steps: taken
+  CHECK(runChain(*strict, chain, {MatF::Ones(2, 2)}, 2, 2).size() == 16);
+}
+
 TEST_CASE("strict device: operands in host memory are refused", "[ops][strict]") {
   const auto strict = strict::makeStrictBackend();
   MatF host = MatF::Ones(3, 3);
