@@ -315,8 +315,20 @@ void Worker::rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats)
 }
 
 void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
-  if (config_.overlap && !model_.svSites().empty() && updater_.resident()) {
-    residentOverlappedDense(clock, examples, stats);
+  if (updater_.resident() && !powerSgd_) {
+    if (transport_.size() > 1) {
+      residentDenseExchange(clock, examples, stats);
+      return;
+    }
+    // One rank: nothing to all-reduce, so the gradient stays where it was computed.
+    const auto t = Clock::now();
+    residentDenseGradient(examples, stats, false);
+    stats.computeSeconds = secondsSince(t);
+    notePhase(ClockPhase::kExchange, clock);
+    notePhase(ClockPhase::kRebuild, clock);
+    const auto u = Clock::now();
+    updater_.applyDense(clock, deviceGradient_, updater_.coefficientScale(clock, heard_), replica_);
+    stats.updateSeconds = secondsSince(u);
     return;
   }
   if (config_.overlap && !model_.svSites().empty()) {
@@ -340,17 +352,6 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
     return;
   }
   auto t = Clock::now();
-  if (updater_.resident() && transport_.size() == 1 && !powerSgd_) {
-    // One rank: nothing to all-reduce, so the gradient stays where it was computed.
-    residentDenseGradient(examples, stats, false);
-    stats.computeSeconds = secondsSince(t);
-    notePhase(ClockPhase::kExchange, clock);
-    notePhase(ClockPhase::kRebuild, clock);
-    t = Clock::now();
-    updater_.applyDense(clock, deviceGradient_, updater_.coefficientScale(clock, heard_), replica_);
-    stats.updateSeconds = secondsSince(t);
-    return;
-  }
   ParamSet grad = updater_.resident() ? residentDenseGradient(examples, stats)
                                       : model_.denseGradient(replica_, examples, &stats.loss, updater_.backend(),
                                                              gradientBuffers_);
@@ -372,42 +373,53 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
   stats.updateSeconds = secondsSince(t);
 }
 
-// --sync dense --overlap on, resident: the gradient computed where the replica
-// lives, each parameter's copied to the host on the copy queue (last parameter
-// first, as the backward pass finishes them) and its all-reduce begun as soon as it
-// has landed, while the later ones are still on their way; the sums go back to the
-// device for the step.
-void Worker::residentOverlappedDense(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
+// --sync dense, resident: the gradient computed where the replica lives, each
+// parameter's copied to page-locked host memory on the copy queue and all-reduced
+// there, the sums copied back for the step. With --overlap, last parameter first
+// (as the backward pass finishes them), each all-reduce begun as its copy lands
+// while the later ones are still on their way; without, in parameter order, each
+// all-reduce complete before the next (the host path's order).
+void Worker::residentDenseExchange(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
   const auto start = Clock::now();
   ops::Backend& backend = updater_.backend();
+  const bool overlap = config_.overlap;
   residentDenseGradient(examples, stats, false);
-  stats.backwardEndAt = secondsSince(start);
+  stats.backwardEndAt = overlap ? secondsSince(start) : -1.0;
   std::vector<size_t> offset(deviceGradient_.size() + 1, 0);
   for (size_t k = 0; k < deviceGradient_.size(); ++k) {
     offset[k + 1] = offset[k] + static_cast<size_t>(deviceGradient_[k].size()) * sizeof(float);
   }
   if (gradientStaging_.bytes() < offset.back()) gradientStaging_ = backend.allocateHost(offset.back());
-  std::vector<ops::AsyncCopy> copies(deviceGradient_.size());
-  for (size_t k = copies.size(); k-- > 0;) copies[k] = backend.copyToHostAsync(deviceGradient_[k], gradientStaging_, offset[k]);
+  const size_t n = deviceGradient_.size();
+  const auto param = [&](size_t i) { return overlap ? n - 1 - i : i; };  // the i-th handed to the network
+  std::vector<ops::AsyncCopy> copies(n);
+  for (size_t i = 0; i < n; ++i) {
+    copies[param(i)] = backend.copyToHostAsync(deviceGradient_[param(i)], gradientStaging_, offset[param(i)]);
+  }
   const auto floatsOf = [&](size_t k) {
     return std::span<float>(reinterpret_cast<float*>(gradientStaging_.data() + offset[k]),
                             static_cast<size_t>(deviceGradient_[k].size()));
   };
   double sendSeconds = 0.0;
-  for (size_t k = copies.size(); k-- > 0;) {
+  for (size_t i = 0; i < n; ++i) {
+    const size_t k = param(i);
     backend.wait(copies[k].done);
     const auto t = Clock::now();
-    if (stats.firstSendAt < 0) stats.firstSendAt = secondsSince(start);
-    transport_.beginAllreduceSum(floatsOf(k), clock);
-    transport_.progressAllreduces();
+    if (overlap) {
+      if (stats.firstSendAt < 0) stats.firstSendAt = secondsSince(start);
+      transport_.beginAllreduceSum(floatsOf(k), clock);
+      transport_.progressAllreduces();
+    } else {
+      transport_.allreduceSum(floatsOf(k), clock);
+    }
     sendSeconds += secondsSince(t);
   }
   const auto t = Clock::now();
-  transport_.finishAllreduces();
+  if (overlap) transport_.finishAllreduces();
   const double lastArrival = secondsSince(start);
   stats.commSeconds = secondsSince(t) + sendSeconds;
   stats.computeSeconds = secondsSince(start) - stats.commSeconds;
-  stats.exchangeSeconds = std::max(0.0, lastArrival - std::max(0.0, stats.firstSendAt));
+  stats.exchangeSeconds = overlap ? std::max(0.0, lastArrival - std::max(0.0, stats.firstSendAt)) : stats.commSeconds;
   notePhase(ClockPhase::kExchange, clock);
   notePhase(ClockPhase::kRebuild, clock);
   const auto u = Clock::now();

@@ -217,7 +217,7 @@ class Worker {
   // powersgd: the same with the gradient all-reduced through PowerSGD's factors.
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
   ParamSet residentDenseGradient(const ops::ExampleBatch& examples, ClockStats& stats, bool toHost = true);
-  void residentOverlappedDense(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
+  void residentDenseExchange(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
 
   // --adapt: this clock's measurements to the controller and, at a decision
   // barrier, the knobs it announces (logged, then in force from the next clock).
