@@ -314,6 +314,16 @@ void Worker::rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats)
   stats.updateSeconds += secondsSince(t);
 }
 
+// The clock's summed gradient is in: the exchange and rebuild phases end, and its step is taken.
+template <class Gradient>
+void Worker::stepDense(uint64_t clock, Gradient& gradient, ClockStats& stats) {
+  notePhase(ClockPhase::kExchange, clock);
+  notePhase(ClockPhase::kRebuild, clock);
+  const auto t = Clock::now();
+  updater_.applyDense(clock, gradient, updater_.coefficientScale(clock, heard_), replica_);
+  stats.updateSeconds = secondsSince(t);
+}
+
 void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
   if (updater_.resident() && !powerSgd_) {
     if (transport_.size() > 1) {
@@ -324,11 +334,7 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
     const auto t = Clock::now();
     residentDenseGradient(examples, stats, false);
     stats.computeSeconds = secondsSince(t);
-    notePhase(ClockPhase::kExchange, clock);
-    notePhase(ClockPhase::kRebuild, clock);
-    const auto u = Clock::now();
-    updater_.applyDense(clock, deviceGradient_, updater_.coefficientScale(clock, heard_), replica_);
-    stats.updateSeconds = secondsSince(u);
+    stepDense(clock, deviceGradient_, stats);
     return;
   }
   if (config_.overlap && !model_.svSites().empty()) {
@@ -344,11 +350,7 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
     stats.exchangeSeconds = std::max(0.0, times.lastArrival - std::max(0.0, times.firstSend));
     stats.firstSendAt = times.firstSend;
     stats.backwardEndAt = times.backwardEnd;
-    notePhase(ClockPhase::kExchange, clock);
-    notePhase(ClockPhase::kRebuild, clock);
-    const auto t = Clock::now();
-    updater_.applyDense(clock, grad, updater_.coefficientScale(clock, heard_), replica_);
-    stats.updateSeconds = secondsSince(t);
+    stepDense(clock, grad, stats);
     return;
   }
   auto t = Clock::now();
@@ -420,16 +422,14 @@ void Worker::residentDenseExchange(uint64_t clock, const ops::ExampleBatch& exam
   stats.commSeconds = secondsSince(t) + sendSeconds;
   stats.computeSeconds = secondsSince(start) - stats.commSeconds;
   stats.exchangeSeconds = overlap ? std::max(0.0, lastArrival - std::max(0.0, stats.firstSendAt)) : stats.commSeconds;
-  notePhase(ClockPhase::kExchange, clock);
-  notePhase(ClockPhase::kRebuild, clock);
-  const auto u = Clock::now();
+  const auto back = Clock::now();
   for (size_t k = 0; k < deviceGradient_.size(); ++k) {
     const std::span<float> sum = floatsOf(k);
     backend.copy(ops::Tensor::host(sum.data(), deviceGradient_[k].rows(), deviceGradient_[k].cols()),
                  deviceGradient_[k]);
   }
-  updater_.applyDense(clock, deviceGradient_, updater_.coefficientScale(clock, heard_), replica_);
-  stats.updateSeconds = secondsSince(u);
+  stats.commSeconds += secondsSince(back);
+  stepDense(clock, deviceGradient_, stats);
 }
 
 // The dense gradient computed where the replica lives (deviceGradient_), and copied

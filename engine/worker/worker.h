@@ -218,6 +218,8 @@ class Worker {
   void denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
   ParamSet residentDenseGradient(const ops::ExampleBatch& examples, ClockStats& stats, bool toHost = true);
   void residentDenseExchange(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats);
+  template <class Gradient>
+  void stepDense(uint64_t clock, Gradient& gradient, ClockStats& stats);
 
   // --adapt: this clock's measurements to the controller and, at a decision
   // barrier, the knobs it announces (logged, then in force from the next clock).
