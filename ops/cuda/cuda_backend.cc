@@ -14,9 +14,6 @@
 
 namespace orpheus::ops::cuda {
 
-static_assert(kDeviceChainLimits.steps == kMaxChainSteps && kDeviceChainLimits.inputs == kMaxChainInputs,
-              "the chain kernels' arrays hold exactly what chainLimits() promises");
-
 namespace {
 
 // cuBLAS takes int dimensions.
@@ -507,11 +504,7 @@ class CudaBackend final : public Backend {
   }
 
   ChainArgs chainArgs(const EwChain& chain, std::span<const Tensor* const> inputs, checks::ChainShape shape) const {
-    if (chain.steps.size() > static_cast<size_t>(kMaxChainSteps) || inputs.size() > static_cast<size_t>(kMaxChainInputs)) {
-      unsupported(fmt::format("elementwise chains of more than {} steps or {} inputs (this one: {} steps, {} inputs)",
-                              kMaxChainSteps, kMaxChainInputs, chain.steps.size(), inputs.size()));
-    }
-    ChainArgs args{};
+    ChainArgs args{};  // checks::forward/backward held the chain to chainLimits() already
     args.steps = static_cast<int>(chain.steps.size());
     args.rows = shape.rows;
     args.cols = shape.cols;

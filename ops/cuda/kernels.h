@@ -15,9 +15,10 @@
 namespace orpheus::ops::cuda {
 
 // Longest chain and most inputs one kernel launch takes (the arguments travel by
-// value in the launch's parameter space).
-constexpr int kMaxChainSteps = 16;
-constexpr int kMaxChainInputs = 8;
+// value in the launch's parameter space): the limits CudaBackend::chainLimits()
+// promises, which the shared chain check enforces before any launch.
+constexpr int kMaxChainSteps = kDeviceChainLimits.steps;
+constexpr int kMaxChainInputs = kDeviceChainLimits.inputs;
 
 struct ChainStep {
   EwOp op;
