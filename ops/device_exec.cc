@@ -126,6 +126,7 @@ void DeviceExecutor::reserve(int64_t batch) {
 
 void DeviceExecutor::upload(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels) {
   ORPHEUS_ENFORCE(graph_.steps() == 0, "a sequence model runs through runSequence and evaluateSequence");
+  localsTaken_ = nullptr;
   if ((dense != nullptr || sparse != nullptr) && takePrefetched(dense, sparse, labels)) return;
   const int input = graph_.inputNode();
   int64_t batch = labels.size();
@@ -377,8 +378,14 @@ void DeviceExecutor::optimizeLocals(std::span<const Tensor> params, std::vector<
     ORPHEUS_ENFORCE(m.rows() == locals_[k].rows() && m.cols() == locals_[k].cols(),
                     "data-dependent variable '{}' is {}x{}, the batch needs {}x{}", graph_.node(ids[k]).name, m.rows(),
                     m.cols(), locals_[k].rows(), locals_[k].cols());
-    backend_.copy(hostView(m), locals_[k]);
+    // Queued with the batch (prefetch): they are on the device already, the pass ordered after them.
+    if (localsTaken_ != nullptr) {
+      std::swap(locals_[k], localsTaken_->locals[k]);
+    } else {
+      backend_.copy(hostView(m), locals_[k]);
+    }
   }
+  localsTaken_ = nullptr;
   // As GraphExecutor::optimizeLocals: each step a pass, then every variable that
   // still has steps to take moves against its gradient (none when no term reached it).
   int steps = 0;

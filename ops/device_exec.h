@@ -100,13 +100,20 @@ class DeviceExecutor {
   // and `labels` are these same objects, alive and unchanged since, starts from the
   // copy (its operations ordered after it, the host not waiting); any other batch
   // is copied in as usual. Feed-forward graphs with an input only.
-  void prefetch(const Matrix& dense, const Eigen::VectorXi& labels);
+  // The DDV swap queue's way in: `locals`, when given, are the batch's
+  // data-dependent variables as they will be at its run (graph.locals() order,
+  // rows x B each), copied ahead with it; that run starts from them instead of
+  // copying its `locals` in, unless forgetQueuedLocals() was called since (the
+  // caller's kept values of some of the batch's examples changed meanwhile).
+  void prefetch(const Matrix& dense, const Eigen::VectorXi& labels, const std::vector<Matrix>* locals = nullptr);
   // The same for a sparse minibatch (D x B), whose compressed arrays cross through
   // the page-locked staging buffer as copySparse lays them out on the device (on
-  // CUDA with the compression by rows its products read). Only where no node reads
-  // the input densely (queuesSparse()).
-  void prefetch(const SparseMatrix& sparse, const Eigen::VectorXi& labels);
-  bool queuesSparse() const { return graph_.steps() == 0 && graph_.inputNode() >= 0 && !inputReadDensely_; }
+  // CUDA with the compression by rows its products read); where a node reads the
+  // input densely, its dense copy crosses too.
+  void prefetch(const SparseMatrix& sparse, const Eigen::VectorXi& labels, const std::vector<Matrix>* locals = nullptr);
+  bool queuesSparse() const { return graph_.steps() == 0 && graph_.inputNode() >= 0; }
+  // The data-dependent variables queued with batches not yet run are not used: their runs copy theirs in.
+  void forgetQueuedLocals();
   // The same for an unrolled sequence graph: the segments' token one-hots (sparse
   // where a product reads them, dense where the cross-entropy does), built on the
   // host now and copied ahead; the next runSequence on these same segments starts
@@ -250,6 +257,8 @@ class DeviceExecutor {
     std::vector<SparseMatrix> tokens;        // per token node: its one-hots on the host
     std::vector<StagedSparse> sparseTokens;  // per token node a product reads
     std::vector<Tensor> denseTokens;         // per token node read densely
+    std::vector<Tensor> locals;              // the batch's data-dependent variables (swapped with the executor's)
+    bool withLocals = false;                 // `locals` hold the batch's, still current
     HostBuffer staging;
     Event stagingRead;
     Event landed;  // the slot's last copy (copies land in order)
@@ -258,6 +267,9 @@ class DeviceExecutor {
   Ahead& nextAhead(size_t bytes);
   // The labels' one-hot (C x B) staged at `offset` and queued to the slot's oneHot.
   void stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_t batch, size_t& offset);
+  // The batch's data-dependent variables staged at `offset` and queued to the slot's locals.
+  void stageLocals(Ahead& a, const std::vector<Matrix>& locals, int64_t batch, size_t& offset);
+  size_t localsBytes(const std::vector<Matrix>* locals) const;
   // `m` (compressed) staged at `offset` and queued to `out`; the copy's done event.
   Event stageSparse(const SparseMatrix& m, HostBuffer& staging, size_t& offset, StagedSparse& out);
   // Bytes stageSparse takes for `m`.
@@ -266,6 +278,7 @@ class DeviceExecutor {
   void orderAfter(const Ahead& a);
   std::array<Ahead, 2> ahead_;
   size_t aheadNext_ = 0;                            // the slot the next prefetch fills
+  Ahead* localsTaken_ = nullptr;                    // the slot whose locals the batch being run starts from
   std::vector<std::pair<Event, Event>> dataWaits_;  // (compute queue reached the batch, its copy landed)
 
   // Unrolled sequence graphs.

@@ -43,7 +43,39 @@ DeviceExecutor::Ahead& DeviceExecutor::nextAhead(size_t bytes) {
   a.dense = nullptr;
   a.sparse = nullptr;
   a.labels = nullptr;
+  a.withLocals = false;
   return a;
+}
+
+size_t DeviceExecutor::localsBytes(const std::vector<Matrix>* locals) const {
+  size_t bytes = 0;
+  if (locals != nullptr) {
+    for (const Matrix& m : *locals) bytes += static_cast<size_t>(m.size()) * sizeof(float);
+  }
+  return bytes;
+}
+
+void DeviceExecutor::stageLocals(Ahead& a, const std::vector<Matrix>& locals, int64_t batch, size_t& offset) {
+  const auto& ids = graph_.locals();
+  ORPHEUS_ENFORCE(locals.size() == ids.size(), "the graph has {} data-dependent variables, {} were queued",
+                  ids.size(), locals.size());
+  a.locals.resize(ids.size());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const Matrix& m = locals[k];
+    const int64_t rows = graph_.node(ids[k]).rows;
+    ORPHEUS_ENFORCE(m.rows() == rows && m.cols() == batch, "data-dependent variable '{}' is {}x{}, the batch needs {}x{}",
+                    graph_.node(ids[k]).name, m.rows(), m.cols(), rows, batch);
+    const size_t bytes = static_cast<size_t>(m.size()) * sizeof(float);
+    if (bytes > 0) std::memcpy(a.staging.data() + offset, m.data(), bytes);
+    if (a.locals[k].rows() != rows || a.locals[k].cols() != batch) a.locals[k] = backend_.allocate(rows, batch);
+    a.landed = backend_.copyToDeviceAsync(a.staging, offset, a.locals[k]).done;
+    offset += bytes;
+  }
+  a.withLocals = true;
+}
+
+void DeviceExecutor::forgetQueuedLocals() {
+  for (Ahead& a : ahead_) a.withLocals = false;
 }
 
 void DeviceExecutor::stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_t batch, size_t& offset) {
@@ -106,7 +138,7 @@ Event DeviceExecutor::stageSparse(const SparseMatrix& m, HostBuffer& staging, si
   return done;
 }
 
-void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels) {
+void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels, const std::vector<Matrix>* locals) {
   const int input = graph_.inputNode();
   ORPHEUS_ENFORCE(graph_.steps() == 0 && input >= 0, "only a feed-forward graph with an input copies batches ahead");
   const int64_t features = graph_.node(input).rows;
@@ -115,12 +147,13 @@ void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels
   const int label = graph_.labelNode();
   const int64_t classes = label >= 0 ? graph_.node(label).rows : 0;
   const size_t inputBytes = static_cast<size_t>(dense.size()) * sizeof(float);
-  Ahead& a = nextAhead(inputBytes + static_cast<size_t>(classes * batch) * sizeof(float));
+  Ahead& a = nextAhead(inputBytes + static_cast<size_t>(classes * batch) * sizeof(float) + localsBytes(locals));
   if (inputBytes > 0) std::memcpy(a.staging.data(), dense.data(), inputBytes);
   if (a.input.rows() != features || a.input.cols() != batch) a.input = backend_.allocate(features, batch);
   a.landed = backend_.copyToDeviceAsync(a.staging, 0, a.input).done;
   size_t offset = inputBytes;
   stageLabels(a, labels, batch, offset);
+  if (locals != nullptr) stageLocals(a, *locals, batch, offset);
   a.stagingRead = a.landed;
   a.dense = &dense;
   a.data = dense.data();
@@ -128,9 +161,9 @@ void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels
   a.labels = &labels;
 }
 
-void DeviceExecutor::prefetch(const SparseMatrix& sparse, const Eigen::VectorXi& labels) {
-  ORPHEUS_ENFORCE(queuesSparse(), "only a feed-forward graph that reads its input by products copies sparse batches "
-                  "ahead");
+void DeviceExecutor::prefetch(const SparseMatrix& sparse, const Eigen::VectorXi& labels,
+                              const std::vector<Matrix>* locals) {
+  ORPHEUS_ENFORCE(queuesSparse(), "only a feed-forward graph with an input copies sparse batches ahead");
   const int64_t features = graph_.node(graph_.inputNode()).rows;
   ORPHEUS_CHECK_INPUT(sparse.rows() == features, "the model has {} features, the data {}", features, sparse.rows());
   const int64_t batch = sparse.cols();
@@ -142,10 +175,21 @@ void DeviceExecutor::prefetch(const SparseMatrix& sparse, const Eigen::VectorXi&
   const SparseMatrix& m = sparse.isCompressed() ? sparse : compressed;
   const int label = graph_.labelNode();
   const int64_t classes = label >= 0 ? graph_.node(label).rows : 0;
-  Ahead& a = nextAhead(stagedSparseBytes(m) + static_cast<size_t>(classes * batch) * sizeof(float));
+  const size_t denseBytes = inputReadDensely_ ? static_cast<size_t>(features * batch) * sizeof(float) : 0;
+  Ahead& a = nextAhead(stagedSparseBytes(m) + denseBytes + static_cast<size_t>(classes * batch) * sizeof(float) +
+                       localsBytes(locals));
   size_t offset = 0;
   a.landed = stageSparse(m, a.staging, offset, a.sparseInput);
+  if (inputReadDensely_) {
+    // Its dense copy, as upload() makes it (hostDense_ = the sparse batch).
+    const Tensor host = a.staging.floats(offset, features, batch);
+    Eigen::Map<Matrix>(host.data(), features, batch) = m;
+    if (a.input.rows() != features || a.input.cols() != batch) a.input = backend_.allocate(features, batch);
+    a.landed = backend_.copyToDeviceAsync(a.staging, offset, a.input).done;
+    offset += denseBytes;
+  }
   stageLabels(a, labels, batch, offset);
+  if (locals != nullptr) stageLocals(a, *locals, batch, offset);
   a.stagingRead = a.landed;
   a.sparse = &sparse;
   a.data = sparse.valuePtr();
@@ -219,7 +263,11 @@ bool DeviceExecutor::takePrefetched(const Matrix* dense, const SparseMatrix* spa
   a.sparse = nullptr;
   reserve(cols);
   sparseBatch_ = sparse != nullptr;
-  if (dense != nullptr) input_ = Tensor::view(a.input.device(), a.input.data(), a.input.rows(), a.input.cols());
+  if (dense != nullptr || inputReadDensely_) {
+    input_ = Tensor::view(a.input.device(), a.input.data(), a.input.rows(), a.input.cols());
+  }
+  if (a.withLocals) localsTaken_ = &a;
+  a.withLocals = false;
   // sparse_ keeps its storage for batches copied in later; its view is the slot's.
   if (sparse != nullptr) sparse_.view = a.sparseInput.view;
   if (graph_.labelNode() >= 0) {

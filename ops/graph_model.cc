@@ -199,6 +199,14 @@ std::vector<Matrix> GraphModel::initialLocals(const ExampleBatch& x, bool kept) 
 
 void GraphModel::keepLocals(const ExampleBatch& x, const std::vector<Matrix>& locals) const {
   if (!x.indices) return;
+  if (!queuedLocals_.empty()) {
+    for (const int64_t index : *x.indices) {
+      if (queuedLocals_.count(index) == 0) continue;
+      if (deviceExec_) deviceExec_->forgetQueuedLocals();
+      queuedLocals_.clear();
+      break;
+    }
+  }
   for (size_t k = 0; k < locals.size(); ++k) {
     for (int64_t j = 0; j < x.size(); ++j) kept_[k][(*x.indices)[static_cast<size_t>(j)]] = locals[k].col(j);
   }

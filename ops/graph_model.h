@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace orpheus::ops {
 
@@ -172,6 +173,10 @@ class GraphModel final : public Model {
   mutable std::unique_ptr<DeviceExecutor> deviceExec_;  // for one backend
   mutable std::unique_ptr<DeviceExecutor> evalExec_;    // evaluateOnDevice's, for one backend
   mutable std::vector<std::unordered_map<int64_t, Vector>> kept_;  // per local, by example index
+  // The examples whose kept values went to the device with the batch queued ahead
+  // (prefetchOnDevice): keeping any of them again before that batch runs makes the
+  // queued copy stale, and the run copies its own in.
+  mutable std::unordered_set<int64_t> queuedLocals_;
   mutable CarriedStates trainStates_;  // by stream
   mutable CarriedStates evalStates_;
   mutable Matrix deviceStatesOf_;  // stream and index rows (2 x B) of the states left on the device, or empty

@@ -71,12 +71,18 @@ bool GraphModel::prefetchOnDevice(const ExampleBatch& next, Backend& backend) co
   }
   if (graph_.inputNode() < 0) return false;
   const Eigen::VectorXi& labels = next.labels ? *next.labels : noLabels();
+  if (next.dense == nullptr && (next.sparse == nullptr || !trainingExecutor(backend).queuesSparse())) return false;
+  // The DDV swap queue's way in: the batch's data-dependent variables as kept now
+  // travel with it; keepLocals marks them stale if any of its examples is kept again first.
+  std::vector<Matrix> locals = initialLocals(next, true);
+  const std::vector<Matrix>* queued = locals.empty() ? nullptr : &locals;
+  queuedLocals_.clear();
+  if (queued != nullptr && next.indices) queuedLocals_.insert(next.indices->begin(), next.indices->end());
   if (next.dense != nullptr) {
-    trainingExecutor(backend).prefetch(*next.dense, labels);
-    return true;
+    trainingExecutor(backend).prefetch(*next.dense, labels, queued);
+  } else {
+    trainingExecutor(backend).prefetch(*next.sparse, labels, queued);
   }
-  if (next.sparse == nullptr || !trainingExecutor(backend).queuesSparse()) return false;
-  trainingExecutor(backend).prefetch(*next.sparse, labels);
   return true;
 }
 

@@ -4,7 +4,8 @@
 # >= 2.36, an NVIDIA driver and the CUDA 13 libraries, and nothing else installed:
 # no MPI, HDF5 or BLAS. What it holds:
 #   bin/      orpheus, liborpheus_cuda.so (next to it, where orpheus looks), the
-#             test and check binaries the GPU check runs, and an mpirun wrapper
+#             test and check binaries the GPU check runs, an mpirun wrapper, and
+#             iproute2's ip and tc (for scripts/netcluster.sh, where the host permits it)
 #   lib/      every shared library they need beyond glibc, libstdc++, libgcc and
 #             CUDA; the binaries find it through $ORIGIN-relative RUNPATHs
 #   mpi/      Debian's Open MPI, relocated (extracted packages; env.sh sets the
@@ -46,6 +47,12 @@ binaries=("$build_dir/engine/orpheus" "$build_dir/tests/compare_params" "$build_
 [ -f "$build_dir/engine/liborpheus_cuda.so" ] && binaries+=("$build_dir/engine/liborpheus_cuda.so")
 # Our LSTM against cuDNN's: built where cuDNN was found; cuDNN itself is found on the host (env.sh).
 [ -f "$build_dir/tests/test_lstm_cudnn" ] && binaries+=("$build_dir/tests/test_lstm_cudnn")
+# iproute2's ip and tc, where this host has them: scripts/netcluster.sh's emulated network
+# (namespaces, veths, tc) on a host that lacks them, where it permits namespaces at all.
+for tool in ip tc; do
+  path=$(command -v "$tool" || true)
+  [ -n "$path" ] && binaries+=("$(readlink -f "$path")") || echo "bundle.sh: note: no $tool here, none bundled" >&2
+done
 for b in "${binaries[@]}"; do
   cp "$b" "$dest/bin/"
   strip --strip-unneeded "$dest/bin/$(basename "$b")"

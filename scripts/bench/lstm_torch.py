@@ -6,7 +6,7 @@ with the same step (the gradient of the loss summed over a clock's tokens, divid
 by the B*P examples of the clock), the same evaluation.
 
   lstm_torch.py --train T.tokens --valid V.tokens --ranks P --batch B --clocks N --lr LR
-                [--embed D] [--hidden H] [--eval-every K] [--target-perplexity X] [--ddp] [--threads N]
+                [--embed D] [--hidden H] [--init R] [--eval-every K] [--target-perplexity X] [--ddp] [--threads N]
                 [--device cpu|cuda]
                 [--rank R --master ADDR]   (one DDP process, started by the caller on its host)
 
@@ -67,14 +67,14 @@ def segments(ids, streams, steps):
 
 
 class Model(torch.nn.Module):
-    def __init__(self, vocab, embed, hidden):
+    def __init__(self, vocab, embed, hidden, init):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, embed)
         self.lstm = torch.nn.LSTM(embed, hidden)
         self.out = torch.nn.Linear(hidden, vocab)
-        with torch.no_grad():  # as examples/lstm.loss: uniform(0.1), zero biases
+        with torch.no_grad():  # as examples/lstm.loss: uniform(init), zero biases
             for p in self.parameters():
-                p.uniform_(-0.1, 0.1)
+                p.uniform_(-init, init)
             for b in (self.lstm.bias_ih_l0, self.lstm.bias_hh_l0, self.out.bias):
                 b.zero_()
 
@@ -117,7 +117,7 @@ def train(args, rank, ranks, ddp):
     vdata, vstart, _, _ = read_tokens(args.valid)
     valid_shards = [segments(shard(vdata, vstart, r, ranks), args.batch, steps).to(device) for r in my_ranks]
     torch.manual_seed(args.seed)
-    model = Model(vocab, args.embed, args.hidden).to(device)
+    model = Model(vocab, args.embed, args.hidden, args.init).to(device)
     net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     states = [zero_state(args.batch, args.hidden, device) for _ in my_ranks]
@@ -181,6 +181,8 @@ def main():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--embed", type=int, default=128)
     p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--init", type=float, default=0.1,
+                   help="weights uniform in [-init, init], as the .loss model's `init uniform(init)`")
     p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--target-perplexity", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=1)

@@ -172,6 +172,12 @@ case "$case" in
     done
     "$compare" "$out/tm-cpu.h5" "$out/tm-strict.h5" 0
     resident tm
+    # Without a checkpoint folder (no membership watch) the data queue is on: each
+    # batch and its documents' theta are copied ahead while the clock before computes
+    # (the DDV swap queue's way in). The same bits.
+    run tm-queued strict --model "$here/../../examples/tm.loss" --train "$out/kjv/kjv.train.libsvm" \
+      --test "$out/kjv/kjv.test.libsvm" --clocks 30 --batch 20 --lr 10 --eval-every 10
+    "$compare" "$out/tm-cpu.h5" "$out/tm-queued-strict.h5" 0
     [ "$(scored tm)" = "$(losses "$out/tm-cpu.jsonl")" ] ||
       { echo "strict_device.sh: the topic model's test loss differs between cpu and strict" >&2; exit 1; }
     ;;
