@@ -238,6 +238,9 @@ check_shared() {
     trap '"$netcluster" down >/dev/null 2>&1' EXIT
     # shellcheck disable=SC2207
     launch=($("$netcluster" mpirun-args))
+    # The hosts are started through netcluster's agent, an ssh stand-in: the bundle's
+    # env.sh turns Open MPI's rsh launcher off (a bare container has no ssh).
+    export OMPI_MCA_plm=rsh
   fi
   mlp
   local common=(--test "$data/t10k-images-idx3-ubyte.gz" --model "$work/mlp.loss" --batch 100 --lr 0.1
