@@ -96,6 +96,7 @@ class GraphModel final : public Model {
   std::vector<DeviceSvs> lastDeviceSvs() const override;
   void releaseDevice() const override {
     flushDeviceStates();
+    queuedLocals_.clear();
     stepU_.clear();
     stepV_.clear();
     deviceExec_.reset();

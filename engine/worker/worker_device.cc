@@ -18,11 +18,14 @@ void Worker::noteTransfer(const TransferMark& before, ClockAround& around) const
 
 // The queue fetches a minibatch one clock early: the feed hands out the same
 // batches in the same order as long as nothing between two clocks changes what it
-// holds, which --balance (chunk moves) and a change of membership (a new shard)
-// do; there, and on the last clock, it stays off.
+// holds, which --balance (chunk moves) does; there, and on the last clock, it stays
+// off. A change of membership (a new shard) ends this worker, and with it the batch
+// fetched ahead and the model's queue (releaseDevice); the next epoch's worker
+// starts its feed where the job left the sampler (DataFeed::start), so the batch
+// taken early never counts.
 bool Worker::queuesData(uint64_t clock) const {
   return updater_.resident() && config_.transfer == TransferMode::kStaged && !feed_.options().balance &&
-         membership_ == nullptr && clock < static_cast<uint64_t>(config_.clocks);
+         clock < static_cast<uint64_t>(config_.clocks);
 }
 
 std::unique_ptr<data::Batch> Worker::takeBatch(uint64_t clock) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# elastic_live_changes.sh ORPHEUS COMPARE MPIEXEC MODEL RUNS: live membership changes
+# elastic_live_changes.sh ORPHEUS COMPARE MPIEXEC MODEL RUNS [DEVICE]: live membership changes
 # of a BSP job started on 4 ranks, on Fashion-MNIST, MODEL `mlr` or `mlp` (one
 # hidden layer of 32 ReLUs, a small MLP so that 6 ranks fit on 2 cores; MLR multicasts
 # to 2 random peers, so every replica differs). RUNS, any of:
@@ -12,15 +12,18 @@
 # replica at the last clock (after the last change) equals the replica the rank
 # held, bitwise; at each change clock every replica of the new epoch is the same
 # average; the summary's traffic covers every epoch.
+# DEVICE (default cpu): --device; on `strict` the replicas are resident and each
+# minibatch is copied ahead by the data queue while the clock before computes, also
+# at the clocks where the membership changes.
 set -euo pipefail
-orpheus=$1; compare=$2; mpiexec=$3; model=$4; runs=$5
+orpheus=$1; compare=$2; mpiexec=$3; model=$4; runs=$5; device=${6:-cpu}
 out=$(mktemp -d)
 job=
 trap '[ -n "$job" ] && kill -9 $(pgrep -P "$job" 2>/dev/null) "$job" 2>/dev/null; rm -rf "$out"' EXIT
 data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 clocks=160
 flags=(--train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3-ubyte.gz" --batch 20
-       --eval-every 40 --progress off --ckpt sv --inject-delay 0:10)
+       --eval-every 40 --progress off --ckpt sv --inject-delay 0:10 --device "$device")
 if [ "$model" = mlp ]; then
   cat >"$out/mlp.loss" <<'EOF'
 dim hidden = 32
