@@ -50,6 +50,7 @@
 #include "ops/backend.h"
 #include "ops/graph.h"
 #include "ops/graph_exec.h"
+#include "ops/staged_sparse.h"
 
 #include <array>
 #include <functional>
@@ -232,12 +233,6 @@ class DeviceExecutor {
   std::vector<Tensor*> chainVal_, chainGrad_;
   std::vector<std::pair<int, size_t>> pendingSites_;
 
-  // A sparse matrix staged to the device: its arrays as 4-byte words in `storage`
-  // (outer, inner, values; on CUDA the compression by rows after them), `view` into it.
-  struct StagedSparse {
-    Tensor storage;
-    SparseTensor view;
-  };
   // The data queue: two slots used in turn, so that the batch after next can be
   // on its way while the next one waits for its run. A slot owns the device
   // buffers its batch lands in (input_, oneHot_ and sparse_.view view them while
@@ -270,10 +265,6 @@ class DeviceExecutor {
   // The batch's data-dependent variables staged at `offset` and queued to the slot's locals.
   void stageLocals(Ahead& a, const std::vector<Matrix>& locals, int64_t batch, size_t& offset);
   size_t localsBytes(const std::vector<Matrix>* locals) const;
-  // `m` (compressed) staged at `offset` and queued to `out`; the copy's done event.
-  Event stageSparse(const SparseMatrix& m, HostBuffer& staging, size_t& offset, StagedSparse& out);
-  // Bytes stageSparse takes for `m`.
-  size_t stagedSparseBytes(const SparseMatrix& m) const;
   // The batch's compute waits on the device for the slot's copies; the wait is timed.
   void orderAfter(const Ahead& a);
   std::array<Ahead, 2> ahead_;

@@ -4,26 +4,12 @@
 #include "engine/base/error.h"
 #include "ops/device_exec.h"
 #include "ops/sequence_layout.h"
+#include "ops/staged_sparse.h"
 
 #include <algorithm>
 #include <cstring>
 
 namespace orpheus::ops {
-namespace {
-
-using RowSparse = Eigen::SparseMatrix<float, Eigen::RowMajor, int32_t>;
-
-// CUDA's sparse products read a host matrix's compression by rows too: its
-// copySparse adds it (ops/backend.h, SparseTensor), and so does the queue.
-bool withRows(const Backend& backend) { return backend.device() == Device::kCuda; }
-
-// The 4-byte words of `m` on the device: outer, inner, values, and by rows the same again.
-int64_t sparseWords(const SparseMatrix& m, bool rows) {
-  const int64_t nnz = m.nonZeros();
-  return m.cols() + 1 + 2 * nnz + (rows ? m.rows() + 1 + 2 * nnz : 0);
-}
-
-}  // namespace
 
 void DeviceExecutor::oneHot(const Eigen::VectorXi& labels, Eigen::Map<Matrix> out) const {
   out.setZero();
@@ -90,53 +76,6 @@ void DeviceExecutor::stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_
   offset += static_cast<size_t>(classes * batch) * sizeof(float);
 }
 
-size_t DeviceExecutor::stagedSparseBytes(const SparseMatrix& m) const {
-  return static_cast<size_t>(sparseWords(m, withRows(backend_))) * sizeof(float);
-}
-
-Event DeviceExecutor::stageSparse(const SparseMatrix& m, HostBuffer& staging, size_t& offset, StagedSparse& out) {
-  ORPHEUS_ENFORCE(m.isCompressed(), "stageSparse: the matrix is not compressed");
-  const bool rows = withRows(backend_);
-  const int64_t words = sparseWords(m, rows);
-  const int64_t nnz = m.nonZeros();
-  if (out.storage.size() < words) out.storage = backend_.allocate(words, 1);
-  std::byte* host = staging.data() + offset;
-  size_t at = 0;
-  const auto put = [&](const void* from, int64_t n) {
-    std::memcpy(host + at, from, static_cast<size_t>(n) * sizeof(float));
-    at += static_cast<size_t>(n) * sizeof(float);
-  };
-  put(m.outerIndexPtr(), m.cols() + 1);
-  put(m.innerIndexPtr(), nnz);
-  put(m.valuePtr(), nnz);
-  if (rows) {
-    RowSparse byRows = m;
-    byRows.makeCompressed();
-    put(byRows.outerIndexPtr(), m.rows() + 1);
-    put(byRows.innerIndexPtr(), nnz);
-    put(byRows.valuePtr(), nnz);
-  }
-  Tensor region = Tensor::view(backend_.device(), out.storage.data(), words, 1);
-  const Event done = backend_.copyToDeviceAsync(staging, offset, region).done;
-  offset += at;
-  const auto* base = reinterpret_cast<const int32_t*>(out.storage.data());
-  SparseTensor& v = out.view;
-  v = SparseTensor();
-  v.device = backend_.device();
-  v.layout = SparseTensor::Layout::kCsc;
-  v.rows = m.rows();
-  v.cols = m.cols();
-  v.nonZeros = nnz;
-  v.outer = base;
-  v.inner = base + m.cols() + 1;
-  v.values = reinterpret_cast<const float*>(v.inner + nnz);
-  if (rows) {
-    v.otherOuter = base + m.cols() + 1 + 2 * nnz;
-    v.otherInner = v.otherOuter + m.rows() + 1;
-    v.otherValues = reinterpret_cast<const float*>(v.otherInner + nnz);
-  }
-  return done;
-}
 
 void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels, const std::vector<Matrix>* locals) {
   const int input = graph_.inputNode();
@@ -176,10 +115,10 @@ void DeviceExecutor::prefetch(const SparseMatrix& sparse, const Eigen::VectorXi&
   const int label = graph_.labelNode();
   const int64_t classes = label >= 0 ? graph_.node(label).rows : 0;
   const size_t denseBytes = inputReadDensely_ ? static_cast<size_t>(features * batch) * sizeof(float) : 0;
-  Ahead& a = nextAhead(stagedSparseBytes(m) + denseBytes + static_cast<size_t>(classes * batch) * sizeof(float) +
+  Ahead& a = nextAhead(stagedSparseBytes(backend_, m) + denseBytes + static_cast<size_t>(classes * batch) * sizeof(float) +
                        localsBytes(locals));
   size_t offset = 0;
-  a.landed = stageSparse(m, a.staging, offset, a.sparseInput);
+  a.landed = stageSparse(backend_, m, a.staging, offset, a.sparseInput);
   if (inputReadDensely_) {
     // Its dense copy, as upload() makes it (hostDense_ = the sparse batch).
     const Tensor host = a.staging.floats(offset, features, batch);
@@ -214,7 +153,7 @@ void DeviceExecutor::prefetchSequence(const Matrix& segments) {
     const size_t i = static_cast<size_t>(n.id);
     if (n.kind != NodeKind::kToken) continue;
     buildTokens(segments, n, a.tokens[i]);
-    if (tokenSparse_[i]) bytes += stagedSparseBytes(a.tokens[i]);
+    if (tokenSparse_[i]) bytes += stagedSparseBytes(backend_, a.tokens[i]);
     if (tokenDense_[i]) bytes += static_cast<size_t>(n.rows * b) * sizeof(float);
   }
   nextAhead(bytes);
@@ -223,7 +162,7 @@ void DeviceExecutor::prefetchSequence(const Matrix& segments) {
   for (const Node& n : graph_.nodes()) {
     const size_t i = static_cast<size_t>(n.id);
     if (n.kind != NodeKind::kToken) continue;
-    if (tokenSparse_[i]) a.landed = stageSparse(a.tokens[i], a.staging, offset, a.sparseTokens[i]);
+    if (tokenSparse_[i]) a.landed = stageSparse(backend_, a.tokens[i], a.staging, offset, a.sparseTokens[i]);
     if (tokenDense_[i]) {
       // The dense one-hot as uploadSequence makes it (hostStep_ = m: zeros and ones).
       const Tensor host = a.staging.floats(offset, n.rows, b);

@@ -32,6 +32,9 @@ Tensor deviceBuffer(Backend& backend, Tensor& store, int64_t rows, int64_t cols)
   return Tensor::view(backend.device(), store.data(), rows, cols);
 }
 
+// Whether a rebuild on `backend` stages its host operands (DeviceOperands::staged).
+bool staged(const Backend& backend, const DeviceOperands& d) { return d.staged && backend.device() != Device::kCpu; }
+
 // W += [U_1 C_1, ...] [V_1, ...]^T: one GEMM for the dense V's, one sparse product for
 // the sparse ones. `u` holds the weighted columns, the dense pieces' first. Gathering
 // the V's costs O(K n) copies against the O(J K n) product; a single dense piece's V
@@ -232,17 +235,34 @@ Tensor& deviceParam(Backend& backend, DeviceOperands& d, size_t param, const Mat
 // rebuild has no pieces.
 void stageUploads(std::span<ParamRebuild* const> rebuilds, std::span<const int64_t> k, std::span<const int64_t> rows,
                   Backend& backend, DeviceOperands& d) {
-  size_t bytes = 0;
+  // The sparse V's, compressed on the host, and the bias updates formed there.
+  std::vector<SparseMatrix> sparse(rebuilds.size());
+  size_t bytes = d.biasHost.size() * sizeof(float);
   for (size_t i = 0; i < rebuilds.size(); ++i) {
-    if (rebuilds[i] != nullptr) bytes += rebuilds[i]->hostBytes(k[i]);
+    if (rebuilds[i] == nullptr) continue;
+    bytes += rebuilds[i]->hostBytes(k[i]);
+    if (rebuilds[i]->sparseCols() > 0) {
+      sparse[i] = rebuilds[i]->sparseV(k[i]);
+      bytes += stagedSparseBytes(backend, sparse[i]);
+    }
   }
   // The copies that read the buffer last (the previous rebuild's) land before it is written.
   backend.wait(d.stagingRead);
   if (d.staging.bytes() < bytes) d.staging = backend.allocateHost(bytes);
   d.stagedU.resize(rebuilds.size());
   d.stagedV.resize(rebuilds.size());
+  d.stagedSparseV.resize(rebuilds.size());
   d.landed.assign(rebuilds.size(), Event());
   size_t offset = 0;
+  d.biasLanded = Event();
+  if (!d.biasHost.empty()) {
+    const auto n = static_cast<int64_t>(d.biasHost.size());
+    std::memcpy(d.staging.data(), d.biasHost.data(), d.biasHost.size() * sizeof(float));
+    Tensor to = deviceBuffer(backend, d.stagedBias, n, 1);
+    d.biasLanded = backend.copyToDeviceAsync(d.staging, 0, to).done;
+    d.stagingRead = d.biasLanded;
+    offset += d.biasHost.size() * sizeof(float);
+  }
   for (size_t i = 0; i < rebuilds.size(); ++i) {
     ParamRebuild* r = rebuilds[i];
     if (r == nullptr) continue;
@@ -256,6 +276,10 @@ void stageUploads(std::span<ParamRebuild* const> rebuilds, std::span<const int64
       d.stagingRead = d.landed[i];
       offset += n;
     });
+    if (r->sparseCols() > 0) {
+      d.landed[i] = stageSparse(backend, sparse[i], d.staging, offset, d.stagedSparseV[i]);
+      d.stagingRead = d.landed[i];
+    }
   }
 }
 
@@ -271,9 +295,8 @@ void stagedProducts(ParamRebuild& r, size_t param, Tensor& target, Backend& back
   r.deviceOperands(backend, u, v, k);
   if (r.denseCols() > 0) backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u.middleCols(0, r.denseCols()), v, 1.0f, target);
   if (r.sparseCols() > 0) {
-    const SparseMatrix host = r.sparseV(k);
-    backend.copySparse(cpu::view(host), d.sparseV);
-    backend.gemmSparse(1.0f, u.middleCols(r.denseCols(), r.sparseCols()), d.sparseV.view, Trans::kYes, 1.0f, target);
+    backend.gemmSparse(1.0f, u.middleCols(r.denseCols(), r.sparseCols()), d.stagedSparseV[param].view, Trans::kYes,
+                       1.0f, target);
   }
 }
 
@@ -346,6 +369,7 @@ class HostTargets {
   const std::string& name(size_t i) const { return w_.params[i].name; }
   static constexpr bool kOnDevice = false;
   void addBias(size_t i, const Vector& delta, Backend&, DeviceOperands&) { w_[i].col(0) += delta; }
+  void applyBiases(Backend&, DeviceOperands&) {}
   void apply(size_t i, ParamRebuild& r, Backend& backend, DeviceOperands& d) {
     if (backend.device() == Device::kCpu) {
       applyOnHost(r, w_[i], backend);
@@ -366,20 +390,37 @@ class DeviceTargets {
   int64_t cols(size_t i) const { return w_[i].cols(); }
   std::string name(size_t i) const { return fmt::format("#{}", i); }
   static constexpr bool kOnDevice = true;
-  // The bias's delta uploaded and added where the bias lies (y += 1 * x: the host's sum).
+  // The bias's delta uploaded and added where the bias lies (y += 1 * x: the host's
+  // sum). Staged: kept, to cross with the rebuild's other operands (applyBiases).
   void addBias(size_t i, const Vector& delta, Backend& backend, DeviceOperands& d) {
+    if (staged(backend, d)) {
+      d.biasOps.push_back({i, nullptr, 0.0f, d.biasHost.size(), delta.size()});
+      d.biasHost.insert(d.biasHost.end(), delta.data(), delta.data() + delta.size());
+      return;
+    }
     const Tensor t = uploaded(backend, d.bias, Tensor::host(delta.data(), delta.size(), 1));
     backend.axpy(1.0f, t, w_[i]);
   }
   // The same from a piece whose U lies on the device with the one coefficient c: its
   // delta (U c) 1 formed there, as the host forms it (each product, then the row sums).
   void addBias(size_t i, const Tensor& u, float c, Backend& backend, DeviceOperands& d) {
-    Tensor scaled = deviceBuffer(backend, d.biasU, u.rows(), u.cols());
-    backend.copy(u, scaled);
-    backend.scale(c, scaled);
-    Tensor delta = deviceBuffer(backend, d.bias, u.rows(), 1);
-    backend.sumColumns(scaled, 0.0f, delta);
-    backend.axpy(1.0f, delta, w_[i]);
+    if (staged(backend, d)) {
+      d.biasOps.push_back({i, &u, c, 0, 0});
+      return;
+    }
+    addDeviceBias(i, u, c, backend, d);
+  }
+  // Staged: the bias updates in batch order, those formed on the host once their copy landed.
+  void applyBiases(Backend& backend, DeviceOperands& d) {
+    if (!d.biasLanded.empty()) backend.waitOnDevice(d.biasLanded);
+    for (const DeviceOperands::BiasOp& op : d.biasOps) {
+      if (op.u != nullptr) {
+        addDeviceBias(op.param, *op.u, op.c, backend, d);
+      } else {
+        const Tensor t = Tensor::view(backend.device(), d.stagedBias.data() + op.at, op.count, 1);
+        backend.axpy(1.0f, t, w_[op.param]);
+      }
+    }
   }
   void apply(size_t i, ParamRebuild& r, Backend& backend, DeviceOperands& d) {
     Tensor& target = w_[i];
@@ -389,6 +430,15 @@ class DeviceTargets {
   }
 
  private:
+  void addDeviceBias(size_t i, const Tensor& u, float c, Backend& backend, DeviceOperands& d) {
+    Tensor scaled = deviceBuffer(backend, d.biasU, u.rows(), u.cols());
+    backend.copy(u, scaled);
+    backend.scale(c, scaled);
+    Tensor delta = deviceBuffer(backend, d.bias, u.rows(), 1);
+    backend.sumColumns(scaled, 0.0f, delta);
+    backend.axpy(1.0f, delta, w_[i]);
+  }
+
   std::span<Tensor> w_;
 };
 
@@ -432,6 +482,8 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
   }
   std::vector<int64_t>& denseAt = buffers.denseAt;
   denseAt.assign(params, 0);
+  buffers.device.biasOps.clear();
+  buffers.device.biasHost.clear();
   // In batch order, as the bias updates are summed.
   for (const SvBatchView* b : batches) {
     for (const SvMatrixView& m : b->matrices) {
@@ -469,15 +521,16 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
   for (size_t i = 0; i < params; ++i) {
     if (!byParam[i].empty()) rebuilds[i].emplace(byParam[i], buffers.u[i], denseCols[i], buffers.v);
   }
-  if (buffers.device.staged && backend.device() != Device::kCpu) {
-    std::vector<ParamRebuild*> staged(params, nullptr);
+  if (staged(backend, buffers.device)) {
+    std::vector<ParamRebuild*> toStage(params, nullptr);
     std::vector<int64_t> k(params), rows(params);
     for (size_t i = 0; i < params; ++i) {
-      if (rebuilds[i]) staged[i] = &*rebuilds[i];
+      if (rebuilds[i]) toStage[i] = &*rebuilds[i];
       k[i] = w.cols(i);
       rows[i] = w.rows(i);
     }
-    stageUploads(staged, k, rows, backend, buffers.device);
+    stageUploads(toStage, k, rows, backend, buffers.device);
+    w.applyBiases(backend, buffers.device);
   }
   for (size_t i = 0; i < params; ++i) {
     if (rebuilds[i]) w.apply(i, *rebuilds[i], backend, buffers.device);

@@ -8,6 +8,7 @@
 #include "engine/base/params.h"
 #include "engine/base/sv_batch.h"
 #include "ops/backend.h"
+#include "ops/staged_sparse.h"
 
 #include <span>
 #include <vector>
@@ -51,10 +52,23 @@ struct RebuildPiece {
 // products of the parameters before and the host never waits for them. The
 // staging buffer is written again only once the copies that read it have landed
 // (`stagingRead`); it and the device buffers grow to the largest rebuild and are
-// reused. Not staged: one blocking copy per operand into `u` and `v`, which the
-// parameters share. The same operands either way, so the same bits; the sparse
-// V's and the bias updates cross with blocking copies in both.
+// reused. The sparse V's cross through the same buffer (ops/staged_sparse.h) into
+// each parameter's `stagedSparseV`, and the bias updates formed on the host, all
+// of a rebuild's back to back, into `stagedBias`: each bias update is added in
+// batch order after them (`biasOps`), those formed on the device among them.
+// Not staged: one blocking copy per operand into `u` and `v`, which the
+// parameters share, and per sparse V and bias update. The same operands either
+// way, so the same bits.
 struct DeviceOperands {
+  // A bias update of a staged rebuild, in batch order: `count` floats at `at` of
+  // `biasHost` (formed on the host), or a device piece's U with its one coefficient.
+  struct BiasOp {
+    size_t param = 0;
+    const Tensor* u = nullptr;
+    float c = 0.0f;
+    size_t at = 0;
+    int64_t count = 0;
+  };
   std::vector<Tensor> w;  // per parameter, its shape
   Tensor u;               // flat, at least the largest U of a clock
   Tensor v;               // flat, at least the largest dense V of a clock
@@ -65,7 +79,12 @@ struct DeviceOperands {
   HostBuffer staging;                    // the host operands of one rebuild, back to back
   Event stagingRead;                     // done when the last copy that read `staging` has landed
   std::vector<Tensor> stagedU, stagedV;  // per parameter: flat, its U C (dense pieces' columns first) and dense V
+  std::vector<StagedSparse> stagedSparseV;  // per parameter: its sparse pieces' V, compressed
   std::vector<Event> landed;             // per parameter: its last staged copy of this rebuild
+  std::vector<BiasOp> biasOps;           // this rebuild's bias updates, in order
+  std::vector<float> biasHost;           // their host-formed deltas, back to back
+  Tensor stagedBias;                     // the same on the device
+  Event biasLanded;                      // their copy
 };
 
 // What a rebuild works in, kept by a caller that rebuilds every clock so the
