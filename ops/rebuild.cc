@@ -32,6 +32,17 @@ Tensor deviceBuffer(Backend& backend, Tensor& store, int64_t rows, int64_t cols)
   return Tensor::view(backend.device(), store.data(), rows, cols);
 }
 
+// dst = c src on the device in one pass (a chain of one scale step: c x, the
+// host's u * c bit for bit), not a copy and then a scaling.
+void scaledCopy(Backend& backend, const Tensor& src, float c, Tensor& dst) {
+  EwChain chain;
+  chain.inputs = 1;
+  chain.steps.push_back(EwStep{EwOp::kScale, {EwRef{EwRef::Kind::kInput, 0}, EwRef{}}, static_cast<double>(c)});
+  const Tensor* in[] = {&src};
+  Tensor* out[] = {&dst};
+  backend.elementwise(chain, in, out);
+}
+
 // Whether a rebuild on `backend` stages its host operands (DeviceOperands::staged).
 bool staged(const Backend& backend, const DeviceOperands& d) { return d.staged && backend.device() != Device::kCpu; }
 
@@ -183,8 +194,7 @@ class ParamRebuild {
 
   static void copyInto(Backend& backend, const Tensor& src, Tensor dst) { backend.copy(src, dst); }
   static void scaledInto(Backend& backend, const Piece& p, float c, Tensor dst) {
-    backend.copy(*p.onDevice->u, dst);
-    backend.scale(c, dst);
+    scaledCopy(backend, *p.onDevice->u, c, dst);
   }
 
   Tensor uPart(int64_t first, int64_t cols) const {
@@ -432,8 +442,7 @@ class DeviceTargets {
  private:
   void addDeviceBias(size_t i, const Tensor& u, float c, Backend& backend, DeviceOperands& d) {
     Tensor scaled = deviceBuffer(backend, d.biasU, u.rows(), u.cols());
-    backend.copy(u, scaled);
-    backend.scale(c, scaled);
+    scaledCopy(backend, u, c, scaled);
     Tensor delta = deviceBuffer(backend, d.bias, u.rows(), 1);
     backend.sumColumns(scaled, 0.0f, delta);
     backend.axpy(1.0f, delta, w_[i]);

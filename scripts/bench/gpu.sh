@@ -216,7 +216,8 @@ print(f"W {r['shapes']} from 4 x 100 columns: {r['device_seconds'] * 1e3:.3g} ms
       f"({r['device_bytes_per_second'] / r['copy_bytes_per_second']:.2f} of the copy's "
       f"{r['copy_bytes_per_second'] / 1e9:.3g}); {r['bound']} binds: efficiency {r['efficiency']:.2f} "
       f"(goal >= 0.7); plain SGEMMs of the rebuild's shapes {r['gemm_seconds'] * 1e3:.3g} ms "
-      f"({r['gemm_flops'] / 1e12:.3g} TFLOP/s): the rebuild reaches {r['of_gemm']:.2f} of them; "
+      f"({r['gemm_flops'] / 1e12:.3g} TFLOP/s): the rebuild reaches {r['of_gemm']:.2f} of them, in "
+      f"{r['device_launches']} device operations a clock; "
       f"from host batches (their U C and V copied in) {r['received_seconds'] * 1e3:.3g} ms")
 EOF
 )"

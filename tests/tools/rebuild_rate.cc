@@ -173,8 +173,10 @@ int run(const Options& o) {
   }
   ops::RebuildBuffers buffers;
   const uint64_t inBefore = b.transfers().toDevice;
+  const uint64_t launchesBefore = b.launches();
   const double deviceSeconds = timed(b, o.reps, [&] { ops::applySvBatches(ptrs, w, b, buffers, onDevice); });
   const uint64_t deviceIn = (b.transfers().toDevice - inBefore) / static_cast<uint64_t>(o.reps + 1);
+  const uint64_t deviceLaunches = (b.launches() - launchesBefore) / static_cast<uint64_t>(o.reps + 1);
   const double receivedSeconds = timed(b, o.reps, [&] { ops::applySvBatches(ptrs, w, b, buffers); });
   // The same products as plain SGEMMs on operands already concatenated.
   std::vector<Tensor> joinedU, joinedV;
@@ -194,12 +196,12 @@ int run(const Options& o) {
       "{\"device\": \"%s\", \"shapes\": \"%s\", \"ranks\": %d, \"columns\": %lld, \"reps\": %d, "
       "\"sgemm_flops\": %.4g, \"copy_bytes_per_second\": %.4g, \"rebuild_flops\": %.4g, \"rebuild_bytes\": %.4g, "
       "\"device_seconds\": %.4g, \"device_flops\": %.4g, \"device_bytes_per_second\": %.4g, "
-      "\"device_h2d_bytes\": %llu, \"bound\": \"%s\", \"efficiency\": %.3f, "
+      "\"device_h2d_bytes\": %llu, \"device_launches\": %llu, \"bound\": \"%s\", \"efficiency\": %.3f, "
       "\"received_seconds\": %.4g, \"received_flops\": %.4g, \"gemm_seconds\": %.4g, \"gemm_flops\": %.4g, "
       "\"of_gemm\": %.3f}\n",
       b.describe().c_str(), shapes.c_str(),
       o.ranks, static_cast<long long>(o.columns), o.reps, sgemmRate, copyRate, flops, bytes, deviceSeconds,
-      flops / deviceSeconds, bytes / deviceSeconds, static_cast<unsigned long long>(deviceIn),
+      flops / deviceSeconds, bytes / deviceSeconds, static_cast<unsigned long long>(deviceIn), static_cast<unsigned long long>(deviceLaunches),
       flops / sgemmRate >= bytes / copyRate ? "sgemm" : "copy", bound / deviceSeconds, receivedSeconds,
       flops / receivedSeconds, gemmSeconds, flops / gemmSeconds, gemmSeconds / deviceSeconds);
   return 0;
