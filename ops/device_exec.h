@@ -264,7 +264,6 @@ class DeviceExecutor {
   void stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_t batch, size_t& offset);
   // The batch's data-dependent variables staged at `offset` and queued to the slot's locals.
   void stageLocals(Ahead& a, const std::vector<Matrix>& locals, int64_t batch, size_t& offset);
-  size_t localsBytes(const std::vector<Matrix>* locals) const;
   // The batch's compute waits on the device for the slot's copies; the wait is timed.
   void orderAfter(const Ahead& a);
   std::array<Ahead, 2> ahead_;

@@ -10,6 +10,18 @@
 #include <cstring>
 
 namespace orpheus::ops {
+namespace {
+
+// Bytes of the data-dependent variables queued with a batch (none: 0).
+size_t localsBytes(const std::vector<Matrix>* locals) {
+  size_t bytes = 0;
+  if (locals != nullptr) {
+    for (const Matrix& m : *locals) bytes += static_cast<size_t>(m.size()) * sizeof(float);
+  }
+  return bytes;
+}
+
+}  // namespace
 
 void DeviceExecutor::oneHot(const Eigen::VectorXi& labels, Eigen::Map<Matrix> out) const {
   out.setZero();
@@ -31,14 +43,6 @@ DeviceExecutor::Ahead& DeviceExecutor::nextAhead(size_t bytes) {
   a.labels = nullptr;
   a.withLocals = false;
   return a;
-}
-
-size_t DeviceExecutor::localsBytes(const std::vector<Matrix>* locals) const {
-  size_t bytes = 0;
-  if (locals != nullptr) {
-    for (const Matrix& m : *locals) bytes += static_cast<size_t>(m.size()) * sizeof(float);
-  }
-  return bytes;
 }
 
 void DeviceExecutor::stageLocals(Ahead& a, const std::vector<Matrix>& locals, int64_t batch, size_t& offset) {
