@@ -32,17 +32,6 @@ Tensor deviceBuffer(Backend& backend, Tensor& store, int64_t rows, int64_t cols)
   return Tensor::view(backend.device(), store.data(), rows, cols);
 }
 
-// dst = c src on the device in one pass (a chain of one scale step: c x, the
-// host's u * c bit for bit), not a copy and then a scaling.
-void scaledCopy(Backend& backend, const Tensor& src, float c, Tensor& dst) {
-  EwChain chain;
-  chain.inputs = 1;
-  chain.steps.push_back(EwStep{EwOp::kScale, {EwRef{EwRef::Kind::kInput, 0}, EwRef{}}, static_cast<double>(c)});
-  const Tensor* in[] = {&src};
-  Tensor* out[] = {&dst};
-  backend.elementwise(chain, in, out);
-}
-
 // Whether a rebuild on `backend` stages its host operands (DeviceOperands::staged).
 bool staged(const Backend& backend, const DeviceOperands& d) { return d.staged && backend.device() != Device::kCpu; }
 
@@ -581,6 +570,15 @@ void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const 
     backend.gemm(Trans::kNo, Trans::kYes, 1.0f, du, uploaded(backend, device.v, cpu::view(*vDense)), 0.0f, t);
   }
   backend.copy(t, host);
+}
+
+void scaledCopy(Backend& backend, const Tensor& src, float c, Tensor& dst) {
+  EwChain chain;
+  chain.inputs = 1;
+  chain.steps.push_back(EwStep{EwOp::kScale, {EwRef{EwRef::Kind::kInput, 0}, EwRef{}}, static_cast<double>(c)});
+  const Tensor* in[] = {&src};
+  Tensor* out[] = {&dst};
+  backend.elementwise(chain, in, out);
 }
 
 void scaleCoefficients(SvBatch& batch, float factor) {

@@ -130,6 +130,10 @@ void applySvBatches(std::span<const SvBatchView* const> batches, std::span<Tenso
 void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const Matrix& u, const Matrix* vDense,
                   const SparseMatrix* vSparse, Matrix& target);
 
+// dst = c src on the backend's device in one pass (a chain of one scale step: the
+// host's src * c bit for bit), not a copy and then a scaling.
+void scaledCopy(Backend& backend, const Tensor& src, float c, Tensor& dst);
+
 // Scales every batch column's coefficient (or core and bias coefficients) by `factor`.
 void scaleCoefficients(SvBatch& batch, float factor);
 

@@ -23,6 +23,14 @@
 // updated, so E also carries the rounding error: E = M - round(P) round(Q)^T, and the
 // bias's rounding error is carried to the next clock's bias column.
 //
+// The power iteration runs on the job's backend (--device): E and Q live on its
+// device, and where the backward pass left the batch's U and V there (a resident
+// replica) they are read where they lie. Only the small pieces cross to the host:
+// M Q (J x R) for its orthonormal basis, which the host forms (a Householder QR, as
+// on the CPU), Q' (K x R) and the bias column for the wire, and E's column norms.
+// On the CPU backend and on the strict device the same operations run in the same
+// order, so both give the same bits.
+//
 // E and Q are the sender's memory, not in the log: the checkpoint keeps them as the
 // rank's carried state (state() and restore()), so --resume compresses exactly as the
 // uninterrupted run would.
@@ -35,6 +43,8 @@
 #include "engine/base/sv_batch.h"
 
 #include "engine/base/params.h"
+#include "ops/backend.h"
+#include "ops/rebuild.h"
 
 #include <cstdint>
 #include <span>
@@ -46,12 +56,17 @@ namespace orpheus::engine {
 
 class LowRankSender {
  public:
-  // Q starts as a Gaussian matrix drawn from `seed` and the matrix's place.
-  LowRankSender(int64_t rank, uint64_t seed, SvDtype dtype = SvDtype::kF32) : rank_(rank), seed_(seed), dtype_(dtype) {}
+  // Q starts as a Gaussian matrix drawn from `seed` and the matrix's place. The
+  // work runs on `backend` (which must outlive the sender), E and Q on its device.
+  LowRankSender(ops::Backend& backend, int64_t rank, uint64_t seed, SvDtype dtype = SvDtype::kF32)
+      : backend_(backend), rank_(rank), seed_(seed), dtype_(dtype) {}
 
   // The rank-R batch to send and to apply here for `batch` (full, coefficients or
   // cores); updates E and Q. Every matrix must have a dense V (checked: Error).
-  SvBatch compress(const SvBatch& batch);
+  // `onDevice`: matrix i's U and V on the backend's device (the model's
+  // lastDeviceSvs(), the same values as the batch's), read there instead of copying
+  // the batch's in; empty: none are.
+  SvBatch compress(const SvBatch& batch, std::span<const ops::DeviceSvs> onDevice = {});
   // The width of P and Q from the next compress() on (--adapt-bf16 may switch it).
   void setDtype(SvDtype dtype) { dtype_ = dtype; }
   // The rank from the next compress() on (--adapt may move it); >= 1.
@@ -77,20 +92,35 @@ class LowRankSender {
   // force; 0: nothing sent, 1): from the same power iteration, keeping the best k
   // directions of span(P) (the top k eigenvalues of P^T M M^T P). e(rank) is lastError().
   std::vector<double> errorsAt(std::span<const int64_t> ranks) const;
-  // The part of matrix p's updates not sent yet (J x K; empty before its first clock).
-  Matrix carried(size_t p) const { return p < state_.size() ? state_[p].e : Matrix(); }
+  // The part of matrix p's updates not sent yet (J x K; empty before its first
+  // clock), copied from the device.
+  Matrix carried(size_t p) const;
   // The part of matrix p's bias updates not sent yet (bf16 rounding; empty otherwise).
   Vector carriedBias(size_t p) const { return p < state_.size() ? state_[p].eb : Vector(); }
 
  private:
   struct MatrixState {
-    Matrix e;   // J x K
-    Matrix q;   // K x R
-    Vector eb;  // J: the bias's rounding error (bf16)
+    ops::Tensor e;  // J x K, on the backend's device
+    ops::Tensor q;  // K x R, on the backend's device
+    Vector eb;      // J: the bias's rounding error (bf16)
     std::vector<double> captured;  // eigenvalues of P^T M M^T P of the last clock, largest first
   };
-  SvMatrix compressMatrix(const SvMatrix& m, const Vector& coeffs, size_t p, double& kept, double& whole);
+  // Buffers on the device, grown to the largest matrix and reused: a clock allocates nothing.
+  struct Scratch {
+    ops::Tensor left, right;  // [U C, -P] (J x (n + R)) and [V, Q'] (K x (n + R))
+    ops::Tensor mq, small, norms, bias, core, biasCoeffs, u, v;
+  };
+  SvMatrix compressMatrix(const SvMatrix& m, const Vector& coeffs, const ops::DeviceSvs* onDevice, size_t p,
+                          double& kept, double& whole);
+  // rows x cols of `store` on the device, grown when too small.
+  ops::Tensor buffer(ops::Tensor& store, int64_t rows, int64_t cols);
+  // A host matrix on the device: a view on the CPU backend, else copied into `store`.
+  ops::Tensor operand(const Matrix& m, ops::Tensor& store);
+  ops::Tensor upload(const Matrix& m);
+  Matrix download(const ops::Tensor& t) const;  // blocks until it is on the host
 
+  ops::Backend& backend_;
+  Scratch scratch_;
   int64_t rank_;
   uint64_t seed_;
   SvDtype dtype_;

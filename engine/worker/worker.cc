@@ -86,7 +86,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
   if (config.sync == SyncMode::kPowerSgd) {
     powerSgd_.emplace(config.svRank, config.seed);
   } else if (config.svRank > 0) {
-    lowRank_.emplace(config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()), config.svDtype);
+    lowRank_.emplace(backend, config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()), config.svDtype);
   }
   applyKnobs(knobs_);
   coordinator_.startFrom(replica_);  // W0 is the same on every rank (the seed's)
@@ -289,7 +289,9 @@ std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local
   const auto t = Clock::now();
   std::optional<SvBatch> sent;
   if (lowRank_) {
-    sent = lowRank_->compress(local);
+    // Resident: the power iteration reads U and V where the backward pass left them.
+    const std::vector<ops::DeviceSvs> svs = updater_.resident() ? model_.lastDeviceSvs() : std::vector<ops::DeviceSvs>{};
+    sent = lowRank_->compress(local, svs.size() == local.matrices.size() ? std::span(svs) : std::span<const ops::DeviceSvs>{});
     stats.rankError = lowRank_->lastError();
   } else {
     sent = selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank());

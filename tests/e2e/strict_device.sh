@@ -7,7 +7,7 @@
 # CASE: mlr (the built-in model, resident: SV, broadcast, sgd; restore --device strict
 # equals the cpu restore), builtin (--model mlr named, resident: adam, a test set, the
 # start-up line),
-# mlp (selection, random multicast, averaging and rotation, adam), lstm (adagrad, resident,
+# mlp (selection, random multicast, averaging and rotation, adam; --sv-rank), lstm (adagrad, resident,
 # carried states, a test set, restore),
 # dense (--sync dense with and without --overlap), sparse (LIBSVM rows, sparse V), tm (the
 # topic model resident: its data-dependent variables' inner steps on the device, a test set),
@@ -106,6 +106,14 @@ case "$case" in
     same mlp "${fmnist[@]}" --model "$out/mlp.loss" --clocks 30 --batch 40 --select 10 --multicast random --fanout 1 \
       --average-every 10 --rotate-every 7 --optimizer adam
     resident mlp
+    # --sv-rank: the power iteration and its carried error on the device, reading U and
+    # V where the pass left them. A clock brings in its minibatch, the rank-2 batches
+    # and the basis, about 153 kB a rank; copying U and V in as well would add 158 kB.
+    same mlp-rank "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 40 --sv-rank 2
+    resident mlp-rank
+    grep -o '"device_in_bytes": *[0-9]*' "$out/mlp-rank-strict.jsonl" | sed 's/.*: *//' | tail -n +2 |
+      awk '$1 > 2 * 160000 { print "strict_device.sh: --sv-rank copied " $1 " bytes in at clock " NR + 1; bad = 1 }
+        END { exit bad }' >&2
     ;;
   lstm)
     "$here/synthetic_tokens.sh" "$out/tokens"

@@ -2,8 +2,12 @@
 // travels exactly; error feedback loses nothing (what was sent plus what is carried
 // equals what the batches carried, every clock); a batch of rank <= R goes whole;
 // the warm-started power iteration finds the best rank-R approximation of an update
-// that recurs.
+// that recurs; on the strict device it gives the CPU backend's bits, with U and V
+// copied in or read where a device pass left them.
 #include "engine/worker/low_rank.h"
+
+#include "ops/cpu/cpu_backend.h"
+#include "ops/strict/strict_backend.h"
 
 #include <catch2/catch.hpp>
 
@@ -15,6 +19,12 @@ using engine::LowRankSender;
 namespace {
 
 using MatD = Eigen::MatrixXd;
+
+// The host's backend, on which these cases run the power iteration.
+ops::Backend& host() {
+  static ops::cpu::CpuBackend backend;
+  return backend;
+}
 
 Matrix randomMatrix(Eigen::Index rows, Eigen::Index cols, std::mt19937& gen) {
   std::normal_distribution<float> normal;
@@ -65,7 +75,7 @@ double conservationError(const LowRankSender& sender, const MatD& sent, const Ma
 TEST_CASE("--sv-rank sends rank R, the bias exactly, and carries the rest", "[low-rank]") {
   std::mt19937 gen(3);
   const SvBatch batch = randomBatch(10, gen);
-  LowRankSender sender(3, 1);
+  LowRankSender sender(host(), 3, 1);
   const SvBatch sent = sender.compress(batch);
   REQUIRE(sent.matrices.size() == 2);
   CHECK(sent.numColumns() == 4);
@@ -85,7 +95,7 @@ TEST_CASE("--sv-rank sends rank R, the bias exactly, and carries the rest", "[lo
 TEST_CASE("--sv-rank of a batch of rank <= R is exact", "[low-rank]") {
   std::mt19937 gen(5);
   const SvBatch batch = randomBatch(2, gen);
-  LowRankSender sender(2, 1);
+  LowRankSender sender(host(), 2, 1);
   const SvBatch sent = sender.compress(batch);
   for (size_t p = 0; p < 2; ++p) CHECK(rel(update(sent, p), update(batch, p)) < 1e-5);
   CHECK(sender.lastError() < 1e-5);
@@ -93,7 +103,7 @@ TEST_CASE("--sv-rank of a batch of rank <= R is exact", "[low-rank]") {
 
 TEST_CASE("--sv-rank's error feedback conserves the update, clock after clock", "[low-rank]") {
   std::mt19937 gen(7);
-  LowRankSender sender(2, 1);
+  LowRankSender sender(host(), 2, 1);
   MatD carried[2] = {MatD::Zero(12, 9), MatD::Zero(7, 12)};
   MatD delivered[2] = {MatD::Zero(12, 9), MatD::Zero(7, 12)};
   for (int clock = 0; clock < 6; ++clock) {
@@ -118,7 +128,7 @@ TEST_CASE("--sv-rank's error feedback conserves the update, clock after clock", 
 
 TEST_CASE("--sv-rank sends M projected on R directions of its range", "[low-rank]") {
   std::mt19937 gen(13);
-  LowRankSender sender(2, 1);
+  LowRankSender sender(host(), 2, 1);
   for (int clock = 0; clock < 3; ++clock) {
     const MatD before = sender.carried(0).size() > 0 ? MatD(sender.carried(0).cast<double>()) : MatD::Zero(12, 9);
     const SvBatch batch = randomBatch(6, gen);
@@ -142,7 +152,7 @@ TEST_CASE("--sv-rank compresses least-squares cores as well", "[low-rank]") {
     m.core = randomMatrix(6, 6, gen);
     if (m.biasId >= 0) m.biasCoeffs = randomMatrix(6, 1, gen);
   }
-  LowRankSender sender(6, 1);
+  LowRankSender sender(host(), 6, 1);
   const SvBatch sent = sender.compress(batch);  // rank 6 of a rank-6 update: exact
   for (size_t p = 0; p < 2; ++p) CHECK(rel(update(sent, p), update(batch, p)) < 1e-5);
   CHECK((biasUpdate(sent, 0) - biasUpdate(batch, 0)).norm() < 1e-5 * biasUpdate(batch, 0).norm());
@@ -152,7 +162,7 @@ TEST_CASE("--sv-rank of an all-zero update sends zeros and carries nothing", "[l
   std::mt19937 gen(11);
   SvBatch batch = randomBatch(4, gen);
   batch.matrices[1].u.setZero();  // e.g. a layer whose units are all inactive
-  LowRankSender sender(2, 1);
+  LowRankSender sender(host(), 2, 1);
   const SvBatch sent = sender.compress(batch);
   CHECK(update(sent, 1).norm() == 0.0);
   CHECK(sender.carried(1).norm() == 0.0f);
@@ -161,7 +171,7 @@ TEST_CASE("--sv-rank of an all-zero update sends zeros and carries nothing", "[l
 
 TEST_CASE("--sv-rank with bf16 SVs sends bf16 values and carries their rounding error", "[low-rank][bf16]") {
   std::mt19937 gen(5);
-  LowRankSender sender(2, 1, SvDtype::kBf16);
+  LowRankSender sender(host(), 2, 1, SvDtype::kBf16);
   MatD sent0 = MatD::Zero(12, 9), whole0 = MatD::Zero(12, 9);
   Eigen::VectorXd sentBias = Eigen::VectorXd::Zero(12), wholeBias = Eigen::VectorXd::Zero(12);
   for (int clock = 0; clock < 6; ++clock) {
@@ -188,7 +198,7 @@ TEST_CASE("--sv-rank with bf16 SVs sends bf16 values and carries their rounding 
 TEST_CASE("--sv-rank's rank may move between clocks; errorsAt measures e(k) from the same iteration",
           "[low-rank][adapt]") {
   std::mt19937 gen(17);
-  LowRankSender sender(4, 1);
+  LowRankSender sender(host(), 4, 1);
   MatD carried[2] = {MatD::Zero(12, 9), MatD::Zero(7, 12)};
   MatD delivered[2] = {MatD::Zero(12, 9), MatD::Zero(7, 12)};
   const int64_t ranks[] = {4, 2, 1, 3, 4};
@@ -211,7 +221,7 @@ TEST_CASE("--sv-rank's rank may move between clocks; errorsAt measures e(k) from
     CHECK(e[1] <= 1.0);
   }
   // The same sequence of ranks from the same seed gives the same batches, bitwise.
-  LowRankSender twin(4, 1), other(4, 1);
+  LowRankSender twin(host(), 4, 1), other(host(), 4, 1);
   std::mt19937 gen2(17);
   for (const int64_t r : ranks) {
     twin.setRank(r);
@@ -233,11 +243,62 @@ TEST_CASE("--sv-rank's errorsAt keeps the best k directions of span(P)", "[low-r
   m.u = Matrix::Identity(5, 3);
   m.vDense = Matrix::Identity(4, 3);
   batch.matrices = {m};
-  LowRankSender sender(3, 1);
+  LowRankSender sender(host(), 3, 1);
   sender.compress(batch);
   const int64_t at[] = {1, 2, 3};
   const std::vector<double> e = sender.errorsAt(at);
   CHECK(e[0] == Approx(std::sqrt(5.0 / 14.0)).epsilon(1e-5));
   CHECK(e[1] == Approx(std::sqrt(1.0 / 14.0)).epsilon(1e-5));
   CHECK(e[2] == Approx(0.0).margin(1e-5));
+}
+
+TEST_CASE("--sv-rank on the strict device gives the CPU's bits, its U and V copied in or read on the device",
+          "[low-rank][strict]") {
+  const auto strict = ops::strict::makeStrictBackend();
+  std::mt19937 gen(23);
+  for (const SvDtype dtype : {SvDtype::kF32, SvDtype::kBf16}) {
+    LowRankSender cpu(host(), 2, 1, dtype), copied(*strict, 2, 1, dtype), resident(*strict, 2, 1, dtype);
+    const int64_t ranks[] = {2, 3, 1};
+    for (int clock = 0; clock < 6; ++clock) {
+      SvBatch batch = randomBatch(6, gen);
+      if (clock % 3 == 1) batch.coeffs.setConstant(0.25f);  // one coefficient: the scaled copy
+      if (clock % 3 == 2) {                                   // least-squares cores
+        for (SvMatrix& m : batch.matrices) {
+          m.core = randomMatrix(6, 6, gen);
+          if (m.biasId >= 0) m.biasCoeffs = randomMatrix(6, 1, gen);
+        }
+      }
+      const int64_t r = ranks[clock % 3];
+      for (LowRankSender* s : {&cpu, &copied, &resident}) s->setRank(r);
+      // The batch's U and V on the strict device, as a resident pass leaves them.
+      std::vector<ops::Tensor> tensors;
+      std::vector<ops::DeviceSvs> svs;
+      for (const SvMatrix& m : batch.matrices) {
+        for (const Matrix* h : {&m.u, &m.vDense}) {
+          tensors.push_back(strict->allocate(h->rows(), h->cols()));
+          strict->copy(ops::Tensor::host(h->data(), h->rows(), h->cols()), tensors.back());
+        }
+      }
+      for (size_t i = 0; i < batch.matrices.size(); ++i) svs.push_back({nullptr, &tensors[2 * i], &tensors[2 * i + 1]});
+      const SvBatch a = cpu.compress(batch), b = copied.compress(batch), c = resident.compress(batch, svs);
+      for (size_t p = 0; p < 2; ++p) {
+        for (const SvBatch* other : {&b, &c}) {
+          CHECK(other->matrices[p].u == a.matrices[p].u);
+          CHECK(other->matrices[p].vDense == a.matrices[p].vDense);
+        }
+        CHECK(copied.carried(p) == cpu.carried(p));
+        CHECK(resident.carried(p) == cpu.carried(p));
+      }
+      CHECK(copied.lastError() == cpu.lastError());
+      CHECK(resident.lastError() == cpu.lastError());
+    }
+    // The carried state leaves the device for the checkpoint and comes back: the
+    // restored sender goes on as the one it came from.
+    const std::string prefix = "sv-rank:";
+    LowRankSender back(*strict, 1, 9, dtype);
+    back.restore(resident.state(prefix), prefix);
+    const SvBatch batch = randomBatch(6, gen);
+    const SvBatch x = resident.compress(batch), y = back.compress(batch);
+    for (size_t p = 0; p < 2; ++p) CHECK(x.matrices[p].u == y.matrices[p].u);
+  }
 }
