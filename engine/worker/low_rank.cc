@@ -78,17 +78,24 @@ Matrix LowRankSender::carried(size_t p) const {
   return download(state_[p].e);
 }
 
-SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, const ops::DeviceSvs* onDevice,
-                                       size_t p, double& kept, double& whole) {
+// M = E + U C V^T is never formed on its own: with A = U C,
+//   M Q = E Q + A (V^T Q),   M^T P = E^T P + V (A^T P),   E' = E + [A, -P] [V, Q']^T,
+// two reads of E and one update in place. ||M||^2 = ||E'||^2 + ||Q'||^2, as P P^T M is
+// an orthogonal projection of M. Each phase is queued for every matrix before the host
+// reads any of its results, so the host waits for the device's work twice a clock
+// (three times in bf16: Q' is rounded before E's update), not once per matrix and step.
+
+void LowRankSender::queueRange(Work& w) {
   using ops::Tensor;
   using ops::Trans;
+  const SvMatrix& m = *w.m;
   ORPHEUS_ENFORCE(!m.sparseV, "--sv-rank needs a dense V (matrix {} has a sparse one)", m.paramId);
   const int64_t r = rank_;
-  MatrixState& s = state_[p];
-  const Eigen::Index j = m.u.rows(), k = m.vDense.rows(), n = m.u.cols();
+  MatrixState& s = state_[w.p];
+  const int64_t j = m.u.rows(), k = m.vDense.rows(), n = m.u.cols();
   if (s.e.rows() != j || s.e.cols() != k) {
     s.e = upload(Matrix::Zero(j, k));
-    std::mt19937_64 gen(seed_ ^ (0x9e3779b97f4a7c15ULL * (p + 1)));
+    std::mt19937_64 gen(seed_ ^ (0x9e3779b97f4a7c15ULL * (w.p + 1)));
     std::normal_distribution<float> normal;
     Matrix q(k, r);
     for (Eigen::Index i = 0; i < q.size(); ++i) q.data()[i] = normal(gen);
@@ -98,87 +105,109 @@ SvMatrix LowRankSender::compressMatrix(const SvMatrix& m, const Vector& coeffs, 
     Matrix q = download(s.q);
     const Eigen::Index had = q.cols();
     q.conservativeResize(k, r);
-    if (r > had) drawColumns(q, had, r, seed_, p);
+    if (r > had) drawColumns(q, had, r, seed_, w.p);
     s.q = upload(q);
   }
-  // M = E + U C V^T is never formed on its own: with A = U C,
-  //   M Q = E Q + A (V^T Q),   M^T P = E^T P + V (A^T P),   E' = E + [A, -P] [V, Q']^T,
-  // two reads of E and one update in place. ||M||^2 = ||E'||^2 + ||Q'||^2, as P P^T M is
-  // an orthogonal projection of M.
+  Buffers& b = s.buffers;
   const auto where = [](const Tensor& t) { return Tensor::view(t.device(), t.data(), t.rows(), t.cols()); };
-  const Tensor u = onDevice != nullptr && onDevice->u != nullptr ? where(*onDevice->u) : operand(m.u, scratch_.u);
-  const Tensor v = onDevice != nullptr && onDevice->vDense != nullptr ? where(*onDevice->vDense)
-                                                                       : operand(m.vDense, scratch_.v);
-  Tensor left = buffer(scratch_.left, j, n + r);
-  Tensor right = buffer(scratch_.right, k, n + r);
-  Tensor a = left.middleCols(0, n);
-  const bool withCore = m.core.size() > 0;
-  const bool uniform = !withCore && n > 0 && (coeffs.array() == coeffs(0)).all();
+  w.u = w.onDevice != nullptr && w.onDevice->u != nullptr ? where(*w.onDevice->u) : operand(m.u, b.u);
+  w.v = w.onDevice != nullptr && w.onDevice->vDense != nullptr ? where(*w.onDevice->vDense) : operand(m.vDense, b.v);
+  w.left = buffer(b.left, j, n + r);
+  w.right = buffer(b.right, k, n + r);
+  w.small = buffer(b.small, n, r);
+  w.mq = buffer(b.mq, j, r);
+  Tensor a = w.left.middleCols(0, n);
+  const Vector& coeffs = *w.coeffs;
+  const bool uniform = !w.withCore() && n > 0 && (coeffs.array() == coeffs(0)).all();
   if (uniform) {
-    ops::scaledCopy(backend_, u, coeffs(0), a);  // U c, u * c bit for bit
+    ops::scaledCopy(backend_, w.u, coeffs(0), a);  // U c, u * c bit for bit
   } else {
     // U core, or U diag(c): each entry one product plus zeros, u * c bit for bit.
-    const Matrix core = withCore ? m.core : Matrix(coeffs.asDiagonal());
-    backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, u, operand(core, scratch_.core), 0.0f, a);
+    const Matrix core = w.withCore() ? m.core : Matrix(coeffs.asDiagonal());
+    backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w.u, operand(core, b.core), 0.0f, a);
   }
-  Tensor small = buffer(scratch_.small, n, r);
-  Tensor mq = buffer(scratch_.mq, j, r);
-  backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, v, s.q, 0.0f, small);  // V^T Q
-  backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, s.e, s.q, 0.0f, mq);     // E Q
-  backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, a, small, 1.0f, mq);     // + A V^T Q
-  // P, an orthonormal basis of M Q's range, formed on the host (J x R).
-  const Eigen::HouseholderQR<Matrix> qr(download(mq));
-  Matrix basis = qr.householderQ() * Matrix::Identity(j, r);
-  const bool bf16 = dtype_ == SvDtype::kBf16;
-  if (bf16) roundAllToBf16(basis);
-  Tensor minusP = left.middleCols(n, r);
-  const Matrix negated = -basis;
+  backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, w.v, s.q, 0.0f, w.small);  // V^T Q
+  backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, s.e, s.q, 0.0f, w.mq);      // E Q
+  backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, a, w.small, 1.0f, w.mq);    // + A V^T Q
+}
+
+// P, an orthonormal basis of M Q's range, is formed on the host (J x R); then
+// Q' = M^T P = -(E^T (-P)) - V (A^T (-P)): negations are exact, so this is E^T P + V A^T P.
+void LowRankSender::queueProjection(Work& w) {
+  using ops::Tensor;
+  using ops::Trans;
+  const int64_t r = rank_, j = w.m->u.rows(), n = w.m->u.cols();
+  const Eigen::HouseholderQR<Matrix> qr(download(w.mq));
+  w.basis = qr.householderQ() * Matrix::Identity(j, r);
+  if (dtype_ == SvDtype::kBf16) roundAllToBf16(w.basis);
+  Tensor minusP = w.left.middleCols(n, r);
+  const Matrix negated = -w.basis;
   backend_.copy(Tensor::host(negated.data(), j, r), minusP);
-  // Q' = M^T P = -(E^T (-P)) - V (A^T (-P)): negations are exact, so this is E^T P + V A^T P.
-  Tensor q = right.middleCols(n, r);
-  backend_.gemm(Trans::kYes, Trans::kNo, -1.0f, s.e, minusP, 0.0f, q);
-  backend_.gemm(Trans::kYes, Trans::kNo, -1.0f, a, minusP, 0.0f, small);
-  backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, v, small, 1.0f, q);
-  Matrix qHost = download(q);
-  if (bf16) {
-    roundAllToBf16(qHost);
-    backend_.copy(Tensor::host(qHost.data(), k, r), q);
-  }
+  Tensor q = w.right.middleCols(n, r);
+  backend_.gemm(Trans::kYes, Trans::kNo, -1.0f, state_[w.p].e, minusP, 0.0f, q);
+  backend_.gemm(Trans::kYes, Trans::kNo, -1.0f, w.left.middleCols(0, n), minusP, 0.0f, w.small);
+  backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w.v, w.small, 1.0f, q);
+}
+
+// Q' in bf16 (the value sent, so E carries its rounding error too), before E's update.
+void LowRankSender::roundProjection(Work& w) {
+  const int64_t r = rank_, k = w.m->vDense.rows(), n = w.m->u.cols();
+  ops::Tensor q = w.right.middleCols(n, r);
+  w.q = download(q);
+  roundAllToBf16(w.q);
+  backend_.copy(ops::Tensor::host(w.q.data(), k, r), q);
+}
+
+// Q becomes Q', E becomes E - P Q'^T + A V^T, and E's column norms and the bias
+// update U c are formed for the host.
+void LowRankSender::queueUpdate(Work& w) {
+  using ops::Tensor;
+  using ops::Trans;
+  const int64_t r = rank_, j = w.m->u.rows(), k = w.m->vDense.rows(), n = w.m->u.cols();
+  MatrixState& s = state_[w.p];
+  Buffers& b = s.buffers;
   if (s.q.cols() != r || s.q.rows() != k) s.q = backend_.allocate(k, r);
-  backend_.copy(q, s.q);
-  Tensor vPart = right.middleCols(0, n);
-  backend_.copy(v, vPart);
-  backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, left, right, 1.0f, s.e);  // E' = E + [A, -P] [V, Q']^T
-  Tensor norms = buffer(scratch_.norms, 1, k);
-  backend_.columnOp(ops::OpKind::kSquaredL2, s.e, nullptr, norms);
-  const Matrix columnNorms = download(norms);
-  const double carried = columnNorms.cast<double>().sum();
+  backend_.copy(w.right.middleCols(n, r), s.q);
+  Tensor vPart = w.right.middleCols(0, n);
+  backend_.copy(w.v, vPart);
+  backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, w.left, w.right, 1.0f, s.e);  // E' = E + [A, -P] [V, Q']^T
+  w.norms = buffer(b.norms, 1, k);
+  backend_.columnOp(ops::OpKind::kSquaredL2, s.e, nullptr, w.norms);
+  if (w.m->biasId >= 0) {
+    const Matrix c = w.withCore() ? Matrix(w.m->biasCoeffs) : Matrix(*w.coeffs);
+    w.bias = buffer(b.bias, j, 1);
+    backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w.u, operand(c, b.biasCoeffs), 0.0f, w.bias);
+  }
+}
+
+SvMatrix LowRankSender::finish(Work& w, double& kept, double& whole) {
+  const int64_t r = rank_, j = w.m->u.rows(), k = w.m->vDense.rows(), n = w.m->u.cols();
+  MatrixState& s = state_[w.p];
+  if (w.q.size() == 0) w.q = download(w.right.middleCols(n, r));
+  const double carried = download(w.norms).cast<double>().sum();
   // What the best k directions within span(P) carry: the eigenvalues of
   // Q'^T Q' = P^T M M^T P (r x r), largest first.
-  const Eigen::MatrixXd gram = qHost.cast<double>().transpose() * qHost.cast<double>();
+  const Eigen::MatrixXd gram = w.q.cast<double>().transpose() * w.q.cast<double>();
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(gram, Eigen::EigenvaluesOnly);
   s.captured.assign(eig.eigenvalues().data(), eig.eigenvalues().data() + r);
   std::sort(s.captured.begin(), s.captured.end(), std::greater<>());
   kept += carried;
-  whole += carried + qHost.cast<double>().squaredNorm();
+  whole += carried + w.q.cast<double>().squaredNorm();
 
   SvMatrix o;
-  o.paramId = m.paramId;
-  o.biasId = m.biasId;
+  o.paramId = w.m->paramId;
+  o.biasId = w.m->biasId;
   o.u = Matrix::Zero(j, r + 1);
   o.vDense = Matrix::Zero(k, r + 1);
   o.core = Matrix::Zero(r + 1, r + 1);
-  o.u.leftCols(r) = basis;
-  o.vDense.leftCols(r) = qHost;
+  o.u.leftCols(r) = w.basis;
+  o.vDense.leftCols(r) = w.q;
   for (Eigen::Index i = 0; i < r; ++i) o.core(i, i) = 1.0f;
-  if (m.biasId >= 0) {
+  if (w.m->biasId >= 0) {
     // The bias update, exactly: U times the bias coefficients (in bf16, with the
     // rounding error of earlier clocks added and this clock's carried on).
-    const Matrix c = withCore ? Matrix(m.biasCoeffs) : Matrix(coeffs);
-    Tensor bias = buffer(scratch_.bias, j, 1);
-    backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, u, operand(c, scratch_.biasCoeffs), 0.0f, bias);
-    o.u.col(r) = download(bias).col(0);
-    if (bf16) {
+    o.u.col(r) = download(w.bias).col(0);
+    if (dtype_ == SvDtype::kBf16) {
       if (s.eb.size() != j) s.eb = Vector::Zero(j);
       const Vector want = o.u.col(r) + s.eb;
       for (Eigen::Index i = 0; i < j; ++i) o.u(i, r) = roundToBf16(want(i));
@@ -248,11 +277,21 @@ SvBatch LowRankSender::compress(const SvBatch& batch, std::span<const ops::Devic
   out.header = batch.header;
   out.coeffs = Vector::Ones(rank_ + 1);  // every matrix carries a core
   out.dtype = dtype_;
-  double kept = 0.0, whole = 0.0;
-  for (size_t p = 0; p < batch.matrices.size(); ++p) {
-    out.matrices.push_back(
-        compressMatrix(batch.matrices[p], batch.coeffs, onDevice.empty() ? nullptr : &onDevice[p], p, kept, whole));
+  std::vector<Work> work(batch.matrices.size());
+  for (size_t p = 0; p < work.size(); ++p) {
+    work[p].m = &batch.matrices[p];
+    work[p].coeffs = &batch.coeffs;
+    work[p].onDevice = onDevice.empty() ? nullptr : &onDevice[p];
+    work[p].p = p;
+    queueRange(work[p]);
   }
+  for (Work& w : work) queueProjection(w);  // the first waits for every M Q
+  if (dtype_ == SvDtype::kBf16) {
+    for (Work& w : work) roundProjection(w);
+  }
+  for (Work& w : work) queueUpdate(w);
+  double kept = 0.0, whole = 0.0;
+  for (Work& w : work) out.matrices.push_back(finish(w, kept, whole));  // the first waits for the rest
   lastError_ = whole > 0.0 ? std::sqrt(kept / whole) : 0.0;
   lastWhole_ = whole;
   return out;

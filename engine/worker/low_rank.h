@@ -99,19 +99,36 @@ class LowRankSender {
   Vector carriedBias(size_t p) const { return p < state_.size() ? state_[p].eb : Vector(); }
 
  private:
+  // A matrix's buffers on the device, grown to its largest clock and reused: a clock
+  // allocates nothing.
+  struct Buffers {
+    ops::Tensor left, right;  // [U C, -P] (J x (n + R)) and [V, Q'] (K x (n + R))
+    ops::Tensor mq, small, norms, bias, core, biasCoeffs, u, v;
+  };
   struct MatrixState {
     ops::Tensor e;  // J x K, on the backend's device
     ops::Tensor q;  // K x R, on the backend's device
     Vector eb;      // J: the bias's rounding error (bf16)
     std::vector<double> captured;  // eigenvalues of P^T M M^T P of the last clock, largest first
+    Buffers buffers;
   };
-  // Buffers on the device, grown to the largest matrix and reused: a clock allocates nothing.
-  struct Scratch {
-    ops::Tensor left, right;  // [U C, -P] (J x (n + R)) and [V, Q'] (K x (n + R))
-    ops::Tensor mq, small, norms, bias, core, biasCoeffs, u, v;
+  // One matrix's part of a compress(): its operands, views of its buffers, and
+  // what has come to the host.
+  struct Work {
+    const SvMatrix* m = nullptr;
+    const Vector* coeffs = nullptr;
+    const ops::DeviceSvs* onDevice = nullptr;
+    size_t p = 0;
+    ops::Tensor u, v, left, right, small, mq, norms, bias;
+    Matrix basis, q;  // P and Q' on the host
+    bool withCore() const { return m->core.size() > 0; }
   };
-  SvMatrix compressMatrix(const SvMatrix& m, const Vector& coeffs, const ops::DeviceSvs* onDevice, size_t p,
-                          double& kept, double& whole);
+  // compress(), in the order the device runs it (low_rank.cc).
+  void queueRange(Work& w);
+  void queueProjection(Work& w);
+  void roundProjection(Work& w);
+  void queueUpdate(Work& w);
+  SvMatrix finish(Work& w, double& kept, double& whole);
   // rows x cols of `store` on the device, grown when too small.
   ops::Tensor buffer(ops::Tensor& store, int64_t rows, int64_t cols);
   // A host matrix on the device: a view on the CPU backend, else copied into `store`.
@@ -120,7 +137,6 @@ class LowRankSender {
   Matrix download(const ops::Tensor& t) const;  // blocks until it is on the host
 
   ops::Backend& backend_;
-  Scratch scratch_;
   int64_t rank_;
   uint64_t seed_;
   SvDtype dtype_;
