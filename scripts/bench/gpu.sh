@@ -257,6 +257,13 @@ check_shared() {
   ddp=$(seconds "$work/ddp.jsonl" $target); psgd=$(seconds "$work/powersgd.jsonl" $target)
   figure "seconds to $target, 4 ranks on one $DEVICE, $net: Orpheus --sv-rank 2 $best, Orpheus dense $dense, DDP $ddp, PowerSGD r2 $psgd"
   figure "DDP / Orpheus best $(ratio "$ddp" "$best"), PowerSGD / Orpheus best $(ratio "$psgd" "$best"), DDP / Orpheus dense $(ratio "$ddp" "$dense")"
+  # Where an Orpheus clock goes (means from clock 2): the pass and the rank-2 power
+  # iteration (compute, which includes select), the rebuild and step (update), the waits.
+  local phase f; phase=""
+  for f in clock_seconds compute_seconds select_seconds update_seconds wait_seconds data_wait_seconds; do
+    phase+=" ${f%_seconds} $(mean "$work/best.jsonl" $f 2)"
+  done
+  figure "per clock, Orpheus --sv-rank 2 (s):$phase; dense: clock $(mean "$work/dense.jsonl" clock_seconds 2)"
   figure "bytes per clock: Orpheus best $(mean "$work/best.jsonl" bytes_sent), dense $(mean "$work/dense.jsonl" bytes_sent), DDP $(mean "$work/ddp.jsonl" bytes_sent), PowerSGD $(mean "$work/powersgd.jsonl" bytes_sent)"
   [ "$best" != none ] && [ "$ddp" != none ]
 }
