@@ -64,6 +64,10 @@ void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shard
     ORPHEUS_CHECK_INPUT(config.svRank == 0 || !train.sparse,
                         "--sv-rank factors dense updates: {} is sparse (its V stays sparse without it)",
                         config.train);
+    ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || train.streams == 0,
+                        "--sv-rank factors dense updates: the tokens of {} enter as one-hot columns, so the V of "
+                        "the matrix that reads them is sparse (train without --sv-rank, or use --select)",
+                        config.train);
   });
   shards.features = features;
   shards.classes = classes;

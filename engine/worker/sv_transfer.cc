@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 namespace orpheus::engine {
 namespace {
@@ -23,8 +24,10 @@ std::pair<double, double> hiddenAndTotal(ops::Backend& backend, const ops::Async
 SvTransfer::SvTransfer(ops::Backend& backend, TransferMode mode) : backend_(backend), mode_(mode) {}
 
 void SvTransfer::computeSvg(const ops::Model& model, std::span<const ops::Tensor> w, const ops::ExampleBatch& x,
-                            double* meanLoss, SvBatch& batch, const std::function<void(size_t)>& landed) {
+                            double* meanLoss, SvBatch& batch, const std::function<void(size_t)>& landed,
+                            bool toHost) {
   sites_.clear();
+  toHost_ = toHost;
   batch = model.computeSvgOnDeviceStreamed(
       w, x, meanLoss, backend_, [this](size_t i, const ops::Tensor& u, const ops::Tensor* v) { siteFinal(i, u, v); });
   // Where the compute queue stands once the pass is queued: copy time before it was hidden.
@@ -34,12 +37,18 @@ void SvTransfer::computeSvg(const ops::Model& model, std::span<const ops::Tensor
     ORPHEUS_ENFORCE(s.index < batch.matrices.size(), "the pass handed out matrix {} of a batch of {}", s.index,
                     batch.matrices.size());
     SvMatrix& m = batch.matrices[s.index];
-    if (mode_ == TransferMode::kStaged) {
+    if (!toHost_) {
+      // Left unset: on the strict device a host read of them gives NaN, not a stale value.
+      if (backend_.device() == ops::Device::kStrict) {
+        m.u.setConstant(std::numeric_limits<float>::quiet_NaN());
+        if (s.v != nullptr) m.vDense.setConstant(std::numeric_limits<float>::quiet_NaN());
+      }
+    } else if (mode_ == TransferMode::kStaged) {
       landStaged(s, m);
     } else {
       landSync(s, m);
     }
-    totals_.toHostBytes += bytesOf(s.u) + bytesOf(s.v);
+    if (toHost_) totals_.toHostBytes += bytesOf(s.u) + bytesOf(s.v);
     done[s.index] = 1;
     landed(s.index);
   }
@@ -48,7 +57,7 @@ void SvTransfer::computeSvg(const ops::Model& model, std::span<const ops::Tensor
   }
   // The copies are timed against the pass's end once it is complete (a device's
   // timer reads only complete events): after every matrix was handed on.
-  if (mode_ == TransferMode::kStaged && !sites_.empty()) {
+  if (mode_ == TransferMode::kStaged && toHost_ && !sites_.empty()) {
     backend_.wait(passEnd);
     for (const Site& s : sites_) {
       for (const ops::AsyncCopy* copy : {&s.copyU, &s.copyV}) {
@@ -68,7 +77,7 @@ void SvTransfer::siteFinal(size_t index, const ops::Tensor& u, const ops::Tensor
   s.index = index;
   s.u = &u;
   s.v = v;
-  if (mode_ == TransferMode::kStaged) {
+  if (mode_ == TransferMode::kStaged && toHost_) {
     if (staging_.size() <= index) staging_.resize(index + 1);
     ops::HostBuffer& buffer = staging_[index];
     const size_t bytes = bytesOf(&u) + bytesOf(v);
@@ -78,6 +87,15 @@ void SvTransfer::siteFinal(size_t index, const ops::Tensor& u, const ops::Tensor
     if (v != nullptr) s.copyV = backend_.copyToHostAsync(*v, buffer, bytesOf(&u));
   }
   sites_.push_back(s);
+}
+
+void SvTransfer::land(size_t i, SvMatrix& m) {
+  if (toHost_) return;
+  for (const Site& s : sites_) {
+    if (s.index != i) continue;
+    landSync(s, m);
+    totals_.toHostBytes += bytesOf(s.u) + bytesOf(s.v);
+  }
 }
 
 void SvTransfer::landStaged(const Site& site, SvMatrix& m) {

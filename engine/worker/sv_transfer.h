@@ -45,8 +45,16 @@ class SvTransfer {
   // i of `batch` is complete in host memory: every matrix once, those the pass
   // handed out in the order it made them final, the others (a sequence model's)
   // after them, last to first.
+  // `toHost` false: nothing on the host reads the batch's U and V this clock
+  // (--sv-rank reads them on the device), so the handed-out sites are only recorded,
+  // their host arrays left unset (NaN on the strict device), and land() brings one
+  // over where it is needed after all.
   void computeSvg(const ops::Model& model, std::span<const ops::Tensor> w, const ops::ExampleBatch& x,
-                  double* meanLoss, SvBatch& batch, const std::function<void(size_t)>& landed);
+                  double* meanLoss, SvBatch& batch, const std::function<void(size_t)>& landed, bool toHost = true);
+  // After computeSvg(toHost = false): matrix i of its batch, `m`, filled from the
+  // device by a blocking copy (nothing to do for a matrix the pass did not hand out:
+  // the batch already holds it).
+  void land(size_t i, SvMatrix& m);
 
   TransferMode mode() const { return mode_; }
 
@@ -72,6 +80,7 @@ class SvTransfer {
 
   ops::Backend& backend_;
   TransferMode mode_;
+  bool toHost_ = true;                     // this clock's computeSvg copies every site to the host
   std::vector<Site> sites_;                // this clock's, in the order the pass made them final
   std::vector<ops::HostBuffer> staging_;   // per site index: U, then V
   Totals totals_;

@@ -250,10 +250,15 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
   if (updater_.resident()) {
     // The pass runs where the replica lives; its sites come to the host as
     // --transfer says, and a streaming exchange gets each as soon as it is there.
+    // --sv-rank reads U and V on the device: only what it cannot read there crosses.
     const bool streams = exchange.streams(selects);
-    transfer_.computeSvg(model_, updater_.deviceParams(replica_), examples, &stats.loss, *local, [&](size_t i) {
-      if (streams && std::isfinite(stats.loss)) exchange.siteReady(i, local->matrices[i]);
-    });
+    transfer_.computeSvg(
+        model_, updater_.deviceParams(replica_), examples, &stats.loss, *local,
+        [&](size_t i) {
+          if (streams && std::isfinite(stats.loss)) exchange.siteReady(i, local->matrices[i]);
+        },
+        !lowRank_);
+    if (lowRank_) rankOperands_ = landRankOperands(*local);
   } else if (exchange.streams(selects)) {
     bool finite = true;
     // The batch the backward pass builds is moved in here, arrays and all: the
@@ -283,15 +288,26 @@ void Worker::keepOnDevice(const SvBatch& local) {
   updater_.keepLocalOnDevice(std::move(svs));
 }
 
+// Resident, --sv-rank: the batch's U and V where the backward pass left them, for
+// the power iteration to read there; a matrix not kept on the device is copied to
+// the batch now instead (the transfer left every matrix's arrays unset).
+std::vector<ops::DeviceSvs> Worker::landRankOperands(SvBatch& local) {
+  std::vector<ops::DeviceSvs> svs = model_.lastDeviceSvs();
+  if (svs.size() != local.matrices.size()) svs.clear();
+  for (size_t i = 0; i < local.matrices.size(); ++i) {
+    if (svs.empty() || svs[i].u == nullptr || svs[i].vDense == nullptr) transfer_.land(i, local.matrices[i]);
+  }
+  return svs;
+}
+
 // What leaves this rank: the C SVGs selection keeps, all of S (none returned) when
 // selection is off, or with --sv-rank S at rank R, which this replica applies too.
 std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats) {
   const auto t = Clock::now();
   std::optional<SvBatch> sent;
   if (lowRank_) {
-    // Resident: the power iteration reads U and V where the backward pass left them.
-    const std::vector<ops::DeviceSvs> svs = updater_.resident() ? model_.lastDeviceSvs() : std::vector<ops::DeviceSvs>{};
-    sent = lowRank_->compress(local, svs.size() == local.matrices.size() ? std::span(svs) : std::span<const ops::DeviceSvs>{});
+    sent = lowRank_->compress(local, rankOperands_);
+    rankOperands_.clear();
     stats.rankError = lowRank_->lastError();
   } else {
     sent = selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank());

@@ -211,6 +211,7 @@ class Worker {
   std::shared_ptr<SvBatch> computeSvgs(uint64_t clock, const ops::ExampleBatch& examples, ClockExchange& exchange,
                                        std::chrono::steady_clock::time_point start, ClockStats& stats);
   std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats);
+  std::vector<ops::DeviceSvs> landRankOperands(SvBatch& local);
   void keepOnDevice(const SvBatch& local);
   void rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline); --sync
@@ -278,6 +279,7 @@ class Worker {
   MulticastExchange multicast_;
   std::unique_ptr<OverlappedExchange> overlapped_;
   std::optional<LowRankSender> lowRank_;  // --sv-rank: the batch at rank R, and what is left to send
+  std::vector<ops::DeviceSvs> rankOperands_;  // --sv-rank, resident: this clock's U and V on the device
   std::optional<PowerSgdReducer> powerSgd_;  // --sync powersgd: the factors' state and this rank's residual
 };
 

@@ -95,6 +95,10 @@ orpheus_script_test(bad_flag_sv_rank_sparse LABEL mpi
   COMMAND ${EXPECT} "--sv-rank factors dense updates: .*small.libsvm is sparse" ${BADOUT} -- ${ORPHEUS_MPIEXEC} -n 2
           --oversubscribe ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 4 --save ${BADOUT}
           --train ${FIX}/small.libsvm --sv-rank 1)
+orpheus_script_test(bad_flag_sv_rank_tokens LABEL mpi
+  COMMAND ${EXPECT} "--sv-rank factors dense updates: the tokens of .*small.tokens enter as one-hot" ${BADOUT} --
+          ${ORPHEUS_MPIEXEC} -n 2 --oversubscribe ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 4 --save ${BADOUT}
+          --train ${FIX}/small.tokens --model ${CMAKE_SOURCE_DIR}/examples/lstm.loss --sv-rank 1)
 orpheus_script_test(bad_flag_bfgs_model_too_large LABEL mpi
   COMMAND ${EXPECT} "--optimizer bfgs: model 'mlr' has 6003 parameter entries" ${BADOUT} -- ${TRAIN_NP2}
           --train synthetic:examples=10,features=2000,classes=3 --optimizer bfgs)
