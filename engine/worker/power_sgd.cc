@@ -13,73 +13,143 @@ void orthonormalizeColumns(Matrix& m) {
   }
 }
 
-int64_t PowerSgdReducer::compressedRank(const Matrix& param) const {
-  const int64_t j = param.rows(), k = param.cols();
+int64_t PowerSgdReducer::compressedRank(int64_t j, int64_t k) const {
   if (j <= 1 || k <= 1) return 0;
   const int64_t r = std::min({j, k, rank_});
   return (j + k) * r * minCompressionRate_ < j * k ? r : 0;
 }
 
-void PowerSgdReducer::start(const ParamSet& gradient) {
-  state_.assign(gradient.size(), MatrixState{});
+Matrix PowerSgdReducer::residual(size_t p) const {
+  const MatrixState& s = state_.at(p);
+  if (s.e.size() == 0) return {};
+  Matrix m(s.e.rows(), s.e.cols());
+  ops::Tensor host = ops::Tensor::host(m.data(), m.rows(), m.cols());
+  backend_.copy(s.e, host);
+  return m;
+}
+
+void PowerSgdReducer::start(std::span<const ops::Tensor> gradient) {
+  state_.clear();
+  state_.resize(gradient.size());
   for (size_t p = 0; p < gradient.size(); ++p) {
     MatrixState& s = state_[p];
-    s.r = compressedRank(gradient[p]);
+    const int64_t j = gradient[p].rows(), k = gradient[p].cols();
+    s.r = compressedRank(j, k);
     if (s.r == 0) continue;
-    s.e = Matrix::Zero(gradient[p].rows(), gradient[p].cols());
+    const Matrix zero = Matrix::Zero(j, k);
+    s.e = backend_.allocate(j, k);
+    backend_.copy(ops::Tensor::host(zero.data(), j, k), s.e);
+    s.q = backend_.allocate(k, s.r);
+    s.p = backend_.allocate(j, s.r);
     std::mt19937_64 gen(seed_ ^ (0x9e3779b97f4a7c15ULL * (p + 1)));
     std::normal_distribution<float> normal;
-    s.q.resize(gradient[p].cols(), s.r);
-    for (Eigen::Index i = 0; i < s.q.size(); ++i) s.q.data()[i] = normal(gen);
+    s.qHost.resize(k, s.r);
+    for (Eigen::Index i = 0; i < s.qHost.size(); ++i) s.qHost.data()[i] = normal(gen);
   }
 }
 
-void PowerSgdReducer::sumWhole(ParamSet& gradient, comm::Transport& transport, uint64_t clock) {
-  for (auto& p : gradient.params) transport.allreduceSum({p.value.data(), static_cast<size_t>(p.value.size())}, clock);
+void PowerSgdReducer::put(const std::vector<float>& host, size_t at, ops::Tensor& dst) {
+  backend_.copy(ops::Tensor::host(host.data() + at, dst.rows(), dst.cols()), dst);
+}
+
+void PowerSgdReducer::get(const ops::Tensor& src, std::vector<float>& host, size_t at) {
+  ops::Tensor view = ops::Tensor::host(host.data() + at, src.rows(), src.cols());
+  backend_.copy(src, view);
+}
+
+void PowerSgdReducer::allreduce(ops::Tensor& t, comm::Transport& transport, uint64_t clock) {
+  if (t.device() == ops::Device::kCpu) {
+    transport.allreduceSum({t.data(), static_cast<size_t>(t.size())}, clock);
+    return;
+  }
+  scratch_.resize(static_cast<size_t>(t.size()));
+  get(t, scratch_, 0);
+  transport.allreduceSum({scratch_.data(), scratch_.size()}, clock);
+  put(scratch_, 0, t);
 }
 
 void PowerSgdReducer::reduce(ParamSet& gradient, comm::Transport& transport, uint64_t clock) {
+  if (backend_.device() == ops::Device::kCpu) {
+    std::vector<ops::Tensor> views;
+    for (auto& p : gradient.params) views.push_back(ops::Tensor::host(p.value.data(), p.value.rows(), p.value.cols()));
+    reduce(views, transport, clock);
+    return;
+  }
+  if (hostGradient_.size() != gradient.size()) {
+    hostGradient_.clear();
+    for (auto& p : gradient.params) hostGradient_.push_back(backend_.allocate(p.value.rows(), p.value.cols()));
+  }
+  for (size_t i = 0; i < gradient.size(); ++i) {
+    backend_.copy(ops::Tensor::host(gradient[i].data(), gradient[i].rows(), gradient[i].cols()), hostGradient_[i]);
+  }
+  reduce(hostGradient_, transport, clock);
+  for (size_t i = 0; i < gradient.size(); ++i) {
+    ops::Tensor host = ops::Tensor::host(gradient[i].data(), gradient[i].rows(), gradient[i].cols());
+    backend_.copy(hostGradient_[i], host);
+  }
+}
+
+void PowerSgdReducer::reduce(std::span<ops::Tensor> gradient, comm::Transport& transport, uint64_t clock) {
+  using ops::Trans;
   if (state_.size() != gradient.size()) start(gradient);
   if (clock <= kPlainClocks) {
-    sumWhole(gradient, transport, clock);
+    for (ops::Tensor& g : gradient) allreduce(g, transport, clock);
     return;
   }
   // One buffer for the uncompressed gradients and every P = M orth(Q), one for every Q.
-  std::vector<float> first, second;
+  size_t firstSize = 0, secondSize = 0;
   for (size_t p = 0; p < gradient.size(); ++p) {
-    MatrixState& s = state_[p];
-    Matrix& g = gradient[p];
-    if (s.r == 0) {
-      first.insert(first.end(), g.data(), g.data() + g.size());
-      continue;
-    }
-    s.e += g;  // M, kept in E until the update is known
-    orthonormalizeColumns(s.q);
-    s.p.noalias() = s.e * s.q;
-    first.insert(first.end(), s.p.data(), s.p.data() + s.p.size());
+    const MatrixState& s = state_[p];
+    firstSize += static_cast<size_t>(s.r == 0 ? gradient[p].size() : s.p.size());
+    secondSize += static_cast<size_t>(s.q.size());
   }
-  transport.allreduceSum({first.data(), first.size()}, clock);
+  first_.resize(firstSize);
+  second_.resize(secondSize);
   size_t at = 0;
   for (size_t p = 0; p < gradient.size(); ++p) {
     MatrixState& s = state_[p];
-    Matrix& target = s.r == 0 ? gradient[p] : s.p;
-    std::copy_n(first.data() + at, target.size(), target.data());
-    at += static_cast<size_t>(target.size());
-    if (s.r == 0) continue;
-    orthonormalizeColumns(s.p);
-    s.q.noalias() = s.e.transpose() * s.p;
-    second.insert(second.end(), s.q.data(), s.q.data() + s.q.size());
+    ops::Tensor& g = gradient[p];
+    if (s.r == 0) {
+      get(g, first_, at);
+      at += static_cast<size_t>(g.size());
+      continue;
+    }
+    backend_.axpy(1.0f, g, s.e);  // M, kept in E until the update is known
+    orthonormalizeColumns(s.qHost);
+    backend_.copy(ops::Tensor::host(s.qHost.data(), s.qHost.rows(), s.qHost.cols()), s.q);
+    backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, s.e, s.q, 0.0f, s.p);
+    get(s.p, first_, at);
+    at += static_cast<size_t>(s.p.size());
   }
-  transport.allreduceSum({second.data(), second.size()}, clock);
+  transport.allreduceSum({first_.data(), first_.size()}, clock);
   at = 0;
-  const auto ranks = static_cast<float>(transport.size());
+  size_t qAt = 0;
+  for (size_t p = 0; p < gradient.size(); ++p) {
+    MatrixState& s = state_[p];
+    if (s.r == 0) {
+      put(first_, at, gradient[p]);
+      at += static_cast<size_t>(gradient[p].size());
+      continue;
+    }
+    Matrix pHost = Eigen::Map<const Matrix>(first_.data() + at, s.p.rows(), s.p.cols());
+    at += static_cast<size_t>(s.p.size());
+    orthonormalizeColumns(pHost);
+    backend_.copy(ops::Tensor::host(pHost.data(), pHost.rows(), pHost.cols()), s.p);
+    backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, s.e, s.p, 0.0f, s.q);
+    get(s.q, second_, qAt);
+    qAt += static_cast<size_t>(s.q.size());
+  }
+  transport.allreduceSum({second_.data(), second_.size()}, clock);
+  qAt = 0;
+  const float ranks = static_cast<float>(transport.size());
   for (size_t p = 0; p < gradient.size(); ++p) {
     MatrixState& s = state_[p];
     if (s.r == 0) continue;
-    std::copy_n(second.data() + at, s.q.size(), s.q.data());
-    at += static_cast<size_t>(s.q.size());
-    gradient[p].noalias() = s.p * s.q.transpose();
-    s.e -= gradient[p] / ranks;
+    s.qHost = Eigen::Map<const Matrix>(second_.data() + qAt, s.q.rows(), s.q.cols());
+    qAt += static_cast<size_t>(s.q.size());
+    backend_.copy(ops::Tensor::host(s.qHost.data(), s.qHost.rows(), s.qHost.cols()), s.q);
+    backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, s.p, s.q, 0.0f, gradient[p]);
+    backend_.axpy(-1.0f / ranks, gradient[p], s.e);
   }
 }
 

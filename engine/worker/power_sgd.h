@@ -24,13 +24,21 @@
 // Communication per clock: two all-reduces, of sum_m J_m r_m + the uncompressed
 // floats, then of sum_m K_m r_m.
 //
+// The products run on the job's backend (--device): E and each factor live on its
+// device next to a resident replica's gradient, so only the factors (and the
+// uncompressed gradients) cross to the host for the all-reduces, never G or E.
+// Gram-Schmidt runs on the host, on the factors it has there anyway. On the CPU
+// backend and on the strict device the same operations give the same bits.
+//
 // E and Q are each rank's memory, in no checkpoint: the job takes no --ckpt.
 #pragma once
 
 #include "comm/transport.h"
 #include "engine/base/params.h"
+#include "ops/backend.h"
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace orpheus::engine {
@@ -41,36 +49,51 @@ class PowerSgdReducer {
   static constexpr int64_t kMinCompressionRate = 2;
 
   // `rank` >= 1; `seed` the job's (the same on every rank). `minCompressionRate` 0
-  // compresses every matrix (the tests' full-rank case).
-  PowerSgdReducer(int64_t rank, uint64_t seed, int64_t minCompressionRate = kMinCompressionRate)
-      : rank_(rank), seed_(seed), minCompressionRate_(minCompressionRate) {}
+  // compresses every matrix (the tests' full-rank case). The work runs on `backend`,
+  // which must outlive the reducer.
+  PowerSgdReducer(ops::Backend& backend, int64_t rank, uint64_t seed,
+                  int64_t minCompressionRate = kMinCompressionRate)
+      : backend_(backend), rank_(rank), seed_(seed), minCompressionRate_(minCompressionRate) {}
 
   // Replaces this rank's summed gradient by the sum every replica applies this clock
-  // (collective: every rank calls it with gradients of the same shapes).
+  // (collective: every rank calls it with gradients of the same shapes). `gradient`:
+  // one tensor per parameter on the backend's device (host memory on the CPU backend).
+  void reduce(std::span<ops::Tensor> gradient, comm::Transport& transport, uint64_t clock);
+  // The same for a gradient in host memory (copied in and out on a device).
   void reduce(ParamSet& gradient, comm::Transport& transport, uint64_t clock);
 
   // The rank parameter `p` is compressed to (0: summed whole).
-  int64_t compressedRank(const Matrix& param) const;
-  // Parameter p's residual E (empty where it is not compressed or before its first clock).
-  const Matrix& residual(size_t p) const { return state_.at(p).e; }
+  int64_t compressedRank(int64_t rows, int64_t cols) const;
+  int64_t compressedRank(const Matrix& param) const { return compressedRank(param.rows(), param.cols()); }
+  // Parameter p's residual E, copied from the device (empty where it is not
+  // compressed or before its first clock).
+  Matrix residual(size_t p) const;
 
   // The clocks that sum every gradient whole before compression starts.
   static constexpr uint64_t kPlainClocks = 2;
 
  private:
   struct MatrixState {
-    int64_t r = 0;  // 0: summed whole
-    Matrix e;       // J x K
-    Matrix q;       // K x r
-    Matrix p;       // J x r
+    int64_t r = 0;   // 0: summed whole
+    ops::Tensor e;   // J x K, on the device
+    ops::Tensor q;   // K x r, on the device
+    ops::Tensor p;   // J x r, on the device
+    Matrix qHost;    // Q as the last all-reduce left it (or as drawn), orthonormalized on the host
   };
-  void start(const ParamSet& gradient);
-  static void sumWhole(ParamSet& gradient, comm::Transport& transport, uint64_t clock);
+  void start(std::span<const ops::Tensor> gradient);
+  // Sums `t` over the ranks in place (through host memory on a device).
+  void allreduce(ops::Tensor& t, comm::Transport& transport, uint64_t clock);
+  // dst = floats [at, at + dst.size()) of `host`, and back.
+  void put(const std::vector<float>& host, size_t at, ops::Tensor& dst);
+  void get(const ops::Tensor& src, std::vector<float>& host, size_t at);
 
+  ops::Backend& backend_;
   int64_t rank_;
   uint64_t seed_;
   int64_t minCompressionRate_;
   std::vector<MatrixState> state_;  // one per parameter
+  std::vector<float> first_, second_, scratch_;  // the all-reduces' host buffers
+  std::vector<ops::Tensor> hostGradient_;       // reduce(ParamSet&) on a device: the gradient copied in
 };
 
 // Orthonormal columns in place by Gram-Schmidt, as torch's hook does for rank <= 2.

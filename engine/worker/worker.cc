@@ -84,7 +84,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
     overlapped_ = std::make_unique<OverlappedExchange>(overlap, model, transport, *log_);
   }
   if (config.sync == SyncMode::kPowerSgd) {
-    powerSgd_.emplace(config.svRank, config.seed);
+    powerSgd_.emplace(backend, config.svRank, config.seed);
   } else if (config.svRank > 0) {
     lowRank_.emplace(backend, config.svRank, config.seed + static_cast<uint64_t>(transport_.rank()), config.svDtype);
   }
@@ -343,7 +343,20 @@ void Worker::stepDense(uint64_t clock, Gradient& gradient, ClockStats& stats) {
 }
 
 void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, ClockStats& stats) {
-  if (updater_.resident() && !powerSgd_) {
+  if (updater_.resident() && powerSgd_) {
+    // The gradient, E and the factors' products stay on the device; the factors
+    // cross to the host for their all-reduces.
+    auto t = Clock::now();
+    residentDenseGradient(examples, stats, false);
+    stats.computeSeconds = secondsSince(t);
+    t = Clock::now();
+    powerSgd_->reduce(deviceGradient_, transport_, clock);
+    stats.commSeconds = secondsSince(t);
+    stats.exchangeSeconds = stats.commSeconds;
+    stepDense(clock, deviceGradient_, stats);
+    return;
+  }
+  if (updater_.resident()) {
     if (transport_.size() > 1) {
       residentDenseExchange(clock, examples, stats);
       return;

@@ -4,6 +4,7 @@
 // the hook would not compress go whole; the replicas of a job stay equal.
 #include "comm/loopback/loopback_transport.h"
 #include "engine/worker/power_sgd.h"
+#include "ops/cpu/cpu_backend.h"
 
 #include <catch2/catch.hpp>
 
@@ -45,7 +46,8 @@ std::vector<RankRun> reduceClocks(int ranks, int64_t rank, int64_t minRate, uint
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       LoopbackTransport t(hub, r);
-      PowerSgdReducer reducer(rank, 7, minRate);
+      ops::cpu::CpuBackend cpu;  // one backend per thread, as per worker
+      PowerSgdReducer reducer(cpu, rank, 7, minRate);
       for (uint64_t c = 1; c <= clocks; ++c) {
         ParamSet g = gradientOf(r, c);
         reducer.reduce(g, t, c);
@@ -82,7 +84,8 @@ TEST_CASE("PowerSGD at full rank all-reduces exactly the dense sum (np 2)", "[po
 TEST_CASE("PowerSGD's error feedback conserves: update / W + E = G + old E", "[powersgd]") {
   const int ranks = 3;
   const auto runs = reduceClocks(ranks, 1, PowerSgdReducer::kMinCompressionRate, 8);
-  PowerSgdReducer probe(1, 7);
+  ops::cpu::CpuBackend cpu;
+  PowerSgdReducer probe(cpu, 1, 7);
   const ParamSet shapes = gradientOf(0, 1);
   CHECK(probe.compressedRank(shapes[0]) == 1);  // (12 + 9) * 2 < 108
   CHECK(probe.compressedRank(shapes[1]) == 0);  // a vector goes whole
