@@ -26,7 +26,7 @@
 #             rates measured in the same run (tests/tools/rebuild_rate.cc; goal >= 0.7 of the
 #             bound, whichever of the two binds)
 #   shared    4 ranks sharing the GPU train MLP 784-2048-2048-10 to 0.85 (dry run: 784-64-64-10
-#             to 0.75): Orpheus (--sv-rank 2, and --sync dense) against PyTorch DDP over gloo and
+#             to 0.75): Orpheus (--sv-rank 2, --sync dense, --sync powersgd) against PyTorch DDP over gloo and
 #             PowerSGD rank 2 (scripts/bench/ddp_fmnist.py), all with Nesterov 0.9, lr 0.1, batch
 #             100 per rank: seconds to target and the ratios, each rank in its own emulated
 #             host at 1 Gbit/s where the netns step passed (NET=auto, the default), else over
@@ -248,15 +248,20 @@ check_shared() {
     --optimizer nesterov --momentum 0.9 --clocks $clocks --eval-every $every --target-accuracy $target)
   train 4 best "${common[@]}" --sync sv --sv-rank 2 || exit 1
   train 4 dense "${common[@]}" --sync dense || exit 1
+  # Orpheus's own PowerSGD (the factors' products resident): the engine's overhead against torch's hook.
+  train 4 opsgd "${common[@]}" --sync powersgd --sv-rank 2 || exit 1
   local peer=(--device $torch_device --model mlp --hidden "$hidden" --data "$data" --batch 100 --lr 0.1 --nesterov 0.9
     --clocks $clocks --eval-every $every --target-accuracy $target)
   ddp ddp "${peer[@]}" || exit 1
   ddp powersgd "${peer[@]}" --peer powersgd --rank-r 2 || exit 1
-  local best dense ddp psgd
+  local best dense ddp psgd opsgd
   best=$(seconds "$work/best.jsonl" $target); dense=$(seconds "$work/dense.jsonl" $target)
+  opsgd=$(seconds "$work/opsgd.jsonl" $target)
   ddp=$(seconds "$work/ddp.jsonl" $target); psgd=$(seconds "$work/powersgd.jsonl" $target)
-  figure "seconds to $target, 4 ranks on one $DEVICE, $net: Orpheus --sv-rank 2 $best, Orpheus dense $dense, DDP $ddp, PowerSGD r2 $psgd"
-  figure "DDP / Orpheus best $(ratio "$ddp" "$best"), PowerSGD / Orpheus best $(ratio "$psgd" "$best"), DDP / Orpheus dense $(ratio "$ddp" "$dense")"
+  figure "seconds to $target, 4 ranks on one $DEVICE, $net: Orpheus --sv-rank 2 $best, Orpheus dense $dense," \
+    "Orpheus --sync powersgd r2 $opsgd, DDP $ddp, PowerSGD r2 $psgd"
+  figure "DDP / Orpheus best $(ratio "$ddp" "$best"), PowerSGD / Orpheus best $(ratio "$psgd" "$best"), DDP / Orpheus dense $(ratio "$ddp" "$dense")," \
+    "PowerSGD / Orpheus powersgd $(ratio "$psgd" "$opsgd")"
   # Where an Orpheus clock goes (means from clock 2): the pass and the rank-2 power
   # iteration (compute, which includes select), the rebuild and step (update), the waits.
   local phase f; phase=""
