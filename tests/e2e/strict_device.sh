@@ -119,6 +119,13 @@ case "$case" in
           '$1 > most { print "strict_device.sh: --sv-rank copied " $1 " bytes " way " at clock " NR + 1; bad = 1 }
           END { exit bad }' >&2
     done
+    # Its carried error leaves the device for the checkpoint and comes back on --resume:
+    # 10 clocks and a resume to 20 end bitwise as the uninterrupted run.
+    log_level=error run mlp-rank-part strict "${fmnist[@]}" --model "$out/mlp.loss" --clocks 10 --batch 40 --sv-rank 2 \
+      --ckpt sv --ckpt-dir "$out/rank-ck"
+    log_level=error run mlp-rank-resumed strict "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 40 \
+      --sv-rank 2 --ckpt sv --ckpt-dir "$out/rank-ck" --resume
+    "$compare" "$out/mlp-rank-resumed-strict.h5" "$out/mlp-rank-strict.h5" 0
     ;;
   lstm)
     "$here/synthetic_tokens.sh" "$out/tokens"
