@@ -24,14 +24,6 @@ void weightColumns(const SvMatrixView& m, const float* coeffs, Dst&& dst) {
   }
 }
 
-// `store` as a rows x cols tensor on the backend's device, grown when too small.
-Tensor deviceBuffer(Backend& backend, Tensor& store, int64_t rows, int64_t cols) {
-  if (store.size() < rows * cols || store.device() != backend.device()) {
-    store = backend.allocate(1, std::max<int64_t>(rows * cols, 1));
-  }
-  return Tensor::view(backend.device(), store.data(), rows, cols);
-}
-
 // Whether a rebuild on `backend` stages its host operands (DeviceOperands::staged).
 bool staged(const Backend& backend, const DeviceOperands& d) { return d.staged && backend.device() != Device::kCpu; }
 
@@ -209,13 +201,6 @@ void applyOnHost(ParamRebuild& r, Matrix& w, Backend& backend) {
     const SparseMatrix v = r.sparseV(w.cols());
     backend.gemmSparse(1.0f, r.uPart(r.denseCols(), r.sparseCols()), cpu::view(v), Trans::kYes, 1.0f, target);
   }
-}
-
-// `host` copied into `store` on the backend's device.
-Tensor uploaded(Backend& backend, Tensor& store, const Tensor& host) {
-  Tensor t = deviceBuffer(backend, store, host.rows(), host.cols());
-  backend.copy(host, t);
-  return t;
 }
 
 // `param`'s W slot on the device, (re)allocated at W's shape.
@@ -570,6 +555,19 @@ void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const 
     backend.gemm(Trans::kNo, Trans::kYes, 1.0f, du, uploaded(backend, device.v, cpu::view(*vDense)), 0.0f, t);
   }
   backend.copy(t, host);
+}
+
+Tensor deviceBuffer(Backend& backend, Tensor& store, int64_t rows, int64_t cols) {
+  if (store.size() < rows * cols || store.device() != backend.device()) {
+    store = backend.allocate(1, std::max<int64_t>(rows * cols, 1));
+  }
+  return Tensor::view(backend.device(), store.data(), rows, cols);
+}
+
+Tensor uploaded(Backend& backend, Tensor& store, const Tensor& host) {
+  Tensor t = deviceBuffer(backend, store, host.rows(), host.cols());
+  backend.copy(host, t);
+  return t;
 }
 
 void scaledCopy(Backend& backend, const Tensor& src, float c, Tensor& dst) {

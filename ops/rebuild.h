@@ -130,6 +130,12 @@ void applySvBatches(std::span<const SvBatchView* const> batches, std::span<Tenso
 void outerProduct(Backend& backend, DeviceOperands& device, size_t param, const Matrix& u, const Matrix* vDense,
                   const SparseMatrix* vSparse, Matrix& target);
 
+// `store` as a rows x cols tensor on the backend's device, grown when too small (a
+// view of its first rows * cols floats): buffers reused clock after clock.
+Tensor deviceBuffer(Backend& backend, Tensor& store, int64_t rows, int64_t cols);
+// `host` copied into `store` (grown as deviceBuffer does), as a tensor of its shape.
+Tensor uploaded(Backend& backend, Tensor& store, const Tensor& host);
+
 // dst = c src on the backend's device in one pass (a chain of one scale step: the
 // host's src * c bit for bit), not a copy and then a scaling.
 void scaledCopy(Backend& backend, const Tensor& src, float c, Tensor& dst);

@@ -48,16 +48,9 @@ std::vector<double> LowRankSender::errorsAt(std::span<const int64_t> ranks) cons
   return out;
 }
 
-ops::Tensor LowRankSender::buffer(ops::Tensor& store, int64_t rows, int64_t cols) {
-  if (store.size() < rows * cols) store = backend_.allocate(1, std::max<int64_t>(rows * cols, 1));
-  return ops::Tensor::view(backend_.device(), store.data(), rows, cols);
-}
-
 ops::Tensor LowRankSender::operand(const Matrix& m, ops::Tensor& store) {
   if (backend_.device() == ops::Device::kCpu) return ops::Tensor::host(m.data(), m.rows(), m.cols());
-  ops::Tensor t = buffer(store, m.rows(), m.cols());
-  backend_.copy(ops::Tensor::host(m.data(), m.rows(), m.cols()), t);
-  return t;
+  return ops::uploaded(backend_, store, ops::Tensor::host(m.data(), m.rows(), m.cols()));
 }
 
 ops::Tensor LowRankSender::upload(const Matrix& m) {
@@ -112,10 +105,10 @@ void LowRankSender::queueRange(Work& w) {
   const auto where = [](const Tensor& t) { return Tensor::view(t.device(), t.data(), t.rows(), t.cols()); };
   w.u = w.onDevice != nullptr && w.onDevice->u != nullptr ? where(*w.onDevice->u) : operand(m.u, b.u);
   w.v = w.onDevice != nullptr && w.onDevice->vDense != nullptr ? where(*w.onDevice->vDense) : operand(m.vDense, b.v);
-  w.left = buffer(b.left, j, n + r);
-  w.right = buffer(b.right, k, n + r);
-  w.small = buffer(b.small, n, r);
-  w.mq = buffer(b.mq, j, r);
+  w.left = ops::deviceBuffer(backend_, b.left, j, n + r);
+  w.right = ops::deviceBuffer(backend_, b.right, k, n + r);
+  w.small = ops::deviceBuffer(backend_, b.small, n, r);
+  w.mq = ops::deviceBuffer(backend_, b.mq, j, r);
   Tensor a = w.left.middleCols(0, n);
   const Vector& coeffs = *w.coeffs;
   const bool uniform = !w.withCore() && n > 0 && (coeffs.array() == coeffs(0)).all();
@@ -171,11 +164,11 @@ void LowRankSender::queueUpdate(Work& w) {
   Tensor vPart = w.right.middleCols(0, n);
   backend_.copy(w.v, vPart);
   backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, w.left, w.right, 1.0f, s.e);  // E' = E + [A, -P] [V, Q']^T
-  w.norms = buffer(b.norms, 1, k);
+  w.norms = ops::deviceBuffer(backend_, b.norms, 1, k);
   backend_.columnOp(ops::OpKind::kSquaredL2, s.e, nullptr, w.norms);
   if (w.m->biasId >= 0) {
     const Matrix c = w.withCore() ? Matrix(w.m->biasCoeffs) : Matrix(*w.coeffs);
-    w.bias = buffer(b.bias, j, 1);
+    w.bias = ops::deviceBuffer(backend_, b.bias, j, 1);
     backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w.u, operand(c, b.biasCoeffs), 0.0f, w.bias);
   }
 }

@@ -129,8 +129,6 @@ class LowRankSender {
   void roundProjection(Work& w);
   void queueUpdate(Work& w);
   SvMatrix finish(Work& w, double& kept, double& whole);
-  // rows x cols of `store` on the device, grown when too small.
-  ops::Tensor buffer(ops::Tensor& store, int64_t rows, int64_t cols);
   // A host matrix on the device: a view on the CPU backend, else copied into `store`.
   ops::Tensor operand(const Matrix& m, ops::Tensor& store);
   ops::Tensor upload(const Matrix& m);
