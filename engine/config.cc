@@ -56,7 +56,7 @@ const NamedValues<TransferMode>& transferModeNames() {
 const NamedValues<SelectionMethod>& selectionMethodNames() {
   static const NamedValues<SelectionMethod> table = [] {
     NamedValues<SelectionMethod> t;
-    for (const auto method : {SelectionMethod::kJmcss, SelectionMethod::kUniform}) t.emplace_back(toString(method), method);
+    for (const auto method : {SelectionMethod::kJmcss, SelectionMethod::kJmcssGram, SelectionMethod::kUniform}) t.emplace_back(toString(method), method);
     return t;
   }();
   return table;

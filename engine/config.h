@@ -50,7 +50,7 @@ struct TrainConfig {
   int64_t svRank = 0;
   // --sv-dtype: U and V on the wire (and in the log) as f32 or bf16 (engine/base/sv_batch.h).
   SvDtype svDtype = SvDtype::kF32;
-  SelectionMethod selectMethod = SelectionMethod::kJmcss;
+  SelectionMethod selectMethod = SelectionMethod::kJmcssGram;
   // What one SVG is for a sequence model (ops::Model::SvgUnit): --select counts them.
   ops::Model::SvgUnit selectUnit = ops::Model::SvgUnit::kExample;
   comm::MulticastKind multicast = comm::MulticastKind::kAll;

@@ -172,8 +172,9 @@ void addSyncFlags(CLI::App& cmd, TrainConfig& c) {
                 "f32, or bf16: U and V rounded to bf16 before they are sent (half the bytes on the wire and in the "
                 "log); every replica applies the rounded values, and --sv-rank carries the rounding error forward");
   addEnumOption(cmd, "--select-method", c.selectMethod, orpheus::engine::selectionMethodNames(),
-                "jmcss: joint matrix column subset selection with a least-squares core; uniform: C at random, "
-                "rescaled by B/C");
+                "jmcss: joint matrix column subset selection with a least-squares core; jmcss-gram: the same draw "
+                "from the Gram matrices X^T X, formed on the job's device (where a resident pass left U and V), "
+                "so the host's share is O(C B^2) per matrix; uniform: C at random, rescaled by B/C");
   cmd.add_option("--overlap", c.overlap,
                  "on: send each matrix's SVs (sv, broadcast, BSP) or all-reduce each gradient (dense) as soon as the "
                  "backward pass produces it, overlapping communication with compute; off: after the whole pass. The "

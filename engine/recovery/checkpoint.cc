@@ -205,8 +205,9 @@ class Replayer {
     expect.clock = static_cast<int64_t>(ref.clock);
     expect.sender = static_cast<int64_t>(ref.sender);
     SvBatch local = decode(log_.batch(ref), expect);
-    std::optional<SvBatch> selected = selectForPeers(local, ref.select, static_cast<SelectionMethod>(ref.method),
-                                                     seed_, ref.clock, static_cast<int>(ref.sender));
+    GramSource gramSource{&backend_, {}, &gramOperand_, &grams_};
+    std::optional<SvBatch> selected = selectForPeers(local, ref.select, selectionMethodFromLog(ref.method), seed_,
+                                                     ref.clock, static_cast<int>(ref.sender), gramSource);
     if (!selected) return local;
     return decode(encode(*selected), expect);
   }
@@ -221,6 +222,7 @@ class Replayer {
   ckpt::LogReplay log_{dir_, replica_};  // the replica's stream, and the batches it references
   SvBatchExpectation expect_;
   size_t groups_ = 0;
+  ops::Tensor gramOperand_, grams_;  // jmcss-gram's device buffers, reused reference after reference
 };
 
 Restored replay(const std::string& dir, const ops::Model& model, ops::Backend& backend, uint64_t seed,

@@ -48,7 +48,7 @@ adapt::ControllerOptions controllerOptions(const TrainConfig& config) {
   o.averageEvery = config.averageEvery;
   o.multicast = config.multicast;
   o.consistency = config.consistency;
-  o.jmcss = config.selectMethod == SelectionMethod::kJmcss;
+  o.jmcss = config.selectMethod != SelectionMethod::kUniform;  // both JMCSS methods draw alike
   return o;
 }
 

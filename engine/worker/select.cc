@@ -1,6 +1,7 @@
 #include "engine/worker/select.h"
 
 #include "engine/base/error.h"
+#include "ops/cpu/cpu_backend.h"
 
 #include <Eigen/Dense>
 #include <Eigen/QR>
@@ -24,6 +25,10 @@ using SparseD = Eigen::SparseMatrix<double, Eigen::ColMajor, int32_t>;
 // after projection, and a direction this small changes the update by 1e-5 of the
 // column at most.
 constexpr double kInSpanTolerance = 1e-10;
+// The same from a float Gram matrix (kJmcssGram): G_ii - ||W_i||^2 is known to about
+// 1e-7 of the column's squared norm there, so a direction is taken only well above
+// that (1e-5 of the squared norm: 0.3% of the column's norm).
+constexpr double kGramInSpanTolerance = 1e-5;
 
 bool hasCore(const SvMatrix& m) { return m.core.size() > 0; }
 
@@ -61,6 +66,17 @@ class Residual {
     init(norms, sparse_.rows(), capacity);
   }
 
+  // From X's Gram matrix G = X^T X (kJmcssGram): no basis; a new direction's
+  // coordinates come from G (select.h). G is symmetrized in double first.
+  struct FromGram {};
+  Residual(FromGram, const Matrix& gram, int64_t capacity, ResidualScratch& scratch)
+      : dense_(scratch.dense), fromGram_(true), tolerance_(kGramInSpanTolerance), basis_(scratch.basis),
+        coords_(scratch.coords) {
+    dense_ = gram.cast<double>();
+    dense_ = (0.5 * (dense_ + dense_.transpose())).eval();
+    init(dense_.diagonal(), 0, capacity);
+  }
+
   int64_t rank() const { return rank_; }
   // The rank once the first `picks` added columns were in: the basis of a prefix
   // of the selection is a prefix of the basis (Gram-Schmidt is sequential).
@@ -70,6 +86,7 @@ class Residual {
   }
   // X^T X, B x B.
   MatrixD gram() const {
+    if (fromGram_) return dense_;
     if (isSparse_) return MatrixD(sparse_.transpose() * sparse_);
     MatrixD g = MatrixD::Zero(dense_.cols(), dense_.cols());
     g.selfadjointView<Eigen::Lower>().rankUpdate(dense_.transpose());
@@ -88,7 +105,9 @@ class Residual {
   // Moves column i into the selected set: extends the basis by its residual
   // direction (unless it has none) and shrinks every column's residual norm.
   void add(int64_t i) {
-    if (effective_[i] > 0.0) {
+    if (fromGram_) {
+      addFromGram(i);
+    } else if (effective_[i] > 0.0) {
       VectorD r = column(i);
       if (rank_ > 0) {
         // Classical Gram-Schmidt; the first pass's Q^T x_i is column i of Q^T X,
@@ -102,7 +121,7 @@ class Residual {
         }
       }
       const double r2 = r.squaredNorm();
-      if (r2 > kInSpanTolerance * norms_[i]) {
+      if (r2 > tolerance_ * norms_[i]) {
         basis_.col(rank_) = r / std::sqrt(r2);
         const VectorD w = project(basis_.col(rank_));
         coords_.row(rank_) = w.transpose();
@@ -116,6 +135,21 @@ class Residual {
   }
 
  private:
+  // add(i) from G: the pivot ||r_i||^2 = G_ii - ||W_i||^2 and the new coordinate row
+  // (G_i - W^T W_i) / ||r_i||, a step of the pivoted Cholesky factorization.
+  void addFromGram(int64_t i) {
+    if (effective_[i] <= 0.0) return;
+    const auto w = coords_.topRows(rank_);
+    const double r2 = dense_(i, i) - w.col(i).squaredNorm();
+    if (!(r2 > tolerance_ * norms_[i])) return;
+    VectorD row = dense_.col(i);
+    if (rank_ > 0) row.noalias() -= w.transpose() * w.col(i);
+    row /= std::sqrt(r2);
+    coords_.row(rank_) = row.transpose();
+    ++rank_;
+    residual_ -= row.cwiseAbs2();
+  }
+
   void init(const VectorD& norms, int64_t rows, int64_t capacity) {
     norms_ = norms;
     residual_ = norms;
@@ -138,15 +172,17 @@ class Residual {
     total_ = 0.0;
     for (int64_t j = 0; j < residual_.size(); ++j) {
       residual_[j] = std::max(residual_[j], 0.0);  // rounding can take a spent column below zero
-      effective_[j] = residual_[j] > kInSpanTolerance * norms_[j] ? residual_[j] : 0.0;
+      effective_[j] = residual_[j] > tolerance_ * norms_[j] ? residual_[j] : 0.0;
       total_ += effective_[j];
     }
     exhausted_ = total_ == 0.0;
   }
 
-  MatrixD& dense_;
+  MatrixD& dense_;  // X in double, or its Gram matrix (fromGram_)
   SparseD sparse_;
   bool isSparse_ = false;
+  bool fromGram_ = false;
+  double tolerance_ = kInSpanTolerance;
   VectorD norms_;      // squared column norms of X
   VectorD residual_;   // squared column norms of the residual, updated incrementally
   VectorD effective_;  // residual_ with columns in the span set to zero
@@ -254,6 +290,22 @@ std::vector<Residual> residualsOf(const SvBatch& full, int64_t capacity) {
       res.emplace_back(m.vDense, capacity, scratch[res.size()]);
     }
   }
+  return res;
+}
+
+// The same from the matrices' Gram matrices (svGrams's order).
+std::vector<Residual> residualsOfGrams(const SvBatch& full, std::span<const Matrix> grams, int64_t capacity) {
+  const int64_t n = full.numColumns();
+  ORPHEUS_ENFORCE(grams.size() == 2 * full.matrices.size(), "{} Gram matrices for a batch of {} SV matrices",
+                  grams.size(), full.matrices.size());
+  for (const Matrix& g : grams) {
+    ORPHEUS_ENFORCE(g.rows() == n && g.cols() == n, "a {}x{} Gram matrix for a batch of {} columns", g.rows(),
+                    g.cols(), n);
+  }
+  std::vector<ResidualScratch>& scratch = scratchFor(grams.size());
+  std::vector<Residual> res;
+  res.reserve(grams.size());
+  for (const Matrix& g : grams) res.emplace_back(Residual::FromGram{}, g, capacity, scratch[res.size()]);
   return res;
 }
 
@@ -427,15 +479,84 @@ class KeptNorms {
 
 }  // namespace
 
-std::string toString(SelectionMethod method) { return method == SelectionMethod::kJmcss ? "jmcss" : "uniform"; }
-
-SelectionMethod parseSelectionMethod(const std::string& name) {
-  if (name == "jmcss") return SelectionMethod::kJmcss;
-  if (name == "uniform") return SelectionMethod::kUniform;
-  throw InputError(fmt::format("unknown selection method '{}' (choose jmcss or uniform)", name));
+std::string toString(SelectionMethod method) {
+  switch (method) {
+    case SelectionMethod::kJmcss: return "jmcss";
+    case SelectionMethod::kUniform: return "uniform";
+    case SelectionMethod::kJmcssGram: return "jmcss-gram";
+  }
+  return "unknown";
 }
 
-SvBatch selectSvgs(const SvBatch& full, int64_t c, SelectionMethod method, CounterRng& rng, SelectionStats* stats) {
+SelectionMethod parseSelectionMethod(const std::string& name) {
+  for (const auto m : {SelectionMethod::kJmcss, SelectionMethod::kJmcssGram, SelectionMethod::kUniform}) {
+    if (name == toString(m)) return m;
+  }
+  throw InputError(fmt::format("unknown selection method '{}' (choose jmcss, jmcss-gram or uniform)", name));
+}
+
+SelectionMethod selectionMethodFromLog(uint32_t number) {
+  if (number > static_cast<uint32_t>(SelectionMethod::kJmcssGram)) {
+    throw InputError(fmt::format("a batch reference names selection method {}, which no version has", number));
+  }
+  return static_cast<SelectionMethod>(number);
+}
+
+std::vector<Matrix> svGrams(const SvBatch& full, const GramSource& source) {
+  ORPHEUS_ENFORCE(source.backend != nullptr, "jmcss-gram needs a backend to form its Gram matrices on");
+  checkShapes(full);
+  ops::Backend& b = *source.backend;
+  const int64_t n = full.numColumns();
+  const size_t count = 2 * full.matrices.size();
+  std::vector<Matrix> grams(count);
+  // The dense matrices as the backend reads them: where a pass left them, in host
+  // memory on the CPU backend, or copied in.
+  const bool host = b.device() == ops::Device::kCpu;
+  ORPHEUS_ENFORCE(host || (source.operand != nullptr && source.grams != nullptr),
+                  "jmcss-gram on {} needs device buffers", b.name());
+  ops::Tensor all;
+  if (!host) all = ops::deviceBuffer(b, *source.grams, n, n * static_cast<int64_t>(count));
+  for (size_t p = 0; p < full.matrices.size(); ++p) {
+    const SvMatrix& m = full.matrices[p];
+    const ops::DeviceSvs* dev = nullptr;
+    for (const ops::DeviceSvs& d : source.onDevice) {
+      if (d.hostU == m.u.data()) dev = &d;
+    }
+    for (size_t side = 0; side < 2; ++side) {
+      const size_t k = 2 * p + side;
+      if (side == 1 && m.sparseV) {
+        grams[k] = SparseMatrix(m.vSparse.transpose() * m.vSparse).toDense();
+        continue;
+      }
+      const Matrix& x = side == 0 ? m.u : m.vDense;
+      const ops::Tensor* there = dev == nullptr ? nullptr : side == 0 ? dev->u : dev->vDense;
+      ORPHEUS_ENFORCE(there == nullptr || (there->rows() == x.rows() && there->cols() == x.cols()),
+                      "the device copy of a {}x{} SV matrix has another shape", x.rows(), x.cols());
+      if (host) {
+        grams[k].resize(n, n);
+        ops::Tensor g = ops::cpu::view(grams[k]);
+        b.gemm(ops::Trans::kYes, ops::Trans::kNo, 1.0f, ops::cpu::view(x), ops::cpu::view(x), 0.0f, g);
+        continue;
+      }
+      const ops::Tensor in =
+          there != nullptr ? there->middleCols(0, n) : ops::uploaded(b, *source.operand, ops::cpu::view(x));
+      ops::Tensor g = all.middleCols(static_cast<int64_t>(k) * n, n);
+      b.gemm(ops::Trans::kYes, ops::Trans::kNo, 1.0f, in, in, 0.0f, g);
+    }
+  }
+  if (!host && n > 0) {
+    Matrix back(n, n * static_cast<int64_t>(count));
+    ops::Tensor to = ops::cpu::view(back);
+    b.copy(all, to);
+    for (size_t k = 0; k < count; ++k) {
+      if (grams[k].size() == 0) grams[k] = back.middleCols(static_cast<int64_t>(k) * n, n);
+    }
+  }
+  return grams;
+}
+
+SvBatch selectSvgs(const SvBatch& full, int64_t c, SelectionMethod method, CounterRng& rng, SelectionStats* stats,
+                   std::span<const Matrix> grams) {
   const auto start = Clock::now();
   ORPHEUS_ENFORCE(c >= 1, "SV selection asked for {} SVGs; at least 1 is needed", c);
   checkShapes(full);
@@ -454,7 +575,8 @@ SvBatch selectSvgs(const SvBatch& full, int64_t c, SelectionMethod method, Count
     columns = drawUniform(n, c, rng);
     out = assembleUniform(full, columns);
   } else {
-    std::vector<Residual> res = residualsOf(full, c);
+    std::vector<Residual> res =
+        method == SelectionMethod::kJmcssGram ? residualsOfGrams(full, grams, c) : residualsOf(full, c);
     columns = drawJmcss(res, n, c, rng);
     out = assembleWithCores(full, res, columns);
   }
@@ -484,10 +606,12 @@ SvBatch projectOntoColumns(const SvBatch& full, std::span<const int64_t> columns
 }
 
 std::optional<SvBatch> selectForPeers(const SvBatch& local, int64_t select, SelectionMethod method, uint64_t seed,
-                                      uint64_t clock, int rank) {
+                                      uint64_t clock, int rank, const GramSource& source) {
   if (select <= 0 || select >= local.numColumns()) return std::nullopt;
   CounterRng rng(seed, RngPurpose::kSelect, clock, static_cast<uint64_t>(rank));
-  return selectSvgs(local, select, method, rng);
+  std::vector<Matrix> grams;
+  if (method == SelectionMethod::kJmcssGram) grams = svGrams(local, source);
+  return selectSvgs(local, select, method, rng, nullptr, grams);
 }
 
 std::vector<double> selectionErrors(const SvBatch& local, std::span<const int64_t> counts, uint64_t seed,

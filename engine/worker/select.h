@@ -27,6 +27,18 @@
 // Selection stops early, with fewer than C SVGs, once every matrix's columns lie in
 // the span of the selected ones: then the selected SVGs reproduce the batch exactly.
 //
+// The same draw from the Gram matrices (kJmcssGram). Everything Algorithm 2 needs of
+// a matrix X is an inner product of its columns: the coordinates Q^T X of a new
+// basis vector q = r_i / ||r_i|| are (G_i - W^T W_i) / ||r_i||, with G = X^T X and W
+// the coordinates so far, and ||r_i||^2 = G_ii - ||W_i||^2 (a pivoted Cholesky
+// factorization of G, pivots drawn as above). So the costly part of a selection is
+// one product X^T X per matrix (2 J B^2 flops, one GEMM), which runs on the job's
+// backend, where a resident pass left U and V; the draw, the cores and the
+// coordinates then cost O(C B^2) per matrix on the host, whatever J. G is formed in
+// float, so a residual is known to about 1e-7 of its column's squared norm: a column
+// counts as in the span below 1e-5 of it (kJmcss: 1e-10), and the two methods draw
+// alike but not bit for bit alike.
+//
 // Sending the selected columns alone, rescaled by B/C, approximates the update
 // badly (worse than sending nothing on MLR). The selected batch therefore carries,
 // per matrix, the C x C least-squares core
@@ -40,6 +52,8 @@
 
 #include "engine/base/rng.h"
 #include "engine/base/sv_batch.h"
+#include "ops/backend.h"
+#include "ops/rebuild.h"
 
 #include <cstdint>
 #include <optional>
@@ -49,14 +63,36 @@
 
 namespace orpheus::engine {
 
-enum class SelectionMethod {
-  kJmcss,    // Algorithm 2 with least-squares cores
-  kUniform,  // C distinct SVGs uniformly at random, coefficients scaled by B/C (the paper's baseline)
+// The numbers are the SV log's (ckpt/log_entry.h: a batch reference's method).
+enum class SelectionMethod : uint32_t {
+  kJmcss = 0,      // Algorithm 2 with least-squares cores
+  kUniform = 1,    // C distinct SVGs uniformly at random, coefficients scaled by B/C (the paper's baseline)
+  kJmcssGram = 2,  // Algorithm 2 and its cores from the Gram matrices X^T X, formed on the job's backend
 };
 
 std::string toString(SelectionMethod method);
-// Parses "jmcss" or "uniform"; throws InputError naming the choices otherwise.
+// Parses "jmcss", "jmcss-gram" or "uniform"; throws InputError naming the choices otherwise.
 SelectionMethod parseSelectionMethod(const std::string& name);
+// The method a log's batch reference names; throws InputError for a number no method has.
+SelectionMethod selectionMethodFromLog(uint32_t number);
+
+// Where kJmcssGram forms its Gram matrices, kept by a caller that selects every
+// clock so the products' operands and results are allocated once: `backend` (the
+// job's), the batch's U and dense V's where a resident pass left them
+// (`onDevice`, as Model::lastDeviceSvs; a matrix not named there is copied in
+// from the host batch), and the device buffers reused clock after clock.
+struct GramSource {
+  ops::Backend* backend = nullptr;
+  std::span<const ops::DeviceSvs> onDevice;
+  ops::Tensor* operand = nullptr;  // a host matrix copied in (not used on the CPU backend)
+  ops::Tensor* grams = nullptr;    // every product of a batch, side by side
+};
+
+// X^T X (n x n, float) of every matrix of `full`, in the order U_0, V_0, U_1, V_1,
+// ...: each dense one by one product on the source's backend (all of them queued
+// before the one copy of the results to the host), a sparse V's on the host.
+// The same operations on the cpu and the strict backend, so the same bits.
+std::vector<Matrix> svGrams(const SvBatch& full, const GramSource& source);
 
 struct SelectionStats {
   double seconds = 0.0;          // wall time of the selection, cores included
@@ -79,15 +115,19 @@ struct SelectionStats {
 // kJmcss keeps scratch memory per calling thread between calls (8 bytes times the
 // rows of all U and V together, times B + C), since a worker selects from batches of
 // the same shapes every clock; its cost is one pass over every U and V per drawn SVG.
+// kJmcssGram takes the batch's Gram matrices (svGrams) in `grams`; the other methods
+// ignore them.
 SvBatch selectSvgs(const SvBatch& full, int64_t c, SelectionMethod method, CounterRng& rng,
-                   SelectionStats* stats = nullptr);
+                   SelectionStats* stats = nullptr, std::span<const Matrix> grams = {});
 
 // What rank `rank` sends of its local batch at `clock`: selectSvgs seeded by (job
 // seed, kSelect, clock, rank), or none when selection is off (select <= 0 or >= the
 // batch's columns: the whole batch goes). A pure function of its arguments, so a
 // replay can recompute what a replica received from the sender's logged batch.
+// kJmcssGram forms its Gram matrices from `source` (a replay: the restoring job's
+// backend, which gives the live job's bits on the same kind of device).
 std::optional<SvBatch> selectForPeers(const SvBatch& local, int64_t select, SelectionMethod method, uint64_t seed,
-                                      uint64_t clock, int rank);
+                                      uint64_t clock, int rank, const GramSource& source = {});
 
 // --adapt's measure of what a smaller selection keeps (engine/adapt/policy.h, rule
 // goodput): for each c of `counts`, the relative error ||rebuilt_c - full||_F /
@@ -97,9 +137,11 @@ std::optional<SvBatch> selectForPeers(const SvBatch& local, int64_t select, Sele
 // c), so one draw of the largest c gives them all, from the Gram-Schmidt coordinates
 // Q^T X it keeps: ||P_U dW P_V||^2 = ||Q_U^T U D V^T Q_V||^2 over the leading basis
 // vectors of each prefix, ||dW||^2 from the B x B Gram matrices U^T U and V^T V, never
-// a J x K matrix. The draw has a random stream of its own, keyed like selectForPeers's
-// (counter-based: no other stream moves), and `local` is only read, so a job selects,
-// sends and logs the same with and without the measurement.
+// a J x K matrix. Under kJmcssGram it measures this draw too, computed directly on
+// the host: a draw from the same distribution as the one sent, not the same bits.
+// The draw has a random stream of its own, keyed like selectForPeers's
+// (counter-based: no other stream moves), and `local` is only read, so a job
+// selects, sends and logs the same with and without the measurement.
 std::vector<double> selectionErrors(const SvBatch& local, std::span<const int64_t> counts, uint64_t seed,
                                     uint64_t clock, int rank);
 

@@ -310,7 +310,17 @@ std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local
     rankOperands_.clear();
     stats.rankError = lowRank_->lastError();
   } else {
-    sent = selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank());
+    // jmcss-gram forms its Gram matrices on the job's backend, from U and V where
+    // a resident pass left them.
+    std::vector<ops::DeviceSvs> svs;
+    GramSource source{&backend(), {}, &gramOperand_, &grams_};
+    if (config_.selectMethod == SelectionMethod::kJmcssGram && updater_.resident()) {
+      svs = model_.lastDeviceSvs();
+      if (svs.size() != local.matrices.size()) svs.clear();
+      for (size_t i = 0; i < svs.size(); ++i) svs[i].hostU = local.matrices[i].u.data();
+      source.onDevice = svs;
+    }
+    sent = selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank(), source);
   }
   if (sent) stats.selectSeconds = secondsSince(t);
   return sent;

@@ -280,6 +280,7 @@ class Worker {
   std::unique_ptr<OverlappedExchange> overlapped_;
   std::optional<LowRankSender> lowRank_;  // --sv-rank: the batch at rank R, and what is left to send
   std::vector<ops::DeviceSvs> rankOperands_;  // --sv-rank, resident: this clock's U and V on the device
+  ops::Tensor gramOperand_, grams_;           // --select-method jmcss-gram: its device buffers
   std::optional<PowerSgdReducer> powerSgd_;  // --sync powersgd: the factors' state and this rank's residual
 };
 

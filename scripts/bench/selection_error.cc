@@ -10,6 +10,9 @@
 //                  least-squares cores
 //   jmcss x B/C    the same columns with per-column coefficients scaled by B/C
 //   uniform x B/C  engine::selectSvgs(kUniform)
+//   jmcss-gram     engine::selectSvgs(kJmcssGram): the same draw from the Gram
+//                  matrices (engine::svGrams on the CPU backend, timed with it), from
+//                  the same random stream as jmcss: how often it draws the same columns
 // "all" is the error over every weight matrix together (biases excluded, as in the
 // float64 reference of FACTS.md); then each parameter, biases included. Means over
 // the batches. Selection time is reported against computeSvg's time for the batch
@@ -22,6 +25,7 @@
 #include "engine/data/dataset.h"
 #include "engine/data/sampler.h"
 #include "engine/worker/select.h"
+#include "ops/cpu/cpu_backend.h"
 #include "ops/graph_model.h"
 #include "ops/mlr.h"
 #include "ops/rebuild.h"
@@ -198,6 +202,8 @@ void runModel(const std::string& name, const ops::Model& model, const data::Data
   std::map<int64_t, double> selectSeconds;  // wall
   std::map<int64_t, double> selectCpu;
   std::map<int64_t, double> selectedCount;
+  std::map<int64_t, double> gramSeconds, gramCpu, gramSame;  // jmcss-gram: wall, CPU, draws equal to jmcss's
+  ops::cpu::CpuBackend backend;
   double computeSeconds = 0.0;
   double computeCpu = 0.0;
   for (int64_t k = 0; k < o.batches; ++k) {
@@ -212,7 +218,8 @@ void runModel(const std::string& name, const ops::Model& model, const data::Data
     const ParamSet exact = updateOf(model, full);
     for (int64_t c : o.cs) {
       auto& row = sums[c];
-      row.resize(3);
+      row.resize(4);
+      CounterRng gramRng(o.seed, RngPurpose::kSelect, static_cast<uint64_t>(k), static_cast<uint64_t>(c));
       CounterRng rng(o.seed, RngPurpose::kSelect, static_cast<uint64_t>(k), static_cast<uint64_t>(c));
       engine::SelectionStats stats;
       const double before = threadCpuSeconds();
@@ -224,6 +231,16 @@ void runModel(const std::string& name, const ops::Model& model, const data::Data
       accumulate(updateOf(model, rescaledColumns(full, stats.indices)), exact, isWeight, row[1]);
       const SvBatch uniform = engine::selectSvgs(full, c, engine::SelectionMethod::kUniform, rng);
       accumulate(updateOf(model, uniform), exact, isWeight, row[2]);
+      engine::SelectionStats gramStats;
+      const auto gramStart = Clock::now();
+      const double gramBefore = threadCpuSeconds();
+      const std::vector<Matrix> grams = engine::svGrams(full, engine::GramSource{&backend, {}, nullptr, nullptr});
+      const SvBatch gram =
+          engine::selectSvgs(full, c, engine::SelectionMethod::kJmcssGram, gramRng, &gramStats, grams);
+      gramCpu[c] += threadCpuSeconds() - gramBefore;
+      gramSeconds[c] += secondsSince(gramStart);
+      gramSame[c] += gramStats.indices == stats.indices ? 1.0 : 0.0;
+      accumulate(updateOf(model, gram), exact, isWeight, row[3]);
     }
   }
   const double n = static_cast<double>(o.batches);
@@ -231,12 +248,14 @@ void runModel(const std::string& name, const ops::Model& model, const data::Data
   std::cout << fmt::format("\n### {} ({}), B = {}, after {} steps (lr {}), mean of {} batches\n\n", name,
                            model.spec(), o.batch, o.steps, o.lr, o.batches);
   std::cout << "Relative Frobenius error of the rebuilt update, all weight matrices together:\n\n";
-  std::cout << "| C | selected | jmcss + core | jmcss, columns x B/C | uniform, x B/C |\n"
-               "| --- | --- | --- | --- | --- |\n";
+  std::cout << "| C | selected | jmcss + core | jmcss, columns x B/C | uniform, x B/C | jmcss-gram + core | "
+               "jmcss-gram draws = jmcss's |\n"
+               "| --- | --- | --- | --- | --- | --- | --- |\n";
   for (int64_t c : o.cs) {
     const auto& row = sums[c];
-    std::cout << fmt::format("| {} | {:.1f} | {:.3f} | {:.3f} | {:.3f} |\n", c, selectedCount[c] / n, row[0].all / n,
-                             row[1].all / n, row[2].all / n);
+    std::cout << fmt::format("| {} | {:.1f} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.0f}% |\n", c,
+                             selectedCount[c] / n, row[0].all / n, row[1].all / n, row[2].all / n, row[3].all / n,
+                             100.0 * gramSame[c] / n);
   }
   std::cout << "\nPer parameter (jmcss + core / jmcss x B/C / uniform x B/C):\n\n| C |";
   for (const auto& s : specs) std::cout << fmt::format(" {} ({}x{}) |", s.name, s.rows, s.cols);
@@ -256,12 +275,14 @@ void runModel(const std::string& name, const ops::Model& model, const data::Data
       "\nSelection time (JMCSS with cores) against computeSvg of the batch ({:.2f} ms CPU, {:.2f} ms wall), "
       "means per batch:\n\n",
       1e3 * computeCpu / n, 1e3 * computeSeconds / n);
-  std::cout << "| C | selection ms (CPU) | share of computeSvg (CPU) | selection ms (wall) | share (wall) |\n"
-               "| --- | --- | --- | --- | --- |\n";
+  std::cout << "| C | selection ms (CPU) | share of computeSvg (CPU) | selection ms (wall) | share (wall) | "
+               "jmcss-gram ms (CPU), Gram products included | jmcss-gram / jmcss (CPU) |\n"
+               "| --- | --- | --- | --- | --- | --- | --- |\n";
   for (int64_t c : o.cs) {
-    std::cout << fmt::format("| {} | {:.2f} | {:.1f}% | {:.2f} | {:.1f}% |\n", c, 1e3 * selectCpu[c] / n,
-                             100.0 * selectCpu[c] / computeCpu, 1e3 * selectSeconds[c] / n,
-                             100.0 * selectSeconds[c] / computeSeconds);
+    std::cout << fmt::format("| {} | {:.2f} | {:.1f}% | {:.2f} | {:.1f}% | {:.2f} | {:.2f} |\n", c,
+                             1e3 * selectCpu[c] / n, 100.0 * selectCpu[c] / computeCpu, 1e3 * selectSeconds[c] / n,
+                             100.0 * selectSeconds[c] / computeSeconds, 1e3 * gramCpu[c] / n,
+                             gramCpu[c] / selectCpu[c]);
   }
 }
 

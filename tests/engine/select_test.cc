@@ -2,7 +2,9 @@
 
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
+#include "ops/cpu/cpu_backend.h"
 #include "ops/rebuild.h"
+#include "ops/strict/strict_backend.h"
 
 #include <catch2/catch.hpp>
 
@@ -11,6 +13,8 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <span>
+#include <utility>
 #include <vector>
 
 using namespace orpheus;
@@ -447,4 +451,123 @@ TEST_CASE("a JMCSS selection of c is the first c picks of a larger one", "[selec
     engine::selectSvgs(full, c, SelectionMethod::kJmcss, rng, &fewer);
     CHECK(fewer.indices == std::vector<int64_t>(most.indices.begin(), most.indices.begin() + c));
   }
+}
+
+// --- jmcss-gram: the same draw from the Gram matrices X^T X -------------------
+
+namespace {
+
+std::vector<Matrix> cpuGrams(const SvBatch& full) {
+  ops::cpu::CpuBackend cpu;
+  return engine::svGrams(full, engine::GramSource{&cpu, {}, nullptr, nullptr});
+}
+
+}  // namespace
+
+TEST_CASE("svGrams are X^T X of every U and V, the same bits on the strict device", "[select][strict]") {
+  const SvBatch full = makeBatch(21, 16, 0.8);
+  const std::vector<Matrix> grams = cpuGrams(full);
+  REQUIRE(grams.size() == 2 * full.matrices.size());
+  for (size_t p = 0; p < full.matrices.size(); ++p) {
+    const MatrixD u = full.matrices[p].u.cast<double>();
+    const MatrixD v = denseV(full.matrices[p]);
+    for (const auto& [g, exact] : {std::pair{&grams[2 * p], MatrixD(u.transpose() * u)},
+                                   std::pair{&grams[2 * p + 1], MatrixD(v.transpose() * v)}}) {
+      CHECK((g->cast<double>() - exact).norm() <= 1e-5 * exact.norm());
+    }
+  }
+  // Strict: the matrices copied in, or read where a "pass" left them.
+  const auto strict = ops::strict::makeStrictBackend();
+  ops::Tensor operand, all;
+  std::vector<ops::Tensor> tensors;
+  std::vector<ops::DeviceSvs> svs;
+  for (const SvMatrix& m : full.matrices) {
+    tensors.push_back(strict->allocate(m.u.rows(), m.u.cols()));
+    strict->copy(ops::Tensor::host(m.u.data(), m.u.rows(), m.u.cols()), tensors.back());
+  }
+  for (size_t p = 0; p < full.matrices.size(); ++p) svs.push_back({full.matrices[p].u.data(), &tensors[p], nullptr});
+  for (const std::span<const ops::DeviceSvs> onDevice : {std::span<const ops::DeviceSvs>{}, std::span<const ops::DeviceSvs>(svs)}) {
+    const std::vector<Matrix> there = engine::svGrams(full, engine::GramSource{strict.get(), onDevice, &operand, &all});
+    REQUIRE(there.size() == grams.size());
+    for (size_t k = 0; k < grams.size(); ++k) CHECK(there[k] == grams[k]);
+  }
+  // The CPU backend needs no buffers; a device does, and a backend at all.
+  CHECK_THROWS_AS(engine::svGrams(full, engine::GramSource{strict.get(), {}, nullptr, nullptr}), Error);
+  CHECK_THROWS_AS(engine::svGrams(full, engine::GramSource{}), Error);
+}
+
+TEST_CASE("jmcss-gram draws as jmcss does, to the same projection", "[select]") {
+  // Well-conditioned SVs: the two methods draw the same columns from the same
+  // stream, and both send the projection onto the selected spans.
+  for (uint64_t key = 0; key < 6; ++key) {
+    const SvBatch full = makeBatch(30 + key, 20);
+    const std::vector<Matrix> grams = cpuGrams(full);
+    for (const int64_t c : {1, 4, 10}) {
+      CounterRng r1(3, RngPurpose::kSelect, key, 0), r2(3, RngPurpose::kSelect, key, 0);
+      SelectionStats direct, gram;
+      const SvBatch a = engine::selectSvgs(full, c, SelectionMethod::kJmcss, r1, &direct);
+      const SvBatch b = engine::selectSvgs(full, c, SelectionMethod::kJmcssGram, r2, &gram, grams);
+      CHECK(gram.indices == direct.indices);
+      CHECK(relativeDifference(rebuilt(b), rebuilt(a)) < 1e-4);
+    }
+  }
+  // Decaying spectra (a trained model's SVs): the same error, within rounding of the draw.
+  double ej = 0.0, eg = 0.0;
+  for (uint64_t key = 0; key < 8; ++key) {
+    const SvBatch full = makeBatch(50 + key, 30, 0.7);
+    CounterRng r1(4, RngPurpose::kSelect, key, 0), r2(4, RngPurpose::kSelect, key, 0);
+    ej += relativeError(engine::selectSvgs(full, 6, SelectionMethod::kJmcss, r1), full);
+    eg += relativeError(engine::selectSvgs(full, 6, SelectionMethod::kJmcssGram, r2, nullptr, cpuGrams(full)), full);
+  }
+  CHECK(eg <= 1.1 * ej);
+  // Without its Gram matrices, or with the wrong ones, it is refused.
+  const SvBatch full = makeBatch(40, 12);
+  CounterRng rng(1, RngPurpose::kSelect, 0, 0);
+  CHECK_THROWS_AS(engine::selectSvgs(full, 4, SelectionMethod::kJmcssGram, rng), Error);
+  std::vector<Matrix> wrong = cpuGrams(makeBatch(40, 11));
+  CHECK_THROWS_AS(engine::selectSvgs(full, 4, SelectionMethod::kJmcssGram, rng, nullptr, wrong), Error);
+}
+
+TEST_CASE("jmcss-gram stops once the selected SVGs span the batch, and past a low rank", "[select]") {
+  SvBatch full = makeBatch(7, 12);
+  CounterRng rng(12, RngPurpose::kTest, 0, 0);
+  const Matrix mix = randomMatrix(rng, 3, 12);
+  for (SvMatrix& m : full.matrices) {
+    m.u = randomMatrix(rng, m.u.rows(), 3) * mix;
+    const Matrix v = randomMatrix(rng, m.vRows(), 3) * mix;
+    if (m.sparseV) {
+      m.vSparse = v.sparseView();
+    } else {
+      m.vDense = v;
+    }
+  }
+  CounterRng sel(1, RngPurpose::kSelect, 0, 0);
+  SelectionStats stats;
+  const SvBatch out = engine::selectSvgs(full, 5, SelectionMethod::kJmcssGram, sel, &stats, cpuGrams(full));
+  CHECK(stats.selected == 3);
+  CHECK(relativeError(out, full) < 1e-4);
+  // The third matrix's U has rank 2: selection goes on past it.
+  const SvBatch wide = makeBatch(8, 20);
+  CounterRng r(1, RngPurpose::kSelect, 0, 0);
+  SelectionStats s2;
+  engine::selectSvgs(wide, 10, SelectionMethod::kJmcssGram, r, &s2, cpuGrams(wide));
+  CHECK(s2.selected == 10);
+  // The replay's selectForPeers forms them itself from its source.
+  ops::cpu::CpuBackend cpu;
+  const std::optional<SvBatch> viaPeers =
+      engine::selectForPeers(wide, 10, SelectionMethod::kJmcssGram, 1, 2, 3, engine::GramSource{&cpu, {}, nullptr, nullptr});
+  CounterRng same(1, RngPurpose::kSelect, 2, 3);
+  REQUIRE(viaPeers);
+  CHECK(bytesOf(*viaPeers) ==
+        bytesOf(engine::selectSvgs(wide, 10, SelectionMethod::kJmcssGram, same, nullptr, cpuGrams(wide))));
+}
+
+TEST_CASE("a log's selection method number is one the engine has", "[select]") {
+  CHECK(engine::selectionMethodFromLog(0) == SelectionMethod::kJmcss);
+  CHECK(engine::selectionMethodFromLog(1) == SelectionMethod::kUniform);
+  CHECK(engine::selectionMethodFromLog(2) == SelectionMethod::kJmcssGram);
+  CHECK_THROWS_AS(engine::selectionMethodFromLog(3), InputError);
+  CHECK_THROWS_AS(engine::selectionMethodFromLog(0xffffffffu), InputError);
+  CHECK(engine::parseSelectionMethod("jmcss-gram") == SelectionMethod::kJmcssGram);
+  CHECK(engine::toString(SelectionMethod::kJmcssGram) == "jmcss-gram");
 }
