@@ -7,7 +7,8 @@
 # CASE: mlr (the built-in model, resident: SV, broadcast, sgd; restore --device strict
 # equals the cpu restore), builtin (--model mlr named, resident: adam, a test set, the
 # start-up line),
-# mlp (selection, random multicast, averaging and rotation, adam; --sv-rank), lstm (adagrad, resident,
+# mlp (selection by jmcss-gram on the device and restore of its log, random multicast, averaging and
+# rotation, adam; --sv-rank), lstm (adagrad, resident,
 # carried states, a test set, restore),
 # dense (--sync dense with and without --overlap; --sync powersgd), sparse (LIBSVM rows, sparse V), tm (the
 # topic model resident: its data-dependent variables' inner steps on the device, a test set),
@@ -103,9 +104,25 @@ case "$case" in
   mlp)
     sed -e 's/^dim hidden1 = .*/dim hidden1 = 64/' -e 's/^dim hidden2 = .*/dim hidden2 = 32/' \
       "$here/../../examples/mlp.loss" >"$out/mlp.loss"
-    same mlp "${fmnist[@]}" --model "$out/mlp.loss" --clocks 30 --batch 40 --select 10 --multicast random --fanout 1 \
-      --average-every 10 --rotate-every 7 --optimizer adam
+    for device in cpu strict; do
+      run mlp "$device" "${fmnist[@]}" --model "$out/mlp.loss" --clocks 30 --batch 40 --select 10 --multicast random \
+        --fanout 1 --average-every 10 --rotate-every 7 --optimizer adam --ckpt sv --ckpt-dir "$out/mlp-ck-$device" \
+        --save-replicas "$out/mlp-live-$device"
+    done
+    "$compare" "$out/mlp-cpu.h5" "$out/mlp-strict.h5" 0
     resident mlp
+    # --select-method jmcss-gram (the default) forms its Gram matrices on the device from
+    # U and V where the pass left them: nothing more crosses in than under jmcss, which
+    # selects on the host; only the Gram matrices come out. restore(30) of the job's
+    # log, whose receivers' batches are selected again on the device, gives its bits.
+    run mlp-host strict "${fmnist[@]}" --model "$out/mlp.loss" --clocks 30 --batch 40 --select 10 --multicast random \
+      --fanout 1 --average-every 10 --rotate-every 7 --optimizer adam --select-method jmcss
+    cmp <(grep -o '"device_in_bytes": *[0-9]*' "$out/mlp-strict.jsonl") \
+      <(grep -o '"device_in_bytes": *[0-9]*' "$out/mlp-host-strict.jsonl") ||
+      { echo "strict_device.sh: jmcss-gram copied more to the device than jmcss" >&2; exit 1; }
+    "$orpheus" restore --ckpt-dir "$out/mlp-ck-strict" --clock 30 --replica 1 --device strict --out "$out/mlp-r30.h5" \
+      >/dev/null
+    "$compare" "$out/mlp-r30.h5" "$out/mlp-live-strict/replica-1.h5" 0
     # --sv-rank: the power iteration and its carried error on the device, reading U and
     # V where the pass left them. A clock brings in its minibatch, the rank-2 batches
     # and the basis, about 153 kB a rank (copying U and V in as well would add 158 kB),
