@@ -32,7 +32,7 @@
 #   compress    --sv-rank 2 and --sync powersgd --sv-rank 2 resident (the MLP, 2 ranks, 30 clocks):
 #               parameters within 1e-3 of the CPU's; the bytes the device sends to the host
 #   bitwise     two GPU runs (dense and sparse V) bitwise equal
-#   restore     restore(T) of a GPU job bitwise equal to the live replica
+#   restore     restore(T) of a GPU job (with --select: its replay selects on the device) bitwise the live replica
 set -uo pipefail
 
 BUDGET=${BUDGET:-300}
@@ -240,8 +240,9 @@ check_bitwise() {
   within "$a" 0 && within "$b" 0
 }
 check_restore() {
+  # --select 25: the replay selects the other rank's batches again, its Gram products on the device.
   train "$DEVICE" 2 live "${fmnist[@]}" --model "$examples/mlp.loss" --clocks 60 --batch 100 --lr 0.1 --eval-every 0 \
-    --optimizer adam --ckpt sv --ckpt-dir "$work/ckpt"
+    --optimizer adam --select 25 --ckpt sv --ckpt-dir "$work/ckpt"
   "$orpheus" restore --ckpt-dir "$work/ckpt" --clock 60 --device "$DEVICE" --out "$work/restored.h5"
   local d; d=$(relDiff "$work/live.h5" "$work/restored.h5"); figure "restore(60) differs from the live replica by $d (goal: 0)"
   within "$d" 0

@@ -17,6 +17,10 @@
 #             against sync: bitwise the same parameters, seconds per clock of each, the
 #             share of the SV copies hidden behind the backward pass, the device's wait
 #             for data after the first clocks (goal 0)
+#   select    np 2, the same MLP, --select 25 of 100, resident: --select-method jmcss (Gram-Schmidt
+#             on the host, from U and V copied out) against jmcss-gram (the Gram products on the
+#             device, the draw on the host): seconds a clock spends selecting and seconds a
+#             clock, after clock 5, two runs of each interleaved (median of the two)
 #   step      one GPU, the same MLP at batch 100: seconds per training step, Orpheus
 #             (--sync dense, resident) against PyTorch's (goal <= 1.2x)
 #   netns     whether this host allows scripts/netcluster.sh's emulated network (namespaces,
@@ -98,6 +102,34 @@ check_transfer() {
   figure "SV copies hidden: $(mean "$work/staged.jsonl" transfer_hidden_share 6) (staged); device data wait after clock 5: $(mean "$work/staged.jsonl" device_data_wait_seconds 6) s (goal 0)"
   figure "d2h $(mean "$work/staged.jsonl" d2h_bytes) B, h2d $(mean "$work/staged.jsonl" h2d_bytes) B per clock"
   [ "$d" = "0.000e+00" ]
+}
+check_select() {
+  mlp
+  local rep method
+  for rep in 1 2; do
+    for method in jmcss jmcss-gram; do
+      train 2 "select-$method-$rep" --model "$work/mlp.loss" --clocks 30 --batch 100 --eval-every 0 --select 25 \
+        --select-method "$method" || exit 1
+    done
+  done
+  "$python" - "$work" >"$work/select.txt" <<'EOF' || exit 1
+import json, statistics, sys
+work = sys.argv[1]
+def per_clock(method, rep, field):
+    rows = [json.loads(l) for l in open(f"{work}/select-{method}-{rep}.jsonl")]
+    return statistics.mean(r[field] for r in rows if "clock" in r and r["clock"] >= 6 and field in r)
+got = {}
+for m in ("jmcss", "jmcss-gram"):
+    sel = [per_clock(m, r, "select_seconds") for r in (1, 2)]
+    clk = [per_clock(m, r, "clock_seconds") for r in (1, 2)]
+    got[m] = (statistics.median(sel), statistics.median(clk))
+    print(f"{m}: selection {1e3 * got[m][0]:.3g} ms a clock (runs {1e3 * min(sel):.3g}-{1e3 * max(sel):.3g}), "
+          f"clock {1e3 * got[m][1]:.3g} ms (runs {1e3 * min(clk):.3g}-{1e3 * max(clk):.3g})")
+print(f"jmcss / jmcss-gram: selection {got['jmcss'][0] / got['jmcss-gram'][0]:.2f}x, "
+      f"clock {got['jmcss'][1] / got['jmcss-gram'][1]:.2f}x")
+EOF
+  local line
+  while IFS= read -r line; do figure "$line"; done <"$work/select.txt"
 }
 check_step() {
   [ "$DEVICE" = cuda ] || skip "DEVICE=$DEVICE: PyTorch's side needs the GPU"
@@ -314,6 +346,7 @@ check_lstm() {
 record "# gpu bench $(date -u +%FT%TZ), device $DEVICE, budget ${BUDGET}s, $(git -C "$here" rev-parse --short HEAD 2>/dev/null)"
 step gpu 60 check_gpu
 step transfer 150 check_transfer
+step select 90 check_select
 step step 120 check_step
 step netns 20 check_netns
 step rebuild 60 check_rebuild
