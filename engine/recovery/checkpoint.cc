@@ -205,9 +205,16 @@ class Replayer {
     expect.clock = static_cast<int64_t>(ref.clock);
     expect.sender = static_cast<int64_t>(ref.sender);
     SvBatch local = decode(log_.batch(ref), expect);
+    SelectionMethod method = SelectionMethod::kJmcss;
+    try {
+      method = selectionMethodFromLog(ref.method);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("the SV log in {}: sender {}'s batch of clock {}: {}", dir_, ref.sender, ref.clock,
+                                   e.what()));
+    }
     GramSource gramSource{&backend_, {}, &gramOperand_, &grams_};
-    std::optional<SvBatch> selected = selectForPeers(local, ref.select, selectionMethodFromLog(ref.method), seed_,
-                                                     ref.clock, static_cast<int>(ref.sender), gramSource);
+    std::optional<SvBatch> selected =
+        selectForPeers(local, ref.select, method, seed_, ref.clock, static_cast<int>(ref.sender), gramSource);
     if (!selected) return local;
     return decode(encode(*selected), expect);
   }

@@ -229,3 +229,22 @@ TEST_CASE("a directory as earlier jobs wrote it, its epochs and chunks in text f
   CHECK(chunks.changes[0].clock == 3);
   CHECK(ckpt::readMembership(dir.str()).back().clock == 4);
 }
+
+TEST_CASE("a batch reference naming a selection method no version has is refused on restore", "[recovery]") {
+  TempDir dir;
+  Job job(dir.str());
+  job.config.ckptSv = true;
+  job.config.selectMethod = static_cast<engine::SelectionMethod>(9);  // as a damaged log would say
+  auto log = engine::makeClockLog(job.config, *job.transports[0], 0, job.knobs, *job.model);
+  for (uint64_t c = 1; c <= 3; ++c) {
+    SvBatchHeader header;
+    header.sender = 0;
+    header.clock = c;
+    const ckpt::Record ref = log->received(header, ckpt::Record{});
+    REQUIRE(ref.ref.has_value());
+    log->appendGroup(c, {ckpt::Record::of(job.step(c)), ref});
+    log->endClock(c);
+  }
+  log->flush();
+  CHECK_THROWS_WITH(restoreAt(dir.str(), 3), Catch::Contains("sender 0's batch of clock 1: a batch reference names selection method 9"));
+}
