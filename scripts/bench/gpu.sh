@@ -17,10 +17,6 @@
 #             against sync: bitwise the same parameters, seconds per clock of each, the
 #             share of the SV copies hidden behind the backward pass, the device's wait
 #             for data after the first clocks (goal 0)
-#   select    np 2, the same MLP, --select 25 of 100, resident: --select-method jmcss (Gram-Schmidt
-#             on the host, from U and V copied out) against jmcss-gram (the Gram products on the
-#             device, the draw on the host): seconds a clock spends selecting and seconds a
-#             clock, after clock 5, two runs of each interleaved (median of the two)
 #   step      one GPU, the same MLP at batch 100: seconds per training step, Orpheus
 #             (--sync dense, resident) against PyTorch's (goal <= 1.2x)
 #   netns     whether this host allows scripts/netcluster.sh's emulated network (namespaces,
@@ -29,6 +25,10 @@
 #             on the device): FLOP/s and bytes/s against the SGEMM and device-to-device copy
 #             rates measured in the same run (tests/tools/rebuild_rate.cc; goal >= 0.7 of the
 #             bound, whichever of the two binds)
+#   select    np 2, the same MLP, --select 25 of 100, resident: --select-method jmcss (Gram-Schmidt
+#             on the host, from U and V copied out) against jmcss-gram (the Gram products on the
+#             device, the draw on the host): seconds a clock spends selecting and seconds a
+#             clock, after clock 5, two runs of each interleaved (median of the two)
 #   shared    4 ranks sharing the GPU train MLP 784-2048-2048-10 to 0.85 (dry run: 784-64-64-10
 #             to 0.75): Orpheus (--sv-rank 2, --sync dense, --sync powersgd) against PyTorch DDP over gloo and
 #             PowerSGD rank 2 (scripts/bench/ddp_fmnist.py), all with Nesterov 0.9, lr 0.1, batch
@@ -346,10 +346,10 @@ check_lstm() {
 record "# gpu bench $(date -u +%FT%TZ), device $DEVICE, budget ${BUDGET}s, $(git -C "$here" rev-parse --short HEAD 2>/dev/null)"
 step gpu 60 check_gpu
 step transfer 150 check_transfer
-step select 90 check_select
 step step 120 check_step
 step netns 20 check_netns
 step rebuild 60 check_rebuild
+step select 90 check_select
 step shared 300 check_shared
 [ -f "$work/net" ] && "$netcluster" down >/dev/null 2>&1  # where a timeout cut the step short
 step lstm 240 check_lstm
