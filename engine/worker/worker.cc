@@ -101,7 +101,6 @@ Worker::~Worker() { model_.releaseDevice(); }
 std::string deviceResidency(const TrainConfig& config, const ops::Model& model, const ops::Backend& backend) {
   if (std::string why = residencyRefusal(model, backend, optimizerSettings(config).kind); !why.empty()) return why;
   if (!config.resident) return "--resident off";
-  if (config.sync == SyncMode::kPowerSgd && config.overlap) return "--overlap's all-reduce per layer runs on the host";
   return "";
 }
 
