@@ -29,8 +29,8 @@
 #   shared      4 ranks sharing the GPU train examples/mlp.loss to >= 0.85
 #   sv_dense    --sync sv equals --sync dense on the GPU (<= 1e-5 after 50 clocks; the KJV LSTM
 #               at 1024, 4 ranks, <= 1e-4 after 10 clocks, where the data are there)
-#   compress    --sv-rank 2 and --sync powersgd --sv-rank 2 resident (the MLP, 2 ranks, 30 clocks):
-#               parameters within 1e-3 of the CPU's; the bytes the device sends to the host
+#   compress    --sv-rank 2, --sync powersgd --sv-rank 2 and --select 25 (jmcss-gram) resident (the
+#               MLP, 2 ranks, 30 clocks): parameters within 1e-3 of the CPU's; the bytes the device sends to the host
 #   bitwise     two GPU runs (dense and sparse V) bitwise equal
 #   restore     restore(T) of a GPU job (with --select: its replay selects on the device) bitwise the live replica
 set -uo pipefail
@@ -208,21 +208,27 @@ check_sv_dense() {
   [ "$l" = "n/a" ] || within "$l" 1e-4
 }
 check_compress() {
-  # The compressed exchanges' device work (E, the power iteration's products), 2 ranks,
-  # the MLP resident, 30 clocks: --sv-rank 2 and --sync powersgd --sv-rank 2 on the
-  # device against the same jobs on the CPU, and the bytes the device sent to the host.
+  # The compressed exchanges' device work (E, the power iteration's products; the
+  # selection's Gram products), 2 ranks, the MLP resident, 30 clocks: --sv-rank 2,
+  # --sync powersgd --sv-rank 2 and --select 25 (jmcss-gram) on the device against the
+  # same jobs on the CPU, and the bytes the device sent to the host.
   local flags=(--model "$examples/mlp.loss" --clocks 30 --batch 100 --lr 0.1 --eval-every 0)
   local kind
-  for kind in rank powersgd; do
-    local extra=(--sv-rank 2); [ $kind = powersgd ] && extra+=(--sync powersgd)
+  for kind in rank powersgd select; do
+    local extra=(--sv-rank 2)
+    [ $kind = powersgd ] && extra+=(--sync powersgd)
+    [ $kind = select ] && extra=(--select 25)
     train "$DEVICE" 2 $kind-dev "${fmnist[@]}" "${flags[@]}" "${extra[@]}"
     train cpu 2 $kind-cpu "${fmnist[@]}" "${flags[@]}" "${extra[@]}"
   done
-  local r p; r=$(relDiff "$work/rank-dev.h5" "$work/rank-cpu.h5"); p=$(relDiff "$work/powersgd-dev.h5" "$work/powersgd-cpu.h5")
-  figure "relative difference $r (--sv-rank 2), $p (--sync powersgd --sv-rank 2) after 30 clocks (goal <= 1e-3);" \
+  local r p c
+  r=$(relDiff "$work/rank-dev.h5" "$work/rank-cpu.h5"); p=$(relDiff "$work/powersgd-dev.h5" "$work/powersgd-cpu.h5")
+  c=$(relDiff "$work/select-dev.h5" "$work/select-cpu.h5")
+  figure "relative difference $r (--sv-rank 2), $p (--sync powersgd --sv-rank 2), $c (--select 25, jmcss-gram)" \
+    "after 30 clocks (goal <= 1e-3);" \
     "device_out_bytes in the last clock: $(lastField "$work/rank-dev.jsonl" device_out_bytes)," \
     "$(lastField "$work/powersgd-dev.jsonl" device_out_bytes) (both ranks)"
-  within "$r" 1e-3 && within "$p" 1e-3
+  within "$r" 1e-3 && within "$p" 1e-3 && within "$c" 1e-3
 }
 check_bitwise() {
   awk 'BEGIN { s = 99; for (r = 0; r < 3000; r++) { s = (s * 1103515245 + 12345) % 2147483648
@@ -259,7 +265,7 @@ else
   step mlr 60 check_mlr
   step mlp 150 check_mlp
   step sv_dense 90 check_sv_dense
-  step compress 60 check_compress
+  step compress 90 check_compress
   step bitwise 90 check_bitwise
   step restore 60 check_restore
   step lstm 120 check_lstm
