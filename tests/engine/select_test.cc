@@ -124,6 +124,23 @@ bool sameColumn(const SvMatrix& a, int64_t ja, const SvMatrix& b, int64_t jb) {
   return denseV(a).col(ja) == denseV(b).col(jb);
 }
 
+// A batch whose every matrix's columns are combinations of 3 columns: 3 SVGs say everything.
+SvBatch spannedByThree() {
+  SvBatch full = makeBatch(7, 12);
+  CounterRng rng(12, RngPurpose::kTest, 0, 0);
+  const Matrix mix = randomMatrix(rng, 3, 12);
+  for (SvMatrix& m : full.matrices) {
+    m.u = randomMatrix(rng, m.u.rows(), 3) * mix;
+    const Matrix v = randomMatrix(rng, m.vRows(), 3) * mix;
+    if (m.sparseV) {
+      m.vSparse = v.sparseView();
+    } else {
+      m.vDense = v;
+    }
+  }
+  return full;
+}
+
 }  // namespace
 
 TEST_CASE("JMCSS core is the projection of the update onto the selected spans", "[select]") {
@@ -260,19 +277,7 @@ TEST_CASE("JMCSS with cores approximates better than uniform selection", "[selec
 }
 
 TEST_CASE("JMCSS stops once the selected SVGs span the batch", "[select]") {
-  // Every matrix's columns are combinations of 3 columns: 3 SVGs say everything.
-  SvBatch full = makeBatch(7, 12);
-  CounterRng rng(12, RngPurpose::kTest, 0, 0);
-  const Matrix mix = randomMatrix(rng, 3, 12);
-  for (SvMatrix& m : full.matrices) {
-    m.u = randomMatrix(rng, m.u.rows(), 3) * mix;
-    const Matrix v = randomMatrix(rng, m.vRows(), 3) * mix;
-    if (m.sparseV) {
-      m.vSparse = v.sparseView();
-    } else {
-      m.vDense = v;
-    }
-  }
+  SvBatch full = spannedByThree();
   CounterRng sel(1, RngPurpose::kSelect, 0, 0);
   SelectionStats stats;
   const SvBatch out = engine::selectSvgs(full, 5, SelectionMethod::kJmcss, sel, &stats);
@@ -529,18 +534,7 @@ TEST_CASE("jmcss-gram draws as jmcss does, to the same projection", "[select]") 
 }
 
 TEST_CASE("jmcss-gram stops once the selected SVGs span the batch, and past a low rank", "[select]") {
-  SvBatch full = makeBatch(7, 12);
-  CounterRng rng(12, RngPurpose::kTest, 0, 0);
-  const Matrix mix = randomMatrix(rng, 3, 12);
-  for (SvMatrix& m : full.matrices) {
-    m.u = randomMatrix(rng, m.u.rows(), 3) * mix;
-    const Matrix v = randomMatrix(rng, m.vRows(), 3) * mix;
-    if (m.sparseV) {
-      m.vSparse = v.sparseView();
-    } else {
-      m.vDense = v;
-    }
-  }
+  const SvBatch full = spannedByThree();
   CounterRng sel(1, RngPurpose::kSelect, 0, 0);
   SelectionStats stats;
   const SvBatch out = engine::selectSvgs(full, 5, SelectionMethod::kJmcssGram, sel, &stats, cpuGrams(full));
