@@ -280,11 +280,15 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
 // The local batch's U and V stay where the pass made them for this clock's rebuild:
 // only the other batches' cross to the device (the replica applies all of S, also
 // when selection sends fewer).
-void Worker::keepOnDevice(const SvBatch& local) {
+void Worker::keepOnDevice(const SvBatch& local) { updater_.keepLocalOnDevice(localOnDevice(local)); }
+
+// The device pass's U and V of `local`, each named by its host U; none when the
+// pass's sites are not the batch's matrices one for one.
+std::vector<ops::DeviceSvs> Worker::localOnDevice(const SvBatch& local) const {
   std::vector<ops::DeviceSvs> svs = model_.lastDeviceSvs();
   if (svs.size() != local.matrices.size()) svs.clear();
   for (size_t i = 0; i < svs.size(); ++i) svs[i].hostU = local.matrices[i].u.data();
-  updater_.keepLocalOnDevice(std::move(svs));
+  return svs;
 }
 
 // Resident, --sv-rank: the batch's U and V where the backward pass left them, for
@@ -314,9 +318,7 @@ std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local
     std::vector<ops::DeviceSvs> svs;
     GramSource source{&backend(), {}, &gramOperand_, &grams_};
     if (config_.selectMethod == SelectionMethod::kJmcssGram && updater_.resident()) {
-      svs = model_.lastDeviceSvs();
-      if (svs.size() != local.matrices.size()) svs.clear();
-      for (size_t i = 0; i < svs.size(); ++i) svs[i].hostU = local.matrices[i].u.data();
+      svs = localOnDevice(local);
       source.onDevice = svs;
     }
     sent = selectForPeers(local, knobs_.select, config_.selectMethod, config_.seed, clock, transport_.rank(), source);

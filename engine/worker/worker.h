@@ -212,6 +212,7 @@ class Worker {
                                        std::chrono::steady_clock::time_point start, ClockStats& stats);
   std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats);
   std::vector<ops::DeviceSvs> landRankOperands(SvBatch& local);
+  std::vector<ops::DeviceSvs> localOnDevice(const SvBatch& local) const;
   void keepOnDevice(const SvBatch& local);
   void rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats);
   // --sync dense: gradient, allreduce, step (the data-parallel baseline); --sync
