@@ -9,6 +9,28 @@
 
 namespace orpheus::ops {
 
+std::array<double, 4> qnSvCoefficients(QuasiNewtonMethod method, double ys, double gamma) {
+  ORPHEUS_ENFORCE(ys > 0 && gamma > 0, "quasi-Newton SVs need y^T s > 0 and y^T W y > 0: got {} and {}", ys, gamma);
+  const double root = std::sqrt(gamma);
+  if (method == QuasiNewtonMethod::kDfp) return {1.0 / std::sqrt(ys), 0.0, 0.0, 1.0 / root};
+  return {-(0.5 + gamma / ys) / root, 1.0 / root, -0.5 / root, 1.0 / root};
+}
+
+QnUpdate planQnUpdate(QuasiNewtonMethod method, double ys, double yy, double ss, double gamma, bool scaleFirst,
+                      double curvatureEps) {
+  ORPHEUS_ENFORCE(curvatureEps >= 0, "curvature eps {} is negative", curvatureEps);
+  QnUpdate out;
+  // Written as !(a > b) so that NaN also skips.
+  if (!(ys > curvatureEps * std::sqrt(yy) * std::sqrt(ss))) return out;
+  if (scaleFirst) out.scale = ys / yy;  // yy > 0: ys > 0 above
+  if (!(out.scale * gamma > 0)) return out;
+  out.skip = false;
+  out.coefficients = qnSvCoefficients(method, ys, out.scale * gamma);
+  out.coefficients[1] *= out.scale;  // h of the scaled W is scale * h
+  out.coefficients[3] *= out.scale;
+  return out;
+}
+
 template <typename S>
 std::optional<QnSvs<S>> identifyQnSvs(QuasiNewtonMethod method, const QnMatrix<S>& w, const QnVector<S>& s,
                                       const QnVector<S>& y, S curvatureEps) {
@@ -18,22 +40,16 @@ std::optional<QnSvs<S>> identifyQnSvs(QuasiNewtonMethod method, const QnMatrix<S
                   w.rows(), w.cols());
   ORPHEUS_ENFORCE(curvatureEps >= 0, "curvature eps {} is negative", static_cast<double>(curvatureEps));
 
-  // Written as !(a > b) so that NaN also skips.
-  const S ys = y.dot(s);
-  if (!(ys > curvatureEps * y.norm() * s.norm())) return std::nullopt;
-
-  // BFGS scales y and v = W s; DFP scales s and v = W y (the roles of s and y swap).
-  const bool bfgs = method == QuasiNewtonMethod::kBfgs;
-  const QnVector<S>& a = bfgs ? y : s;
-  const QnVector<S>& b = bfgs ? s : y;
-  QnVector<S> v = w * b;
-  const S bv = b.dot(v);
-  if (!(bv > 0)) return std::nullopt;
-
+  const QnVector<S> h = w * y;
+  const QnUpdate plan = planQnUpdate(method, static_cast<double>(y.dot(s)), static_cast<double>(y.squaredNorm()),
+                                     static_cast<double>(s.squaredNorm()), static_cast<double>(y.dot(h)), false,
+                                     static_cast<double>(curvatureEps));
+  if (plan.skip) return std::nullopt;
+  const std::array<double, 4>& c = plan.coefficients;
   QnSvs<S> out;
   out.u.resize(n, 2);
-  out.u.col(0) = a / std::sqrt(ys);
-  out.u.col(1) = v / std::sqrt(bv);
+  out.u.col(0) = static_cast<S>(c[0]) * s + static_cast<S>(c[1]) * h;
+  out.u.col(1) = static_cast<S>(c[2]) * s + static_cast<S>(c[3]) * h;
   out.coeffs.resize(2);
   out.coeffs << S(1), S(-1);
   return out;
@@ -94,17 +110,7 @@ QuasiNewtonSolver<S>::QuasiNewtonSolver(GradientFn gradient, QnVector<S> x0, Qua
 
 template <typename S>
 std::optional<QnSvs<S>> QuasiNewtonSolver<S>::step() {
-  QnVector<S> d;
-  if (options_.method == QuasiNewtonMethod::kBfgs) {
-    // W is SPD by construction (skipped updates keep it so); LDLT tolerates the
-    // near-singular W that rounding can produce where LLT would fail outright.
-    const Eigen::LDLT<QnMatrix<S>> ldlt(w_);
-    ORPHEUS_ENFORCE(ldlt.info() == Eigen::Success && ldlt.isPositive(),
-                    "BFGS Hessian approximation is not positive definite at iteration {}", iteration_);
-    d = ldlt.solve(g_);
-  } else {
-    d = w_ * g_;
-  }
+  const QnVector<S> d = w_ * g_;
   QnVector<S> xNext = x_ - static_cast<S>(options_.learningRate) * d;
   QnVector<S> gNext = gradientFn_(xNext);
   ORPHEUS_ENFORCE(gNext.size() == x_.size(), "gradient has length {}, parameters {}", gNext.size(), x_.size());

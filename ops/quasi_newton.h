@@ -2,21 +2,31 @@
 //
 // At clock k, with iterates x_k, x_{k+1} and gradient g, let
 //     s = x_{k+1} - x_k,    y = g(x_{k+1}) - g(x_k),
-// and W the current n x n approximation. The rank-2 update of W is expressed by
-// two sufficient vectors with coefficients (+1, -1), U = V = [a, v]:
+// and W the current n x n approximation of the INVERSE Hessian, for both methods
+// (the step is d = W g: no solve). With h = W y, gamma = y^T h and rho = 1 / y^T s,
+// the rank-2 update of W is expressed by two sufficient vectors with coefficients
+// (+1, -1), U = V = [a, v]:
 //     W += a a^T - v v^T = U diag(+1, -1) U^T
-//   BFGS (W approximates the Hessian):          a = y / sqrt(y^T s),  v = W s / sqrt(s^T W s)
-//   DFP  (W approximates the inverse Hessian):  a = s / sqrt(y^T s),  v = W y / sqrt(y^T W y)
-// which are the textbook updates B + y y^T/(y^T s) - B s s^T B/(s^T B s) and
-// H + s s^T/(s^T y) - H y y^T H/(y^T H y).
+//   DFP:   a = s / sqrt(y^T s),                          v = h / sqrt(gamma)
+//   BFGS:  a = (h - (1/2 + rho gamma) s) / sqrt(gamma),  v = (h - s / 2) / sqrt(gamma)
+// which are the textbook updates H + s s^T/(s^T y) - H y y^T H/(y^T H y) and the
+// inverse BFGS update (Nocedal and Wright, eq. 6.17)
+//     (I - rho s y^T) H (I - rho y s^T) + rho s s^T
+//     = H + (rho + rho^2 gamma) s s^T - rho (s h^T + h s^T),
+// whose symmetric 2 x 2 core in the basis [s, h] is written as a difference of two
+// squares: a a^T - v v^T has s s^T coefficient (1/2 + rho gamma)^2/gamma - 1/(4 gamma)
+// = rho + rho^2 gamma, cross coefficient -rho and no h h^T term. (Paper section
+// 3.1.1 writes BFGS on the Hessian B, whose SVs are y and B s; the inverse form has
+// the same rank and SVs in the span of s and W y, and spares a Cholesky solve with
+// W every step: O(n^2) a step instead of O(n^3).)
 //
 // An update is skipped (W stays as it is) when the curvature condition fails,
 //     y^T s <= eps * ||y|| * ||s||,
-// or when the quadratic form s^T W s (BFGS) / y^T W y (DFP) is not positive (W has
-// lost definiteness to rounding). Skipping keeps W symmetric positive definite, so
-// the next search direction is a descent direction; it is also what happens when
-// s = 0. A skipped update is an empty optional here and a batch with 0 columns on
-// the wire (see toSvBatch), which every receiver applies as a no-op.
+// or when the quadratic form y^T W y is not positive (W has lost definiteness to
+// rounding). Skipping keeps W symmetric positive definite, so the next search
+// direction is a descent direction; it is also what happens when s = 0. A skipped
+// update is an empty optional here and a batch with 0 columns on the wire (see
+// toSvBatch), which every receiver applies as a no-op.
 //
 // The SVs and the update are templated on the scalar S: float (the engine's
 // parameter type) and double (reference checks) are instantiated.
@@ -26,6 +36,7 @@
 
 #include <Eigen/Dense>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -44,12 +55,12 @@ inline constexpr double kDefaultCurvatureEps = 1e-8;
 // The SVs of one update of W (n x n): W += u * diag(coeffs) * u^T. V equals U.
 template <typename S>
 struct QnSvs {
-  QnMatrix<S> u;       // n x 2: [y, v] (BFGS) or [s, v] (DFP), scaled as above
+  QnMatrix<S> u;       // n x 2: [a, v] as above
   QnVector<S> coeffs;  // (+1, -1)
 };
 
-// Identifies the SVs of the update of w from the step s and gradient change y.
-// w must be n x n, symmetric positive definite; s and y have length n (checked:
+// Identifies the SVs of the update of w (the inverse Hessian approximation) from
+// the step s and gradient change y. w must be n x n, symmetric positive definite; s and y have length n (checked:
 // Error on mismatch). Returns nullopt when the update is skipped (see above).
 // curvatureEps >= 0.
 template <typename S>
@@ -79,13 +90,31 @@ SvBatch toSvBatch(const std::optional<QnSvs<S>>& svs, int64_t dim, uint32_t para
 struct QuasiNewtonOptions {
   QuasiNewtonMethod method = QuasiNewtonMethod::kBfgs;
   double learningRate = 1.0;  // fixed step size lr > 0; there is no line search
-  double initialScale = 1.0;  // W_0 = initialScale * I, > 0
+  double initialScale = 1.0;  // W_0 = initialScale * I (the inverse Hessian's guess), > 0
   double curvatureEps = kDefaultCurvatureEps;
 };
 
+// The coefficients of the SVs of one update in the basis [s, h = W y], from the
+// scalars y^T s and gamma = y^T W y: a = c[0] s + c[1] h, v = c[2] s + c[3] h (the
+// formulas above). Requires y^T s > 0 and gamma > 0.
+std::array<double, 4> qnSvCoefficients(QuasiNewtonMethod method, double ys, double gamma);
+
+// One update of W decided from scalars alone, so that a host in double and a device
+// in float (which reads back only the products of s, y and h) take the same
+// decisions: skipped (the rules above), or W = scale * W + a a^T - v v^T with a, v
+// from `coefficients` in the basis [s, h] of the UNSCALED W's h = W y. `scaleFirst`:
+// before its first update W is scaled to the pair's curvature, y^T s / y^T y
+// (Nocedal and Wright, eq. 6.20). Inputs: y^T s, y^T y, s^T s, gamma = y^T W y.
+struct QnUpdate {
+  bool skip = true;
+  double scale = 1.0;
+  std::array<double, 4> coefficients{};
+};
+QnUpdate planQnUpdate(QuasiNewtonMethod method, double ys, double yy, double ss, double gamma, bool scaleFirst,
+                      double curvatureEps = kDefaultCurvatureEps);
+
 // Minimizes a smooth function given its gradient, with
-//     x_{k+1} = x_k - lr * d_k,   d_k = W_k^{-1} g(x_k) (BFGS, by LDLT of W_k)
-//                                 d_k = W_k g(x_k)      (DFP)
+//     x_{k+1} = x_k - lr * d_k,   d_k = W_k g(x_k)  (W approximates the inverse Hessian)
 // and W_{k+1} obtained from W_k ONLY through the SVs of clock k: for S = float by
 // ops::applySvBatches on a ParamSet holding W (the engine's rebuild path), for other
 // S by applySvUpdate (the same rebuild in precision S).
@@ -99,8 +128,7 @@ class QuasiNewtonSolver {
   QuasiNewtonSolver(GradientFn gradient, QnVector<S> x0, QuasiNewtonOptions options = {});
 
   // One iteration: moves x, then updates W. Returns the SVs applied to W, or nullopt
-  // when the update was skipped (W unchanged). Throws Error if the BFGS W cannot be
-  // factored as positive semidefinite.
+  // when the update was skipped (W unchanged).
   std::optional<QnSvs<S>> step();
 
   const QnVector<S>& x() const { return x_; }

@@ -113,7 +113,7 @@ class Replayer {
     if (clock == start) return {std::move(params), updater.optimizer().exportState(), std::move(outer)};
     // Where training keeps its replica on the device, the replay does too: the same
     // operations, so the same bits.
-    if (residencyRefusal(model_, backend_, settings_.kind).empty()) updater.reside(params);
+    if (residencyRefusal(model_, backend_).empty()) updater.reside(params);
 
     for (const ckpt::LogEntry& e : log_.entries(start, clock)) {
       switch (e.kind) {

@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 
 namespace orpheus::engine {
@@ -13,10 +14,9 @@ ops::Tensor hostView(const Matrix& m) { return ops::Tensor::host(m.data(), m.row
 
 }  // namespace
 
-std::string residencyRefusal(const ops::Model& model, const ops::Backend& backend, OptimizerKind optimizer) {
+std::string residencyRefusal(const ops::Model& model, const ops::Backend& backend) {
   if (backend.device() == ops::Device::kCpu) return "the host is the device";
   if (std::string why = model.deviceRefusal(); !why.empty()) return why;
-  if (isQuasiNewton(optimizer)) return "a quasi-Newton optimizer runs on the host";
   return "";
 }
 
@@ -115,6 +115,12 @@ void DeviceReplica::step(uint64_t clock, ParamSet& host, Optimizer& optimizer) {
   if (current_ == Current::kHost) upload(host, optimizer);
   // The step count moves as Optimizer::step moves it.
   optimizer.setSteps(optimizer.steps() + 1);
+  if (isQuasiNewton(optimizer.settings().kind)) {
+    quasiNewtonStep(clock, optimizer);
+    zeroGradient();
+    moved(host, optimizer);
+    return;
+  }
   const ops::OptimizerStep s = stepSettings(optimizer.settings(), clock, optimizer.steps());
   const size_t n = params_.size();
   for (size_t i = 0; i < n; ++i) {
@@ -124,6 +130,88 @@ void DeviceReplica::step(uint64_t clock, ParamSet& host, Optimizer& optimizer) {
   }
   zeroGradient();
   moved(host, optimizer);
+}
+
+// Optimizer::quasiNewtonStep in float through the backend: every parameter
+// flattened into x (and its gradient plus weight decay into d), the pair s, y and
+// h = W y formed beside it, and their 3 x 3 products read back, from which
+// ops::planQnUpdate decides as the host does. W = scale W + [a, -v] [a, v]^T is one
+// GEMM, the step x -= lr W d another.
+void DeviceReplica::quasiNewtonStep(uint64_t clock, Optimizer& optimizer) {
+  const size_t count = params_.size();
+  ORPHEUS_ENFORCE(state_.size() == 2 * count + 1, "quasi-Newton state of {} buffers for {} parameters",
+                  state_.size(), count);
+  ops::Tensor& w = state_[2 * count];
+  const int64_t n = w.rows();
+  if (qn_.vectors.size() == 0) {
+    qn_.vectors = backend_.allocate(n, 3);
+    qn_.pair = backend_.allocate(n, 3);
+    qn_.svs = backend_.allocate(n, 2);
+    qn_.signedSvs = backend_.allocate(n, 2);
+    qn_.products = backend_.allocate(3, 3);
+  }
+  const ops::Device device = backend_.device();
+  // Parameter i's entries of a flat column, shaped like the parameter.
+  const auto segment = [&](const ops::Tensor& column, int64_t at, const ops::Tensor& like) {
+    return ops::Tensor::view(device, column.data() + at, like.rows(), like.cols());
+  };
+  const ops::Tensor x = qn_.vectors.middleCols(0, 1), d = qn_.vectors.middleCols(1, 1);
+  ops::Tensor direction = qn_.vectors.middleCols(2, 1);
+  ops::Tensor s = qn_.pair.middleCols(0, 1), y = qn_.pair.middleCols(1, 1), h = qn_.pair.middleCols(2, 1);
+  const auto wd = static_cast<float>(optimizer.settings().weightDecay);
+  int64_t at = 0;
+  for (size_t i = 0; i < count; ++i) {
+    ops::Tensor xi = segment(x, at, params_[i]), di = segment(d, at, params_[i]);
+    backend_.copy(params_[i], xi);
+    backend_.copy(gradient_[i], di);
+    if (wd != 0.0f) backend_.axpy(wd, params_[i], di);
+    at += params_[i].size();
+  }
+  ORPHEUS_ENFORCE(at == n, "quasi-Newton W is {}x{} for {} parameter entries", n, n, at);
+  if (optimizer.steps() > 1) {
+    at = 0;
+    for (size_t i = 0; i < count; ++i) {
+      ops::Tensor si = segment(s, at, params_[i]), yi = segment(y, at, params_[i]);
+      backend_.copy(segment(x, at, params_[i]), si);
+      backend_.axpy(-1.0f, state_[i], si);
+      backend_.copy(segment(d, at, params_[i]), yi);
+      backend_.axpy(-1.0f, state_[count + i], yi);
+      at += params_[i].size();
+    }
+    backend_.gemm(ops::Trans::kNo, ops::Trans::kNo, 1.0f, w, y, 0.0f, h);
+    backend_.gemm(ops::Trans::kYes, ops::Trans::kNo, 1.0f, qn_.pair, qn_.pair, 0.0f, qn_.products);
+    Matrix products(3, 3);
+    ops::Tensor hostProducts = hostView(products);
+    backend_.copy(qn_.products, hostProducts);
+    const ops::QnUpdate update =
+        ops::planQnUpdate(quasiNewtonMethod(optimizer.settings().kind), products(0, 1), products(1, 1),
+                          products(0, 0), products(1, 2), optimizer.firstQuasiNewtonUpdate());
+    if (update.skip) {
+      optimizer.noteSkip();
+    } else {
+      const std::array<double, 4>& c = update.coefficients;
+      for (int k = 0; k < 2; ++k) {
+        ops::Tensor sv = qn_.svs.middleCols(k, 1);
+        backend_.copy(s, sv);
+        backend_.scale(static_cast<float>(c[2 * k]), sv);
+        if (c[2 * k + 1] != 0.0) backend_.axpy(static_cast<float>(c[2 * k + 1]), h, sv);
+      }
+      backend_.copy(qn_.svs, qn_.signedSvs);
+      ops::Tensor negated = qn_.signedSvs.middleCols(1, 1);
+      backend_.scale(-1.0f, negated);
+      if (update.scale != 1.0) backend_.scale(static_cast<float>(update.scale), w);
+      backend_.gemm(ops::Trans::kNo, ops::Trans::kYes, 1.0f, qn_.signedSvs, qn_.svs, 1.0f, w);
+    }
+  }
+  backend_.gemm(ops::Trans::kNo, ops::Trans::kNo, 1.0f, w, d, 0.0f, direction);
+  const auto lr = static_cast<float>(learningRate(optimizer.settings(), clock));
+  at = 0;
+  for (size_t i = 0; i < count; ++i) {
+    backend_.copy(segment(x, at, params_[i]), state_[i]);
+    backend_.copy(segment(d, at, params_[i]), state_[count + i]);
+    backend_.axpy(-lr, segment(direction, at, params_[i]), params_[i]);
+    at += params_[i].size();
+  }
 }
 
 void DeviceReplica::zeroGradient() {

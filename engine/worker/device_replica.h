@@ -27,10 +27,10 @@
 
 namespace orpheus::engine {
 
-// Why a replica of `model` stepped by `optimizer` cannot live on `backend`'s device,
-// or "" when it can: the device is the host, the model has no device form, or the
-// optimizer runs on the host (quasi-Newton).
-std::string residencyRefusal(const ops::Model& model, const ops::Backend& backend, OptimizerKind optimizer);
+// Why a replica of `model` cannot live on `backend`'s device, or "" when it can:
+// the device is the host, or the model has no device form. Every optimizer steps
+// there (quasi-Newton in float, the host's in double: equal up to rounding).
+std::string residencyRefusal(const ops::Model& model, const ops::Backend& backend);
 
 class DeviceReplica {
  public:
@@ -56,7 +56,9 @@ class DeviceReplica {
   void loadGradient(std::span<const ops::Tensor> gradient, float scale, ParamSet& host, Optimizer& optimizer);
   void addScaled(std::span<const ops::Tensor> gradient, float scale, ParamSet& host, Optimizer& optimizer);
   // One optimizer step from the gradient buffer at local clock `clock`; the buffer
-  // is zeroed for the next clock.
+  // is zeroed for the next clock. Quasi-Newton too: W, x_prev and d_prev stay on the
+  // device and only the 3 x 3 products of s, y and W y come to the host, where
+  // ops::planQnUpdate decides the update as the host path does.
   void step(uint64_t clock, ParamSet& host, Optimizer& optimizer);
   void zeroGradient();
   // The gradient buffer copied to `out` (shaped like the parameters).
@@ -76,6 +78,7 @@ class DeviceReplica {
   void upload(ParamSet& host, Optimizer& optimizer);
   // After a device operation: the device is ahead of the mirrors.
   void moved(ParamSet& host, Optimizer& optimizer);
+  void quasiNewtonStep(uint64_t clock, Optimizer& optimizer);
 
   ops::Backend& backend_;
   std::vector<ops::Tensor> params_;
@@ -83,6 +86,11 @@ class DeviceReplica {
   std::vector<ops::Tensor> state_;     // Optimizer::buffers() order
   ops::Tensor zeros_;                  // the largest parameter's size, zero: copied to clear the gradient
   ops::RebuildBuffers rebuild_;
+  // Quasi-Newton's scratch (n entries in all): [x, d, W d], [s, y, W y], [a, v],
+  // [a, -v] and the 3 x 3 products of [s, y, W y].
+  struct QuasiNewtonScratch {
+    ops::Tensor vectors, pair, svs, signedSvs, products;
+  } qn_;
   Current current_ = Current::kHost;
   bool poisons_ = false;  // the strict device: mirrors that fall behind are NaN
 };

@@ -16,7 +16,8 @@ namespace {
 
 constexpr const char* kStatePrefix = "optimizer/";
 constexpr const char* kStepsName = "optimizer/steps";
-constexpr const char* kQnWName = "optimizer/quasi_newton/w";
+constexpr const char* kQnWName = "optimizer/quasi_newton/h";
+constexpr const char* kQnLegacyWName = "optimizer/quasi_newton/w";  // bfgs: the Hessian
 constexpr const char* kQnSkipsName = "optimizer/quasi_newton/skips";
 // Steps are stored as one float: exact up to here.
 constexpr int64_t kMaxStoredSteps = int64_t{1} << 24;
@@ -180,8 +181,7 @@ void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
 void Optimizer::quasiNewtonStep(uint64_t clock, const std::vector<Eigen::ArrayXXf>& d, ParamSet& params) {
   using Vec = Eigen::VectorXd;
   using Mat = Eigen::MatrixXd;
-  const bool bfgs = settings_.kind == OptimizerKind::kBfgs;
-  const ops::QuasiNewtonMethod method = bfgs ? ops::QuasiNewtonMethod::kBfgs : ops::QuasiNewtonMethod::kDfp;
+  const ops::QuasiNewtonMethod method = quasiNewtonMethod(settings_.kind);
   const Eigen::Index n = w_.rows();
   // Everything flattened, parameter after parameter, column-major.
   const auto flatten = [n](auto entryOf, size_t count) {
@@ -200,27 +200,25 @@ void Optimizer::quasiNewtonStep(uint64_t clock, const std::vector<Eigen::ArrayXX
   if (steps_ > 1) {
     const Vec s = x - flatten([&](size_t i) -> const Matrix& { return buffers_[0].values[i]; }, params.size());
     const Vec y = g - flatten([&](size_t i) -> const Matrix& { return buffers_[1].values[i]; }, params.size());
-    const double ys = y.dot(s);
-    const bool firstUpdate = steps_ - 2 == skips_;
-    if (firstUpdate && ys > 0.0 && y.squaredNorm() > 0.0) w *= bfgs ? y.squaredNorm() / ys : ys / y.squaredNorm();
-    const auto svs = ops::identifyQnSvs<double>(method, w, s, y, ops::kDefaultCurvatureEps);
-    if (svs) {
-      ops::applySvUpdate(*svs, w);
+    const Vec h = w * y;
+    const ops::QnUpdate update = ops::planQnUpdate(method, y.dot(s), y.squaredNorm(), s.squaredNorm(), y.dot(h),
+                                                   firstQuasiNewtonUpdate());
+    if (update.skip) {
+      noteSkip();
     } else {
-      ++skips_;
-      if (firstUpdate) w = w_.cast<double>();  // no pair to scale by yet
+      const std::array<double, 4>& c = update.coefficients;
+      ops::QnSvs<double> svs;
+      svs.u.resize(n, 2);
+      svs.u.col(0) = c[0] * s + c[1] * h;
+      svs.u.col(1) = c[2] * s + c[3] * h;
+      svs.coeffs = Eigen::Vector2d(1.0, -1.0);
+      if (update.scale != 1.0) w *= update.scale;
+      ops::applySvUpdate(svs, w);
+      w_ = w.cast<float>();
+      w = w_.cast<double>();  // the step uses W as stored: a replay from a snapshot takes the same step
     }
-    w_ = w.cast<float>();
-    w = w_.cast<double>();  // the step uses W as stored: a replay from a snapshot takes the same step
   }
-  Vec step;
-  if (bfgs) {
-    const Eigen::LLT<Mat> factor(w);
-    ORPHEUS_ENFORCE(factor.info() == Eigen::Success, "bfgs at clock {}: W lost positive definiteness", clock);
-    step = factor.solve(g);
-  } else {
-    step = w * g;
-  }
+  const Vec step = w * g;
   const double lr = learningRate(settings_, clock);
   Eigen::Index at = 0;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -265,12 +263,20 @@ void Optimizer::importState(const ParamSet& state) {
     }
   }
   if (w_.size() > 0) {
-    const int wi = state.find(kQnWName);
+    int wi = state.find(kQnWName);
+    const bool legacy = wi < 0 && state.find(kQnLegacyWName) >= 0;
+    if (legacy) wi = state.find(kQnLegacyWName);
     ORPHEUS_CHECK_INPUT(wi >= 0, "optimizer state lacks '{}'", kQnWName);
     const Matrix& w = state[static_cast<size_t>(wi)];
     ORPHEUS_CHECK_INPUT(w.rows() == w_.rows() && w.cols() == w_.cols(), "optimizer state '{}' is {}x{}, expected {}x{}",
-                        kQnWName, w.rows(), w.cols(), w_.rows(), w_.cols());
+                        legacy ? kQnLegacyWName : kQnWName, w.rows(), w.cols(), w_.rows(), w_.cols());
     w_ = w;
+    if (legacy && settings_.kind == OptimizerKind::kBfgs) {
+      const Eigen::LLT<Eigen::MatrixXd> factor(w.cast<double>());
+      ORPHEUS_CHECK_INPUT(factor.info() == Eigen::Success, "optimizer state '{}' is not positive definite",
+                          kQnLegacyWName);
+      w_ = factor.solve(Eigen::MatrixXd::Identity(w.rows(), w.cols())).cast<float>();
+    }
     const int si = state.find(kQnSkipsName);
     ORPHEUS_CHECK_INPUT(si >= 0 && state[static_cast<size_t>(si)].size() == 1, "optimizer state lacks '{}'",
                         kQnSkipsName);
@@ -356,7 +362,6 @@ void ReplicaUpdater::applyGroup(uint64_t clock, std::span<const SvBatch* const> 
 ReplicaUpdater::~ReplicaUpdater() = default;
 
 void ReplicaUpdater::reside(const ParamSet& params, bool stagedUploads) {
-  ORPHEUS_ENFORCE(!isQuasiNewton(optimizer_.settings().kind), "a quasi-Newton optimizer does not run on a device");
   device_ = std::make_unique<DeviceReplica>(backend_, params, optimizer_, stagedUploads);
 }
 

@@ -18,22 +18,23 @@
 // same; weight decay is L2 added to the gradient, not AdamW's decoupled decay).
 //
 // Quasi-Newton (paper section 3.1.1), on x, every parameter flattened into one
-// vector of n entries, with an n x n approximation W (ops/quasi_newton.h):
-//   bfgs      W approximates the Hessian:          x -= lr W^-1 d
-//   dfp       W approximates the inverse Hessian:  x -= lr W d
+// vector of n entries, with an n x n approximation W of the inverse Hessian
+// (ops/quasi_newton.h):   x -= lr W d   for both bfgs and dfp.
 // At every step after the first, s = x - x_prev and y = d - d_prev update W by
-// the rank-2 SVs ops::identifyQnSvs finds, rebuilt into W as W += U C U^T; the
-// update is skipped (and counted, skips()) when the curvature condition y^T s > 0
-// fails. W starts as I and, before its first update, is scaled to the pair's
-// curvature, (y^T y / y^T s) I for bfgs and its inverse for dfp (Nocedal and
-// Wright, eq. 6.20), so that lr 1 is a sound first step. x_prev, d_prev and W are
-// the state (float32, like everything else; the step's arithmetic in double). The
+// the rank-2 SVs of ops::planQnUpdate (bfgs's inverse update or dfp's), rebuilt
+// into W as W += U C U^T; the update is skipped (and counted, skips()) when the
+// curvature condition y^T s > 0 fails. W starts as I and, before its first update,
+// is scaled to the pair's curvature, (y^T s / y^T y) I (Nocedal and Wright, eq.
+// 6.20), so that lr 1 is a sound first step. x_prev, d_prev and W are the state
+// (float32, like everything else). On the host the step's arithmetic is in double;
+// on a device (DeviceReplica) in float through the backend, deciding from the same
+// scalars, so the two differ by rounding only. The
 // pair is the same on every replica only when every replica rebuilds the same
 // gradient: full broadcast, bsp, no selection (engine/config.cc refuses the rest),
 // so every replica derives the same SVs of W's update and none travel.
 // State buffers are float32, like the parameters; the scalar factors are computed
 // in double and rounded once.
-//
+
 // Plain sgd without weight decay keeps the original path: -lr/(B(Q+1)) folded into
 // the SV coefficients and rebuilt straight into the replica, so its cost per
 // clock stays proportional to what changed (sparse inputs) and its iterates,
@@ -54,6 +55,7 @@
 #include "engine/base/sv_batch.h"
 #include "ops/model.h"
 #include "ops/optimizer_step.h"
+#include "ops/quasi_newton.h"
 
 #include <cstdint>
 #include <memory>
@@ -66,10 +68,13 @@ namespace orpheus::engine {
 
 enum class OptimizerKind { kSgd, kMomentum, kNesterov, kAdagrad, kAdam, kBfgs, kDfp };
 
-// bfgs and dfp: the step solves with (or multiplies by) an n x n matrix.
+// bfgs and dfp: the step multiplies by an n x n matrix.
 inline bool isQuasiNewton(OptimizerKind kind) { return kind == OptimizerKind::kBfgs || kind == OptimizerKind::kDfp; }
+inline ops::QuasiNewtonMethod quasiNewtonMethod(OptimizerKind kind) {
+  return kind == OptimizerKind::kBfgs ? ops::QuasiNewtonMethod::kBfgs : ops::QuasiNewtonMethod::kDfp;
+}
 // The largest n (parameter entries in all) a quasi-Newton job takes: W is n x n
-// floats (64 MiB here) and bfgs factors it in double every clock (n^3 / 3 flops).
+// floats (64 MiB here), held in double on the host during a step.
 inline constexpr int64_t kQuasiNewtonMaxEntries = 4096;
 enum class LrScheduleKind { kConstant, kStep, kCosine };
 
@@ -143,14 +148,20 @@ class Optimizer {
   bool hasState() const { return settings_.kind != OptimizerKind::kSgd; }
   // bfgs, dfp: the updates of W skipped because the curvature condition failed.
   int64_t skips() const { return skips_; }
+  void noteSkip() { ++skips_; }
+  // bfgs, dfp, during step number steps(): whether W has had no update yet (every
+  // earlier pair was skipped), so that this one scales it first.
+  bool firstQuasiNewtonUpdate() const { return steps_ - 2 == skips_; }
 
   // The state as a ParamSet in its own group: "optimizer/<param>/<buffer>" for each
   // buffer (momentum: momentum_buffer; adagrad: sum; adam: m, v; bfgs, dfp: x_prev,
-  // d_prev), for bfgs and dfp "optimizer/quasi_newton/w" (n x n) and the 1x1
+  // d_prev), for bfgs and dfp "optimizer/quasi_newton/h" (W, n x n) and the 1x1
   // "optimizer/quasi_newton/skips", and the step count as the 1x1 "optimizer/steps"
   // (counts exact up to 2^24). Empty for sgd.
   ParamSet exportState() const;
-  // The reverse; InputError naming the entry that is missing or misshapen.
+  // The reverse; InputError naming the entry that is missing or misshapen. State
+  // written before W approximated bfgs's inverse Hessian ("optimizer/quasi_newton/w",
+  // the Hessian for bfgs) is read too, bfgs's inverted.
   void importState(const ParamSet& state);
   // exportState()'s names and shapes (values zero).
   ParamSet stateShapes() const { return exportState(); }
@@ -167,7 +178,7 @@ class Optimizer {
   OptimizerSettings settings_;
   std::vector<Buffer> buffers_;
   int64_t steps_ = 0;
-  Matrix w_;           // bfgs, dfp: W, n x n; empty otherwise
+  Matrix w_;           // bfgs, dfp: W (the inverse Hessian's approximation), n x n; empty otherwise
   int64_t skips_ = 0;  // bfgs, dfp
 };
 

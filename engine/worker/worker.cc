@@ -99,7 +99,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
 Worker::~Worker() { model_.releaseDevice(); }
 
 std::string deviceResidency(const TrainConfig& config, const ops::Model& model, const ops::Backend& backend) {
-  if (std::string why = residencyRefusal(model, backend, optimizerSettings(config).kind); !why.empty()) return why;
+  if (std::string why = residencyRefusal(model, backend); !why.empty()) return why;
   if (!config.resident) return "--resident off";
   return "";
 }

@@ -13,7 +13,8 @@
 # dense (--sync dense with and without --overlap; --sync powersgd), sparse (LIBSVM rows, sparse V), tm (the
 # topic model resident: its data-dependent variables' inner steps on the device, a test set),
 # optimizers (examples/mlr.loss, the replica resident on the device, with each
-# optimizer), recovery (failures and the checkpoint log, resident), ssp (an SSP job
+# first-order optimizer; bfgs and dfp resident, within 1e-4 of the host's double
+# steps, and restore of their logs), recovery (failures and the checkpoint log, resident), ssp (an SSP job
 # resident, its replica against the host's replay of its log), transfer (an MLP's SVs
 # staged to the host on the copy queue against blocking copies, streamed with
 # --overlap and whole with --select: the same bits, and the metrics' transfer fields).
@@ -276,6 +277,19 @@ case "$case" in
     outs "$out/adam-strict.jsonl" | awk '$1 >= 31400 { print "strict_device.sh: " $1 " bytes left the device in a resident clock"; bad = 1 } END { exit bad }' >&2
     inbound adam
     outs "$out/adam-off-strict.jsonl" | awk '$1 < 2 * 31360 { print "strict_device.sh: only " $1 " bytes left the device with --resident off"; bad = 1 } END { exit bad }' >&2
+    # Quasi-Newton, resident: W and the pair on the device in float, the host's step
+    # in double, so equal up to rounding; the strict job's restore is bitwise its replica.
+    qn=(--train synthetic:examples=400,features=20,classes=3 --batch 200 --clocks 30 --weight-decay 0.001)
+    for method in bfgs dfp; do
+      for device in cpu strict; do
+        run "$method" "$device" "${qn[@]}" --optimizer "$method" --ckpt sv --ckpt-dir "$out/ck-$method-$device"
+      done
+      resident "$method"
+      "$compare" "$out/$method-cpu.h5" "$out/$method-strict.h5" 1e-4
+      "$orpheus" restore --ckpt-dir "$out/ck-$method-strict" --clock 30 --device strict --out "$out/r-$method.h5" \
+        >/dev/null
+      "$compare" "$out/r-$method.h5" "$out/$method-strict.h5" 0
+    done
     ;;
   recovery)
     sed -e 's/^dim hidden1 = .*/dim hidden1 = 32/' -e 's/^dim hidden2 = .*/dim hidden2 = 16/' \

@@ -60,7 +60,9 @@ Logistic makeProblem() {
   return p;
 }
 
-// The textbook updates in float64, with the optimizer's first-pair scaling and skip rule.
+// The textbook updates in float64, with the optimizer's first-pair scaling and skip
+// rule; bfgs on the Hessian, solving with it (the engine keeps the inverse: the same
+// iterates in exact arithmetic).
 struct ReferenceQn {
   bool bfgs = true;
   double lr = 1.0;
@@ -162,7 +164,7 @@ TEST_CASE("the curvature safeguard skips W's update where y^T s <= 0", "[optimiz
     CHECK(opt.skips() == 1);
     // W is still the identity it started as (no update, no scaling).
     const ParamSet state = opt.exportState();
-    const int w = state.find("optimizer/quasi_newton/w");
+    const int w = state.find("optimizer/quasi_newton/h");
     REQUIRE(w >= 0);
     CHECK(state[static_cast<size_t>(w)].isApprox(Matrix::Identity(2, 2), 0.0f));
   }
@@ -193,5 +195,34 @@ TEST_CASE("quasi-Newton state exported and imported mid-run changes nothing", "[
     for (size_t i = 0; i < sa.size(); ++i) CHECK(sa[i] == sb[i]);
     CHECK(sa.find("optimizer/W/x_prev") >= 0);
     CHECK(sa.find("optimizer/b/d_prev") >= 0);
+  }
+}
+
+TEST_CASE("bfgs state saved with the Hessian is read as its inverse", "[optimizer][quasi-newton]") {
+  // A snapshot from before W approximated the inverse Hessian: "optimizer/quasi_newton/w".
+  ParamSet params;
+  params.params.push_back({"x", Matrix::Zero(2, 1)});
+  for (const OptimizerKind kind : {OptimizerKind::kBfgs, OptimizerKind::kDfp}) {
+    engine::Optimizer writer(qnSettings(kind), params);
+    ParamSet state = writer.exportState();
+    const int h = state.find("optimizer/quasi_newton/h");
+    REQUIRE(h >= 0);
+    state.params[static_cast<size_t>(h)].name = "optimizer/quasi_newton/w";
+    state.params[static_cast<size_t>(h)].value << 4.0f, 0.0f, 0.0f, 2.0f;
+    engine::Optimizer reader(qnSettings(kind), params);
+    reader.importState(state);
+    Matrix expected(2, 2);
+    if (kind == OptimizerKind::kBfgs) {
+      expected << 0.25f, 0.0f, 0.0f, 0.5f;
+    } else {
+      expected << 4.0f, 0.0f, 0.0f, 2.0f;
+    }
+    const ParamSet read = reader.exportState();
+    CHECK(read[static_cast<size_t>(read.find("optimizer/quasi_newton/h"))] == expected);
+    // Not positive definite: refused, naming the entry.
+    state.params[static_cast<size_t>(h)].value << -1.0f, 0.0f, 0.0f, 1.0f;
+    if (kind == OptimizerKind::kBfgs) {
+      CHECK_THROWS_WITH(reader.importState(state), Catch::Contains("optimizer/quasi_newton/w"));
+    }
   }
 }

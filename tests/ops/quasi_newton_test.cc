@@ -74,15 +74,18 @@ struct Trace {
   std::vector<Mat> w;  // W_0 .. W_K
 };
 
-// Dense textbook BFGS (Hessian) / DFP (inverse Hessian) with the same step rule and skip rule.
+// Dense textbook BFGS (on the Hessian, solving with it) / DFP (inverse Hessian) with
+// the same step rule and skip rule; the solver keeps BFGS's inverse, so the trace
+// records W^-1 for BFGS: the two agree in exact arithmetic.
 Trace referenceRun(QuasiNewtonMethod method, const GradientFn& grad, Vec x, const QuasiNewtonOptions& opt,
                    int iterations) {
   const int64_t n = x.size();
-  Mat w = opt.initialScale * Mat::Identity(n, n);
+  const bool bfgs = method == QuasiNewtonMethod::kBfgs;
+  Mat w = (bfgs ? 1.0 / opt.initialScale : opt.initialScale) * Mat::Identity(n, n);
   Vec g = grad(x);
   Trace trace;
   trace.x.push_back(x);
-  trace.w.push_back(w);
+  trace.w.push_back(bfgs ? Mat(w.inverse()) : w);
   for (int k = 0; k < iterations; ++k) {
     const Vec d = method == QuasiNewtonMethod::kBfgs ? Vec(w.ldlt().solve(g)) : Vec(w * g);
     const Vec xNext = x - opt.learningRate * d;
@@ -101,7 +104,7 @@ Trace referenceRun(QuasiNewtonMethod method, const GradientFn& grad, Vec x, cons
     x = xNext;
     g = gNext;
     trace.x.push_back(x);
-    trace.w.push_back(w);
+    trace.w.push_back(bfgs ? Mat(w.inverse()) : w);
   }
   return trace;
 }
@@ -149,12 +152,8 @@ void checkAgainstReference(QuasiNewtonMethod method, const GradientFn& grad, con
     const Mat expected = wBefore + svs->u * svs->coeffs.asDiagonal() * svs->u.transpose();
     CHECK(relDiff(solver.w(), expected) < 1e-14);
 
-    // Secant equation.
-    if (method == QuasiNewtonMethod::kBfgs) {
-      CHECK((solver.w() * s - y).norm() <= 1e-8 * y.norm());
-    } else {
-      CHECK((solver.w() * y - s).norm() <= 1e-8 * s.norm());
-    }
+    // Secant equation of the inverse: W y = s.
+    CHECK((solver.w() * y - s).norm() <= 1e-8 * s.norm());
   }
   CHECK(updates >= compared / 2);
   CHECK(compared >= 5);
@@ -338,4 +337,31 @@ TEST_CASE("quasi-Newton inputs are checked", "[ops][quasi_newton]") {
   CHECK_THROWS_AS(QuasiNewtonSolver<double>(grad, Vec::Ones(3), opt), Error);
   const GradientFn wrong = [](const Vec&) -> Vec { return Vec::Ones(2); };
   CHECK_THROWS_AS(QuasiNewtonSolver<double>(wrong, Vec::Ones(3)), Error);
+}
+
+TEST_CASE("the BFGS SVs are the textbook inverse update, the DFP SVs the textbook DFP", "[ops][quasi_newton]") {
+  const int64_t n = 7;
+  const Mat m = randomMatrix(n, n, 9);
+  const Mat w = m * m.transpose() / double(n) + 0.3 * Mat::Identity(n, n);
+  const Vec s = randomMatrix(n, 1, 10).col(0);
+  const Vec y = 0.7 * s + 0.2 * randomMatrix(n, 1, 11).col(0);
+  REQUIRE(y.dot(s) > 0);
+  const double rho = 1.0 / y.dot(s);
+  const Mat eye = Mat::Identity(n, n);
+  const Mat bfgs = (eye - rho * s * y.transpose()) * w * (eye - rho * y * s.transpose()) + rho * s * s.transpose();
+  const Vec h = w * y;
+  const Mat dfp = w + rho * s * s.transpose() - h * h.transpose() / y.dot(h);
+  for (auto [method, expected] : {std::pair{QuasiNewtonMethod::kBfgs, bfgs}, std::pair{QuasiNewtonMethod::kDfp, dfp}}) {
+    INFO("method " << static_cast<int>(method));
+    const std::optional<QnSvs<double>> svs = ops::identifyQnSvs<double>(method, w, s, y);
+    REQUIRE(svs);
+    Mat updated = w;
+    ops::applySvUpdate(*svs, updated);
+    CHECK(relDiff(updated, expected) < 1e-13);
+    CHECK((updated * y - s).norm() <= 1e-12 * s.norm());
+    // The coefficients in the basis [s, W y] give the same columns.
+    const std::array<double, 4> c = ops::qnSvCoefficients(method, y.dot(s), y.dot(h));
+    CHECK((svs->u.col(0) - (c[0] * s + c[1] * h)).norm() == 0.0);
+    CHECK((svs->u.col(1) - (c[2] * s + c[3] * h)).norm() == 0.0);
+  }
 }
