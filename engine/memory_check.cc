@@ -16,15 +16,15 @@ void checkJobMemory(const TrainConfig& config, const ops::Model& model, const Da
   if (isQuasiNewton(optimizer.kind)) {
     ORPHEUS_CHECK_INPUT(params <= static_cast<double>(kQuasiNewtonMaxEntries),
                         "--optimizer {}: model '{}' has {:.0f} parameter entries; its n x n approximation would need "
-                        "{:.1f} GiB and an n^3 solve every clock (at most {} entries: MLR or a .loss model with a few "
-                        "hundred features)",
+                        "{:.1f} GiB (at most {} entries: MLR or a .loss model with a few hundred features)",
                         toString(optimizer.kind), config.model, params, params * params * 12.0 / (1 << 30),
                         kQuasiNewtonMaxEntries);
   }
   const double stateCopies = optimizer.kind == OptimizerKind::kAdam || isQuasiNewton(optimizer.kind) ? 2.0
                              : optimizer.kind == OptimizerKind::kSgd                                 ? 0.0
                                                                                                      : 1.0;
-  const double qnBytes = isQuasiNewton(optimizer.kind) ? params * params * (sizeof(float) + 2 * sizeof(double)) : 0.0;
+  // W in float, and in double on the host during a step.
+  const double qnBytes = isQuasiNewton(optimizer.kind) ? params * params * (sizeof(float) + sizeof(double)) : 0.0;
   const double replicaBytes =
       params * sizeof(float) * (2.0 + stateCopies + (optimizer.foldsLearningRate() ? 0.0 : 1.0)) + qnBytes;
   const double batch = static_cast<double>(config.batch);

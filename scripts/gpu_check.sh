@@ -16,7 +16,7 @@
 #   memcheck    compute-sanitizer memcheck on a short training run (where present)
 #   device      the device can be made, and the MLP's replica is resident on it
 #   mlr, mlp    parameters after 200 clocks within 1e-4 (MLR: the built-in and the resident
-#               mlr.loss with Adam) and 1e-3 (MLP, or within twice the CPU's own drift, 1
+#               mlr.loss with Adam; bfgs resident after 30 clocks) and 1e-3 (MLP, or within twice the CPU's own drift, 1
 #               thread against THREADS), the MLP within 1e-5 at 50; seconds for 200 MLP
 #               clocks resident, with --resident off, and on the CPU (a figure)
 #   accuracy    MLP test accuracy after ACC_CLOCKS clocks within 0.01 of the CPU's
@@ -103,9 +103,14 @@ check_mlr() {
     --optimizer adam --lr 0.001 --eval-every 0
   train cpu 1 mlrl-cpu "${fmnist[@]}" --model "$examples/mlr.loss" --clocks 200 --batch 100 \
     --optimizer adam --lr 0.001 --eval-every 0
-  local d r; d=$(relDiff "$work/mlr-dev.h5" "$work/mlr-cpu.h5"); r=$(relDiff "$work/mlrl-dev.h5" "$work/mlrl-cpu.h5")
-  figure "relative difference $d (built-in), $r (mlr.loss, resident, Adam) (goal <= 1e-4)"
-  within "$d" 1e-4 && within "$r" 1e-4
+  # BFGS resident (W and the pair in float on the device, the host's step in double).
+  local qn=(--train synthetic:examples=400,features=20,classes=3 --clocks 30 --batch 400 --optimizer bfgs --eval-every 0)
+  train "$DEVICE" 1 bfgs-dev "${qn[@]}"
+  train cpu 1 bfgs-cpu "${qn[@]}"
+  local d r q dev; d=$(relDiff "$work/mlr-dev.h5" "$work/mlr-cpu.h5"); r=$(relDiff "$work/mlrl-dev.h5" "$work/mlrl-cpu.h5")
+  q=$(relDiff "$work/bfgs-dev.h5" "$work/bfgs-cpu.h5"); dev=$(summaryField "$work/bfgs-dev.jsonl" device)
+  figure "relative difference $d (built-in), $r (mlr.loss, resident, Adam), $q (bfgs, 30 clocks, '$dev') (goal <= 1e-4)"
+  within "$d" 1e-4 && within "$r" 1e-4 && within "$q" 1e-4 && [[ "$dev" == *"(resident)" ]]
 }
 check_mlp() {
   # A ReLU net in float32 drifts apart chaotically once rounding differs: the CPU run
