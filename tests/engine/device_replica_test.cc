@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 
 using namespace orpheus;
@@ -59,6 +60,34 @@ bool allNaN(const ParamSet& a) {
   return true;
 }
 
+// A host replica and a replica resident on the strict device, equal at the start.
+struct Replicas {
+  Replicas(const ops::GraphModel& model, const OptimizerSettings& s)
+      : model(model), host(s, model, *cpu), device(s, model, *strict), hostW(model.initParams(5)), deviceW(hostW) {
+    device.reside(deviceW);
+  }
+  // One clock on both: the same batch (computed from the host's replica), rebuilt and
+  // stepped; the device's mirror is NaN until brought up to date, then current.
+  void clock(uint64_t clock, std::mt19937& gen) {
+    const SvBatch b = clockBatch(model, hostW, gen, host.coefficientScale(clock, 2.0 * kBatch));
+    const SvBatch* one[] = {&b};
+    host.applyGroup(clock, one, hostW);
+    device.applyGroup(clock, one, deviceW);
+    host.finishClock(hostW);
+    device.finishClock(deviceW);
+    CHECK(allNaN(deviceW));
+    device.toHost(deviceW);
+  }
+
+  const ops::GraphModel& model;
+  std::unique_ptr<ops::Backend> cpu = ops::makeBackend("cpu");
+  std::unique_ptr<ops::Backend> strict = ops::makeBackend("strict");
+  ReplicaUpdater host;
+  ReplicaUpdater device;
+  ParamSet hostW;
+  ParamSet deviceW;
+};
+
 }  // namespace
 
 TEST_CASE("a resident replica takes the host replica's steps, bitwise", "[device_replica][strict]") {
@@ -72,31 +101,16 @@ TEST_CASE("a resident replica takes the host replica's steps, bitwise", "[device
   s.weightDecay = wd;
   CAPTURE(static_cast<int>(kind), wd);
 
-  const auto cpu = ops::makeBackend("cpu");
-  const auto strict = ops::makeBackend("strict");
-  REQUIRE(engine::residencyRefusal(model, *strict).empty());
-  REQUIRE(!engine::residencyRefusal(model, *cpu).empty());
-  ReplicaUpdater host(s, model, *cpu);
-  ReplicaUpdater device(s, model, *strict);
-  ParamSet hostW = model.initParams(5);
-  ParamSet deviceW = hostW;
-  device.reside(deviceW);
-  REQUIRE(device.resident());
+  Replicas r(model, s);
+  REQUIRE(engine::residencyRefusal(model, *r.strict).empty());
+  REQUIRE(!engine::residencyRefusal(model, *r.cpu).empty());
+  REQUIRE(r.device.resident());
 
   std::mt19937 gen(11);
   for (uint64_t clock = 1; clock <= 4; ++clock) {
-    // Both replicas are equal here, so the batches computed from either are the same.
-    const SvBatch b = clockBatch(model, hostW, gen, host.coefficientScale(clock, 2.0 * kBatch));
-    const SvBatch* one[] = {&b};
-    host.applyGroup(clock, one, hostW);
-    device.applyGroup(clock, one, deviceW);
-    host.finishClock(hostW);
-    device.finishClock(deviceW);
-    // The host's mirror is behind the device: NaN on the strict device.
-    CHECK(allNaN(deviceW));
-    device.toHost(deviceW);
-    REQUIRE(bitwiseEqual(hostW, deviceW));
-    CHECK(bitwiseEqual(host.optimizer().exportState(), device.optimizer().exportState()));
+    r.clock(clock, gen);
+    REQUIRE(bitwiseEqual(r.hostW, r.deviceW));
+    CHECK(bitwiseEqual(r.host.optimizer().exportState(), r.device.optimizer().exportState()));
   }
 }
 
@@ -148,14 +162,8 @@ TEST_CASE("a resident quasi-Newton replica tracks the host's double-precision st
   s.weightDecay = wd;
   CAPTURE(static_cast<int>(kind), wd);
 
-  const auto cpu = ops::makeBackend("cpu");
-  const auto strict = ops::makeBackend("strict");
-  ReplicaUpdater host(s, model, *cpu);
-  ReplicaUpdater device(s, model, *strict);
-  ParamSet hostW = model.initParams(5);
-  ParamSet deviceW = hostW;
-  device.reside(deviceW);
-  REQUIRE(device.resident());
+  Replicas r(model, s);
+  REQUIRE(r.device.resident());
 
   // The same batches on both (from the host's replica), so that only the step's
   // arithmetic differs: rounding, not a different trajectory.
@@ -165,28 +173,21 @@ TEST_CASE("a resident quasi-Newton replica tracks the host's double-precision st
   };
   double worst = 0.0;
   for (uint64_t clock = 1; clock <= 8; ++clock) {
-    const SvBatch b = clockBatch(model, hostW, gen, host.coefficientScale(clock, 2.0 * kBatch));
-    const SvBatch* one[] = {&b};
-    host.applyGroup(clock, one, hostW);
-    device.applyGroup(clock, one, deviceW);
-    host.finishClock(hostW);
-    device.finishClock(deviceW);
-    CHECK(allNaN(deviceW));
-    device.toHost(deviceW);
-    for (size_t i = 0; i < hostW.size(); ++i) CHECK(relative(deviceW[i], hostW[i]) <= 1e-4);
-    CHECK(device.optimizer().steps() == host.optimizer().steps());
-    CHECK(device.optimizer().skips() == host.optimizer().skips());
-    const ParamSet hs = host.optimizer().exportState(), ds = device.optimizer().exportState();
+    r.clock(clock, gen);
+    for (size_t i = 0; i < r.hostW.size(); ++i) CHECK(relative(r.deviceW[i], r.hostW[i]) <= 1e-4);
+    CHECK(r.device.optimizer().steps() == r.host.optimizer().steps());
+    CHECK(r.device.optimizer().skips() == r.host.optimizer().skips());
+    const ParamSet hs = r.host.optimizer().exportState(), ds = r.device.optimizer().exportState();
     const int h = hs.find("optimizer/quasi_newton/h");
     REQUIRE(h >= 0);
     CHECK(relative(ds[static_cast<size_t>(h)], hs[static_cast<size_t>(h)]) <= 1e-4);
-    worst = std::max(worst, relative(deviceW[0], hostW[0]));
+    worst = std::max(worst, relative(r.deviceW[0], r.hostW[0]));
   }
   UNSCOPED_INFO("worst relative difference of the weights: " << worst);
   // W moved away from the identity it started as: the updates ran on the device.
-  const ParamSet ds = device.optimizer().exportState();
+  const ParamSet ds = r.device.optimizer().exportState();
   const Matrix& w = ds[static_cast<size_t>(ds.find("optimizer/quasi_newton/h"))];
   CHECK(!w.isApprox(Matrix::Identity(w.rows(), w.cols()), 1e-3f));
-  CHECK(host.optimizer().skips() < 7);
+  CHECK(r.host.optimizer().skips() < 7);
   CHECK(worst <= 1e-5);
 }
