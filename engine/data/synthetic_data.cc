@@ -1,6 +1,7 @@
 #include "engine/data/synthetic_data.h"
 
 #include "engine/base/error.h"
+#include "engine/base/memory.h"
 #include "engine/base/rng.h"
 
 #include <charconv>
@@ -15,6 +16,7 @@ data::Dataset makeSyntheticShard(const std::string& spec, uint64_t seed, int ran
   int64_t features = 1024;
   int64_t classes = 10;
   std::string_view rest = std::string_view(spec).substr(std::string_view("synthetic:").size());
+  std::string given;  // the keys seen, each once
   while (!rest.empty()) {
     const size_t comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);
@@ -23,6 +25,9 @@ data::Dataset makeSyntheticShard(const std::string& spec, uint64_t seed, int ran
     ORPHEUS_CHECK_INPUT(eq != std::string_view::npos, "synthetic data '{}': expected key=value, got '{}'", spec, item);
     const std::string_view key = item.substr(0, eq);
     const std::string_view value = item.substr(eq + 1);
+    ORPHEUS_CHECK_INPUT(given.find(fmt::format(",{},", key)) == std::string::npos,
+                        "synthetic data '{}': '{}' is given twice", spec, key);
+    given += fmt::format(",{},", key);
     int64_t v = 0;
     const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
     ORPHEUS_CHECK_INPUT(ec == std::errc() && end == value.data() + value.size() && v > 0,
@@ -44,6 +49,8 @@ data::Dataset makeSyntheticShard(const std::string& spec, uint64_t seed, int ran
   d.globalOffset = examples * rank / worldSize;
   const int64_t end = examples * (rank + 1) / worldSize;
   const int64_t n = end - d.globalOffset;
+  checkFitsInMemory(static_cast<double>(features) * static_cast<double>(n) * sizeof(float),
+                    fmt::format("synthetic data '{}': a shard of {} examples of {} features", spec, n, features), 0.5);
   d.dense.resize(features, n);
   d.labels.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {

@@ -15,6 +15,11 @@ namespace {
 data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
                         int64_t features, int indexBase) {
   if (isSyntheticSource(path)) {
+    // Its spec sets its shape: a --format or --features meant for a file would be ignored.
+    ORPHEUS_CHECK_INPUT(config.format == data::Format::kAuto,
+                        "--format applies to data files; synthetic data '{}' has none (drop --format)", path);
+    ORPHEUS_CHECK_INPUT(config.features <= 0, "--features {} applies to LIBSVM and CSV files; synthetic data '{}' sets "
+                        "its width with features=D", config.features, path);
     return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
   }
   data::ReadOptions options;

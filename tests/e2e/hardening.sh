@@ -11,8 +11,9 @@
 #  - simulate with --elastic, and simulate under mpirun;
 #  - CRLF token files read; a sequence model on other data, open range ends and a
 #    sub-millisecond --timeout named as such;
-#  - sizes that cannot fit (replicas x parameters, minibatches, outputs) and absurd
-#    thread counts, refused before anything is allocated.
+#  - sizes that cannot fit (replicas x parameters, minibatches, outputs, a synthetic
+#    shard) and absurd thread counts, refused before anything is allocated;
+#  - a synthetic spec with a key twice, or with --format / --features meant for files.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -88,4 +89,13 @@ refused "simulate has no checkpoint to continue: leave out --elastic" -- "$orphe
   --train "$fix/small.libsvm" --clocks 2 --batch 2 --elastic
 refused "simulate runs every worker in one process: start it without mpirun" -- "$mpiexec" -n 2 --oversubscribe \
   "$orpheus" simulate --ranks 2 --train "$fix/small.libsvm" --clocks 2 --batch 2
+# Synthetic data: its spec sets its shape, each key once, and a shard that cannot fit is priced first.
+refused "a shard of 1000000000000 examples of 20 features needs .* more than" -- "$orpheus" train \
+  --train synthetic:examples=1000000000000,features=20,classes=3 --clocks 2
+refused "synthetic data .*: 'examples' is given twice" -- "$orpheus" train \
+  --train synthetic:examples=10,features=20,classes=3,examples=5 --clocks 2
+refused "--format applies to data files; synthetic data .* has none" -- "$orpheus" train \
+  --train synthetic:examples=10,features=20,classes=3 --format hdf5 --clocks 2
+refused "--features 5 applies to LIBSVM and CSV files; synthetic data" -- "$orpheus" train \
+  --train synthetic:examples=10,features=20,classes=3 --features 5 --clocks 2
 exit $fail
