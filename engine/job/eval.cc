@@ -3,6 +3,7 @@
 
 #include "ckpt/model_file.h"
 #include "engine/base/error.h"
+#include "engine/data/synthetic_data.h"
 #include "engine/failures.h"
 #include "engine/metrics/metrics.h"
 #include "engine/worker/worker.h"
@@ -18,12 +19,20 @@ int runEval(const EvalConfig& config) {
   ckpt::ModelFileInfo info;
   const ParamSet saved = ckpt::loadParams(config.params, &info);
 
-  data::ReadOptions options;
-  options.format = config.format;
-  options.features = config.features > 0 ? config.features : info.features;
-  const data::Format format = data::resolveFormat(config.test, config.format);
-  if (format != data::Format::kLibsvm && config.features <= 0) options.features = -1;
-  data::Dataset test = data::readDataset(config.test, options);
+  data::Dataset test;
+  if (isSyntheticSource(config.test)) {
+    // The training job's own test set: the same spec drawn from the job's seed.
+    ORPHEUS_CHECK_INPUT(config.format == data::Format::kAuto && config.features <= 0,
+                        "--format and --features apply to data files; synthetic data '{}' has neither", config.test);
+    test = makeSyntheticShard(config.test, info.seed, 0, 1);
+  } else {
+    data::ReadOptions options;
+    options.format = config.format;
+    options.features = config.features > 0 ? config.features : info.features;
+    const data::Format format = data::resolveFormat(config.test, config.format);
+    if (format != data::Format::kLibsvm && config.features <= 0) options.features = -1;
+    test = data::readDataset(config.test, options);
+  }
 
   // The model's shape: from the file's attributes, else from its parameters (MLR) or the data.
   int64_t features = info.features > 0 ? info.features : test.features;

@@ -13,7 +13,8 @@
 #    sub-millisecond --timeout named as such;
 #  - sizes that cannot fit (replicas x parameters, minibatches, outputs, a synthetic
 #    shard) and absurd thread counts, refused before anything is allocated;
-#  - a synthetic spec with a key twice, or with --format / --features meant for files.
+#  - a synthetic spec with a key twice, or with --format / --features meant for files;
+#    eval of a synthetic test set scores the training job's own.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -98,4 +99,13 @@ refused "--format applies to data files; synthetic data .* has none" -- "$orpheu
   --train synthetic:examples=10,features=20,classes=3 --format hdf5 --clocks 2
 refused "--features 5 applies to LIBSVM and CSV files; synthetic data" -- "$orpheus" train \
   --train synthetic:examples=10,features=20,classes=3 --features 5 --clocks 2
+# eval of a synthetic test set scores the training job's own (drawn from the job's seed).
+syn=(--test synthetic:examples=50,features=20,classes=3)
+"$orpheus" train --train synthetic:examples=200,features=20,classes=3 "${syn[@]}" --clocks 10 --batch 50 --seed 4 \
+  --progress off --log-level warn --save "$out/syn.h5" --metrics "$out/syn.jsonl" >/dev/null || { echo "FAIL: synthetic job"; fail=1; }
+trained=$(tail -1 "$out/syn.jsonl" | grep -o '"test_loss": *[0-9.e-]*' | sed 's/.*: *//')
+scored=$("$orpheus" eval --params "$out/syn.h5" "${syn[@]}" | grep -o '"test_loss": *[0-9.e-]*' | sed 's/.*: *//')
+[ -n "$trained" ] && [ "$trained" = "$scored" ] || { echo "FAIL: eval of the synthetic test set: $scored, the job's $trained"; fail=1; }
+refused "--format and --features apply to data files; synthetic data" -- "$orpheus" eval --params "$out/syn.h5" \
+  "${syn[@]}" --format csv
 exit $fail
