@@ -151,6 +151,16 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   if (transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {
     spdlog::warn("one rank: --average-every and --rotate-every have nothing to do");
   }
+  // Flags that were given (not their defaults) but shape nothing in this job. Warned,
+  // not refused: a resumed job must repeat the flags its record holds.
+  if (config.select == 0 && !config.adapt && config.selectMethod != SelectionMethod::kJmcssGram) {
+    spdlog::warn("--select-method {} has nothing to select: every SVG is sent (give --select C or --adapt)",
+                 toString(config.selectMethod));
+  }
+  if (config.device == "cpu" && (!config.resident || config.transfer != TransferMode::kStaged)) {
+    spdlog::warn("--resident and --transfer shape a replica on a device: on --device {} they have nothing to do",
+                 config.device);
+  }
 }
 
 // This rank's backend, the job's one (--device), made once and handed down

@@ -14,7 +14,8 @@
 #  - sizes that cannot fit (replicas x parameters, minibatches, outputs, a synthetic
 #    shard) and absurd thread counts, refused before anything is allocated;
 #  - a synthetic spec with a key twice, or with --format / --features meant for files;
-#    eval of a synthetic test set scores the training job's own.
+#    eval of a synthetic test set scores the training job's own;
+#  - --select-method without --select, --transfer and --resident on the cpu: warned.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -108,4 +109,13 @@ scored=$("$orpheus" eval --params "$out/syn.h5" "${syn[@]}" | grep -o '"test_los
 [ -n "$trained" ] && [ "$trained" = "$scored" ] || { echo "FAIL: eval of the synthetic test set: $scored, the job's $trained"; fail=1; }
 refused "--format and --features apply to data files; synthetic data" -- "$orpheus" eval --params "$out/syn.h5" \
   "${syn[@]}" --format csv
+# Flags that shape nothing in a job are said on the console (warned: a resumed job repeats its record's flags).
+said() {
+  local pattern=$1; shift
+  "$@" --progress off --log-level warn 2>&1 >/dev/null | grep -q -- "$pattern" || { echo "FAIL: no '$pattern' from $*"; fail=1; }
+}
+said "--select-method jmcss has nothing to select" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
+  --select-method jmcss
+said "on --device cpu they have nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
+  --transfer sync
 exit $fail
