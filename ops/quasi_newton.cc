@@ -38,16 +38,21 @@ std::optional<QnSvs<S>> identifyQnSvs(QuasiNewtonMethod method, const QnMatrix<S
   ORPHEUS_ENFORCE(y.size() == n && w.rows() == n && w.cols() == n,
                   "quasi-Newton SVs need s, y of one length and a square W: got {}, {} and {}x{}", n, y.size(),
                   w.rows(), w.cols());
-  ORPHEUS_ENFORCE(curvatureEps >= 0, "curvature eps {} is negative", static_cast<double>(curvatureEps));
-
   const QnVector<S> h = w * y;
   const QnUpdate plan = planQnUpdate(method, static_cast<double>(y.dot(s)), static_cast<double>(y.squaredNorm()),
                                      static_cast<double>(s.squaredNorm()), static_cast<double>(y.dot(h)), false,
                                      static_cast<double>(curvatureEps));
   if (plan.skip) return std::nullopt;
-  const std::array<double, 4>& c = plan.coefficients;
+  return qnSvsOf<S>(plan, s, h);
+}
+
+template <typename S>
+QnSvs<S> qnSvsOf(const QnUpdate& update, const QnVector<S>& s, const QnVector<S>& h) {
+  ORPHEUS_ENFORCE(!update.skip && s.size() == h.size(), "SVs of a skipped update, or of s and h of lengths {} and {}",
+                  s.size(), h.size());
+  const std::array<double, 4>& c = update.coefficients;
   QnSvs<S> out;
-  out.u.resize(n, 2);
+  out.u.resize(s.size(), 2);
   out.u.col(0) = static_cast<S>(c[0]) * s + static_cast<S>(c[1]) * h;
   out.u.col(1) = static_cast<S>(c[2]) * s + static_cast<S>(c[3]) * h;
   out.coeffs.resize(2);
@@ -140,6 +145,7 @@ void QuasiNewtonSolver<S>::applyUpdate(const QnSvs<S>& svs) {
 }
 
 #define ORPHEUS_QN_INSTANTIATE(S)                                                                         \
+  template QnSvs<S> qnSvsOf<S>(const QnUpdate&, const QnVector<S>&, const QnVector<S>&);                  \
   template std::optional<QnSvs<S>> identifyQnSvs<S>(QuasiNewtonMethod, const QnMatrix<S>&,                \
                                                     const QnVector<S>&, const QnVector<S>&, S);           \
   template std::optional<QnSvs<S>> identifyQnSvs<S>(QuasiNewtonMethod, const QnMatrix<S>&,                \

@@ -113,6 +113,10 @@ struct QnUpdate {
 QnUpdate planQnUpdate(QuasiNewtonMethod method, double ys, double yy, double ss, double gamma, bool scaleFirst,
                       double curvatureEps = kDefaultCurvatureEps);
 
+// The SVs of an update that is not skipped, from s and h = W y (W before the scaling).
+template <typename S>
+QnSvs<S> qnSvsOf(const QnUpdate& update, const QnVector<S>& s, const QnVector<S>& h);
+
 // Minimizes a smooth function given its gradient, with
 //     x_{k+1} = x_k - lr * d_k,   d_k = W_k g(x_k)  (W approximates the inverse Hessian)
 // and W_{k+1} obtained from W_k ONLY through the SVs of clock k: for S = float by
@@ -149,6 +153,7 @@ class QuasiNewtonSolver {
 };
 
 #define ORPHEUS_QN_DECLARE(S)                                                                                      \
+  extern template QnSvs<S> qnSvsOf<S>(const QnUpdate&, const QnVector<S>&, const QnVector<S>&);                  \
   extern template std::optional<QnSvs<S>> identifyQnSvs<S>(QuasiNewtonMethod, const QnMatrix<S>&,                \
                                                            const QnVector<S>&, const QnVector<S>&, S);           \
   extern template std::optional<QnSvs<S>> identifyQnSvs<S>(                                                      \

@@ -206,14 +206,8 @@ void Optimizer::quasiNewtonStep(uint64_t clock, const std::vector<Eigen::ArrayXX
     if (update.skip) {
       noteSkip();
     } else {
-      const std::array<double, 4>& c = update.coefficients;
-      ops::QnSvs<double> svs;
-      svs.u.resize(n, 2);
-      svs.u.col(0) = c[0] * s + c[1] * h;
-      svs.u.col(1) = c[2] * s + c[3] * h;
-      svs.coeffs = Eigen::Vector2d(1.0, -1.0);
       if (update.scale != 1.0) w *= update.scale;
-      ops::applySvUpdate(svs, w);
+      ops::applySvUpdate(ops::qnSvsOf<double>(update, s, h), w);
       w_ = w.cast<float>();
       w = w_.cast<double>();  // the step uses W as stored: a replay from a snapshot takes the same step
     }
