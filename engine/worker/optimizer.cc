@@ -46,6 +46,16 @@ std::vector<std::string> bufferNames(OptimizerKind kind) {
   return {};
 }
 
+// A count stored as one float (steps, skipped updates): a whole number in [0, 2^24].
+int64_t storedCount(const ParamSet& state, const char* name) {
+  const int i = state.find(name);
+  ORPHEUS_CHECK_INPUT(i >= 0 && state[static_cast<size_t>(i)].size() == 1, "optimizer state lacks '{}'", name);
+  const float v = state[static_cast<size_t>(i)](0, 0);
+  ORPHEUS_CHECK_INPUT(v >= 0.0f && v <= static_cast<float>(kMaxStoredSteps) && v == std::floor(v),
+                      "optimizer state '{}' is {}, not a count in [0, {}]", name, v, kMaxStoredSteps);
+  return static_cast<int64_t>(v);
+}
+
 }  // namespace
 
 double defaultLearningRate(OptimizerKind kind) {
@@ -271,14 +281,9 @@ void Optimizer::importState(const ParamSet& state) {
                           kQnLegacyWName);
       w_ = factor.solve(Eigen::MatrixXd::Identity(w.rows(), w.cols())).cast<float>();
     }
-    const int si = state.find(kQnSkipsName);
-    ORPHEUS_CHECK_INPUT(si >= 0 && state[static_cast<size_t>(si)].size() == 1, "optimizer state lacks '{}'",
-                        kQnSkipsName);
-    skips_ = static_cast<int64_t>(state[static_cast<size_t>(si)](0, 0));
+    skips_ = storedCount(state, kQnSkipsName);
   }
-  const int i = state.find(kStepsName);
-  ORPHEUS_CHECK_INPUT(i >= 0 && state[static_cast<size_t>(i)].size() == 1, "optimizer state lacks '{}'", kStepsName);
-  steps_ = static_cast<int64_t>(state[static_cast<size_t>(i)](0, 0));
+  steps_ = storedCount(state, kStepsName);
 }
 
 ReplicaUpdater::ReplicaUpdater(const OptimizerSettings& settings, const ops::Model& model, ops::Backend& backend)

@@ -191,6 +191,13 @@ TEST_CASE("optimizer state exports into its own group and imports back", "[optim
   ParamSet missing = state;
   missing.params.erase(missing.params.begin());
   CHECK_THROWS_AS(back.importState(missing), InputError);
+  // A step count that is no count (negative, fractional, past what a float holds) is refused, named.
+  for (const float bad : {-1.0f, 2.5f, 1e30f}) {
+    ParamSet odd = state;
+    odd[static_cast<size_t>(odd.find("optimizer/steps"))](0, 0) = bad;
+    CHECK_THROWS_WITH(back.importState(odd), Catch::Contains("optimizer state 'optimizer/steps' is") &&
+                                                 Catch::Contains("not a count"));
+  }
 }
 
 TEST_CASE("optimizer flags: defaults per optimizer, and combinations that do nothing are refused", "[optimizer]") {
