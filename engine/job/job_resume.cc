@@ -97,6 +97,10 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
     const bool withStates = carries && !ckpt::listStatesDirs(config.ckptDir).empty();
     resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0,
                                   readMembership(config.ckptDir).back().ranks);
+    ORPHEUS_CHECK_INPUT(resumeClock <= static_cast<uint64_t>(config.clocks),
+                        "--resume: the job in '{}' is at clock {}, past --clocks {}: nothing is left to train (orpheus "
+                        "restore --ckpt-dir {} --clock {} gives the parameters of that clock)",
+                        config.ckptDir, resumeClock, config.clocks, config.ckptDir, config.clocks);
     discardAfter(config.ckptDir, resumeClock);
   });
   double shared[1] = {static_cast<double>(resumeClock)};

@@ -162,15 +162,21 @@ OptimizerSettings recordedOptimizer(const ComputationRecord& record) {
 
 void checkResume(const ComputationRecord& recorded, const ComputationRecord& now, const std::string& dir) {
   // Settings recorded only while a feature is on: on one side only, the feature was
-  // turned on or off.
-  const auto has = [](const ComputationRecord& r, const std::string& flag) {
-    return std::any_of(r.begin(), r.end(), [&](const auto& entry) { return entry.first == flag; });
+  // turned on or off. Each with what its absence means.
+  constexpr std::pair<const char*, const char*> kRecordedWhileOn[] = {
+      {"--adapt", "off"}, {"--outer-lr", "off"}, {"--select-unit", "example"}, {"--sv-rank", "0"},
+      {"--sv-dtype", "f32"}, {"--balance", "off"}, {"--adapt-bf16", "off"}};
+  const auto valueIn = [](const ComputationRecord& r, const std::string& flag) -> const std::string* {
+    const auto it = std::find_if(r.begin(), r.end(), [&](const auto& entry) { return entry.first == flag; });
+    return it == r.end() ? nullptr : &it->second;
   };
-  for (const std::string flag : {"--adapt", "--outer-lr"}) {
-    if (has(recorded, flag) == has(now, flag)) continue;
+  for (const auto& [flag, absent] : kRecordedWhileOn) {
+    const std::string* was = valueIn(recorded, flag);
+    const std::string* is = valueIn(now, flag);
+    if ((was == nullptr) == (is == nullptr)) continue;
     throw InputError(fmt::format("--resume: {} differs from the job in '{}' (it was {} and is now {}); a resumed job "
                                  "continues the same computation (start a new job in another --ckpt-dir to change it)",
-                                 flag, dir, has(recorded, flag) ? "on" : "off", has(now, flag) ? "on" : "off"));
+                                 flag, dir, was ? *was : absent, is ? *is : absent));
   }
   for (const auto& [flag, value] : now) {
     for (const auto& [was, wasValue] : recorded) {

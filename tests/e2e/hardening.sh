@@ -2,7 +2,8 @@
 # hardening.sh ORPHEUS MPIEXEC: inputs that must be refused before any work, with one
 # line naming the cause and exit 2, and files that must survive it:
 #  - restore --out inside the checkpoint it reads (job.h5, a log segment): refused,
-#    the checkpoint unchanged and still restorable to the same clock;
+#    the checkpoint unchanged and still restorable to the same clock; --resume of a
+#    job already past --clocks: refused, the checkpoint unchanged;
 #  - an output inside an output directory (--save inside --save-replicas);
 #  - --adapt with a --max-bytes-per-clock no setting can meet;
 #  - a token stream given to a model of feature vectors;
@@ -40,6 +41,11 @@ refused "--out .* is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/c
 after=$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)
 [ "$before" = "$after" ] || { echo "FAIL: the checkpoint changed"; fail=1; }
 "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/r12.h5" >/dev/null || { echo "FAIL: restore after"; fail=1; }
+# --resume of a job already past --clocks: refused (restore gives an earlier clock), the checkpoint unchanged.
+refused "--resume: the job in '.*ck' is at clock 12, past --clocks 5: nothing is left to train" -- "$orpheus" train \
+  --train "$fix/small.libsvm" --clocks 5 --batch 2 --ckpt sv --ckpt-dir "$out/ck" --transport mpi --resume --save "$out/r5.h5"
+[ ! -e "$out/r5.h5" ] || { echo "FAIL: a model saved by the refused --resume"; fail=1; }
+[ "$before" = "$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)" ] || { echo "FAIL: --resume changed it"; fail=1; }
 # inspect names a replica whose log directory is gone, or is a file.
 cp -r "$out/ck" "$out/gone"
 rm -rf "$out/gone/replica-0"

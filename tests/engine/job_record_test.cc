@@ -60,6 +60,18 @@ TEST_CASE("a resumed job refuses every flag that changes the computation, naming
   adaptive.adapt = true;
   REQUIRE_THROWS_WITH(checkResume(computationRecord(adaptive, 4, 784, 10, "", "1:2"), base, "ck"),
                       Contains("--adapt differs") && Contains("it was on and is now off"));
+  // So are the other settings recorded only while on.
+  changed([](TrainConfig& d) { d.outerLr = 0.7; }, "--outer-lr");
+  changed([](TrainConfig& d) { d.selectUnit = orpheus::ops::Model::SvgUnit::kStep; }, "--select-unit");
+  changed([](TrainConfig& d) { d.balance = true; }, "--balance");
+  TrainConfig ranked = c;
+  ranked.svRank = 2;
+  REQUIRE_THROWS_WITH(checkResume(base, computationRecord(ranked, 4, 784, 10, "", "1:2"), "ck"),
+                      Contains("--sv-rank differs") && Contains("it was 0 and is now 2"));
+  TrainConfig bf16 = c;
+  bf16.svDtype = orpheus::SvDtype::kBf16;
+  REQUIRE_THROWS_WITH(checkResume(computationRecord(bf16, 4, 784, 10, "", "1:2"), base, "ck"),
+                      Contains("--sv-dtype differs") && Contains("it was bf16 and is now f32"));
   // The model's text, not its path, identifies it.
   const ComputationRecord loss = computationRecord(c, 4, 784, 10, "loss softmax_ce(W x, t)", "1:2");
   REQUIRE_THROWS_WITH(checkResume(loss, computationRecord(c, 4, 784, 10, "loss softmax_ce(W x, y)", "1:2"), "ck"),
