@@ -18,7 +18,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 namespace {
@@ -31,6 +33,31 @@ constexpr const char* kExitCodes =
     "Exit codes: 0 success, 1 internal failure, 2 bad input or usage, 3 a file operation failed (a full or failing "
     "disk).";
 
+// CLI11's TOML reader, stricter: a flag or a [section] given twice is an error (CLI11
+// would keep the first value and drop the other without a word).
+class StrictConfig : public CLI::ConfigTOML {
+ public:
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
+    std::set<std::string> keys, sections;
+    for (const CLI::ConfigItem& item : items) {
+      if (item.name == "++") continue;  // CLI11's mark of a section's start
+      if (item.name == "--") {          // ... and of its end
+        const std::string section = CLI::detail::join(item.parents, ".");
+        if (!sections.insert(section).second) {
+          throw CLI::ConfigError(fmt::format("section [{}] is given twice: put its flags under one [{}]", section,
+                                             section));
+        }
+        continue;
+      }
+      if (!keys.insert(item.fullname()).second) {
+        throw CLI::ConfigError(fmt::format("'{}' is given twice", item.fullname()));
+      }
+    }
+    return items;
+  }
+};
+
 // CLI11 says "INI was not able to parse train.clokcs": name the key and the rule.
 std::string configErrorLine(const CLI::ConfigError& e) {
   const std::string what = e.what();
@@ -38,6 +65,11 @@ std::string configErrorLine(const CLI::ConfigError& e) {
   const auto at = what.find(marker);
   if (at == std::string::npos) return "--config: " + what;
   const std::string key = what.substr(at + marker.size());
+  if (key.ends_with(".++")) {  // a section no command has
+    return fmt::format("--config: [{}] is not a command (flags of 'orpheus train' go under [train] as name = value; "
+                       "see orpheus --help)",
+                       key.substr(0, key.size() - 3));
+  }
   return fmt::format("--config: '{}' is not a flag (flags of 'orpheus train' go under [train] as name = value; see "
                      "orpheus train --help)",
                      key);
@@ -126,6 +158,7 @@ void addCommands(CommandLine& cl) {
   app.set_version_flag("--version", std::string(ORPHEUS_VERSION));
   app.require_subcommand(1);
   app.set_config("--config", "", "Read flags from a TOML/INI file: flags of 'train' under [train], as name = value");
+  app.config_formatter(std::make_shared<StrictConfig>());
   // Before the subcommands exist, so they inherit it: a key no flag takes (a typo,
   // a key outside its [section], a line that is not 'name = value') is an error.
   app.allow_config_extras(CLI::config_extras_mode::error);

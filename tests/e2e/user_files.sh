@@ -2,7 +2,7 @@
 # user_files.sh ORPHEUS MPIEXEC FIXTURES: the engine never destroys a user's files
 # and refuses, before the first clock, what it could not honour: outputs that are
 # devices, directories, inputs or each other; unwritable outputs; a checkpoint
-# directory of another job; a resume with changed flags; unknown config keys;
+# directory of another job; a resume with changed flags; unknown or repeated config keys;
 # numbers that are not numbers. Each refusal is one line and exit 2.
 set -uo pipefail
 orpheus=$1; mpiexec=$2; fix=$3
@@ -65,13 +65,20 @@ refuse resume_overwrite "give one" "${np2[@]}" "${base[@]}" --ckpt-dir "$out/r" 
 if timeout 60 "${np2[@]}" "${base[@]/#6/9}" --ckpt-dir "$out/r" --resume >"$out/more.log" 2>&1; then
   echo "ok   resume_more_clocks"; else echo "FAIL resume_more_clocks (exit $?):"; tail -n 20 "$out/more.log"; fail=1; fi
 
-# 6. Config files: unknown keys, keys outside [train], garbage.
+# 6. Config files: unknown keys and sections, keys outside [train], a key or section twice, garbage.
 printf 'clocks = 5\n' >"$out/top.ini"
 refuse config_top_level "'clocks' is not a flag" "$orpheus" --config "$out/top.ini" "${base[@]}"
 printf '[train]\nclokcs = 5\n' >"$out/typo.ini"
 refuse config_typo "'train.clokcs' is not a flag" "$orpheus" --config "$out/typo.ini" "${base[@]}"
 printf '[train]\nthis is not a setting\n' >"$out/garbage.ini"
 refuse config_garbage "is not a flag" "$orpheus" --config "$out/garbage.ini" "${base[@]}"
+printf '[train]\nlr = 0.3\nclocks = 5\nlr = 0.7\n' >"$out/twice.ini"
+refuse config_key_twice "--config: 'train.lr' is given twice" "$orpheus" --config "$out/twice.ini" "${base[@]}"
+printf '[train]\nlr = 0.3\n[train]\nclocks = 5\n' >"$out/section_twice.ini"
+refuse config_section_twice "--config: section \[train\] is given twice" "$orpheus" --config "$out/section_twice.ini" \
+  "${base[@]}"
+printf '[trian]\nlr = 0.3\n' >"$out/section.ini"
+refuse config_section "--config: \[trian\] is not a command" "$orpheus" --config "$out/section.ini" "${base[@]}"
 
 # 10. Numbers are numbers, whole, finite and in range.
 refuse timeout_inf "--timeout: expected a number" "$orpheus" "${base[@]}" --timeout inf
