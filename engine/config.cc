@@ -272,8 +272,16 @@ void validate(const TrainConfig& c, int ranks) {
                       "--fail-prob needs a checkpoint to recover from (--ckpt sv or --ckpt matrix with --ckpt-dir)");
   ORPHEUS_CHECK_INPUT(!(c.ckptSv && c.ckptMatrix), "--ckpt takes one of sv, matrix");
   ORPHEUS_CHECK_INPUT(!c.ckptMatrix || !c.ckptDir.empty(), "--ckpt matrix needs --ckpt-dir DIR");
-  ORPHEUS_CHECK_INPUT(c.ckptSv || (c.ckptFormat == 3 && !c.ckptWriterIdle),
-                      "--ckpt-format and --ckpt-writer-idle shape the SV log: they need --ckpt sv");
+  ORPHEUS_CHECK_INPUT(c.ckptSv || (c.ckptFormat == 3 && !c.ckptWriterIdle && c.snapshotEvery == 1),
+                      "--ckpt-format, --ckpt-writer-idle and --snapshot-every shape the SV log: they need --ckpt sv");
+  ORPHEUS_CHECK_INPUT(c.ckptMatrix || c.ckptEvery == 100, "--ckpt-every {} applies to --ckpt matrix", c.ckptEvery);
+  // A checkpoint directory with nothing to write to it would leave the job without one, unsaid.
+  ORPHEUS_CHECK_INPUT(c.ckptDir.empty() || c.ckptSv || c.ckptMatrix || c.resume,
+                      "--ckpt-dir '{}' is written with --ckpt sv or --ckpt matrix, and read with --resume: without "
+                      "one of them the job keeps no checkpoint",
+                      c.ckptDir);
+  ORPHEUS_CHECK_INPUT(!c.overwrite || c.ckptSv || c.ckptMatrix,
+                      "--overwrite replaces the job in --ckpt-dir: it needs --ckpt sv or --ckpt matrix");
   validateAdapt(c, ranks);
   validateOuterStep(c);
   validateBalance(c);

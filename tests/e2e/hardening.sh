@@ -16,6 +16,8 @@
 #    shard) and absurd thread counts, refused before anything is allocated;
 #  - a synthetic spec with a key twice, or with --format / --features meant for files;
 #    eval of a synthetic test set scores the training job's own;
+#  - --ckpt-dir, --overwrite, --ckpt-every and --snapshot-every without the checkpoint
+#    they shape: refused;
 #  - --select-method without --select, --transfer and --resident on the cpu: warned.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
@@ -115,6 +117,17 @@ scored=$("$orpheus" eval --params "$out/syn.h5" "${syn[@]}" | grep -o '"test_los
 [ -n "$trained" ] && [ "$trained" = "$scored" ] || { echo "FAIL: eval of the synthetic test set: $scored, the job's $trained"; fail=1; }
 refused "--format and --features apply to data files; synthetic data" -- "$orpheus" eval --params "$out/syn.h5" \
   "${syn[@]}" --format csv
+# Checkpoint flags with no checkpoint to shape: refused (the job would keep none, unsaid).
+small=(--train "$fix/small.libsvm" --clocks 2 --batch 2)
+refused "--ckpt-dir '.*nock' is written with --ckpt sv or --ckpt matrix, and read with --resume" -- "$orpheus" train \
+  "${small[@]}" --ckpt-dir "$out/nock"
+[ ! -e "$out/nock" ] || { echo "FAIL: --ckpt-dir made without a checkpoint"; fail=1; }
+refused "--overwrite replaces the job in --ckpt-dir: it needs --ckpt sv or --ckpt matrix" -- "$orpheus" train \
+  "${small[@]}" --overwrite
+refused "--ckpt-every 5 applies to --ckpt matrix" -- "$orpheus" train "${small[@]}" --ckpt sv --ckpt-dir "$out/c5" \
+  --ckpt-every 5
+refused "--snapshot-every shape the SV log: they need --ckpt sv" -- "$orpheus" train "${small[@]}" --ckpt matrix \
+  --ckpt-dir "$out/c6" --snapshot-every 2
 # Flags that shape nothing in a job are said on the console (warned: a resumed job repeats its record's flags).
 said() {
   local pattern=$1; shift
