@@ -80,6 +80,8 @@ void validateMembershipPlan(const MembershipPlan& plan, int ranks, int64_t clock
     ORPHEUS_CHECK_INPUT(static_cast<int64_t>(s.clock) < clocks,
                         "{}: clock {} must be before the job's last clock (1..{} with --clocks {})", kFlag, s.clock,
                         clocks - 1, clocks);
+    ORPHEUS_CHECK_INPUT(s.clock != previous, "{}: clock {} is given twice: give one change per clock (the sum)", kFlag,
+                        s.clock);
     ORPHEUS_CHECK_INPUT(s.clock > previous, "{}: clock {} comes after clock {}: give the changes in increasing order",
                         kFlag, s.clock, previous);
     ORPHEUS_CHECK_INPUT(size + s.change >= 1, "{}: {} ranks cannot leave after clock {}: only {} are left (rank 0 stays)",
