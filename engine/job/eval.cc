@@ -1,5 +1,6 @@
 // The single-process evaluation of a saved model (runEval, job.h).
 #include "engine/job/job.h"
+#include "engine/job/job_data.h"
 
 #include "ckpt/model_file.h"
 #include "engine/base/error.h"
@@ -43,6 +44,7 @@ int runEval(const EvalConfig& config) {
     classes = saved[w].rows();
     features = saved[w].cols();
   }
+  checkDataKind("--test", config.test, test, config.model);
   auto model = ops::makeModel({config.model, "", ""}, features, classes, info.seed);
   // Parameters by name, in the model's order, with the model's shapes.
   ParamSet params = model->zeroParams();

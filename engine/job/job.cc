@@ -177,24 +177,8 @@ struct Outputs {
 };
 
 // The model and the metrics file (the outputs were checked by validateJob).
-// Whether a .loss file declares a `sequence` input (a model unrolled over time steps).
-bool declaresSequence(const std::string& path) {
-  if (!path.ends_with(".loss")) return false;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const size_t at = line.find_first_not_of(" \t");
-    if (at != std::string::npos && line.compare(at, 9, "sequence ") == 0) return true;
-  }
-  return false;
-}
-
 Outputs makeModelAndOutputs(const TrainConfig& config, bool leader, const Shards& shards) {
   Outputs out;
-  // A sequence model reads token streams; other data would be unrolled as if its rows were segments.
-  ORPHEUS_CHECK_INPUT(shards.train.steps > 0 || !declaresSequence(config.model),
-                      "model '{}' is a sequence model: it reads token streams ('#orpheus-tokens' files, "
-                      "scripts/data/make_tokens.sh), and --train '{}' is not one",
-                      config.model, config.train);
   out.model = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
   if (config.selectUnit == ops::Model::SvgUnit::kStep) {
     ORPHEUS_CHECK_INPUT(out.model->carriesState(),
@@ -205,10 +189,6 @@ Outputs makeModelAndOutputs(const TrainConfig& config, bool leader, const Shards
                         "--select {} must be at most B*T = {} with --select-unit step ({} examples of {} steps)",
                         config.select, svgs, config.batch, shards.train.steps);
   }
-  // A token stream is a sequence model's data; any other model would read its encoding as features.
-  ORPHEUS_CHECK_INPUT(shards.train.steps == 0 || out.model->carriesState(),
-                      "--train '{}' is a token stream, but model '{}' takes feature vectors (token streams are for "
-                      "sequence models such as examples/lstm.loss)", config.train, config.model);
   ORPHEUS_CHECK_INPUT(!config.balance || !out.model->carriesState(),
                       "--balance changes each rank's minibatch size, but model '{}' carries state from one "
                       "minibatch to the next", config.model);

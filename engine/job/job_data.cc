@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <fstream>
 #include <string>
 
 namespace orpheus::engine {
@@ -32,6 +33,17 @@ data::Dataset readShard(const std::string& path, const TrainConfig& config, cons
   return data::readDataset(path, options);
 }
 
+// Whether a .loss file declares a `sequence` input (a model unrolled over time steps).
+bool declaresSequence(const std::string& path) {
+  if (!path.ends_with(".loss")) return false;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find_first_not_of(" \t");
+    if (at != std::string::npos && line.compare(at, 9, "sequence ") == 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 // The training shard, then the shape every rank agrees on: the widest rows, the
@@ -41,6 +53,7 @@ void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shard
   collectively(transport, [&] {
     if (!isSyntheticSource(config.train)) shards.indexBase = data::detectIndexBase(config.train, config.format);
     train = readShard(config.train, config, transport, config.features, shards.indexBase);
+    checkDataKind("--train", config.train, train, config.model);
   });
   double shape[3] = {static_cast<double>(train.features), static_cast<double>(train.maxLabel()),
                      train.sparse ? 1.0 : 0.0};
@@ -96,6 +109,7 @@ void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards
   data::Dataset& test = shards.test;
   collectively(transport, [&] {
     test = readShard(config.test, config, transport, shards.train.sparse ? features : -1, shards.indexBase);
+    checkDataKind("--test", config.test, test, config.model);
     if (test.sparse) {
       ORPHEUS_CHECK_INPUT(test.features <= features,
                           "test data '{}' has {} features but the training data has {} (set --features)",
@@ -123,6 +137,20 @@ std::unique_ptr<Shards> reshard(const TrainConfig& config, comm::Transport& grou
     }
   });
   return shards;
+}
+
+void checkDataKind(const char* flag, const std::string& path, const data::Dataset& data, const std::string& model) {
+  // A sequence model reads token streams; other data would be unrolled as if its rows were segments.
+  const bool sequence = declaresSequence(model);
+  ORPHEUS_CHECK_INPUT(data.steps > 0 || !sequence,
+                      "model '{}' is a sequence model: it reads token streams ('#orpheus-tokens' files, "
+                      "scripts/data/make_tokens.sh), and {} '{}' is not one",
+                      model, flag, path);
+  // A token stream is a sequence model's data; any other model would read its encoding as features.
+  ORPHEUS_CHECK_INPUT(data.steps == 0 || sequence,
+                      "{} '{}' is a token stream, but model '{}' takes feature vectors (token streams are for "
+                      "sequence models such as examples/lstm.loss)",
+                      flag, path, model);
 }
 
 }  // namespace orpheus::engine

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace orpheus::engine {
 
@@ -21,6 +22,9 @@ struct Shards {
   int64_t classes = 0;
 };
 
+// Token streams are a sequence model's data and only theirs: any other pairing of `data`
+// (read from `path`, given by `flag`) and `model` is refused, naming both.
+void checkDataKind(const char* flag, const std::string& path, const data::Dataset& data, const std::string& model);
 // The training shard, then the shape every rank agrees on: the widest rows, the
 // largest label.
 void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shards& shards);

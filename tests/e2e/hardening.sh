@@ -10,7 +10,8 @@
 #  - --select-unit step with --select above B*T;
 #  - a --warmup as long as the job, whatever the schedule;
 #  - simulate with --elastic, and simulate under mpirun;
-#  - CRLF token files read; a sequence model on other data, open range ends and a
+#  - CRLF token files read; a sequence model on other data and token streams for other
+#    models, in --train and --test of train and eval; open range ends and a
 #    sub-millisecond --timeout named as such;
 #  - sizes that cannot fit (replicas x parameters, minibatches, outputs, a synthetic
 #    shard) and absurd thread counts, refused before anything is allocated;
@@ -78,6 +79,17 @@ printf '#orpheus-tokens vocabulary=10 steps=3\r\n1 2 3 4 5 6 7 8 9 0 1 2\r\n3 4 
   >/dev/null || { echo "FAIL: a CRLF token file"; fail=1; }
 refused "model '.*lstm.loss' is a sequence model: it reads token streams" -- "$orpheus" train --model "$out/lstm.loss" \
   --train "$fix/small.libsvm" --clocks 2 --batch 2
+# So are the test sets of train and eval, each way round.
+refused "--test '.*tokens' is a token stream, but model 'mlr' takes feature vectors" -- "$orpheus" train \
+  --train "$fix/small.libsvm" --test "$out/tokens" --clocks 2 --batch 2
+refused "model '.*lstm.loss' is a sequence model: it reads token streams .*, and --test '.*small.libsvm' is not one" \
+  -- "$orpheus" train --model "$out/lstm.loss" --train "$out/tokens" --test "$fix/small.libsvm" --clocks 2 --batch 2
+"$orpheus" train --model "$out/lstm.loss" --train "$out/tokens" --clocks 2 --batch 2 --save "$out/lstm.h5" \
+  --progress off --log-level warn >/dev/null || { echo "FAIL: the LSTM job eval reads"; fail=1; }
+refused "model '.*lstm.loss' is a sequence model: it reads token streams .*, and --test '.*small.libsvm' is not one" \
+  -- "$orpheus" eval --params "$out/lstm.h5" --model "$out/lstm.loss" --test "$fix/small.libsvm"
+refused "--test '.*tokens' is a token stream, but model 'mlr' takes feature vectors" -- "$orpheus" eval \
+  --params "$out/r12.h5" --test "$out/tokens"
 # A stream on one line cannot be split between ranks: said as such.
 printf '#orpheus-tokens vocabulary=10 steps=3\n1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4\n' >"$out/oneline"
 refused "got no tokens: a token stream is split between ranks at line ends" -- "$mpiexec" -n 2 --oversubscribe \
