@@ -257,7 +257,7 @@ void saveAndReport(const TrainConfig& config, const comm::Transport& transport, 
               static_cast<long long>(worker.lastClock()), worker.trainSeconds());
   if (shards.haveTest && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
   if (shards.haveTest) std::printf(", test loss %.4f", eval.loss);
-  std::printf("\n");
+  std::printf("%s\n", targetOutcome(config.targetAccuracy, worker.reachedTarget(), worker.lastClock()).c_str());
   if (!config.metrics.empty()) std::printf("metrics: %s\n", config.metrics.c_str());
   if (!config.save.empty()) std::printf("model: %s\n", config.save.c_str());
   std::fflush(stdout);

@@ -327,6 +327,12 @@ void addJobSettings(JsonLine& line, const MetricsOptions& options, const ops::Mo
       .add("drop_links", options.dropLinks);
 }
 
+std::string targetOutcome(double target, bool reached, uint64_t lastClock) {
+  if (target <= 0.0) return {};
+  return reached ? fmt::format(", target test accuracy {} reached at clock {}", target, lastClock)
+                 : fmt::format(", target test accuracy {} not reached in {} clocks", target, lastClock);
+}
+
 JsonLine summaryLine(const MetricsOptions& options, const ops::Model& model, const RunSummary& run) {
   const RunTotals& totals = run.totals;
   const auto clocksRun = static_cast<double>(std::max<uint64_t>(1, run.lastClock + 1 - totals.firstClock));

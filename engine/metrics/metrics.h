@@ -205,6 +205,10 @@ struct RunSummary {
 };
 JsonLine summaryLine(const MetricsOptions& options, const ops::Model& model, const RunSummary& run);
 
+// The console's word on --target-accuracy (empty without one): ", target test accuracy
+// 0.85 reached at clock 412", or "... not reached in 1000 clocks".
+std::string targetOutcome(double target, bool reached, uint64_t lastClock);
+
 // The job's settings in a summary line (train's and simulate's): ranks, sync, model,
 // batch, selection, multicast, fanout, consistency, staleness, broken links.
 void addJobSettings(JsonLine& line, const MetricsOptions& options, const ops::Model& model, int ranks, int fanout);

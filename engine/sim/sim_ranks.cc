@@ -177,7 +177,7 @@ uint64_t Ranks::runEpoch(comm::Transport& traced, RankTracer& tracer, ops::Backe
     std::lock_guard lock(mu_);
     finalRanks_ = traced.size();
     if (done_.size() < static_cast<size_t>(finalRanks_)) done_.resize(static_cast<size_t>(finalRanks_));
-    done_[r] = {worker.replica(), worker.replicaId(), worker.lastEval(), worker.lastClock()};
+    done_[r] = {worker.replica(), worker.replicaId(), worker.lastEval(), worker.lastClock(), worker.reachedTarget()};
     return 0;
   }
   if (run_.sim.onChange) run_.sim.onChange(change, rank, true, worker.replica());

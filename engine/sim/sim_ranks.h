@@ -35,6 +35,7 @@ struct Finished {
   int replicaId = 0;
   EvalResult eval;
   uint64_t lastClock = 0;
+  bool reachedTarget = false;
 };
 
 struct RankRun {

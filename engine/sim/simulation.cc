@@ -208,7 +208,7 @@ JsonLine simulationSummary(const TrainConfig& config, const SimConfig& sim, cons
   const uint64_t last = done[0].lastClock;
   const double clocks = static_cast<double>(std::max<uint64_t>(1, totals.clocks));
   const double rankClocks = std::max(1.0, totals.rankClocks);  // clocks * P over the membership epochs
-  const bool reachedTarget = config.targetAccuracy > 0.0 && last < static_cast<uint64_t>(config.clocks);
+  const bool reachedTarget = done[0].reachedTarget;
 
   JsonLine summary;
   summary.add("summary", true)
@@ -324,7 +324,8 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   std::printf("simulated %s on %d workers: %llu clocks in %.4g simulated s (%.1f s real)", model.spec().c_str(), p,
               static_cast<unsigned long long>(last), totals.seconds, realSeconds);
   if (!config.test.empty() && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
-  std::printf(", peak memory %.0f MB\n", peakRssMb());
+  std::printf(", peak memory %.0f MB%s\n", peakRssMb(),
+              targetOutcome(config.targetAccuracy, done[0].reachedTarget, last).c_str());
   if (!sim.membership.empty()) std::printf("membership: %s\n", sim.membership.describe(p, last).c_str());
   if (!given.metrics.empty()) std::printf("metrics: %s\n", given.metrics.c_str());
   if (!given.save.empty()) std::printf("model: %s\n", given.save.c_str());

@@ -588,6 +588,7 @@ const ParamSet& Worker::runClocks(MetricsWriter& metrics, MetricsSink& sink, con
 
   // Every batch addressed here applied, every send and metrics record delivered.
   lastClock_ = tally.last;
+  reachedTarget_ = tally.reachedTarget;
   drain(tally.last, sink);
   log_->flush();
   sink.finish(timeoutOf(config_));

@@ -151,6 +151,8 @@ class Worker {
   double trainSeconds() const { return trainSeconds_; }
   // The last clock run: config.clocks, or the clock that reached --target-accuracy.
   uint64_t lastClock() const { return lastClock_; }
+  // Whether the run ended at --target-accuracy.
+  bool reachedTarget() const { return reachedTarget_; }
   // True when this clock's batches travel point to point (sendsPointToPoint).
   bool pointToPoint() const { return pointToPoint_; }
   // The knobs in force (--adapt changes them at decision barriers).
@@ -270,6 +272,7 @@ class Worker {
   double trainSeconds_ = 0.0;
   RunTotals totals_;  // the earlier epochs' (continueRun), then through this one
   uint64_t lastClock_ = 0;
+  bool reachedTarget_ = false;
   ClockObserver* observer_ = nullptr;
   MembershipCheck* membership_ = nullptr;
   uint64_t changesAfter_ = 0;

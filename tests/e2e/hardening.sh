@@ -19,7 +19,8 @@
 #    eval of a synthetic test set scores the training job's own;
 #  - --ckpt-dir, --overwrite, --ckpt-every and --snapshot-every without the checkpoint
 #    they shape: refused;
-#  - --select-method without --select, --transfer and --resident on the cpu: warned.
+#  - --select-method without --select, --transfer and --resident on the cpu: warned;
+#  - --target-accuracy met or not: said on the console, and counted at the last clock.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -140,6 +141,18 @@ refused "--ckpt-every 5 applies to --ckpt matrix" -- "$orpheus" train "${small[@
   --ckpt-every 5
 refused "--snapshot-every shape the SV log: they need --ckpt sv" -- "$orpheus" train "${small[@]}" --ckpt matrix \
   --ckpt-dir "$out/c6" --snapshot-every 2
+# --target-accuracy: reached or not, the console says so (train and simulate), and a
+# target first met at the last clock counts as reached.
+target=(--train synthetic:examples=400,features=20,classes=3 --test synthetic:examples=100,features=20,classes=3
+        --eval-every 1 --progress off --log-level warn)
+"$orpheus" train "${target[@]}" --target-accuracy 0.99 --clocks 3 | grep -q "target test accuracy 0.99 not reached in 3 clocks" ||
+  { echo "FAIL: an unmet target unsaid"; fail=1; }
+for command in train "simulate --ranks 2"; do
+  # shellcheck disable=SC2086
+  "$orpheus" $command "${target[@]}" --target-accuracy 0.3 --clocks 1 --metrics "$out/t.jsonl" |
+    grep -q "target test accuracy 0.3 reached at clock 1" || { echo "FAIL: $command: a met target unsaid"; fail=1; }
+  grep -q '"reached_target": *true' "$out/t.jsonl" || { echo "FAIL: $command: reached_target at the last clock"; fail=1; }
+done
 # Flags that shape nothing in a job are said on the console (warned: a resumed job repeats its record's flags).
 said() {
   local pattern=$1; shift
