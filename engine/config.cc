@@ -275,6 +275,8 @@ void validate(const TrainConfig& c, int ranks) {
   ORPHEUS_CHECK_INPUT(c.ckptSv || (c.ckptFormat == 3 && !c.ckptWriterIdle && c.snapshotEvery == 1),
                       "--ckpt-format, --ckpt-writer-idle and --snapshot-every shape the SV log: they need --ckpt sv");
   ORPHEUS_CHECK_INPUT(c.ckptMatrix || c.ckptEvery == 100, "--ckpt-every {} applies to --ckpt matrix", c.ckptEvery);
+  ORPHEUS_CHECK_INPUT(c.snapshotEvery == 1 || c.averageEvery > 0,
+                      "--snapshot-every {} counts averaging barriers: it needs --average-every R", c.snapshotEvery);
   // A checkpoint directory with nothing to write to it would leave the job without one, unsaid.
   ORPHEUS_CHECK_INPUT(c.ckptDir.empty() || c.ckptSv || c.ckptMatrix || c.resume,
                       "--ckpt-dir '{}' is written with --ckpt sv or --ckpt matrix, and read with --resume: without "

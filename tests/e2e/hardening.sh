@@ -141,6 +141,8 @@ refused "--ckpt-every 5 applies to --ckpt matrix" -- "$orpheus" train "${small[@
   --ckpt-every 5
 refused "--snapshot-every shape the SV log: they need --ckpt sv" -- "$orpheus" train "${small[@]}" --ckpt matrix \
   --ckpt-dir "$out/c6" --snapshot-every 2
+refused "--snapshot-every 2 counts averaging barriers: it needs --average-every R" -- "$orpheus" train "${small[@]}" \
+  --ckpt sv --ckpt-dir "$out/c7" --snapshot-every 2
 # --target-accuracy: reached or not, the console says so (train and simulate), and a
 # target first met at the last clock counts as reached.
 target=(--train synthetic:examples=400,features=20,classes=3 --test synthetic:examples=100,features=20,classes=3
