@@ -329,8 +329,8 @@ void addJobSettings(JsonLine& line, const MetricsOptions& options, const ops::Mo
 
 std::string targetOutcome(double target, bool reached, uint64_t lastClock) {
   if (target <= 0.0) return {};
-  return reached ? fmt::format(", target test accuracy {} reached at clock {}", target, lastClock)
-                 : fmt::format(", target test accuracy {} not reached in {} clocks", target, lastClock);
+  return reached ? fmt::format(", --target-accuracy {} reached at clock {}", target, lastClock)
+                 : fmt::format(", --target-accuracy {} not reached in {} clocks", target, lastClock);
 }
 
 JsonLine summaryLine(const MetricsOptions& options, const ops::Model& model, const RunSummary& run) {

@@ -205,7 +205,7 @@ struct RunSummary {
 };
 JsonLine summaryLine(const MetricsOptions& options, const ops::Model& model, const RunSummary& run);
 
-// The console's word on --target-accuracy (empty without one): ", target test accuracy
+// The console's word on --target-accuracy (empty without one): ", --target-accuracy
 // 0.85 reached at clock 412", or "... not reached in 1000 clocks".
 std::string targetOutcome(double target, bool reached, uint64_t lastClock);
 

@@ -147,12 +147,12 @@ refused "--snapshot-every 2 counts averaging barriers: it needs --average-every 
 # target first met at the last clock counts as reached.
 target=(--train synthetic:examples=400,features=20,classes=3 --test synthetic:examples=100,features=20,classes=3
         --eval-every 1 --progress off --log-level warn)
-"$orpheus" train "${target[@]}" --target-accuracy 0.99 --clocks 3 | grep -q "target test accuracy 0.99 not reached in 3 clocks" ||
+"$orpheus" train "${target[@]}" --target-accuracy 0.99 --clocks 3 | grep -q -- "--target-accuracy 0.99 not reached in 3 clocks" ||
   { echo "FAIL: an unmet target unsaid"; fail=1; }
 for command in train "simulate --ranks 2"; do
   # shellcheck disable=SC2086
   "$orpheus" $command "${target[@]}" --target-accuracy 0.3 --clocks 1 --metrics "$out/t.jsonl" |
-    grep -q "target test accuracy 0.3 reached at clock 1" || { echo "FAIL: $command: a met target unsaid"; fail=1; }
+    grep -q -- "--target-accuracy 0.3 reached at clock 1" || { echo "FAIL: $command: a met target unsaid"; fail=1; }
   grep -q '"reached_target": *true' "$out/t.jsonl" || { echo "FAIL: $command: reached_target at the last clock"; fail=1; }
 done
 # Flags that shape nothing in a job are said on the console (warned: a resumed job repeats its record's flags).
