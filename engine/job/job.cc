@@ -392,6 +392,8 @@ int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* l
                    {shards->features, shards->classes, shards->train.steps, shards->train.sparse}, onHost, onHost);
     const int fanout = comm::MulticastSchedule(scheduleConfig(config, transport.size())).fanout();
     adapt::Controller::checkBudget(controllerOptions(config), transport.size(), out.model->paramShapes(), fanout);
+    // Read here too, so that an unreadable one is one line, not one per rank.
+    if (config.adapt && !config.adaptTrace.empty()) adapt::Trace::read(config.adaptTrace);
   });
   const std::unique_ptr<ops::Backend> backend = makeJobBackend(config, transport);
   announce(config, transport, *out.model, *shards, *backend);

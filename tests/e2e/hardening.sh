@@ -20,6 +20,7 @@
 #  - --ckpt-dir, --overwrite, --ckpt-every and --snapshot-every without the checkpoint
 #    they shape: refused;
 #  - --select-method without --select, --transfer and --resident on the cpu: warned;
+#  - an unreadable --adapt-trace: one line, not one a rank;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
@@ -130,6 +131,10 @@ scored=$("$orpheus" eval --params "$out/syn.h5" "${syn[@]}" | grep -o '"test_los
 [ -n "$trained" ] && [ "$trained" = "$scored" ] || { echo "FAIL: eval of the synthetic test set: $scored, the job's $trained"; fail=1; }
 refused "--format and --features apply to data files; synthetic data" -- "$orpheus" eval --params "$out/syn.h5" \
   "${syn[@]}" --format csv
+# An unreadable --adapt-trace is one line for the job, not one a rank.
+printf 'not a metrics line\n' >"$out/trace.jsonl"
+refused "--adapt-trace '.*trace.jsonl' holds no per-clock metrics line" -- "$mpiexec" -n 2 --oversubscribe "$orpheus" \
+  train --train "$fix/small.libsvm" --clocks 20 --batch 2 --adapt --adapt-every 5 --adapt-trace "$out/trace.jsonl"
 # Checkpoint flags with no checkpoint to shape: refused (the job would keep none, unsaid).
 small=(--train "$fix/small.libsvm" --clocks 2 --batch 2)
 refused "--ckpt-dir '.*nock' is written with --ckpt sv or --ckpt matrix, and read with --resume" -- "$orpheus" train \
