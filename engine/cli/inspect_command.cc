@@ -48,8 +48,8 @@ int inspectMain(const std::string& dir) {
                                                                              : fmt::format("{}..{}", l.first, l.last));
       lostClocks += l.last - l.first + 1;
     }
-    std::printf("  replica %d: clocks %s restorable, %zu segments, %.1f MB\n", r.replica,
-                restorable.describe().c_str(), r.segments.size(), bytes / 1e6);
+    std::printf("  replica %d: clocks %s restorable, %zu segment%s, %.1f MB\n", r.replica,
+                restorable.describe().c_str(), r.segments.size(), r.segments.size() == 1 ? "" : "s", bytes / 1e6);
     size_t own = 0, references = 0;
     for (const auto& s : r.segments) {
       own += s.ownBatches.size();
