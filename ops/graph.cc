@@ -18,7 +18,9 @@ std::string describe(const Node& n) {
 
 int Graph::add(Node n) {
   if (n.kind != NodeKind::kOp) {
-    ORPHEUS_CHECK_INPUT(find(n.name) < 0, "{}'{}' is declared twice", where(-1), n.name);
+    const int first = find(n.name);
+    ORPHEUS_CHECK_INPUT(first < 0, "{}'{}' is declared twice{}", where(n.loc), n.name,
+                        node(first).loc.line > 0 ? fmt::format(" (first at line {})", node(first).loc.line) : "");
     ORPHEUS_CHECK_INPUT(n.rows > 0 && n.cols > 0, "'{}' needs a positive shape, got {}x{}", n.name, n.rows, n.cols);
   }
   n.id = static_cast<int>(nodes_.size());
@@ -335,9 +337,11 @@ std::vector<int> Graph::consumers(int id) const {
   return out;
 }
 
-std::string Graph::where(int id) const {
-  if (id < 0 || node(id).loc.line == 0) return source_.empty() ? "" : source_ + ": ";
-  return fmt::format("{}:{}:{}: ", source_, node(id).loc.line, node(id).loc.column);
+std::string Graph::where(int id) const { return where(id < 0 ? SourceLoc{} : node(id).loc); }
+
+std::string Graph::where(SourceLoc loc) const {
+  if (loc.line == 0) return source_.empty() ? "" : source_ + ": ";
+  return fmt::format("{}:{}:{}: ", source_, loc.line, loc.column);
 }
 
 std::vector<SvSite> Graph::identifySvs() const {

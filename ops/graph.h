@@ -174,8 +174,10 @@ class Graph {
   const std::vector<int>& finalStates() const { return finalStates_; }
   const std::vector<int>& stepPredictions() const { return stepPredictions_; }
 
-  // "file:line:col: " for messages about node `id`, or "" for C++-built nodes.
+  // "file:line:col: " for messages about node `id` (or a place in the source), or "" for
+  // C++-built nodes.
   std::string where(int id) const;
+  std::string where(SourceLoc loc) const;
   void setSourceName(const std::string& name) { source_ = name; }
   const std::string& sourceName() const { return source_; }
 

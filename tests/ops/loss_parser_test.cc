@@ -93,6 +93,12 @@ TEST_CASE("a second loss or predict statement is an error naming the first", "[o
                     Contains("two.loss:6:1") && Contains("second 'predict' statement; the first is at line 4"));
 }
 
+TEST_CASE("a name declared twice is an error at the second, naming the first", "[ops][parser]") {
+  const std::string twice = kHeader + "param W[classes, features]\nloss cross_entropy(softmax(W * x), y)\n";
+  CHECK_THROWS_WITH(parseLoss(twice, "twice.loss", kDims),
+                    Contains("twice.loss:4:7: 'W' is declared twice (first at line 1)"));
+}
+
 TEST_CASE("a model without parameters is refused", "[ops][graph]") {
   const std::string text = "input x[features]\nloss sq_l2(x)\n";
   CHECK_THROWS_WITH(GraphModel(parseLoss(text, "none.loss", kDims), "none", 1),
