@@ -49,7 +49,14 @@ ParamSet loadParams(const std::string& path, ModelFileInfo* info) {
     names.clear();
     H5Literate(file.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names);
   }
-  ORPHEUS_CHECK_INPUT(!names.empty(), "parameter file '{}' holds no datasets", path);
+  if (names.empty()) {
+    // A checkpoint's job record (job.h5) holds the job's settings, no parameters.
+    ORPHEUS_CHECK_INPUT(H5Aexists(file.get(), "computation") <= 0,
+                        "'{}' is a checkpoint's job record, not a parameter file: write a clock's parameters with "
+                        "'orpheus restore --ckpt-dir {} --clock latest --out FILE'",
+                        path, std::filesystem::path(path).parent_path().string());
+    throw InputError(fmt::format("parameter file '{}' holds no datasets", path));
+  }
 
   ParamSet params;
   for (const auto& name : names) {

@@ -46,6 +46,9 @@ refused "--out .* is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/c
 after=$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)
 [ "$before" = "$after" ] || { echo "FAIL: the checkpoint changed"; fail=1; }
 "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/r12.h5" >/dev/null || { echo "FAIL: restore after"; fail=1; }
+# eval of the job record names what to run instead.
+refused "'.*ck/job.h5' is a checkpoint's job record, not a parameter file: write a clock's parameters with 'orpheus restore" \
+  -- "$orpheus" eval --params "$out/ck/job.h5" --test "$fix/small.libsvm"
 # --resume of a job already past --clocks: refused (restore gives an earlier clock), the checkpoint unchanged.
 refused "--resume: the job in '.*ck' is at clock 12, past --clocks 5: nothing is left to train" -- "$orpheus" train \
   --train "$fix/small.libsvm" --clocks 5 --batch 2 --ckpt sv --ckpt-dir "$out/ck" --transport mpi --resume --save "$out/r5.h5"
