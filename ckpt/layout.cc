@@ -49,6 +49,14 @@ std::string clockName(uint64_t clock) { return fmt::format("{:012d}", clock); }
 
 fs::path jobPath(const std::string& dir) { return fs::path(dir) / "job.h5"; }
 
+std::string jobFileHint(const std::string& dir) {
+  std::error_code ec;
+  const fs::path p(dir);
+  if (p.filename() != "job.h5" || !fs::is_regular_file(p, ec)) return {};
+  const std::string parent = p.parent_path().empty() ? "." : p.parent_path().string();
+  return "; it is a checkpoint's job file: give its directory '" + parent + "'";
+}
+
 fs::path membershipPath(const std::string& dir) { return fs::path(dir) / "membership"; }
 
 fs::path chunksPath(const std::string& dir) { return fs::path(dir) / "chunks"; }

@@ -69,6 +69,9 @@ inline constexpr int64_t kFormatVersion = 1;
 std::string clockName(uint64_t clock);
 
 std::filesystem::path jobPath(const std::string& dir);
+// For a message about `dir` that holds no job file: where `dir` is itself one (a
+// checkpoint's job.h5), "; it is a checkpoint's job file: give its directory 'D'", else "".
+std::string jobFileHint(const std::string& dir);
 std::filesystem::path membershipPath(const std::string& dir);
 std::filesystem::path chunksPath(const std::string& dir);
 std::filesystem::path replicaDir(const std::string& dir, int replica);

@@ -73,7 +73,8 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
                         "--resume continues the job in --ckpt-dir and --overwrite replaces it: give one");
     if (config.resume) {
       ORPHEUS_CHECK_INPUT(std::filesystem::exists(std::filesystem::path(config.ckptDir) / "job.h5"),
-                          "--resume: '{}' holds no checkpoint (no job.h5)", config.ckptDir);
+                          "--resume: '{}' holds no checkpoint (no job.h5){}", config.ckptDir,
+                          ckpt::jobFileHint(config.ckptDir));
       // Under SSP a batch may be in flight at any clock, so no clock holds a state
       // an uninterrupted run passes through: the job can continue from the log
       // (--elastic: the batches not yet applied at the resumed clock are dropped, as

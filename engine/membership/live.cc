@@ -93,7 +93,8 @@ std::string hostName() {
 void checkJobDir(const std::string& dir) {
   std::error_code ec;
   ORPHEUS_CHECK_INPUT(fs::exists(ckpt::jobPath(dir), ec),
-                      "ctl: '{}' holds no job checkpoint (no job.h5): give the running job's --ckpt-dir", dir);
+                      "ctl: '{}' holds no job checkpoint (no job.h5): give the running job's --ckpt-dir{}", dir,
+                      ckpt::jobFileHint(dir));
 }
 
 // A job runs in `dir` and reads membership requests (checked last: a request that

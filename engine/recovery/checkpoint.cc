@@ -263,7 +263,8 @@ Restored replayOrExplain(const std::string& dir, const ops::Model& model, ops::B
 void requireCheckpointDir(const std::string& dir) {
   std::error_code ec;
   ORPHEUS_CHECK_INPUT(std::filesystem::is_regular_file(ckpt::jobPath(dir), ec),
-                      "'{}' is not a checkpoint directory (no {})", dir, ckpt::jobPath(dir).filename().string());
+                      "'{}' is not a checkpoint directory (no {}){}", dir, ckpt::jobPath(dir).filename().string(),
+                      ckpt::jobFileHint(dir));
 }
 
 }  // namespace

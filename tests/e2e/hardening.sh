@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # hardening.sh ORPHEUS MPIEXEC: inputs that must be refused before any work, with one
 # line naming the cause and exit 2, and files that must survive it:
+#  - eval, inspect and ctl given a checkpoint's job.h5: the command or directory named;
 #  - restore --out inside the checkpoint it reads (job.h5, a log segment): refused,
 #    the checkpoint unchanged and still restorable to the same clock; --resume of a
 #    job already past --clocks: refused, the checkpoint unchanged;
@@ -49,6 +50,10 @@ after=$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)
 # eval of the job record names what to run instead.
 refused "'.*ck/job.h5' is a checkpoint's job record, not a parameter file: write a clock's parameters with 'orpheus restore" \
   -- "$orpheus" eval --params "$out/ck/job.h5" --test "$fix/small.libsvm"
+# A job file given where its directory belongs: the directory is named.
+refused "'.*ck/job.h5' is not a checkpoint directory .*; it is a checkpoint's job file: give its directory '.*ck'" \
+  -- "$orpheus" inspect "$out/ck/job.h5"
+refused "ctl: .*; it is a checkpoint's job file: give its directory '.*ck'" -- "$orpheus" ctl "$out/ck/job.h5" grow 1
 # --resume of a job already past --clocks: refused (restore gives an earlier clock), the checkpoint unchanged.
 refused "--resume: the job in '.*ck' is at clock 12, past --clocks 5: nothing is left to train" -- "$orpheus" train \
   --train "$fix/small.libsvm" --clocks 5 --batch 2 --ckpt sv --ckpt-dir "$out/ck" --transport mpi --resume --save "$out/r5.h5"
