@@ -39,6 +39,14 @@ class LineReader {
     }
     size_ = st.st_size;
     end_ = size_;
+    // gzip's magic bytes: a compressed text file would be parsed as garbage.
+    unsigned char magic[2] = {};
+    if (::pread(fd_, magic, sizeof magic, 0) == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+      ::close(fd_);
+      throw InputError(fmt::format("{}: the file is gzip-compressed: LIBSVM, CSV and token files are read "
+                                   "uncompressed (gunzip it first); IDX files may be compressed",
+                                   path));
+    }
     // A small file needs no more than its size; a longer line grows the buffer.
     buffer_.resize(static_cast<size_t>(std::clamp<int64_t>(size_, 64, kReadBlockBytes)));
   }

@@ -12,7 +12,8 @@
 #  - a --warmup as long as the job, whatever the schedule;
 #  - simulate with --elastic, and simulate under mpirun;
 #  - CRLF token files read; a sequence model on other data and token streams for other
-#    models, in --train and --test of train and eval; open range ends and a
+#    models, in --train and --test of train and eval; gzip-compressed text files named
+#    as such; open range ends and a
 #    sub-millisecond --timeout named as such;
 #  - sizes that cannot fit (replicas x parameters, minibatches, outputs, a synthetic
 #    shard) and absurd thread counts, refused before anything is allocated;
@@ -89,6 +90,10 @@ printf '#orpheus-tokens vocabulary=10 steps=3\r\n1 2 3 4 5 6 7 8 9 0 1 2\r\n3 4 
   >/dev/null || { echo "FAIL: a CRLF token file"; fail=1; }
 refused "model '.*lstm.loss' is a sequence model: it reads token streams" -- "$orpheus" train --model "$out/lstm.loss" \
   --train "$fix/small.libsvm" --clocks 2 --batch 2
+# A gzip-compressed text file is named as such (IDX alone is read compressed).
+gzip -c "$fix/small.libsvm" >"$out/small.libsvm.gz"
+refused "small.libsvm.gz: the file is gzip-compressed: LIBSVM, CSV and token files are read uncompressed" -- \
+  "$orpheus" train --train "$out/small.libsvm.gz" --clocks 2 --batch 2
 # So are the test sets of train and eval, each way round.
 refused "--test '.*tokens' is a token stream, but model 'mlr' takes feature vectors" -- "$orpheus" train \
   --train "$fix/small.libsvm" --test "$out/tokens" --clocks 2 --batch 2
