@@ -34,7 +34,6 @@
 #include <cstring>
 #include <optional>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
