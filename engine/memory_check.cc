@@ -4,7 +4,14 @@
 #include "engine/base/memory.h"
 #include "engine/worker/optimizer.h"
 
+#include "engine/base/log.h"
+
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <thread>
+
+#include <sched.h>
 
 namespace orpheus::engine {
 
@@ -37,6 +44,33 @@ void checkJobMemory(const TrainConfig& config, const ops::Model& model, const Da
                                 replicas, replicas == 1 ? "" : "s", config.model, params, config.batch, data.classes,
                                 data.steps > 0 ? fmt::format(" and {} steps", data.steps) : ""),
                     0.5);
+}
+
+std::string threadsWarning(int requested, int inForce, int ranksOnHost, int usable, int cores) {
+  if (requested <= 1) return {};
+  std::string why;
+  const auto also = [&why](const std::string& part) { why += (why.empty() ? "" : "; ") + part; };
+  if (inForce < requested) also(fmt::format("BLAS runs at most {} threads, so {} run", inForce, inForce));
+  const int threads = std::min(requested, inForce);
+  if (threads > 1 && usable < threads && usable < cores) {
+    also(fmt::format("this rank may run on {} of the host's {} cores (its CPU affinity: mpirun binds ranks to cores "
+                     "unless launched with --bind-to none)",
+                     usable, cores));
+  } else if (threads * ranksOnHost > cores) {
+    also(fmt::format("{} rank{} on this host with {} threads each are {} compute threads on {} cores, which "
+                     "time-slice (--threads {} fits)",
+                     ranksOnHost, ranksOnHost == 1 ? "" : "s", threads, threads * ranksOnHost, cores,
+                     std::max(1, cores / std::max(1, ranksOnHost))));
+  }
+  return why.empty() ? std::string() : fmt::format("--threads {}: {}", requested, why);
+}
+
+std::string threadsWarning(int requested, int ranksOnHost) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int usable = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : cores;
+  return threadsWarning(requested, blasThreads(), ranksOnHost, usable, cores);
 }
 
 }  // namespace orpheus::engine

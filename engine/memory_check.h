@@ -1,11 +1,12 @@
-// Whether a job fits this machine's memory, checked before its first clock (the
-// training job and the simulator both ask).
+// Whether a job fits this machine: its memory, checked before its first clock (the
+// training job and the simulator both ask), and its cores.
 #pragma once
 
 #include "engine/config.h"
 #include "ops/model.h"
 
 #include <cstdint>
+#include <string>
 
 namespace orpheus::engine {
 
@@ -22,5 +23,14 @@ struct DataShape {
 };
 void checkJobMemory(const TrainConfig& config, const ops::Model& model, const DataShape& data, int replicas,
                     int running);
+
+// The compute threads --threads asks for against this host's cores: "" when they
+// fit, else one line saying what the job will not get. `requested`: --threads;
+// `inForce`: the threads BLAS runs (blasThreads); `ranksOnHost`: the job's ranks on
+// this host; `usable`: the cores this process may run on (its CPU affinity);
+// `cores`: the host's.
+std::string threadsWarning(int requested, int inForce, int ranksOnHost, int usable, int cores);
+// The same for this process, from its affinity and the host.
+std::string threadsWarning(int requested, int ranksOnHost);
 
 }  // namespace orpheus::engine

@@ -6,6 +6,7 @@
 
 #if ORPHEUS_HAVE_BLAS
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int openblas_get_num_threads() __attribute__((weak));
 #endif
 
 namespace orpheus {
@@ -24,6 +25,13 @@ void setBlasThreads(int threads) {
 #else
   (void)threads;
 #endif
+}
+
+int blasThreads() {
+#if ORPHEUS_HAVE_BLAS
+  if (openblas_get_num_threads != nullptr) return openblas_get_num_threads();
+#endif
+  return 1;
 }
 
 }  // namespace orpheus

@@ -11,5 +11,8 @@ void setupLogging(int rank, const std::string& level);
 
 // Limits BLAS to the given number of threads (a no-op without a BLAS).
 void setBlasThreads(int threads);
+// The threads BLAS runs now: what setBlasThreads asked for, or fewer where the
+// library has a lower limit (OpenBLAS's is fixed when it is built); 1 without a BLAS.
+int blasThreads();
 
 }  // namespace orpheus

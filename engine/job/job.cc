@@ -94,6 +94,12 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
 
 
 // Rank 0's log lines about the job (the example counts are a collective).
+// The job's ranks on this host, as mpirun says (1 where it does not).
+int ranksOnThisHost() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  return local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : 1;
+}
+
 void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards,
               const ops::Backend& backend) {
   const bool leader = transport.rank() == 0;
@@ -129,6 +135,9 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                  config.consistency == Consistency::kSsp ? fmt::format(" (staleness {})", config.staleness) : "",
                  config.select > 0 ? fmt::format("{} of {} SVGs sent per clock", config.select, config.batch)
                                    : "every SVG sent");
+  }
+  if (const std::string why = threadsWarning(config.blasThreads, ranksOnThisHost()); !why.empty()) {
+    spdlog::warn("{}", why);
   }
   const OptimizerSettings optimizer = optimizerSettings(config);
   spdlog::info("optimizer {}, lr {} ({} schedule{}){}", toString(optimizer.kind), optimizer.lr,
@@ -386,8 +395,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* l
   const Outputs out = buildModelAndOutputs(config, transport, *shards);
   collectively(transport, [&] {
     // Ranks of one host share its memory.
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    const int onHost = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : 1;
+    const int onHost = ranksOnThisHost();
     checkJobMemory(config, *out.model,
                    {shards->features, shards->classes, shards->train.steps, shards->train.sparse}, onHost, onHost);
     const int fanout = comm::MulticastSchedule(scheduleConfig(config, transport.size())).fanout();

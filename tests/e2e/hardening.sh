@@ -21,7 +21,8 @@
 #    eval of a synthetic test set scores the training job's own;
 #  - --ckpt-dir, --overwrite, --ckpt-every and --snapshot-every without the checkpoint
 #    they shape: refused;
-#  - --select-method without --select, --transfer and --resident on the cpu: warned;
+#  - --select-method without --select, --transfer and --resident on the cpu, and
+#    --threads past the host's cores: warned;
 #  - an unreadable --adapt-trace: one line, not one a rank;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock.
 set -uo pipefail
@@ -182,4 +183,7 @@ said "--select-method jmcss has nothing to select" "$orpheus" train --train "$fi
   --select-method jmcss
 said "on --device cpu they have nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --transfer sync
+# More compute threads than the host gives (or than BLAS runs) are said, not silently time-sliced.
+said "warning: --threads 1024: " "$orpheus" train --train "$fix/small.libsvm" \
+  --clocks 2 --batch 2 --threads 1024
 exit $fail

@@ -56,6 +56,24 @@ TEST_CASE("a quasi-Newton optimizer refuses a model too large for its n x n appr
   CHECK_NOTHROW(engine::checkJobMemory(c, *mlr(20, 3), engine::DataShape{20, 3, 0, false}, 1, 1));
 }
 
+TEST_CASE("--threads beyond what the host gives is said, naming why", "[job]") {
+  using engine::threadsWarning;
+  // One thread, or threads that fit: nothing to say.
+  CHECK(threadsWarning(1, 1, 8, 1, 2).empty());
+  CHECK(threadsWarning(2, 2, 2, 4, 4).empty());
+  // More ranks times threads than the host's cores.
+  CHECK_THAT(threadsWarning(2, 2, 4, 16, 4),
+             Catch::Equals("--threads 2: 4 ranks on this host with 2 threads each are 8 compute threads on 4 cores, "
+                           "which time-slice (--threads 1 fits)"));
+  // A rank bound to fewer cores than its threads.
+  CHECK_THAT(threadsWarning(2, 2, 1, 1, 2), Catch::Contains("this rank may run on 1 of the host's 2 cores") &&
+                                                 Catch::Contains("--bind-to none"));
+  // BLAS's own limit, said as well.
+  CHECK_THAT(threadsWarning(1000, 64, 1, 2, 2),
+             Catch::StartsWith("--threads 1000: BLAS runs at most 64 threads, so 64 run; 1 rank on this host with 64 "
+                               "threads each are 64 compute threads on 2 cores"));
+}
+
 TEST_CASE("eval reads a saved model and refuses test data of another width", "[job]") {
   engine::EvalConfig e;
   e.params = fixture("mlr_small.h5");
