@@ -53,8 +53,8 @@ std::string threadsWarning(int requested, int inForce, int ranksOnHost, int usab
   if (inForce < requested) also(fmt::format("BLAS runs at most {} threads, so {} run", inForce, inForce));
   const int threads = std::min(requested, inForce);
   if (threads > 1 && usable < threads && usable < cores) {
-    also(fmt::format("this rank may run on {} of the host's {} cores (its CPU affinity: mpirun binds ranks to cores "
-                     "unless launched with --bind-to none)",
+    also(fmt::format("this rank may run on {} of the host's {} cores (its CPU affinity: mpirun binds ranks to a "
+                     "core or a socket unless launched with --bind-to none)",
                      usable, cores));
   } else if (threads * ranksOnHost > cores) {
     also(fmt::format("{} rank{} on this host with {} threads each are {} compute threads on {} cores, which "
