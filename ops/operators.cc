@@ -335,13 +335,13 @@ Mat<S> forward(OpKind op, const Operands<S>& in) {
   constexpr S tiny = std::numeric_limits<S>::min();
   switch (op) {
     case OpKind::kSquaredL2:
-      return x.colwise().squaredNorm();
     case OpKind::kL2Norm:
-      return x.colwise().norm();
     case OpKind::kL1:
-      return x.cwiseAbs().colwise().sum();
-    case OpKind::kSum:
-      return x.colwise().sum();
+    case OpKind::kSum: {
+      Mat<S> reduced;
+      reduceColumns(op, x, reduced);
+      return reduced;
+    }
     case OpKind::kSoftmax:
       return softmaxForward(x);
     case OpKind::kLogSoftmax:

@@ -84,6 +84,20 @@ struct Operands {
   Eigen::Index rows = 0;   // kSlice: how many rows
 };
 
+// The column reductions (sq_l2, l2_norm, l1, sum) of `x`, any Eigen matrix or map,
+// written into `out` (1 x B): forward's values bit for bit, read where `x` lies.
+// False, with `out` untouched, for any other operator.
+template <class X, class Out>
+bool reduceColumns(OpKind op, const X& x, Out& out) {
+  switch (op) {
+    case OpKind::kSquaredL2: out = x.colwise().squaredNorm(); return true;
+    case OpKind::kL2Norm: out = x.colwise().norm(); return true;
+    case OpKind::kL1: out = x.cwiseAbs().colwise().sum(); return true;
+    case OpKind::kSum: out = x.colwise().sum(); return true;
+    default: return false;
+  }
+}
+
 // Output of `op` on the operands (shape: 1 x B for types 1 and 3, r x B otherwise,
 // J x B for kMatVec). Log of a non-positive number and the like follow IEEE rules;
 // kCrossEntropy clamps p at the smallest normal number before the log.

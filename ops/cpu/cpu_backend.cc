@@ -251,6 +251,8 @@ void CpuBackend::softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, c
 void CpuBackend::columnOp(OpKind op, const Tensor& a, const Tensor* b, Tensor& out) {
   checks::columnOp(*this, "columnOp", op, a, b, out);
   countLaunch();
+  // A reduction reads its operand where it lies (no copy of a J x K operand).
+  if (MatrixMap o = map(out); b == nullptr && reduceColumns(op, map(a), o)) return;
   const Mat<float> am = map(a);
   const Mat<float> bm = b != nullptr ? Mat<float>(map(*b)) : Mat<float>();
   Operands<float> in;

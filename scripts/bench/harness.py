@@ -175,9 +175,10 @@ class Config:
     """One way to run a job. np and batch, when given, replace the suite's for this
     configuration alone (the ranks-against-threads rows)."""
 
-    def __init__(self, key, label, kind, flags=(), note="", np_=None, batch=None):
+    def __init__(self, key, label, kind, flags=(), note="", np_=None, batch=None, baseline=False):
         self.key, self.label, self.kind, self.flags, self.note = key, label, kind, list(flags), note
         self.np, self.batch = np_, batch
+        self.baseline = baseline  # run by the --baseline binary instead of --orpheus
 
     def describe(self):
         if self.kind == "ddp":
@@ -257,6 +258,12 @@ class Runner:
         with open(self.binary, "rb") as f:
             self.binary_sha = hashlib.sha256(f.read()).hexdigest()[:12]
         self.binary_built = datetime.datetime.utcfromtimestamp(os.path.getmtime(args.orpheus))
+        self.baseline = None
+        if args.baseline:
+            self.baseline = os.path.join(work, "orpheus-baseline")
+            shutil.copy2(args.baseline, self.baseline)
+            with open(self.baseline, "rb") as f:
+                self.baseline_sha = hashlib.sha256(f.read()).hexdigest()[:12]
         self.port = 29500
 
     def common(self, workload, batch, clocks, extra_orpheus=()):
@@ -274,7 +281,8 @@ class Runner:
             # Open MPI binds each rank to one core when np <= 2: a rank with threads
             # needs the cores it is given.
             bind = ["--bind-to", "none"] if "--threads" in config.flags else []
-            return [["mpirun", "-np", str(np_), "--oversubscribe", *bind, *network.mpirun_args, self.binary, "train",
+            binary = self.baseline if config.baseline else self.binary
+            return [["mpirun", "-np", str(np_), "--oversubscribe", *bind, *network.mpirun_args, binary, "train",
                      *self.common(workload, batch, a.clocks), *config.flags, *extra, "--metrics", metrics]]
         ddp = [PYTHON, os.path.join(HERE, "ddp_fmnist.py"), *workload.ddp_args, "--data", FMNIST,
                "--batch", str(batch), "--lr", str(a.lr), "--clocks", str(a.clocks),
@@ -491,6 +499,9 @@ def report(args, suite, groups, results, runner, started, extra_sections=()):
     out += versions(kinds)
     out.append(f"- **Orpheus:** Release binary sha256 {runner.binary_sha}, built "
                f"{runner.binary_built:%Y-%m-%d %H:%M} UTC, HEAD {commit}")
+    if runner.baseline:
+        out.append(f"- **baseline:** the rows marked \"baseline binary\" ran `{args.baseline}` (sha256 "
+                   f"{runner.baseline_sha}), interleaved with the others")
     out.append(f"- **runs:** np {args.np}, batch {args.batch} per rank, lr {args.lr}, eval every "
                f"{args.eval_every} clocks (evaluation time excluded on both sides), at most {args.clocks} clocks "
                f"and {args.time_limit} s per run, {args.reps} repetition(s) per configuration, interleaved")
@@ -939,6 +950,9 @@ def main():
     p.add_argument("--threads-column", type=int, default=1,
                    help="vs-ddp: also run 2 ranks x 1 thread against 1 rank x 2 threads on loopback (0: not)")
     p.add_argument("--only", default="", help="comma-separated configuration keys to run (default: all)")
+    p.add_argument("--baseline", default="",
+                   help="a second orpheus binary (an earlier build): each Orpheus configuration also runs on it, "
+                        "as KEY-base, interleaved, so a change is measured side by side")
     p.add_argument("--skip", default="", help="comma-separated NETWORK/CONFIG pairs not to run, e.g. 10gbit/svb")
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--fail-prob", type=float, default=0.01)
@@ -980,6 +994,12 @@ def main():
     for g in groups:
         g.configs = [c for c in g.configs
                      if (not only or c.key in only) and f"{g.network.name}/{c.key}" not in skip]
+    if args.baseline:
+        if not os.access(args.baseline, os.X_OK):
+            sys.exit(f"bench: --baseline '{args.baseline}' is not an executable")
+        for g in groups:
+            g.configs += [Config(f"{c.key}-base", f"{c.label} (baseline binary)", c.kind, c.flags, c.note, c.np,
+                                 c.batch, baseline=True) for c in g.configs if c.kind == "orpheus"]
     groups = [g for g in groups if g.configs]
     if any(g.network.emulated for g in groups) and os.geteuid() != 0:
         say("the emulated cluster needs root: running on loopback only")
