@@ -28,11 +28,16 @@ void drawColumns(Matrix& q, Eigen::Index from, Eigen::Index to, uint64_t seed, s
     for (Eigen::Index i = 0; i < q.rows(); ++i) q(i, c) = normal(gen);
   }
 }
-// out = alpha op(E) x for the r columns of x: E (J x K) is read once per column, as a
-// matrix-vector product. One GEMM of r << J, K columns would first pack all of E, which
-// costs the CPU about twice the r reads.
+// out = alpha op(E) x for the r columns of x. On the CPU (and the strict device, which
+// keeps its bits) E (J x K) is read once per column, as a matrix-vector product: one
+// GEMM of r << J, K columns would first pack all of E, which costs about twice the r
+// reads. A GPU reads E in place: one GEMM there.
 void productWithColumns(ops::Backend& backend, ops::Trans te, float alpha, const ops::Tensor& e, const ops::Tensor& x,
                         ops::Tensor& out) {
+  if (backend.device() == ops::Device::kCuda) {
+    backend.gemm(te, ops::Trans::kNo, alpha, e, x, 0.0f, out);
+    return;
+  }
   for (int64_t c = 0; c < x.cols(); ++c) {
     ops::Tensor column = out.middleCols(c, 1);
     backend.gemm(te, ops::Trans::kNo, alpha, e, x.middleCols(c, 1), 0.0f, column);
