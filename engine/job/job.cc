@@ -93,13 +93,13 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
 }
 
 
-// Rank 0's log lines about the job (the example counts are a collective).
 // The job's ranks on this host, as mpirun says (1 where it does not).
 int ranksOnThisHost() {
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   return local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : 1;
 }
 
+// Rank 0's log lines about the job (the example counts are a collective).
 void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards,
               const ops::Backend& backend) {
   const bool leader = transport.rank() == 0;
