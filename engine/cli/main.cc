@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -182,6 +183,30 @@ void addCommands(CommandLine& cl) {
   cl.inspectCmd->add_option("dir", cl.inspectDir, "Checkpoint directory")->required();
 }
 
+// CLI11 says "A subcommand is required" both for a word that is no command
+// (`orpheus frob`, `orpheus ctl DIR frob`) and for none at all: name the word and
+// the commands there are.
+std::string missingCommandLine(const CommandLine& cl, int argc, char** argv) {
+  const CLI::App& app = cl.ctlCmd->parsed() ? *cl.ctlCmd : cl.app;
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names.push_back(sub->get_name());
+  }
+  const std::string list = fmt::format("{}", fmt::join(names, ", "));
+  // The word where the command belongs: after `ctl DIR`, or the first one.
+  std::string word;
+  int at = 1;
+  if (cl.ctlCmd->parsed()) {
+    while (at < argc && std::string(argv[at]) != "ctl") ++at;
+    at += 2;
+  }
+  if (at < argc && argv[at][0] != '-') word = argv[at];
+  const std::string where = cl.ctlCmd->parsed() ? "ctl: " : "";
+  if (word.empty()) return fmt::format("{}give a command: {} (see orpheus {}--help)", where, list, where.empty() ? "" : "ctl ");
+  return fmt::format("{}'{}' is not a command: {} (see orpheus {}--help)", where, word, list,
+                     where.empty() ? "" : "ctl ");
+}
+
 // Runs the subcommand that was parsed.
 int dispatch(CommandLine& cl, int argc, char** argv) {
   if (cl.trainCmd->parsed()) {
@@ -216,6 +241,11 @@ int main(int argc, char** argv) {
     return cl.app.exit(e);
   } catch (const CLI::ConfigError& e) {
     return usageError(configErrorLine(e), orpheus::engine::kExitBadInput);
+  } catch (const CLI::RequiredError& e) {
+    if (std::string(e.what()).starts_with("A subcommand is required")) {
+      return usageError(missingCommandLine(cl, argc, argv), orpheus::engine::kExitBadInput);
+    }
+    return usageError(std::string(e.what()) + " (see orpheus --help)", orpheus::engine::kExitBadInput);
   } catch (const CLI::ParseError& e) {
     return usageError(std::string(e.what()) + " (see orpheus --help)", orpheus::engine::kExitBadInput);
   }

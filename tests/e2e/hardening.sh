@@ -24,7 +24,8 @@
 #  - --select-method without --select, --transfer and --resident on the cpu, and
 #    --threads past the host's cores: warned;
 #  - an unreadable --adapt-trace: one line, not one a rank;
-#  - --target-accuracy met or not: said on the console, and counted at the last clock.
+#  - --target-accuracy met or not: said on the console, and counted at the last clock;
+#  - an unknown command, or ctl's, named with the commands there are.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -183,6 +184,10 @@ said "--select-method jmcss has nothing to select" "$orpheus" train --train "$fi
   --select-method jmcss
 said "on --device cpu they have nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --transfer sync
+# A word where a command belongs is named, with the commands there are.
+refused "'frobnicate' is not a command: train, simulate, eval, restore, ctl, inspect" -- "$orpheus" frobnicate
+refused "ctl: 'frobnicate' is not a command: shrink, grow" -- "$orpheus" ctl "$out" frobnicate
+refused "ctl: give a command: shrink, grow" -- "$orpheus" ctl "$out"
 # More compute threads than the host gives (or than BLAS runs) are said, not silently time-sliced.
 said "warning: --threads 1024: " "$orpheus" train --train "$fix/small.libsvm" \
   --clocks 2 --batch 2 --threads 1024
