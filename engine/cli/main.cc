@@ -202,9 +202,9 @@ std::string missingCommandLine(const CommandLine& cl, int argc, char** argv) {
   }
   if (at < argc && argv[at][0] != '-') word = argv[at];
   const std::string where = cl.ctlCmd->parsed() ? "ctl: " : "";
-  if (word.empty()) return fmt::format("{}give a command: {} (see orpheus {}--help)", where, list, where.empty() ? "" : "ctl ");
-  return fmt::format("{}'{}' is not a command: {} (see orpheus {}--help)", where, word, list,
-                     where.empty() ? "" : "ctl ");
+  const std::string help = cl.ctlCmd->parsed() ? "orpheus ctl --help" : "orpheus --help";
+  if (word.empty()) return fmt::format("{}give a command: {} (see {})", where, list, help);
+  return fmt::format("{}'{}' is not a command: {} (see {})", where, word, list, help);
 }
 
 // Runs the subcommand that was parsed.
