@@ -187,24 +187,21 @@ void addCommands(CommandLine& cl) {
 // (`orpheus frob`, `orpheus ctl DIR frob`) and for none at all: name the word and
 // the commands there are.
 std::string missingCommandLine(const CommandLine& cl, int argc, char** argv) {
-  const CLI::App& app = cl.ctlCmd->parsed() ? *cl.ctlCmd : cl.app;
+  const bool inCtl = cl.ctlCmd->parsed();
   std::vector<std::string> names;
-  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+  for (const CLI::App* sub : (inCtl ? *cl.ctlCmd : cl.app).get_subcommands([](const CLI::App*) { return true; })) {
     names.push_back(sub->get_name());
   }
-  const std::string list = fmt::format("{}", fmt::join(names, ", "));
   // The word where the command belongs: after `ctl DIR`, or the first one.
-  std::string word;
   int at = 1;
-  if (cl.ctlCmd->parsed()) {
+  if (inCtl) {
     while (at < argc && std::string(argv[at]) != "ctl") ++at;
     at += 2;
   }
-  if (at < argc && argv[at][0] != '-') word = argv[at];
-  const std::string where = cl.ctlCmd->parsed() ? "ctl: " : "";
-  const std::string help = cl.ctlCmd->parsed() ? "orpheus ctl --help" : "orpheus --help";
-  if (word.empty()) return fmt::format("{}give a command: {} (see {})", where, list, help);
-  return fmt::format("{}'{}' is not a command: {} (see {})", where, word, list, help);
+  const std::string where = inCtl ? "ctl: " : "";
+  const std::string tail = fmt::format("{} (see orpheus {}--help)", fmt::join(names, ", "), inCtl ? "ctl " : "");
+  if (at >= argc || argv[at][0] == '-') return fmt::format("{}give a command: {}", where, tail);
+  return fmt::format("{}'{}' is not a command: {}", where, argv[at], tail);
 }
 
 // Runs the subcommand that was parsed.

@@ -253,18 +253,20 @@ NETWORKS = {
 class Runner:
     def __init__(self, args, work):
         self.args, self.work = args, work
-        self.binary = os.path.join(work, "orpheus")
-        shutil.copy2(args.orpheus, self.binary)  # a rebuild during the suite cannot mix binaries
-        with open(self.binary, "rb") as f:
-            self.binary_sha = hashlib.sha256(f.read()).hexdigest()[:12]
+        # Copies, so that a rebuild during the suite cannot mix binaries.
+        self.binary, self.binary_sha = self.copied(args.orpheus, "orpheus")
         self.binary_built = datetime.datetime.utcfromtimestamp(os.path.getmtime(args.orpheus))
         self.baseline = None
         if args.baseline:
-            self.baseline = os.path.join(work, "orpheus-baseline")
-            shutil.copy2(args.baseline, self.baseline)
-            with open(self.baseline, "rb") as f:
-                self.baseline_sha = hashlib.sha256(f.read()).hexdigest()[:12]
+            self.baseline, self.baseline_sha = self.copied(args.baseline, "orpheus-baseline")
         self.port = 29500
+
+    def copied(self, path, name):
+        """`path` copied into the work directory as `name`: the copy and its sha256 (12 digits)."""
+        copy = os.path.join(self.work, name)
+        shutil.copy2(path, copy)
+        with open(copy, "rb") as f:
+            return copy, hashlib.sha256(f.read()).hexdigest()[:12]
 
     def common(self, workload, batch, clocks, extra_orpheus=()):
         a = self.args
