@@ -262,8 +262,8 @@ void saveAndReport(const TrainConfig& config, const comm::Transport& transport, 
   // Through a symlink to the file it names: the link stays (engine/outputs.h).
   if (!config.save.empty()) save(resolveOutput(config.save));
   const EvalResult& eval = worker.lastEval();
-  std::printf("trained %s on %d ranks: %lld clocks in %.2f s", model.spec().c_str(), transport.size(),
-              static_cast<long long>(worker.lastClock()), worker.trainSeconds());
+  std::printf("trained %s on %d rank%s: %lld clocks in %.2f s", model.spec().c_str(), transport.size(),
+              transport.size() == 1 ? "" : "s", static_cast<long long>(worker.lastClock()), worker.trainSeconds());
   if (shards.haveTest && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
   if (shards.haveTest) std::printf(", test loss %.4f", eval.loss);
   std::printf("%s\n", targetOutcome(config.targetAccuracy, worker.reachedTarget(), worker.lastClock()).c_str());

@@ -107,7 +107,8 @@ std::string deviceResidency(const TrainConfig& config, const ops::Model& model, 
 void Worker::applyKnobs(const adapt::Knobs& knobs) {
   knobs_ = knobs;
   comm::ScheduleConfig sc = scheduleConfig(config_, transport_.size());
-  if (sc.kind != comm::MulticastKind::kAll) sc.fanout = static_cast<int>(knobs.fanout);
+  // One rank has no peer to draw (its schedule's fanout is 0): the knob moves nothing.
+  if (sc.kind != comm::MulticastKind::kAll && sc.ranks > 1) sc.fanout = static_cast<int>(knobs.fanout);
   schedule_ = comm::MulticastSchedule(sc);
   heard_ = static_cast<double>(config_.batch) * (schedule_.fanout() + 1);
   if (lowRank_) {

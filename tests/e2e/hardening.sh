@@ -25,6 +25,7 @@
 #    --threads past the host's cores: warned;
 #  - an unreadable --adapt-trace: one line, not one a rank;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock;
+#  - a job of one rank trains with any --multicast (nothing to refuse);
 #  - an unknown command, or ctl's, named with the commands there are.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
@@ -174,6 +175,11 @@ for command in train "simulate --ranks 2"; do
   "$orpheus" $command "${target[@]}" --target-accuracy 0.3 --clocks 1 --metrics "$out/t.jsonl" |
     grep -q -- "--target-accuracy 0.3 reached at clock 1" || { echo "FAIL: $command: a met target unsaid"; fail=1; }
   grep -q '"reached_target": *true' "$out/t.jsonl" || { echo "FAIL: $command: reached_target at the last clock"; fail=1; }
+done
+# A job of one rank has no peer to multicast to: every --multicast trains, with the summary line's grammar.
+for multicast in random ring fixed; do
+  "$orpheus" train "${target[@]}" --clocks 2 --multicast $multicast --fanout 1 | grep -q "on 1 rank: 2 clocks" ||
+    { echo "FAIL: one rank with --multicast $multicast --fanout 1 did not train"; fail=1; }
 done
 # Flags that shape nothing in a job are said on the console (warned: a resumed job repeats its record's flags).
 said() {
