@@ -633,6 +633,10 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   const uint64_t bytesBefore = transport_.counters().bytesSent;
   const Coordination coordination = coordinate(clock, sink);
   const uint64_t coordinationBytes = transport_.counters().bytesSent - bytesBefore;  // averaging, rotation
+  // The job's last clock is a cut, as a barrier is: what SSP still has on its way
+  // here is applied before the clock's record, so that record (its evaluation, its
+  // digest) is of the replica the job ends with, the one 'orpheus restore' rebuilds.
+  if (clock == static_cast<uint64_t>(config_.clocks)) drain(clock, sink);
   adaptAfter(clock, stats, coordinationBytes, coordination, secondsSince(start));
   // --balance: this clock's busy time and, every --balance-every clocks, chunk moves.
   const int64_t delayMs = injectedDelayMs(feed_.options(), transport_.rank(), batch.size());
@@ -664,7 +668,9 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   around.divergenceMean = coordination.divergenceMean;
   if (config_.paramDigests && around.leader) {
     updater_.toHost(replica_);
-    around.paramDigest = paramDigest(replica_);
+    // Under SSP the clock's step may wait for batches still to come: the digest is of
+    // the replica as that step leaves it, the clock 'orpheus restore' rebuilds.
+    around.paramDigest = paramDigest(updater_.pending() ? updater_.peek(replica_) : replica_);
   }
   ClockRecord r = clockRecord(clock, stats, around);
   const bool reachedTarget = evaluateAt(clock, r);

@@ -5,7 +5,9 @@
 #    through exactly), with one line and exit 2;
 #  - --resume --elastic on 4 ranks continues from the log and finishes its clocks;
 #  - restore of rank 0's replica at the last clock prints the digest the live run
-#    wrote for that clock (param_crc32c), and so does restore at a clock before the kill.
+#    wrote for that clock (param_crc32c), and so does restore at a clock before the kill;
+#  - an SSP job with a stateful optimizer (Adam, whose step of a clock waits for that
+#    clock's last batches): restore(T) prints the live digest at every clock T.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; mpiexec=$2
@@ -38,13 +40,18 @@ grep -q '"summary": true, "clocks": 400,' "$out/resumed.jsonl" || { echo "the re
 
 # restore(T) against the live digests: the last clock (resumed run) and one before the kill.
 check() {
-  local metrics=$1 clock=$2
+  local metrics=$1 clock=$2 ckpt=${3:-$out/ckpt}
   read -r replica digest < <(json_rows "$metrics" clock replica param_crc32c | awk -v c="$clock" '$1 == c {r = $2 " " $3} END {print r}')
   [ -n "$digest" ] || { echo "no digest of clock $clock in $metrics"; exit 1; }
-  got=$("$orpheus" restore --ckpt-dir "$out/ckpt" --replica "$replica" --clock "$clock" --out "$out/r$clock.h5" |
+  got=$("$orpheus" restore --ckpt-dir "$ckpt" --replica "$replica" --clock "$clock" --out "$out/r$clock.h5" |
         sed -n 's/^parameters crc32c //p')
   [ "$got" = "$digest" ] || { echo "restore(clock $clock, replica $replica): crc32c $got, live $digest"; exit 1; }
 }
 check "$out/resumed.jsonl" 400
 check "$out/killed.jsonl" 25
-echo "ssp_resume: refused plain --resume, resumed --elastic to clock 400, restore(T) equals the live digests"
+
+"$mpiexec" -n 3 --oversubscribe "$orpheus" train --train synthetic:examples=600,features=12,classes=4 --batch 10 \
+  --clocks 8 --consistency ssp --staleness 1 --optimizer adam --progress off --ckpt sv --ckpt-dir "$out/adam" \
+  --param-digests --metrics "$out/adam.jsonl" >/dev/null
+for clock in 1 2 3 4 5 6 7 8; do check "$out/adam.jsonl" "$clock" "$out/adam"; done
+echo "ssp_resume: refused plain --resume, resumed --elastic to clock 400, restore(T) equals the live digests (sgd, and adam at every clock)"
