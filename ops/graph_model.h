@@ -97,8 +97,9 @@ class GraphModel final : public Model {
   void releaseDevice() const override {
     flushDeviceStates();
     queuedLocals_.clear();
-    stepU_.clear();
-    stepV_.clear();
+    joinedU_.clear();
+    joinedV_.clear();
+    joinedTokensCopy_ = {};
     deviceExec_.reset();
     evalExec_.reset();
   }
@@ -181,9 +182,17 @@ class GraphModel final : public Model {
   mutable CarriedStates trainStates_;  // by stream
   mutable CarriedStates evalStates_;
   mutable Matrix deviceStatesOf_;  // stream and index rows (2 x B) of the states left on the device, or empty
-  // Per step (stepColumns), each batch entry's sites' U and dense V joined on the
-  // training executor's device (lastDeviceSvs), kept from clock to clock.
-  mutable std::vector<Tensor> stepU_, stepV_;
+  // Sites' U and dense V joined side by side on the training executor's device, kept
+  // from clock to clock: per batch entry of a step (lastDeviceSvs, stepColumns), or
+  // per parameter (denseGradientOnDevice); a job runs one of the two.
+  mutable std::vector<Tensor> joinedU_, joinedV_;
+  // denseGradientOnDevice: the embedding's token one-hots of every step side by side
+  // (on the host, and its copy on the device).
+  mutable SparseMatrix joinedTokens_;
+  mutable SparseCopy joinedTokensCopy_;
+  // `parts` (same rows) side by side in `store`, allocated there when its shape differs.
+  static Tensor& joinColumns(Tensor& store, const std::vector<const Tensor*>& parts, Backend& backend);
+  static SparseMatrix sideBySide(const std::vector<const SparseMatrix*>& parts);
 };
 
 // Entries of the same matrix (and bias), one per step, as one entry whose columns

@@ -54,8 +54,9 @@ DeviceExecutor& GraphModel::runOnDevice(std::span<const Tensor> w, const Example
 DeviceExecutor& GraphModel::trainingExecutor(Backend& backend) const {
   if (!deviceExec_ || &deviceExec_->backend() != &backend) {
     flushDeviceStates();
-    stepU_.clear();
-    stepV_.clear();
+    joinedU_.clear();
+    joinedV_.clear();
+    joinedTokensCopy_ = {};
     deviceExec_.reset();  // its tensors go back to the backend they came from first
     deviceExec_ = std::make_unique<DeviceExecutor>(graph_, backend, fuseLstmCells_);
   }
@@ -276,19 +277,8 @@ std::vector<DeviceSvs> GraphModel::lastDeviceSvs() const {
   }
   Backend& backend = exec.backend();
   // Sized first: the entries point into them.
-  stepU_.resize(std::max(stepU_.size(), groups.size()));
-  stepV_.resize(std::max(stepV_.size(), groups.size()));
-  const auto joined = [&](std::vector<Tensor>& store, size_t k, const std::vector<const Tensor*>& parts) {
-    const int64_t b = parts.front()->cols();
-    Tensor& t = store[k];
-    const auto cols = static_cast<int64_t>(parts.size()) * b;
-    if (t.rows() != parts.front()->rows() || t.cols() != cols) t = backend.allocate(parts.front()->rows(), cols);
-    for (size_t s = 0; s < parts.size(); ++s) {
-      Tensor block = t.middleCols(static_cast<int64_t>(s) * b, b);
-      backend.copy(*parts[s], block);
-    }
-    return &t;
-  };
+  joinedU_.resize(std::max(joinedU_.size(), groups.size()));
+  joinedV_.resize(std::max(joinedV_.size(), groups.size()));
   std::vector<DeviceSvs> svs(groups.size());
   for (size_t k = 0; k < groups.size(); ++k) {
     std::vector<const Tensor*> u, v;
@@ -296,10 +286,46 @@ std::vector<DeviceSvs> GraphModel::lastDeviceSvs() const {
       u.push_back(&exec.siteU(i));
       if (const Tensor* dense = exec.siteVDense(i)) v.push_back(dense);
     }
-    svs[k].u = joined(stepU_, k, u);
-    if (!v.empty()) svs[k].vDense = joined(stepV_, k, v);
+    svs[k].u = &joinColumns(joinedU_[k], u, backend);
+    if (!v.empty()) svs[k].vDense = &joinColumns(joinedV_[k], v, backend);
   }
   return svs;
+}
+
+SparseMatrix GraphModel::sideBySide(const std::vector<const SparseMatrix*>& parts) {
+  int64_t cols = 0, nnz = 0;
+  for (const SparseMatrix* part : parts) {
+    cols += part->cols();
+    nnz += part->nonZeros();
+  }
+  SparseMatrix out(parts.front()->rows(), cols);
+  out.reserve(nnz);
+  int64_t at = 0;
+  for (const SparseMatrix* part : parts) {
+    for (int64_t j = 0; j < part->cols(); ++j) {
+      out.startVec(static_cast<int32_t>(at + j));
+      for (SparseMatrix::InnerIterator it(*part, j); it; ++it) out.insertBack(it.row(), at + j) = it.value();
+    }
+    at += part->cols();
+  }
+  out.finalize();
+  return out;
+}
+
+Tensor& GraphModel::joinColumns(Tensor& store, const std::vector<const Tensor*>& parts, Backend& backend) {
+  const int64_t rows = parts.front()->rows();
+  int64_t cols = 0;
+  for (const Tensor* part : parts) cols += part->cols();
+  if (store.rows() != rows || store.cols() != cols || store.device() != backend.device()) {
+    store = backend.allocate(rows, cols);
+  }
+  int64_t at = 0;
+  for (const Tensor* part : parts) {
+    Tensor block = store.middleCols(at, part->cols());
+    backend.copy(*part, block);
+    at += part->cols();
+  }
+  return store;
 }
 
 void GraphModel::denseGradientOnDevice(std::span<const Tensor> w, const ExampleBatch& x, double* meanLoss,
@@ -316,16 +342,62 @@ void GraphModel::denseGradientOnDevice(std::span<const Tensor> w, const ExampleB
   std::vector<bool> written(grad.size(), false);
   const auto beta = [&](int param) { return written[static_cast<size_t>(param)] ? 1.0f : 0.0f; };
   const std::vector<SvSite>& sites = exec.sites();
+  // Per parameter, the terms as the rebuild sums a batch's (ops/rebuild.cc), so the
+  // host's dense gradient and this one are the same sums: the sites with a dense V
+  // (a sequence model's steps) joined side by side into one product, then those with
+  // a sparse V one by one.
+  std::vector<std::vector<size_t>> denseSites(grad.size());
+  for (size_t i = 0; i < sites.size(); ++i) {
+    if (exec.siteVDense(i) != nullptr) denseSites[static_cast<size_t>(sites[i].param)].push_back(i);
+  }
+  joinedU_.resize(std::max(joinedU_.size(), grad.size()));
+  joinedV_.resize(std::max(joinedV_.size(), grad.size()));
+  for (size_t p = 0; p < grad.size(); ++p) {
+    const std::vector<size_t>& terms = denseSites[p];
+    if (terms.empty()) continue;
+    const Tensor* u = &exec.siteU(terms.front());
+    const Tensor* v = exec.siteVDense(terms.front());
+    if (terms.size() > 1) {
+      std::vector<const Tensor*> us, vs;
+      for (size_t i : terms) {
+        us.push_back(&exec.siteU(i));
+        vs.push_back(exec.siteVDense(i));
+      }
+      u = &joinColumns(joinedU_[p], us, backend);
+      v = &joinColumns(joinedV_[p], vs, backend);
+    }
+    backend.gemm(Trans::kNo, Trans::kYes, 1.0f, *u, *v, 0.0f, grad[p]);
+    written[p] = true;
+  }
+  // A sequence model's token one-hots (its embedding's V, one per step) joined on
+  // the host, where they are made, and copied over once.
+  std::vector<std::vector<size_t>> tokenSites(grad.size());
+  for (size_t i = 0; i < sites.size(); ++i) {
+    if (exec.siteVTokens(i) != nullptr) tokenSites[static_cast<size_t>(sites[i].param)].push_back(i);
+  }
+  for (size_t p = 0; p < grad.size(); ++p) {
+    const std::vector<size_t>& terms = tokenSites[p];
+    if (terms.size() < 2) continue;
+    std::vector<const Tensor*> us;
+    std::vector<const SparseMatrix*> vs;
+    for (size_t i : terms) {
+      us.push_back(&exec.siteU(i));
+      vs.push_back(exec.siteVTokens(i));
+    }
+    joinedTokens_ = sideBySide(vs);
+    backend.copySparse(cpu::view(joinedTokens_), joinedTokensCopy_);
+    backend.gemmSparse(1.0f, joinColumns(joinedU_[p], us, backend), joinedTokensCopy_.view, Trans::kYes, beta(p),
+                       grad[p]);
+    written[p] = true;
+  }
   for (size_t i = 0; i < sites.size(); ++i) {
     const SvSite& site = sites[i];
     const Tensor& u = exec.siteU(i);
-    Tensor& g = grad[static_cast<size_t>(site.param)];
-    if (const SparseTensor* v = exec.siteVSparse(i)) {
-      backend.gemmSparse(1.0f, u, *v, Trans::kYes, beta(site.param), g);
-    } else {
-      backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, *exec.siteVDense(i), beta(site.param), g);
+    const SparseTensor* v = exec.siteVSparse(i);
+    if (v != nullptr && tokenSites[static_cast<size_t>(site.param)].size() < 2) {
+      backend.gemmSparse(1.0f, u, *v, Trans::kYes, beta(site.param), grad[static_cast<size_t>(site.param)]);
+      written[static_cast<size_t>(site.param)] = true;
     }
-    written[static_cast<size_t>(site.param)] = true;
     if (site.bias >= 0) {
       backend.sumColumns(u, beta(site.bias), grad[static_cast<size_t>(site.bias)]);
       written[static_cast<size_t>(site.bias)] = true;

@@ -9,7 +9,7 @@
 # start-up line),
 # mlp (selection by jmcss-gram on the device and restore of its log, random multicast, averaging and
 # rotation, adam; --sv-rank), lstm (adagrad, resident,
-# carried states, a test set, restore),
+# carried states, a test set, restore; --sync dense),
 # dense (--sync dense with and without --overlap; --sync powersgd), sparse (LIBSVM rows, sparse V), tm (the
 # topic model resident: its data-dependent variables' inner steps on the device, a test set),
 # optimizers (examples/mlr.loss, the replica resident on the device, with each
@@ -168,6 +168,10 @@ case "$case" in
     done
     "$compare" "$out/lstm-strict.h5" "$out/lstm-staged-strict.h5" 0
     "$compare" "$out/lstm-staged-strict.h5" "$out/lstm-sync-strict.h5" 0
+    # --sync dense: each matrix's terms of every step summed as the host's rebuild sums
+    # them (one product over the steps side by side, the token one-hots joined).
+    same lstm-dense --model "$out/lstm.loss" --train "$out/tokens" --clocks 20 --batch 4 --lr 0.05 --sync dense
+    resident lstm-dense
     # What the rebuild copies in each clock (h2d_bytes, both ranks): the peer's
     # batch, 6 steps of U (8 + 32 + 40 rows) and V (16 + 8 rows) at 4 columns,
     # 9984 bytes; its bias updates (6 x (32 + 40) floats, 1728); the E sites' sparse
