@@ -189,18 +189,7 @@ struct Outputs {
 Outputs makeModelAndOutputs(const TrainConfig& config, bool leader, const Shards& shards) {
   Outputs out;
   out.model = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
-  if (config.selectUnit == ops::Model::SvgUnit::kStep) {
-    ORPHEUS_CHECK_INPUT(out.model->carriesState(),
-                        "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
-    out.model->setSvgUnit(config.selectUnit);
-    const int64_t svgs = config.batch * shards.train.steps;
-    ORPHEUS_CHECK_INPUT(config.select <= svgs,
-                        "--select {} must be at most B*T = {} with --select-unit step ({} examples of {} steps)",
-                        config.select, svgs, config.batch, shards.train.steps);
-  }
-  ORPHEUS_CHECK_INPUT(!config.balance || !out.model->carriesState(),
-                      "--balance changes each rank's minibatch size, but model '{}' carries state from one "
-                      "minibatch to the next", config.model);
+  configureModel(config, *out.model, shards.train.steps);
   out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
   return out;
 }

@@ -13,25 +13,6 @@
 namespace orpheus::engine {
 namespace {
 
-data::Dataset readShard(const std::string& path, const TrainConfig& config, const comm::Transport& transport,
-                        int64_t features, int indexBase) {
-  if (isSyntheticSource(path)) {
-    // Its spec sets its shape: a --format or --features meant for a file would be ignored.
-    ORPHEUS_CHECK_INPUT(config.format == data::Format::kAuto,
-                        "--format applies to data files; synthetic data '{}' has none (drop --format)", path);
-    ORPHEUS_CHECK_INPUT(config.features <= 0, "--features {} applies to LIBSVM and CSV files; synthetic data '{}' sets "
-                        "its width with features=D", config.features, path);
-    return makeSyntheticShard(path, config.seed, transport.rank(), transport.size());
-  }
-  data::ReadOptions options;
-  options.format = config.format;
-  options.rank = transport.rank();
-  options.worldSize = transport.size();
-  options.features = features;
-  options.indexBase = indexBase;
-  options.streams = config.batch;  // token streams: minibatch column b continues stream b
-  return data::readDataset(path, options);
-}
 
 // Whether a .loss file declares a `sequence` input (a model unrolled over time steps).
 bool declaresSequence(const std::string& path) {
@@ -52,8 +33,8 @@ void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shard
   data::Dataset& train = shards.train;
   collectively(transport, [&] {
     if (!isSyntheticSource(config.train)) shards.indexBase = data::detectIndexBase(config.train, config.format);
-    train = readShard(config.train, config, transport, config.features, shards.indexBase);
-    checkDataKind("--train", config.train, train, config.model);
+    train = readShard(config.train, config, transport.rank(), transport.size(), config.features, shards.indexBase);
+    checkTrainingShard(config, train);
   });
   double shape[3] = {static_cast<double>(train.features), static_cast<double>(train.maxLabel()),
                      train.sparse ? 1.0 : 0.0};
@@ -77,15 +58,6 @@ void loadTrainShard(const TrainConfig& config, comm::Transport& transport, Shard
                         config.train, maxLabel, classes, classes - 1);
     ORPHEUS_CHECK_INPUT(train.size() >= 1, "rank {} got no training examples from '{}'", transport.rank(),
                         config.train);
-    ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
-                        "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
-    ORPHEUS_CHECK_INPUT(config.svRank == 0 || !train.sparse,
-                        "--sv-rank factors dense updates: {} is sparse (its V stays sparse without it)",
-                        config.train);
-    ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || train.streams == 0,
-                        "--sv-rank factors dense updates: the tokens of {} enter as one-hot columns, so the V of "
-                        "the matrix that reads them is sparse (train without --sv-rank, or use --select)",
-                        config.train);
   });
   shards.features = features;
   shards.classes = classes;
@@ -108,7 +80,7 @@ void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards
   const int64_t classes = shards.classes;
   data::Dataset& test = shards.test;
   collectively(transport, [&] {
-    test = readShard(config.test, config, transport, shards.train.sparse ? features : -1, shards.indexBase);
+    test = readShard(config.test, config, transport.rank(), transport.size(), shards.train.sparse ? features : -1, shards.indexBase);
     checkDataKind("--test", config.test, test, config.model);
     if (test.sparse) {
       ORPHEUS_CHECK_INPUT(test.features <= features,
@@ -137,6 +109,53 @@ std::unique_ptr<Shards> reshard(const TrainConfig& config, comm::Transport& grou
     }
   });
   return shards;
+}
+
+data::Dataset readShard(const std::string& path, const TrainConfig& config, int rank, int ranks, int64_t features,
+                        int indexBase) {
+  if (isSyntheticSource(path)) {
+    // Its spec sets its shape: a --format or --features meant for a file would be ignored.
+    ORPHEUS_CHECK_INPUT(config.format == data::Format::kAuto,
+                        "--format applies to data files; synthetic data '{}' has none (drop --format)", path);
+    ORPHEUS_CHECK_INPUT(config.features <= 0, "--features {} applies to LIBSVM and CSV files; synthetic data '{}' sets "
+                        "its width with features=D", config.features, path);
+    return makeSyntheticShard(path, config.seed, rank, ranks);
+  }
+  data::ReadOptions options;
+  options.format = config.format;
+  options.rank = rank;
+  options.worldSize = ranks;
+  options.features = features;
+  options.indexBase = indexBase;
+  options.streams = config.batch;  // token streams: minibatch column b continues stream b
+  return data::readDataset(path, options);
+}
+
+void checkTrainingShard(const TrainConfig& config, const data::Dataset& train) {
+  checkDataKind("--train", config.train, train, config.model);
+  ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
+                      "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
+  ORPHEUS_CHECK_INPUT(config.svRank == 0 || !train.sparse,
+                      "--sv-rank factors dense updates: {} is sparse (its V stays sparse without it)", config.train);
+  ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || train.streams == 0,
+                      "--sv-rank factors dense updates: the tokens of {} enter as one-hot columns, so the V of "
+                      "the matrix that reads them is sparse (train without --sv-rank, or use --select)",
+                      config.train);
+}
+
+void configureModel(const TrainConfig& config, ops::Model& model, int64_t steps) {
+  if (config.selectUnit == ops::Model::SvgUnit::kStep) {
+    ORPHEUS_CHECK_INPUT(model.carriesState(),
+                        "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
+    model.setSvgUnit(config.selectUnit);
+    const int64_t svgs = config.batch * steps;
+    ORPHEUS_CHECK_INPUT(config.select <= svgs,
+                        "--select {} must be at most B*T = {} with --select-unit step ({} examples of {} steps)",
+                        config.select, svgs, config.batch, steps);
+  }
+  ORPHEUS_CHECK_INPUT(!config.balance || !model.carriesState(),
+                      "--balance changes each rank's minibatch size, but model '{}' carries state from one "
+                      "minibatch to the next", config.model);
 }
 
 void checkDataKind(const char* flag, const std::string& path, const data::Dataset& data, const std::string& model) {

@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 #include "engine/data/dataset.h"
 #include "engine/data/synthetic_data.h"
+#include "engine/job/job_data.h"
 
 #include <algorithm>
 
@@ -11,28 +12,22 @@ namespace {
 
 using data::Dataset;
 
-// Every rank's shard of `path`, as `train` would read it on P ranks. An IDX file
-// is read once and cut into the same contiguous ranges its reader gives each rank;
-// other formats are read shard by shard.
+// Every rank's shard of `path`, as `train` would read it on P ranks (readShard). An
+// IDX file is read once and cut into the same contiguous ranges its reader gives
+// each rank; other formats are read shard by shard.
 std::vector<Dataset> readShards(const std::string& path, const TrainConfig& config, int ranks, int64_t features,
                                 int indexBase) {
   std::vector<Dataset> shards(static_cast<size_t>(ranks));
-  if (isSyntheticSource(path)) {
-    for (int r = 0; r < ranks; ++r) shards[static_cast<size_t>(r)] = makeSyntheticShard(path, config.seed, r, ranks);
+  if (isSyntheticSource(path) || data::resolveFormat(path, config.format) != data::Format::kIdx) {
+    for (int r = 0; r < ranks; ++r) {
+      shards[static_cast<size_t>(r)] = readShard(path, config, r, ranks, features, indexBase);
+    }
     return shards;
   }
   data::ReadOptions options;
   options.format = config.format;
   options.features = features;
   options.indexBase = indexBase;
-  if (data::resolveFormat(path, config.format) != data::Format::kIdx) {
-    options.worldSize = ranks;
-    for (int r = 0; r < ranks; ++r) {
-      options.rank = r;
-      shards[static_cast<size_t>(r)] = data::readDataset(path, options);
-    }
-    return shards;
-  }
   Dataset whole = data::readDataset(path, options);
   const int64_t total = whole.size();
   for (int r = 0; r < ranks; ++r) {
@@ -62,6 +57,7 @@ Shards loadShards(const TrainConfig& config, int ranks) {
   bool sparse = false;
   for (const Dataset& d : s.train) {
     ORPHEUS_CHECK_INPUT(d.size() >= 1, "a rank got no training examples from '{}'", config.train);
+    checkTrainingShard(config, d);
     s.features = std::max(s.features, d.features);
     maxLabel = std::max<int64_t>(maxLabel, d.maxLabel());
     sparse = sparse || d.sparse;
@@ -80,6 +76,7 @@ Shards loadShards(const TrainConfig& config, int ranks) {
   if (config.test.empty()) return s;
   s.test = readShards(config.test, config, ranks, sparse ? s.features : -1, indexBase);
   for (Dataset& d : s.test) {
+    checkDataKind("--test", config.test, d, config.model);
     if (d.sparse) data::widen(d, s.features);
     ORPHEUS_CHECK_INPUT(d.features == s.features, "test data '{}' has {} features but the training data '{}' has {}",
                         config.test, d.features, config.train, s.features);

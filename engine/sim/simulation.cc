@@ -1,4 +1,6 @@
 #include "engine/sim/simulation.h"
+
+#include "engine/job/job_data.h"
 #include "ops/model_factory.h"
 
 #include "ckpt/model_file.h"
@@ -184,11 +186,15 @@ std::vector<std::unique_ptr<ops::Model>> makeModels(const TrainConfig& config, c
   {
     const auto one = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
     const Dataset& first = shards.train.front();
+    configureModel(config, *one, first.steps);
     checkJobMemory(config, *one, {shards.features, shards.classes, first.steps, first.sparse}, p, threads);
   }
   std::vector<std::unique_ptr<ops::Model>> models;
   models.reserve(static_cast<size_t>(p));
-  for (int r = 0; r < p; ++r) models.push_back(ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed));
+  for (int r = 0; r < p; ++r) {
+    models.push_back(ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed));
+    configureModel(config, *models.back(), shards.train.front().steps);
+  }
   return models;
 }
 

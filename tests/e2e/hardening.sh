@@ -26,6 +26,7 @@
 #  - an unreadable --adapt-trace: one line, not one a rank;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock;
 #  - a job of one rank trains with any --multicast (nothing to refuse);
+#  - simulate refuses the model and data flags train refuses;
 #  - an unknown command, or ctl's, named with the commands there are.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
@@ -190,6 +191,11 @@ said "--select-method jmcss has nothing to select" "$orpheus" train --train "$fi
   --select-method jmcss
 said "on --device cpu they have nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --transfer sync
+# simulate takes the model and data rules train takes.
+refused "--select-unit step selects \(example, step\) pairs: model 'mlr' has no steps" -- "$orpheus" simulate \
+  --ranks 2 --train synthetic:examples=100,features=4,classes=2 --clocks 2 --select-unit step
+refused "--sv-rank factors dense updates: .*small.libsvm is sparse" -- "$orpheus" simulate --ranks 2 \
+  --train "$fix/small.libsvm" --clocks 2 --batch 4 --sv-rank 1
 # A word where a command belongs is named, with the commands there are.
 refused "'frobnicate' is not a command: train, simulate, eval, restore, ctl, inspect" -- "$orpheus" frobnicate
 refused "ctl: 'frobnicate' is not a command: shrink, grow" -- "$orpheus" ctl "$out" frobnicate

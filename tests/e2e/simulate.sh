@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # simulate.sh ORPHEUS COMPARE CHECK MPIEXEC CHECKS...: orpheus simulate against the
 # real engine. Each check:
-#   bitwise        P = 4, BSP, no selection: broadcast and random multicast (Q = 2)
-#                  give bitwise the parameters of real np-4 runs (same flags, same seed).
+#   bitwise        P = 4, BSP, no selection: broadcast and random multicast (Q = 2),
+#                  and an LSTM on token streams, give bitwise the parameters of real
+#                  np-4 runs (same flags, same seed).
 #   messages:P     P workers, 3 clocks of MLR (batch 10): every clock sends exactly P*Q
 #                  messages under random multicast (Q = 4) and P(P-1) under broadcast.
 #   memory:P:MB    P workers of MLR under random multicast (Q = 4): peak RSS <= MB.
@@ -34,7 +35,17 @@ for c in "$@"; do
         "$orpheus" simulate --ranks 4 "${common[@]}" --clocks 30 --batch 50 --multicast $m --save "$out/sim.h5" >/dev/null
         echo "multicast $m:"
         "$compare" "$out/sim.h5" "$out/real.h5" 0
-      done ;;
+      done
+      # A sequence model: the token streams cut as train cuts them (one per minibatch column).
+      here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+      "$here/synthetic_tokens.sh" "$out/tokens"
+      sed -e 's/^dim embed = .*/dim embed = 8/' -e 's/^dim hidden = .*/dim hidden = 8/' \
+        "$here/../../examples/lstm.loss" >"$out/lstm.loss"
+      lstm=(--model "$out/lstm.loss" --train "$out/tokens" --progress off --log-level warn --clocks 10 --batch 4)
+      "$mpiexec" -n 4 --oversubscribe "$orpheus" train "${lstm[@]}" --save "$out/lstm-real.h5" >/dev/null
+      "$orpheus" simulate --ranks 4 "${lstm[@]}" --save "$out/lstm-sim.h5" >/dev/null
+      echo "lstm:"
+      "$compare" "$out/lstm-sim.h5" "$out/lstm-real.h5" 0 ;;
     messages)
       q=4
       "$orpheus" simulate --ranks "$p" "${common[@]}" --clocks 3 --batch 10 --multicast random --fanout $q \
