@@ -106,8 +106,8 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   double counts[2] = {static_cast<double>(shards.train.size()), static_cast<double>(shards.test.size())};
   transport.control().sum(counts);
   if (!leader) return;
-  spdlog::info("{} ranks, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
-               transport.size(), model.spec(), transport.name(), static_cast<int64_t>(counts[0]),
+  spdlog::info("{} rank{}, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
+               transport.size(), transport.size() == 1 ? "" : "s", model.spec(), transport.name(), static_cast<int64_t>(counts[0]),
                static_cast<int64_t>(counts[1]), toString(config.sync), config.clocks, config.batch);
   if (backend.device() == ops::Device::kCpu) {
     spdlog::info("device {}", backend.describe());

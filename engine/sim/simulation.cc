@@ -296,7 +296,7 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   const int64_t classes = shards.classes;
   const std::vector<std::unique_ptr<ops::Model>> models = makeModels(config, shards, most, threads);
   const ops::Model& model = *models[0];
-  spdlog::info("simulating {} workers of {} ({} at once): {}", p, model.spec(), threads,
+  spdlog::info("simulating {} worker{} of {} ({} at once): {}", p, p == 1 ? "" : "s", model.spec(), threads,
                comm::MulticastSchedule(scheduleConfig(config, p)).describe());
   if (!sim.membership.empty()) spdlog::info("membership: {}", sim.membership.describe(p, UINT64_MAX));
 
@@ -327,8 +327,8 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
 
   const uint64_t last = done[0].lastClock;
   const EvalResult& eval = done[0].eval;
-  std::printf("simulated %s on %d workers: %llu clocks in %.4g simulated s (%.1f s real)", model.spec().c_str(), p,
-              static_cast<unsigned long long>(last), totals.seconds, realSeconds);
+  std::printf("simulated %s on %d worker%s: %llu clocks in %.4g simulated s (%.1f s real)", model.spec().c_str(), p,
+              p == 1 ? "" : "s", static_cast<unsigned long long>(last), totals.seconds, realSeconds);
   if (!config.test.empty() && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
   std::printf(", peak memory %.0f MB%s\n", peakRssMb(),
               targetOutcome(config.targetAccuracy, done[0].reachedTarget, last).c_str());
