@@ -346,9 +346,11 @@ void GraphModel::denseGradientOnDevice(std::span<const Tensor> w, const ExampleB
   // host's dense gradient and this one are the same sums: the sites with a dense V
   // (a sequence model's steps) joined side by side into one product, then those with
   // a sparse V one by one.
-  std::vector<std::vector<size_t>> denseSites(grad.size());
+  std::vector<std::vector<size_t>> denseSites(grad.size()), tokenSites(grad.size());
   for (size_t i = 0; i < sites.size(); ++i) {
-    if (exec.siteVDense(i) != nullptr) denseSites[static_cast<size_t>(sites[i].param)].push_back(i);
+    const auto p = static_cast<size_t>(sites[i].param);
+    if (exec.siteVDense(i) != nullptr) denseSites[p].push_back(i);
+    if (exec.siteVTokens(i) != nullptr) tokenSites[p].push_back(i);
   }
   joinedU_.resize(std::max(joinedU_.size(), grad.size()));
   joinedV_.resize(std::max(joinedV_.size(), grad.size()));
@@ -371,10 +373,6 @@ void GraphModel::denseGradientOnDevice(std::span<const Tensor> w, const ExampleB
   }
   // A sequence model's token one-hots (its embedding's V, one per step) joined on
   // the host, where they are made, and copied over once.
-  std::vector<std::vector<size_t>> tokenSites(grad.size());
-  for (size_t i = 0; i < sites.size(); ++i) {
-    if (exec.siteVTokens(i) != nullptr) tokenSites[static_cast<size_t>(sites[i].param)].push_back(i);
-  }
   for (size_t p = 0; p < grad.size(); ++p) {
     const std::vector<size_t>& terms = tokenSites[p];
     if (terms.size() < 2) continue;

@@ -183,18 +183,16 @@ TrainConfig simulatedConfig(const TrainConfig& given, int p, int threads) {
 // job is known to fit in memory with `threads` of them running at once.
 std::vector<std::unique_ptr<ops::Model>> makeModels(const TrainConfig& config, const Shards& shards, int p,
                                                     int threads) {
-  {
-    const auto one = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
-    const Dataset& first = shards.train.front();
-    configureModel(config, *one, first.steps);
-    checkJobMemory(config, *one, {shards.features, shards.classes, first.steps, first.sparse}, p, threads);
-  }
+  const Dataset& first = shards.train.front();
+  const auto make = [&] {
+    auto model = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
+    configureModel(config, *model, first.steps);
+    return model;
+  };
+  checkJobMemory(config, *make(), {shards.features, shards.classes, first.steps, first.sparse}, p, threads);
   std::vector<std::unique_ptr<ops::Model>> models;
   models.reserve(static_cast<size_t>(p));
-  for (int r = 0; r < p; ++r) {
-    models.push_back(ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed));
-    configureModel(config, *models.back(), shards.train.front().steps);
-  }
+  for (int r = 0; r < p; ++r) models.push_back(make());
   return models;
 }
 
