@@ -1,5 +1,6 @@
 #include "engine/cli/commands.h"
 
+#include "ckpt/layout.h"
 #include "ckpt/model_file.h"
 #include "engine/base/params.h"
 #include "engine/base/error.h"
@@ -7,11 +8,14 @@
 #include "engine/coordinator/balance.h"
 #include "engine/outputs.h"
 #include "engine/recovery/checkpoint.h"
+#include "engine/recovery/job_record.h"
+#include "engine/base/log.h"
 #include "ops/backends.h"
 
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 
 namespace orpheus::engine::cli {
@@ -29,6 +33,13 @@ int restoreMain(const RestoreArgs& a) {
   }
   checkOutputs({{"--out", a.out, OutputPath::Kind::kFile}},
                                 {{"--ckpt-dir", a.dir, /*directory=*/true}});
+  // The replay computes as the job did: BLAS rounds a product differently with
+  // another number of threads. (restore() names a directory without a job file.)
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(ckpt::jobPath(a.dir), ec)) {
+    const std::string record = ckpt::readJobInfo(a.dir).computation;
+    setBlasThreads(record.empty() ? 1 : recordedThreads(decodeRecord(record, ckpt::jobPath(a.dir).string())));
+  }
   const auto backend = ops::makeBackend(a.device);
   const auto r = restore(a.dir, a.replica, clock, *backend);
   const auto job = ckpt::readJobInfo(a.dir);

@@ -46,6 +46,9 @@ ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t fea
   add("--optimizer", toString(o.kind));  // before --lr, whose default it sets
   add("--lr", o.lr);
   add("--seed", c.seed);
+  // BLAS rounds a product differently with another thread count: restore and a
+  // resume replay the log with the job's.
+  add("--threads", c.blasThreads);
   add("--sync", toString(c.sync));
   add("--select", c.select);
   add("--select-method", toString(c.selectMethod));
@@ -120,6 +123,23 @@ ComputationRecord decodeRecord(const std::string& text, const std::string& sourc
   return r;
 }
 
+int recordedThreads(const ComputationRecord& record) {
+  for (const auto& [flag, v] : record) {
+    if (flag != "--threads") continue;
+    size_t used = 0;
+    int threads = 0;
+    try {
+      threads = std::stoi(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    ORPHEUS_CHECK_INPUT(used == v.size() && threads >= 1 && threads <= 1024,
+                        "the job's --threads is not a count of 1 to 1024: '{}'", v);
+    return threads;
+  }
+  return 1;
+}
+
 OptimizerSettings recordedOptimizer(const ComputationRecord& record) {
   OptimizerSettings s;
   const auto number = [](const std::string& flag, const std::string& v) {
@@ -182,9 +202,10 @@ void checkResume(const ComputationRecord& recorded, const ComputationRecord& now
     for (const auto& [was, wasValue] : recorded) {
       if (was != flag || wasValue == value) continue;
       const std::string what = flag == "np" ? "the number of ranks (mpirun -np)" : flag;
-      const std::string detail = flag == "--train" || flag == "--model"
-                                     ? "its contents changed"
-                                     : fmt::format("it was {} and is now {}", wasValue, value);
+      std::string detail = flag == "--train" || flag == "--model"
+                               ? "its contents changed"
+                               : fmt::format("it was {} and is now {}", wasValue, value);
+      if (flag == "--threads") detail += ": a product's rounding depends on the thread count";
       throw InputError(fmt::format("--resume: {} differs from the job in '{}' ({}); a resumed job continues the same "
                                    "computation (start a new job in another --ckpt-dir to change it)",
                                    what, dir, detail));

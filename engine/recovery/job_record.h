@@ -31,6 +31,10 @@ ComputationRecord decodeRecord(const std::string& text, const std::string& sourc
 // constant lr for a record written before optimizers were recorded.
 OptimizerSettings recordedOptimizer(const ComputationRecord& record);
 
+// The BLAS threads the job computed with (--threads): 1, train's default, for a
+// record written before they were recorded.
+int recordedThreads(const ComputationRecord& record);
+
 // Refuses a resume whose settings differ from the recorded ones: InputError naming
 // the first flag that differs, with both values. Entries the record lacks (a
 // checkpoint written before they were recorded) are not checked.
