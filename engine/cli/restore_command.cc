@@ -31,6 +31,7 @@ int restoreMain(const RestoreArgs& a) {
     if (parsed == 0) throw orpheus::InputError("--clock 0 is the initial state; give a clock >= 1");
     clock = static_cast<uint64_t>(parsed);
   }
+  ORPHEUS_CHECK_INPUT(!a.out.empty(), "--out is empty: give the file to write the restored parameters to");
   checkOutputs({{"--out", a.out, OutputPath::Kind::kFile}},
                                 {{"--ckpt-dir", a.dir, /*directory=*/true}});
   // The replay computes as the job did: BLAS rounds a product differently with

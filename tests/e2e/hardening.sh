@@ -2,7 +2,7 @@
 # hardening.sh ORPHEUS MPIEXEC: inputs that must be refused before any work, with one
 # line naming the cause and exit 2, and files that must survive it:
 #  - eval, inspect and ctl given a checkpoint's job.h5: the command or directory named;
-#  - restore --out inside the checkpoint it reads (job.h5, a log segment): refused,
+#  - restore --out inside the checkpoint it reads (job.h5, a log segment), or empty: refused,
 #    the checkpoint unchanged and still restorable to the same clock; --resume of a
 #    job already past --clocks: refused, the checkpoint unchanged;
 #  - an output inside an output directory (--save inside --save-replicas);
@@ -49,6 +49,7 @@ segment=$(cd "$out/ck" && find . -path './replica-*' -name '*.h5' -type f | head
 refused "--out '.*job.h5' is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/ck/job.h5"
 refused "--out .* is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/ck/$segment"
 refused "--out .* is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/ck/" --clock 12 --out "$out/ck/new.h5"
+refused "--out is empty: give the file" -- "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out ""
 after=$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)
 [ "$before" = "$after" ] || { echo "FAIL: the checkpoint changed"; fail=1; }
 "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/r12.h5" >/dev/null || { echo "FAIL: restore after"; fail=1; }
