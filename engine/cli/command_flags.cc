@@ -256,8 +256,9 @@ void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
                  "staged in memory is lost; --ckpt matrix: the last matrix)")
       ->capture_default_str()
       ->check(numberIn(0, 1));
-  cmd.add_flag_function(
-      "--resume", [&c](int64_t) { c.resume = c.ckptSv = true; },
+  // A callback reads the value as a bool: --resume=maybe is a usage error, not an abort.
+  cmd.add_flag_callback(
+      "--resume", [&c] { c.resume = c.ckptSv = true; },
       "Continue a killed job from the newest clock its --ckpt-dir reaches (same flags, BSP)");
   cmd.add_flag("--elastic", c.elastic,
                "With --resume: continue on however many ranks this launch has; every replica restarts from the "

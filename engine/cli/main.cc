@@ -245,6 +245,9 @@ int main(int argc, char** argv) {
     return usageError(std::string(e.what()) + " (see orpheus --help)", orpheus::engine::kExitBadInput);
   } catch (const CLI::ParseError& e) {
     return usageError(std::string(e.what()) + " (see orpheus --help)", orpheus::engine::kExitBadInput);
+  } catch (const std::logic_error& e) {  // a conversion CLI11 lets out (std::invalid_argument)
+    return usageError(fmt::format("a flag's value cannot be read ({}) (see orpheus --help)", e.what()),
+                      orpheus::engine::kExitBadInput);
   }
   try {
     return dispatch(cl, argc, argv);

@@ -106,9 +106,10 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   double counts[2] = {static_cast<double>(shards.train.size()), static_cast<double>(shards.test.size())};
   transport.control().sum(counts);
   if (!leader) return;
-  spdlog::info("{} rank{}, {} over {} ({} training examples, {} test), sync {}, {} clocks of {} per rank",
+  spdlog::info("{} rank{}, {} over {} ({} training examples, {} test), sync {}, {} clock{} of {} per rank",
                transport.size(), transport.size() == 1 ? "" : "s", model.spec(), transport.name(), static_cast<int64_t>(counts[0]),
-               static_cast<int64_t>(counts[1]), toString(config.sync), config.clocks, config.batch);
+               static_cast<int64_t>(counts[1]), toString(config.sync), config.clocks, config.clocks == 1 ? "" : "s",
+               config.batch);
   if (backend.device() == ops::Device::kCpu) {
     spdlog::info("device {}", backend.describe());
   } else if (const std::string why = deviceResidency(config, model, backend); why.empty()) {
@@ -251,8 +252,9 @@ void saveAndReport(const TrainConfig& config, const comm::Transport& transport, 
   // Through a symlink to the file it names: the link stays (engine/outputs.h).
   if (!config.save.empty()) save(resolveOutput(config.save));
   const EvalResult& eval = worker.lastEval();
-  std::printf("trained %s on %d rank%s: %lld clocks in %.2f s", model.spec().c_str(), transport.size(),
-              transport.size() == 1 ? "" : "s", static_cast<long long>(worker.lastClock()), worker.trainSeconds());
+  std::printf("trained %s on %d rank%s: %lld clock%s in %.2f s", model.spec().c_str(), transport.size(),
+              transport.size() == 1 ? "" : "s", static_cast<long long>(worker.lastClock()),
+              worker.lastClock() == 1 ? "" : "s", worker.trainSeconds());
   if (shards.haveTest && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
   if (shards.haveTest) std::printf(", test loss %.4f", eval.loss);
   std::printf("%s\n", targetOutcome(config.targetAccuracy, worker.reachedTarget(), worker.lastClock()).c_str());

@@ -325,8 +325,9 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
 
   const uint64_t last = done[0].lastClock;
   const EvalResult& eval = done[0].eval;
-  std::printf("simulated %s on %d worker%s: %llu clocks in %.4g simulated s (%.1f s real)", model.spec().c_str(), p,
-              p == 1 ? "" : "s", static_cast<unsigned long long>(last), totals.seconds, realSeconds);
+  std::printf("simulated %s on %d worker%s: %llu clock%s in %.4g simulated s (%.1f s real)", model.spec().c_str(), p,
+              p == 1 ? "" : "s", static_cast<unsigned long long>(last), last == 1 ? "" : "s", totals.seconds,
+              realSeconds);
   if (!config.test.empty() && model.hasAccuracy()) std::printf(", test accuracy %.4f", eval.accuracy);
   std::printf(", peak memory %.0f MB%s\n", peakRssMb(),
               targetOutcome(config.targetAccuracy, done[0].reachedTarget, last).c_str());
