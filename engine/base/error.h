@@ -9,10 +9,18 @@
 
 namespace orpheus {
 
-// An internal invariant failed: a bug, not the user's fault.
+// `message` as one line a terminal shows as it is: bytes that are not printable
+// UTF-8 (controls, invalid sequences, a file's binary contents quoted in a message)
+// become \xNN, and a message longer than `maxBytes` is cut, ending in "...".
+std::string printableMessage(const std::string& message, size_t maxBytes = 1000);
+
+// An internal invariant failed: a bug, not the user's fault. The message is kept
+// printable (printableMessage, uncut): what() is a C string, and a NUL that a file's
+// bytes put in it would end the message there.
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message) : std::runtime_error(printableMessage(message, std::string::npos)) {}
+  explicit Error(const char* message) : Error(std::string(message)) {}
 };
 
 // Bad input from the user: flags, data files, model files, parameter files.
@@ -46,11 +54,6 @@ class IoError : public Error {
 // itself is wrong (ENOENT, EACCES, EISDIR, ENOTDIR, ELOOP, ENAMETOOLONG), IoError
 // otherwise. The message is "<path>: <what>: <strerror(err)>".
 [[noreturn]] void throwFileError(const std::string& path, const char* what, int err);
-
-// `message` as one line a terminal shows as it is: bytes that are not printable
-// UTF-8 (controls, invalid sequences, a file's binary contents quoted in a message)
-// become \xNN, and a message longer than `maxBytes` is cut, ending in "...".
-std::string printableMessage(const std::string& message, size_t maxBytes = 1000);
 
 namespace detail {
 [[noreturn]] void throwEnforce(const char* file, int line, const char* cond, const std::string& msg);

@@ -21,6 +21,8 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <string_view>
 
 namespace orpheus::data {
@@ -44,6 +46,20 @@ int64_t headerValue(const std::string& header, const std::string& key, const std
   ORPHEUS_CHECK_INPUT(ec == std::errc() && v > 0 && (stop == end || *stop == ' ' || *stop == '\t'),
                       "{}:1: '{}' must be a positive integer", path, key);
   return v;
+}
+
+// The header's fields after the magic are vocabulary=V and steps=T, each once: a
+// typo ('step=35') or a repeated field is named, not ignored.
+void checkHeaderFields(const std::string& header, const std::string& path) {
+  std::istringstream fields(header.substr(kMagic.size()));
+  std::set<std::string> seen;
+  for (std::string field; fields >> field;) {
+    const std::string key = field.substr(0, field.find('='));
+    ORPHEUS_CHECK_INPUT(key == "vocabulary" || key == "steps",
+                        "{}:1: unknown header field '{}' (a token stream starts '{} vocabulary=V steps=T')", path,
+                        field, kMagic);
+    ORPHEUS_CHECK_INPUT(seen.insert(key).second, "{}:1: the header gives '{}' twice", path, key);
+  }
 }
 
 // This rank's tokens: those of the lines that start in its part of the body,
@@ -160,6 +176,7 @@ Dataset readTokens(const std::string& path, const ReadOptions& options) {
   std::getline(in, header);
   if (!header.empty() && header.back() == '\r') header.pop_back();  // CRLF line ends (the lines' \r is whitespace)
   ORPHEUS_CHECK_INPUT(header.rfind(kMagic, 0) == 0, "{}:1: not a token stream (expected '{}')", path, kMagic);
+  checkHeaderFields(header, path);
   const int64_t vocabulary = headerValue(header, "vocabulary", path);
   ORPHEUS_CHECK_INPUT(vocabulary > 0 && vocabulary < (int64_t{1} << 24),
                       "{}:1: the header needs vocabulary=V (1 <= V < 2^24, ids exact as floats)", path);

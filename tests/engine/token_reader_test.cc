@@ -92,6 +92,23 @@ TEST_CASE("bad token streams are refused with the file and line", "[data][tokens
     CHECK_THROWS_WITH(readDataset(path, options), Catch::Contains("the header needs vocabulary=V"));
   }
   {
+    const std::string path = writeStream(dir, "#orpheus-tokens vocabulary=50 step=4");
+    CHECK_THROWS_WITH(readDataset(path, options), Catch::Contains("s.tokens:1: unknown header field 'step=4'"));
+  }
+  {
+    const std::string path = writeStream(dir, "#orpheus-tokens vocabulary=50 steps=4 vocabulary=60");
+    CHECK_THROWS_WITH(readDataset(path, options), Catch::Contains("s.tokens:1: the header gives 'vocabulary' twice"));
+  }
+  {
+    // A NUL among a line's bytes: the message goes on past it, as \x00.
+    const std::string path = writeStream(dir, "#orpheus-tokens vocabulary=50 steps=4");
+    {
+      std::ofstream out(path, std::ios::app | std::ios::binary);
+      out << std::string("1 2\0x 3\n", 8);
+    }
+    CHECK_THROWS_WITH(readDataset(path, options), Catch::Contains("'2\\x00x' is not a token id below the vocabulary size 50"));
+  }
+  {
     const std::string path = writeStream(dir, "#orpheus-tokens vocabulary=50 steps=4");
     options.streams = 40;
     CHECK_THROWS_WITH(readDataset(path, options), Catch::Contains("too few for 40 streams"));
