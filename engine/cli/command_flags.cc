@@ -244,7 +244,7 @@ void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
                  "With --ckpt sv: 3 writes each SV batch once (the replica that computed it; receivers log "
                  "references), 2 the previous format (every replica logs a copy of every batch it applied)")
       ->capture_default_str()
-      ->check(CLI::IsMember({2, 3}));
+      ->check(integerIn(2, 3));
   cmd.add_flag("--ckpt-writer-idle", c.ckptWriterIdle,
                "With --ckpt sv: run the log's IO thread under SCHED_IDLE, for machines whose cores the ranks fill");
   cmd.add_option("--ckpt-every", c.ckptEvery, "With --ckpt matrix: clocks between whole-matrix checkpoints")

@@ -121,6 +121,8 @@ TEST_CASE("train's numeric flags refuse out-of-range values naming the flag") {
   requireMatch(trainRefusal({"--outer-lr", "-0.5"}), "--outer-lr: must be a number >= 0.*got -0.5");
   requireMatch(trainRefusal({"--outer-momentum", "1"}), "--outer-momentum: must be a number >= 0 and < 1, got 1");
   requireMatch(trainRefusal({"--outer-momentum", "-0.1"}), "--outer-momentum: must be a number >= 0 and < 1");
+  requireMatch(trainRefusal({"--ckpt-format", "x"}), "--ckpt-format: expected an integer in .2, 3., got 'x'");
+  requireMatch(trainRefusal({"--ckpt-format", "4"}), "--ckpt-format: must be an integer in .2, 3., got 4");
 }
 
 TEST_CASE("train's other flags: names, --inject-delay and unknown flags") {
