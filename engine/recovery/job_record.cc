@@ -30,6 +30,19 @@ bool isEngineEntry(const std::string& name) {
   return name == "job.h5" || name.rfind("job.h5.", 0) == 0 || name.rfind(".job.h5", 0) == 0;
 }
 
+// A recorded value that must be a number: InputError naming the flag otherwise.
+double recordedNumber(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  double out = 0.0;
+  try {
+    out = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ORPHEUS_CHECK_INPUT(used == v.size() && !v.empty(), "the job's {} is not a number: '{}'", flag, v);
+  return out;
+}
+
 }  // namespace
 
 ComputationRecord computationRecord(const TrainConfig& c, int ranks, int64_t features, int64_t classes,
@@ -126,33 +139,16 @@ ComputationRecord decodeRecord(const std::string& text, const std::string& sourc
 int recordedThreads(const ComputationRecord& record) {
   for (const auto& [flag, v] : record) {
     if (flag != "--threads") continue;
-    size_t used = 0;
-    int threads = 0;
-    try {
-      threads = std::stoi(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    ORPHEUS_CHECK_INPUT(used == v.size() && threads >= 1 && threads <= 1024,
+    const double threads = recordedNumber(flag, v);
+    ORPHEUS_CHECK_INPUT(threads >= 1 && threads <= 1024 && threads == static_cast<int>(threads),
                         "the job's --threads is not a count of 1 to 1024: '{}'", v);
-    return threads;
+    return static_cast<int>(threads);
   }
   return 1;
 }
 
 OptimizerSettings recordedOptimizer(const ComputationRecord& record) {
   OptimizerSettings s;
-  const auto number = [](const std::string& flag, const std::string& v) {
-    size_t used = 0;
-    double out = 0.0;
-    try {
-      out = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    ORPHEUS_CHECK_INPUT(used == v.size() && !v.empty(), "the job's {} is not a number: '{}'", flag, v);
-    return out;
-  };
   const auto byName = [](const auto& table, const std::string& flag, const std::string& v) {
     for (const auto& [name, value] : table) {
       if (name == v) return value;
@@ -161,20 +157,20 @@ OptimizerSettings recordedOptimizer(const ComputationRecord& record) {
   };
   OuterStepOptions outer;
   for (const auto& [flag, v] : record) {
-    if (flag == "--lr") s.lr = number(flag, v);
+    if (flag == "--lr") s.lr = recordedNumber(flag, v);
     if (flag == "--optimizer") s.kind = byName(optimizerNames(), flag, v);
-    if (flag == "--momentum") s.momentum = number(flag, v);
-    if (flag == "--beta1") s.beta1 = number(flag, v);
-    if (flag == "--beta2") s.beta2 = number(flag, v);
-    if (flag == "--eps") s.eps = number(flag, v);
-    if (flag == "--weight-decay") s.weightDecay = number(flag, v);
+    if (flag == "--momentum") s.momentum = recordedNumber(flag, v);
+    if (flag == "--beta1") s.beta1 = recordedNumber(flag, v);
+    if (flag == "--beta2") s.beta2 = recordedNumber(flag, v);
+    if (flag == "--eps") s.eps = recordedNumber(flag, v);
+    if (flag == "--weight-decay") s.weightDecay = recordedNumber(flag, v);
     if (flag == "--lr-schedule") s.schedule = byName(lrScheduleNames(), flag, v);
-    if (flag == "--warmup") s.warmup = static_cast<int64_t>(number(flag, v));
-    if (flag == "--lr-step-every") s.stepEvery = static_cast<int64_t>(number(flag, v));
-    if (flag == "--lr-gamma") s.gamma = number(flag, v);
-    if (flag == "--clocks") s.clocks = static_cast<int64_t>(number(flag, v));
-    if (flag == "--outer-lr") outer.lr = number(flag, v);
-    if (flag == "--outer-momentum") outer.momentum = number(flag, v);
+    if (flag == "--warmup") s.warmup = static_cast<int64_t>(recordedNumber(flag, v));
+    if (flag == "--lr-step-every") s.stepEvery = static_cast<int64_t>(recordedNumber(flag, v));
+    if (flag == "--lr-gamma") s.gamma = recordedNumber(flag, v);
+    if (flag == "--clocks") s.clocks = static_cast<int64_t>(recordedNumber(flag, v));
+    if (flag == "--outer-lr") outer.lr = recordedNumber(flag, v);
+    if (flag == "--outer-momentum") outer.momentum = recordedNumber(flag, v);
   }
   s.outerMomentumInSnapshots = outer.active();
   return s;
