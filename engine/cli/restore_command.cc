@@ -4,12 +4,12 @@
 #include "ckpt/model_file.h"
 #include "engine/base/params.h"
 #include "engine/base/error.h"
+#include "engine/base/log.h"
 #include "engine/cli/flags.h"
 #include "engine/coordinator/balance.h"
 #include "engine/outputs.h"
 #include "engine/recovery/checkpoint.h"
 #include "engine/recovery/job_record.h"
-#include "engine/base/log.h"
 #include "ops/backends.h"
 
 #include <fmt/format.h>
