@@ -37,13 +37,15 @@ int restoreMain(const RestoreArgs& a) {
   // The replay computes as the job did: BLAS rounds a product differently with
   // another number of threads. (restore() names a directory without a job file.)
   std::error_code ec;
+  ckpt::JobInfo job;
   if (std::filesystem::is_regular_file(ckpt::jobPath(a.dir), ec)) {
-    const std::string record = ckpt::readJobInfo(a.dir).computation;
-    setBlasThreads(record.empty() ? 1 : recordedThreads(decodeRecord(record, ckpt::jobPath(a.dir).string())));
+    job = ckpt::readJobInfo(a.dir);
+    setBlasThreads(job.computation.empty() ? 1
+                                           : recordedThreads(decodeRecord(job.computation,
+                                                                          ckpt::jobPath(a.dir).string())));
   }
   const auto backend = ops::makeBackend(a.device);
   const auto r = restore(a.dir, a.replica, clock, *backend);
-  const auto job = ckpt::readJobInfo(a.dir);
   ckpt::ModelFileInfo info;
   info.modelSpec = job.modelSpec;
   info.clock = static_cast<int64_t>(r.clock);

@@ -52,26 +52,16 @@ msg=$(train --clocks 5 --ckpt sv --ckpt-dir "$out/afile/ckpt" 2>&1); rc=$?
 set -e
 echo "$msg" | grep '^orpheus:'; [ "$rc" -eq 2 ]
 # Restore computes with the job's BLAS threads, whatever the host's cores.
-cat >"$out/mlp.loss" <<'EOF'
-dim hidden = 512
-param W1[hidden, features] init he
-param b1[hidden] init zeros
-param W2[classes, hidden] init glorot
-param b2[classes] init zeros
-input x[features]
-label y[classes]
-loss cross_entropy(softmax(W2 * relu(W1 * x + b1) + b2), y)
-predict W2 * relu(W1 * x + b1) + b2
-EOF
+mlp=$(cd "$(dirname "$0")/../.." && pwd)/examples/mlp.loss
 for threads in 1 3; do
-  "$orpheus" train --model "$out/mlp.loss" --train "$data/train-images-idx3-ubyte.gz" --batch 100 --clocks 12 \
+  "$orpheus" train --model "$mlp" --train "$data/train-images-idx3-ubyte.gz" --batch 100 --clocks 12 \
     --optimizer adam --lr 0.01 --threads "$threads" --progress off --log-level error --ckpt sv \
     --ckpt-dir "$out/mlp$threads" --save "$out/mlp$threads.h5" >/dev/null
   "$orpheus" restore --ckpt-dir "$out/mlp$threads" --clock 12 --out "$out/mlp$threads-restored.h5" >/dev/null
   "$compare" "$out/mlp$threads-restored.h5" "$out/mlp$threads.h5" 0
 done
 set +e
-msg=$("$orpheus" train --model "$out/mlp.loss" --train "$data/train-images-idx3-ubyte.gz" --batch 100 --clocks 14 \
+msg=$("$orpheus" train --model "$mlp" --train "$data/train-images-idx3-ubyte.gz" --batch 100 --clocks 14 \
   --optimizer adam --lr 0.01 --threads 2 --progress off --ckpt sv --ckpt-dir "$out/mlp3" --resume 2>&1); rc=$?
 set -e
 echo "$msg"; [ "$rc" -eq 2 ] && echo "$msg" | grep -q -- "--threads differs .*it was 3 and is now 2"
