@@ -295,9 +295,11 @@ void validate(const TrainConfig& c, int ranks) {
                         "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
                         "--select (give one of them)");
     ORPHEUS_CHECK_INPUT(c.selectUnit == ops::Model::SvgUnit::kStep || c.svRank + 1 < c.batch,
-                        "--sv-rank {} sends {} SVGs per matrix: fewer than the {} a clock sends without it only "
-                        "below {}",
-                        c.svRank, c.svRank + 1, c.batch, c.batch - 1);
+                        "--sv-rank {} sends {} SVGs per matrix, no fewer than the {} a clock sends at --batch {} "
+                        "without it: {}",
+                        c.svRank, c.svRank + 1, c.batch, c.batch,
+                        c.batch >= 3 ? fmt::format("give --sv-rank {} or less", c.batch - 2)
+                                     : std::string("--sv-rank needs --batch 3 or more"));
   }
   if (c.svDtype != SvDtype::kF32) {
     ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv && !c.overlap,

@@ -440,20 +440,25 @@ class KeptNorms {
     const MatrixD gv = v.gram();
     const MatrixD wu = u.coordinates();
     const MatrixD wv = v.coordinates();
+    // An empty basis (nothing drawn: every count sends the whole batch; or U or V all
+    // zero) keeps nothing: its products would hand BLAS a leading dimension of 0,
+    // which it refuses with a line on stdout.
+    const bool drawn = wu.rows() > 0 && wv.rows() > 0;
+    if (!drawn) middle_.setZero(wu.rows(), wv.rows());
     if (hasCore(m)) {
       const MatrixD a = m.core.cast<double>();
       // ||U A V^T||^2 = trace(A^T G_U A G_V).
       whole_ = ((a.transpose() * gu * a).array() * gv.array()).sum();
-      middle_.noalias() = wu * a * wv.transpose();
+      if (drawn) middle_.noalias() = wu * a * wv.transpose();
     } else {
       const VectorD d = coeffs.cast<double>();
       whole_ = d.dot((gu.array() * gv.array()).matrix() * d);
-      middle_.noalias() = (wu * d.asDiagonal()) * wv.transpose();
+      if (drawn) middle_.noalias() = (wu * d.asDiagonal()) * wv.transpose();
     }
     if (m.biasId >= 0) {
       const VectorD w = hasCore(m) ? VectorD(m.biasCoeffs.cast<double>()) : VectorD(coeffs.cast<double>());
       whole_ += w.dot(gu * w);
-      bias_ = wu * w;
+      if (wu.rows() > 0) bias_ = wu * w;
     }
   }
 
@@ -623,6 +628,9 @@ std::vector<double> selectionErrors(const SvBatch& local, std::span<const int64_
     ORPHEUS_ENFORCE(c >= 0, "a selection error was asked for {} SVGs", c);
     if (c < n) most = std::max(most, c);  // c >= n sends everything: no draw needed
   }
+  // An empty minibatch (a rank --balance left no example): nothing to lose, and no
+  // product of empty matrices handed to BLAS, which refuses their leading dimension.
+  if (n == 0) return std::vector<double>(counts.size(), 0.0);
   std::vector<Residual> res = residualsOf(local, std::max<int64_t>(1, most));
   if (most > 0) {
     CounterRng rng(seed, RngPurpose::kSelect, clock, static_cast<uint64_t>(rank));

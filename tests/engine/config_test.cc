@@ -132,7 +132,11 @@ TEST_CASE("--sv-rank with --overlap or --select, and a rank that sends no fewer 
   TrainConfig high = smallJob();
   high.train = c.train;
   high.svRank = 2;
-  requireRefusal(high, 2, "--sv-rank 2 sends 3 SVGs per matrix");
+  requireRefusal(high, 2,
+                 "--sv-rank 2 sends 3 SVGs per matrix, no fewer than the 2 a clock sends at --batch 2 without it: "
+                 "--sv-rank needs --batch 3 or more");
+  high.batch = 3;
+  requireRefusal(high, 2, "no fewer than the 3 a clock sends at --batch 3 without it: give --sv-rank 1 or less");
   high.batch = 4;
   CHECK(refusal(high, 2).empty());
   high.select = 2;

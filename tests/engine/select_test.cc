@@ -7,9 +7,11 @@
 #include "ops/strict/strict_backend.h"
 
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <set>
@@ -442,6 +444,40 @@ TEST_CASE("selectionErrors is the error of the selection selectForPeers would se
     const std::optional<SvBatch> again = engine::selectForPeers(*once, counts[i], SelectionMethod::kJmcss, 3, 5, 1);
     CHECK(errors[i] == Approx(relativeError(*again, *once)).margin(5e-5));
   }
+}
+
+TEST_CASE("selectionErrors of a minibatch of no or one example hands BLAS no empty matrix", "[select]") {
+  // A rank --balance leaves with no example, or one, measures a batch of 0 or 1
+  // columns: no draw, so an empty basis. Before, products with its 0-row coordinates
+  // reached BLAS, which refused their leading dimension of 0 with a line each on
+  // stdout ("On entry to DGEMV parameter number 6 had an illegal value"): what
+  // stdout and stderr receive during the call is captured here.
+  for (const int64_t n : {0, 1}) {
+    INFO("a batch of " << n << " columns");
+    const SvBatch small = makeBatch(3, n);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::FILE* capture = std::tmpfile();
+    REQUIRE(capture != nullptr);
+    const int savedOut = ::dup(1), savedErr = ::dup(2);
+    ::dup2(::fileno(capture), 1);
+    ::dup2(::fileno(capture), 2);
+    const std::vector<int64_t> counts = {1, 5};  // everything sent: nothing lost
+    const std::vector<double> errors = engine::selectionErrors(small, counts, 4, 2, 1);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::dup2(savedOut, 1);
+    ::dup2(savedErr, 2);
+    ::close(savedOut);
+    ::close(savedErr);
+    std::fseek(capture, 0, SEEK_END);
+    const long printed = std::ftell(capture);
+    std::fclose(capture);
+    CHECK(printed == 0);
+    CHECK(errors == std::vector<double>(counts.size(), 0.0));
+  }
+  // One column, none sent: all of it is lost.
+  CHECK(engine::selectionErrors(makeBatch(3, 1), std::vector<int64_t>{0}, 4, 2, 1) == std::vector<double>{1.0});
 }
 
 TEST_CASE("a JMCSS selection of c is the first c picks of a larger one", "[select]") {
