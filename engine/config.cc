@@ -277,6 +277,13 @@ void validate(const TrainConfig& c, int ranks) {
   ORPHEUS_CHECK_INPUT(c.ckptMatrix || c.ckptEvery == 100, "--ckpt-every {} applies to --ckpt matrix", c.ckptEvery);
   ORPHEUS_CHECK_INPUT(c.snapshotEvery == 1 || c.averageEvery > 0,
                       "--snapshot-every {} counts averaging barriers: it needs --average-every R", c.snapshotEvery);
+  // A failed replica comes back at the clock its log on disk reaches, which a replay
+  // reaches only through averagings that kept a snapshot: after a barrier without one
+  // the recovery would fail mid-run.
+  ORPHEUS_CHECK_INPUT(c.failProb == 0.0 || c.snapshotEvery == 1,
+                      "--fail-prob recovers a replica to the clock its log reaches, which needs a snapshot at every "
+                      "averaging barrier, and --snapshot-every {} keeps one at one barrier in {} (give --snapshot-every 1)",
+                      c.snapshotEvery, c.snapshotEvery);
   // A checkpoint directory with nothing to write to it would leave the job without one, unsaid.
   ORPHEUS_CHECK_INPUT(c.ckptDir.empty() || c.ckptSv || c.ckptMatrix || c.resume,
                       "--ckpt-dir '{}' is written with --ckpt sv or --ckpt matrix, and read with --resume: without "

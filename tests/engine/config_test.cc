@@ -97,6 +97,15 @@ TEST_CASE("--fail-prob without a checkpoint", "[config]") {
   c.ckptSv = true;
   c.ckptDir = "ckpt";
   CHECK(refusal(c, 2).empty());
+  // Recovery replays to the clock the log reaches: an averaging without a snapshot
+  // on the way would stop it mid-run (it did, at the first failure after one).
+  c.averageEvery = 4;
+  c.snapshotEvery = 2;
+  requireRefusal(c, 2,
+                 "--fail-prob recovers a replica to the clock its log reaches, which needs a snapshot at every "
+                 "averaging barrier, and --snapshot-every 2 keeps one at one barrier in 2 \\(give --snapshot-every 1\\)");
+  c.snapshotEvery = 1;
+  CHECK(refusal(c, 2).empty());
 }
 
 TEST_CASE("--target-accuracy without --test", "[config]") {
