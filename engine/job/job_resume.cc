@@ -93,10 +93,19 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
     const ckpt::Inventory inventory = ckpt::inspect(config.ckptDir);
     // A sequence model, or --sv-rank, resumes where every rank's carried states are
     // on disk too; a checkpoint that holds none predates them and resumes without (zeros).
+    // An elastic resume on another number of ranks starts every rank's carried states
+    // afresh (resumeElastic), so it needs none on disk: asking for this launch's ranks'
+    // would find none past the old count and start over.
+    const int members = readMembership(config.ckptDir).back().ranks;
     const bool carries = model.carriesState() || (config.sync == SyncMode::kSv && config.svRank > 0);
-    const bool withStates = carries && !ckpt::listStatesDirs(config.ckptDir).empty();
-    resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0,
-                                  readMembership(config.ckptDir).back().ranks);
+    const bool elastic = config.elastic && transport.size() != members;
+    const bool withStates = carries && !elastic && !ckpt::listStatesDirs(config.ckptDir).empty();
+    resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0, members);
+    if (resumeClock == 0 && !inventory.replicas.empty()) {
+      spdlog::warn("--resume: no clock of '{}' is reached by every replica's log{}: the job starts over from "
+                   "clock 1, and the log there is set aside as *.discarded",
+                   config.ckptDir, withStates ? " with every rank's carried states" : "");
+    }
     ORPHEUS_CHECK_INPUT(resumeClock <= static_cast<uint64_t>(config.clocks),
                         "--resume: the job in '{}' is at clock {}, past --clocks {}: nothing is left to train (orpheus "
                         "restore --ckpt-dir {} --clock {} gives the parameters of that clock)",

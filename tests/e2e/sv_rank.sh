@@ -7,6 +7,8 @@
 #    broadcast the replicas end bitwise equal;
 #  - the log holds what was applied: restore(T) equals the live replica bitwise;
 #  - --resume continues bitwise (the error feedback is in the checkpoint), f32 and bf16;
+#  - --resume --elastic onto more ranks continues from the log (the new ranks' error
+#    feedback starts at zero), and restore of a new replica equals it bitwise;
 #  - a carried state of the wrong shape, or incomplete, is refused on --resume (exit 2).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -55,6 +57,19 @@ for dtype in f32 bf16; do
       fail "$dtype: replica $r resumed at 20 differs from the uninterrupted run"
   done
 done
+# --resume --elastic onto more ranks: the new epoch starts every rank's error feedback
+# afresh, so the states of the old ranks are not asked for on the new ones. (It asked
+# for this launch's ranks' states, found none past the old count, and started over from
+# clock 1 without a word, setting the log aside.)
+grow=(--train "$data/train-images-idx3-ubyte.gz" --batch 100 --progress off --timeout 60 --sv-rank 3 --ckpt sv
+      --ckpt-dir "$out/grow")
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${grow[@]}" --clocks 10 --log-level warn >/dev/null
+"$mpiexec" -n 3 --oversubscribe "$orpheus" train "${grow[@]}" --clocks 20 --resume --elastic --log-level info \
+  --save-replicas "$out/grown" >"$out/grow.log" 2>&1
+grep -q "resumed from clock 10 of .* on 3 ranks (was 2)" "$out/grow.log" ||
+  fail "--resume --elastic of a --sv-rank job on 3 ranks did not resume from clock 10: $(grep -v 'clock .*/20' "$out/grow.log")"
+"$orpheus" restore --ckpt-dir "$out/grow" --replica 2 --clock 20 --out "$out/grown-2.h5" >/dev/null
+"$compare" "$out/grown-2.h5" "$out/grown/replica-2.h5" 0 || fail "restore(20) of the grown job's replica 2 differs"
 # A damaged or foreign carried state is refused on resume, one line naming the file and
 # what is wrong, never a silent restart from zero (or a product of mismatched shapes).
 states=$out/damaged/states-000000000020/rank-0.h5
