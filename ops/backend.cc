@@ -3,6 +3,8 @@
 // the host's clock at that moment.
 #include "ops/backend.h"
 
+#include "ops/backend_checks.h"
+
 #include <chrono>
 #include <cstdlib>
 
@@ -54,6 +56,29 @@ AsyncCopy Backend::copyToDeviceAsync(const HostBuffer& src, size_t offset, Tenso
   copy(src.floats(offset, dst.rows(), dst.cols()), dst);
   c.done = record();
   return c;
+}
+
+void Backend::copyParts(std::span<const CopyPart> parts) {
+  checks::copyParts(*this, parts);
+  for (const CopyPart& p : parts) {
+    Tensor dst = Tensor::view(p.dst.device(), p.dst.data(), p.dst.rows(), p.dst.cols());
+    const Tensor src = Tensor::view(p.src.device(), p.src.data(), p.dst.rows(), p.dst.cols());
+    if (!p.scaled) {
+      copy(src, dst);
+      continue;
+    }
+    EwChain chain;
+    chain.inputs = 1;
+    chain.steps.push_back(EwStep{EwOp::kScale, {EwRef{EwRef::Kind::kInput, 0}, EwRef{}}, static_cast<double>(p.scale)});
+    const Tensor* in[] = {&src};
+    Tensor* out[] = {&dst};
+    elementwise(chain, in, out);
+  }
+}
+
+void Backend::addInOrder(std::span<const Tensor* const> terms, Tensor& y) {
+  checks::addInOrder(*this, terms, y);
+  for (const Tensor* t : terms) axpy(1.0f, *t, y);
 }
 
 Event Backend::record() { return Event(this, std::make_shared<HostTime>(HostTime{hostSeconds()})); }

@@ -80,7 +80,7 @@ inline const char* deviceName(Device d) {
 
 // Bumped whenever Backend's virtual interface or Tensor's layout changes: a
 // backend plugin (liborpheus_cuda.so) built against another version is refused.
-inline constexpr int kBackendAbiVersion = 10;
+inline constexpr int kBackendAbiVersion = 11;
 
 class Tensor {
  public:
@@ -211,6 +211,16 @@ struct AsyncCopy {
 
 enum class Trans { kNo, kYes };
 
+// One part of Backend::copyParts: dst = src, or dst = scale * src when `scaled`
+// (each element's product, the bits of scale() and of a kScale chain step). Views
+// of the backend's device memory, the same number of elements.
+struct CopyPart {
+  Tensor src;
+  Tensor dst;
+  bool scaled = false;
+  float scale = 1.0f;
+};
+
 // Elementwise chains: the fusion plan's runs of unary and binary elementwise
 // operators (ops/graph.h FusedStep), run as one pass over memory. Step k reads
 // external inputs (rows x cols, or rows x 1 broadcast across the columns) or the
@@ -332,6 +342,17 @@ class Backend {
   // x *= alpha.
   virtual void scale(float alpha, Tensor& x) = 0;
 
+  // Several copies within the device as one operation: every part's dst = src or
+  // scale * src (CopyPart). No destination may overlap another part's source or
+  // destination. Where a copy and a chain per part would each be a launch (the
+  // rebuild gathers each batch's U and V into the columns of one GEMM's operands),
+  // this is one. The default runs copy() and a one-step chain per part.
+  virtual void copyParts(std::span<const CopyPart> parts);
+  // y += terms[0], then y += terms[1], ... (each y's shape): the bits of
+  // axpy(1, term, y) called term by term, in one operation (one launch per
+  // kAddTermsPerLaunch terms). The default runs those axpy calls.
+  virtual void addInOrder(std::span<const Tensor* const> terms, Tensor& y);
+
   // One optimizer step on one parameter matrix (ops/optimizer_step.h has the
   // formulas): param moves by the step for `gradient`, and the state buffers are
   // updated in place. buffer0 is momentum's buffer, adagrad's sum or adam's m;
@@ -395,6 +416,8 @@ class Backend {
   }
   // Counts one operation queued in launches().
   void countLaunch() { ++launches_; }
+  // Counts the launches of an operation whose `items` go `perLaunch` to a launch.
+  void countLaunches(size_t items, size_t perLaunch) { launches_ += (items + perLaunch - 1) / perLaunch; }
 
  private:
   Transfers transfers_;

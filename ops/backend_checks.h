@@ -20,6 +20,35 @@ inline void sameShape(const char* op, const Tensor& a, const Tensor& b) {
                   a.cols(), b.rows(), b.cols());
 }
 
+// copyParts: each part on the backend's device with as many elements in as out, and
+// no destination overlapping another part's source or destination.
+inline void copyParts(const Backend& b, std::span<const CopyPart> parts) {
+  const auto overlap = [](const Tensor& x, const Tensor& y) {
+    return x.size() > 0 && y.size() > 0 && x.data() < y.data() + y.size() && y.data() < x.data() + x.size();
+  };
+  for (size_t i = 0; i < parts.size(); ++i) {
+    onDevice(b, "copyParts", parts[i].src);
+    onDevice(b, "copyParts", parts[i].dst);
+    ORPHEUS_ENFORCE(parts[i].src.size() == parts[i].dst.size(), "copyParts: part {} copies {} elements into {}", i,
+                    parts[i].src.size(), parts[i].dst.size());
+    for (size_t j = 0; j < parts.size(); ++j) {
+      ORPHEUS_ENFORCE(!overlap(parts[i].dst, parts[j].src) && (i == j || !overlap(parts[i].dst, parts[j].dst)),
+                      "copyParts: the destination of part {} overlaps the {} of part {}", i,
+                      overlap(parts[i].dst, parts[j].src) ? "source" : "destination", j);
+    }
+  }
+}
+
+// addInOrder: every term y's shape, all on the backend's device.
+inline void addInOrder(const Backend& b, std::span<const Tensor* const> terms, const Tensor& y) {
+  onDevice(b, "addInOrder", y);
+  for (const Tensor* t : terms) {
+    ORPHEUS_ENFORCE(t != nullptr, "addInOrder: a null term");
+    onDevice(b, "addInOrder", *t);
+    sameShape("addInOrder", *t, y);
+  }
+}
+
 struct GemmShape {
   int64_t m = 0;
   int64_t n = 0;

@@ -1,5 +1,6 @@
-// The elementwise operators a fused chain is made of (see ops/backend.h EwChain).
-// Dependency-free so CUDA kernels can include it.
+// The elementwise operators a fused chain is made of (see ops/backend.h EwChain),
+// and the sizes of the tables a GPU launch takes by value. Dependency-free so CUDA
+// kernels can include it.
 #pragma once
 
 #include <cstdint>
@@ -18,5 +19,11 @@ struct ChainLimits {
 };
 // A GPU kernel's: its steps' values and inputs' pointers travel as launch arguments.
 inline constexpr ChainLimits kDeviceChainLimits{16, 8};
+
+// The most parts one Backend::copyParts launch copies, and the most terms one
+// Backend::addInOrder launch adds: a call with more takes (and counts in
+// Backend::launches, on every backend) one launch per table.
+inline constexpr int kCopyPartsPerLaunch = 64;
+inline constexpr int kAddTermsPerLaunch = 16;
 
 }  // namespace orpheus::ops

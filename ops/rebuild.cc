@@ -52,27 +52,28 @@ class ParamRebuild {
     return cpu::view(gathered_);
   }
 
-  // The dense pieces' V (K x denseCols) in `store` on the backend's device: each
-  // piece copied from where it lies into its columns, with no gather on the host
-  // (a piece also on the device: copied there, nothing crosses).
-  Tensor uploadDenseV(Backend& backend, Tensor& store, int64_t k) const {
-    Tensor v = deviceBuffer(backend, store, k, denseCols_);
-    visitDenseV(
-        k, [&](const Tensor& host, int64_t at) { copyInto(backend, host, v.middleCols(at, host.cols())); },
-        [&](const Tensor& device, int64_t at) { copyInto(backend, device, v.middleCols(at, device.cols())); });
-    return v;
-  }
-
-  // The weighted columns [first, first + cols) (the dense or the sparse pieces, in
-  // column order) in `store` on the device: a piece whose U is on the device and
-  // whose coefficients are one value c is copied there and scaled (u * c, the
-  // host's product); each run of the others is copied in from the host's U C at once.
-  Tensor uploadU(Backend& backend, Tensor& store, int64_t first, int64_t cols) const {
-    Tensor u = deviceBuffer(backend, store, u_.rows(), cols);
+  // Not staged: the operands of the columns [first, first + cols) (the dense
+  // pieces', or the sparse ones') on the backend's device: their weighted columns
+  // in `uStore` and, when `vStore` is given (the dense pieces), their V in it. What
+  // lies in host memory is copied in (one copy per V and per run of U C); what lies
+  // on the device already is gathered by one copyParts (`parts`: reused storage).
+  std::pair<Tensor, Tensor> upload(Backend& backend, Tensor& uStore, Tensor* vStore, int64_t first, int64_t cols,
+                                   int64_t k, std::vector<CopyPart>& parts) const {
+    Tensor u = deviceBuffer(backend, uStore, u_.rows(), cols);
+    Tensor v = vStore != nullptr ? deviceBuffer(backend, *vStore, k, cols) : Tensor();
+    parts.clear();
+    if (vStore != nullptr) {
+      visitDenseV(
+          k, [&](const Tensor& host, int64_t at) { copyInto(backend, host, v.middleCols(at, host.cols())); },
+          [&](const Tensor& device, int64_t at) {
+            parts.push_back(copied(device, v.middleCols(at, device.cols())));
+          });
+    }
     visitU(
         first, cols, [&](int64_t from, int64_t n) { copyInto(backend, uPart(from, n), u.middleCols(from - first, n)); },
-        [&](const Piece& p, float c) { scaledInto(backend, p, c, u.middleCols(p.at - first, p.m->columns)); });
-    return u;
+        [&](const Piece& p, float c) { parts.push_back(scaled(p, c, u.middleCols(p.at - first, p.m->columns))); });
+    backend.copyParts(parts);
+    return {std::move(u), std::move(v)};
   }
 
   // Staged: the host operands' columns of `u` (U C, all columns) and `v` (the dense
@@ -88,15 +89,15 @@ class ParamRebuild {
     }
   }
 
-  // Staged: the operands already on the device copied (and scaled) into their
-  // columns of `u` and `v`, as uploadU and uploadDenseV do.
-  void deviceOperands(Backend& backend, Tensor& u, Tensor& v, int64_t k) const {
+  // Staged: the parts that copy the operands already on the device (and scale
+  // their U) into their columns of `u` and `v`, appended to `parts`.
+  void deviceParts(const Tensor& u, const Tensor& v, int64_t k, std::vector<CopyPart>& parts) const {
     visitDenseV(k, [](const Tensor&, int64_t) {},
-                [&](const Tensor& device, int64_t at) { copyInto(backend, device, v.middleCols(at, device.cols())); });
-    for (const auto& [first, cols] : {std::pair{int64_t{0}, denseCols_}, std::pair{denseCols_, sparseCols()}}) {
-      visitU(first, cols, [](int64_t, int64_t) {},
-             [&](const Piece& p, float c) { scaledInto(backend, p, c, u.middleCols(p.at, p.m->columns)); });
-    }
+                [&](const Tensor& device, int64_t at) {
+                  parts.push_back(copied(device, v.middleCols(at, device.cols())));
+                });
+    visitU(0, u_.cols(), [](int64_t, int64_t) {},
+           [&](const Piece& p, float c) { parts.push_back(scaled(p, c, u.middleCols(p.at, p.m->columns))); });
   }
 
   // Bytes of the host operands (hostOperands).
@@ -174,9 +175,11 @@ class ParamRebuild {
   }
 
   static void copyInto(Backend& backend, const Tensor& src, Tensor dst) { backend.copy(src, dst); }
-  static void scaledInto(Backend& backend, const Piece& p, float c, Tensor dst) {
-    scaledCopy(backend, *p.onDevice->u, c, dst);
+  static CopyPart copied(const Tensor& device, Tensor dst) { return CopyPart{viewOf(device), std::move(dst)}; }
+  static CopyPart scaled(const Piece& p, float c, Tensor dst) {
+    return CopyPart{viewOf(*p.onDevice->u), std::move(dst), true, c};
   }
+  static Tensor viewOf(const Tensor& t) { return Tensor::view(t.device(), t.data(), t.rows(), t.cols()); }
 
   Tensor uPart(int64_t first, int64_t cols) const {
     return Tensor::host(u_.data() + u_.rows() * first, u_.rows(), cols);
@@ -252,14 +255,38 @@ void stageUploads(std::span<ParamRebuild* const> rebuilds, std::span<const int64
     if (r == nullptr) continue;
     Tensor u = deviceBuffer(backend, d.stagedU[i], rows[i], r->denseCols() + r->sparseCols());
     Tensor v = deviceBuffer(backend, d.stagedV[i], k[i], r->denseCols());
-    r->hostOperands(u, v, k[i], [&](const Tensor& host, Tensor columns) {
+    // Operands whose columns follow each other in `u` or `v` (their pieces next
+    // to each other in the batch order) lie back to back in the staging buffer
+    // too: they cross in one copy.
+    size_t runAt = offset;
+    float* runStart = nullptr;
+    int64_t runRows = 0, runCols = 0;
+    const auto flush = [&] {
+      if (runCols == 0) return;
+      Tensor columns = Tensor::view(backend.device(), runStart, runRows, runCols);
+      d.landed[i] = backend.copyToDeviceAsync(d.staging, runAt, columns).done;
+      d.stagingRead = d.landed[i];
+      runCols = 0;
+    };
+    r->hostOperands(u, v, k[i], [&](const Tensor& host, const Tensor& columns) {
       const size_t n = static_cast<size_t>(host.size()) * sizeof(float);
       if (n == 0) return;
+      // Within one of the two buffers: two allocations may also lie back to back.
+      const float* base = columns.data() >= u.data() && columns.data() < u.data() + u.size() ? u.data() : v.data();
+      const float* runBase = runStart >= u.data() && runStart < u.data() + u.size() ? u.data() : v.data();
+      const bool follows = runCols > 0 && base == runBase && columns.rows() == runRows &&
+                           columns.data() == runStart + runRows * runCols;
+      if (!follows) {
+        flush();
+        runAt = offset;
+        runStart = columns.data();
+        runRows = columns.rows();
+      }
       std::memcpy(d.staging.data() + offset, host.data(), n);
-      d.landed[i] = backend.copyToDeviceAsync(d.staging, offset, columns).done;
-      d.stagingRead = d.landed[i];
+      runCols += columns.cols();
       offset += n;
     });
+    flush();
     if (r->sparseCols() > 0) {
       d.landed[i] = stageSparse(backend, sparse[i], d.staging, offset, d.stagedSparseV[i]);
       d.stagingRead = d.landed[i];
@@ -276,7 +303,9 @@ void stagedProducts(ParamRebuild& r, size_t param, Tensor& target, Backend& back
   const int64_t k = target.cols();
   Tensor u = Tensor::view(backend.device(), d.stagedU[param].data(), target.rows(), r.denseCols() + r.sparseCols());
   Tensor v = Tensor::view(backend.device(), d.stagedV[param].data(), k, r.denseCols());
-  r.deviceOperands(backend, u, v, k);
+  d.parts.clear();
+  r.deviceParts(u, v, k, d.parts);
+  backend.copyParts(d.parts);
   if (r.denseCols() > 0) backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u.middleCols(0, r.denseCols()), v, 1.0f, target);
   if (r.sparseCols() > 0) {
     backend.gemmSparse(1.0f, u.middleCols(r.denseCols(), r.sparseCols()), d.stagedSparseV[param].view, Trans::kYes,
@@ -291,14 +320,13 @@ void productsOnDevice(ParamRebuild& r, size_t param, Tensor& target, Backend& ba
     return;
   }
   if (r.denseCols() > 0) {
-    const Tensor v = r.uploadDenseV(backend, d.v, target.cols());
-    const Tensor u = r.uploadU(backend, d.u, 0, r.denseCols());
+    const auto [u, v] = r.upload(backend, d.u, &d.v, 0, r.denseCols(), target.cols(), d.parts);
     backend.gemm(Trans::kNo, Trans::kYes, 1.0f, u, v, 1.0f, target);
   }
   if (r.sparseCols() > 0) {
     const SparseMatrix host = r.sparseV(target.cols());
     backend.copySparse(cpu::view(host), d.sparseV);
-    const Tensor u = r.uploadU(backend, d.u, r.denseCols(), r.sparseCols());
+    const auto [u, v] = r.upload(backend, d.u, nullptr, r.denseCols(), r.sparseCols(), target.cols(), d.parts);
     backend.gemmSparse(1.0f, u, d.sparseV.view, Trans::kYes, 1.0f, target);
   }
 }
@@ -378,7 +406,7 @@ class DeviceTargets {
   // sum). Staged: kept, to cross with the rebuild's other operands (applyBiases).
   void addBias(size_t i, const Vector& delta, Backend& backend, DeviceOperands& d) {
     if (staged(backend, d)) {
-      d.biasOps.push_back({i, nullptr, 0.0f, d.biasHost.size(), delta.size()});
+      d.biasOps.push_back({i, false, 0, d.biasHost.size(), delta.size()});
       d.biasHost.insert(d.biasHost.end(), delta.data(), delta.data() + delta.size());
       return;
     }
@@ -386,24 +414,57 @@ class DeviceTargets {
     backend.axpy(1.0f, t, w_[i]);
   }
   // The same from a piece whose U lies on the device with the one coefficient c: its
-  // delta (U c) 1 formed there, as the host forms it (each product, then the row sums).
-  void addBias(size_t i, const Tensor& u, float c, Backend& backend, DeviceOperands& d) {
+  // delta (U c) 1 formed there, as the host forms it (each product, then the row
+  // sums). Staged: the row sums of the piece's columns U c, which its parameter's
+  // products gather (stagedProducts), once they have (applyBiases).
+  void addBias(size_t i, const Piece& p, float c, Backend& backend, DeviceOperands& d) {
     if (staged(backend, d)) {
-      d.biasOps.push_back({i, &u, c, 0, 0});
+      DeviceOperands::BiasOp op;
+      op.param = i;
+      op.fromDevice = true;
+      op.uParam = p.m->paramId;
+      op.at = static_cast<size_t>(p.at);
+      op.count = p.m->columns;
+      d.biasOps.push_back(op);
       return;
     }
-    addDeviceBias(i, u, c, backend, d);
+    addDeviceBias(i, *p.onDevice->u, c, backend, d);
   }
-  // Staged: the bias updates in batch order, those formed on the host once their copy landed.
+  // Staged, after the products: each bias's updates added in batch order by one
+  // addInOrder, those formed on the device summed from their weighted columns
+  // first, those formed on the host once their copy landed.
   void applyBiases(Backend& backend, DeviceOperands& d) {
+    if (d.biasOps.empty()) return;
     if (!d.biasLanded.empty()) backend.waitOnDevice(d.biasLanded);
+    int64_t deviceRows = 0;
+    for (const DeviceOperands::BiasOp& op : d.biasOps) deviceRows += op.fromDevice ? w_[op.param].rows() : 0;
+    Tensor sums = deviceBuffer(backend, d.biasU, deviceRows, 1);
+    std::vector<Tensor> deltas;
+    deltas.reserve(d.biasOps.size());
+    int64_t sumAt = 0;
     for (const DeviceOperands::BiasOp& op : d.biasOps) {
-      if (op.u != nullptr) {
-        addDeviceBias(op.param, *op.u, op.c, backend, d);
+      const int64_t rows = w_[op.param].rows();
+      if (op.fromDevice) {
+        const Tensor columns =
+            Tensor::view(backend.device(), d.stagedU[op.uParam].data() + op.at * rows, rows, op.count);
+        deltas.push_back(Tensor::view(backend.device(), sums.data() + sumAt, rows, 1));
+        backend.sumColumns(columns, 0.0f, deltas.back());
+        sumAt += rows;
       } else {
-        const Tensor t = Tensor::view(backend.device(), d.stagedBias.data() + op.at, op.count, 1);
-        backend.axpy(1.0f, t, w_[op.param]);
+        deltas.push_back(Tensor::view(backend.device(), d.stagedBias.data() + op.at, op.count, 1));
       }
+    }
+    std::vector<const Tensor*> terms;
+    std::vector<bool> done(d.biasOps.size(), false);
+    for (size_t first = 0; first < d.biasOps.size(); ++first) {
+      if (done[first]) continue;
+      terms.clear();
+      for (size_t j = first; j < d.biasOps.size(); ++j) {
+        if (d.biasOps[j].param != d.biasOps[first].param) continue;
+        terms.push_back(&deltas[j]);
+        done[j] = true;
+      }
+      backend.addInOrder(terms, w_[d.biasOps[first].param]);
     }
   }
   void apply(size_t i, ParamRebuild& r, Backend& backend, DeviceOperands& d) {
@@ -490,7 +551,7 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
           buffers.biasDelta.noalias() = m.uMap() * m.biasCoeffsMap();
           w.addBias(bias, buffers.biasDelta, backend, buffers.device);
         } else if (uniform != nullptr) {
-          if constexpr (Targets::kOnDevice) w.addBias(bias, *piece.onDevice->u, *uniform, backend, buffers.device);
+          if constexpr (Targets::kOnDevice) w.addBias(bias, piece, *uniform, backend, buffers.device);
         } else {
           buffers.biasDelta = weighted.rowwise().sum();
           w.addBias(bias, buffers.biasDelta, backend, buffers.device);
@@ -513,11 +574,11 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
       rows[i] = w.rows(i);
     }
     stageUploads(toStage, k, rows, backend, buffers.device);
-    w.applyBiases(backend, buffers.device);
   }
   for (size_t i = 0; i < params; ++i) {
     if (rebuilds[i]) w.apply(i, *rebuilds[i], backend, buffers.device);
   }
+  w.applyBiases(backend, buffers.device);
 }
 
 }  // namespace

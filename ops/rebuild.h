@@ -61,11 +61,13 @@ struct RebuildPiece {
 // way, so the same bits.
 struct DeviceOperands {
   // A bias update of a staged rebuild, in batch order: `count` floats at `at` of
-  // `biasHost` (formed on the host), or a device piece's U with its one coefficient.
+  // `biasHost` (formed on the host), or (`fromDevice`) the row sums of the `count`
+  // weighted columns at `at` of parameter `uParam`'s U in `stagedU` (a piece whose
+  // U lies on the device, weighted there).
   struct BiasOp {
     size_t param = 0;
-    const Tensor* u = nullptr;
-    float c = 0.0f;
+    bool fromDevice = false;
+    size_t uParam = 0;
     size_t at = 0;
     int64_t count = 0;
   };
@@ -73,7 +75,8 @@ struct DeviceOperands {
   Tensor u;               // flat, at least the largest U of a clock
   Tensor v;               // flat, at least the largest dense V of a clock
   Tensor bias;            // a bias update, when the parameters live on the device
-  Tensor biasU;           // a piece's U C on the device, summed into its bias update
+  Tensor biasU;           // a piece's U C on the device, summed into its bias update; staged: those sums
+  std::vector<CopyPart> parts;  // one copyParts's parts (reused storage)
   SparseCopy sparseV;     // the sparse V's of a clock, its storage reused (Backend::copySparse)
   bool staged = false;
   HostBuffer staging;                    // the host operands of one rebuild, back to back

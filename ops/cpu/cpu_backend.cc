@@ -361,6 +361,27 @@ void CpuBackend::scale(float alpha, Tensor& x) {
   map(x) *= alpha;
 }
 
+void CpuBackend::copyParts(std::span<const CopyPart> parts) {
+  countLaunches(parts.size(), kCopyPartsPerLaunch);
+  checks::copyParts(*this, parts);
+  for (const CopyPart& p : parts) {
+    const float* src = p.src.data();
+    float* dst = p.dst.data();
+    const int64_t n = p.dst.size();
+    if (!p.scaled) {
+      if (n > 0) std::memmove(dst, src, static_cast<size_t>(n) * sizeof(float));
+      continue;
+    }
+    for (int64_t i = 0; i < n; ++i) dst[i] = p.scale * src[i];
+  }
+}
+
+void CpuBackend::addInOrder(std::span<const Tensor* const> terms, Tensor& y) {
+  countLaunches(terms.size(), kAddTermsPerLaunch);
+  checks::addInOrder(*this, terms, y);
+  for (const Tensor* t : terms) map(y) += map(*t);
+}
+
 void CpuBackend::optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
                                Tensor* buffer1) {
   countLaunch();

@@ -43,6 +43,8 @@ class CpuBackend : public Backend {
   void sumRows(const Tensor& a, float beta, Tensor& out) override;
   void axpy(float alpha, const Tensor& x, Tensor& y) override;
   void scale(float alpha, Tensor& x) override;
+  void copyParts(std::span<const CopyPart> parts) override;
+  void addInOrder(std::span<const Tensor* const> terms, Tensor& y) override;
   void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
                      Tensor* buffer1) override;
 };

@@ -4,6 +4,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -406,6 +407,39 @@ class CudaBackend final : public Backend {
     if (x.size() == 0) return;
     activate();
     ORPHEUS_CUBLAS_CHECK(cublasSscal(blas_, blasInt(x.size()), &alpha, x.data(), 1));
+  }
+
+  // One launch per kCopyPartsPerLaunch parts, the table passed by value.
+  void copyParts(std::span<const CopyPart> parts) override {
+    countLaunches(parts.size(), kCopyPartsPerLaunch);
+    checks::copyParts(*this, parts);
+    activate();
+    for (size_t first = 0; first < parts.size(); first += kCopyPartsPerLaunch) {
+      CopyPartsArgs args;
+      for (size_t k = first; k < parts.size() && args.parts < kCopyPartsPerLaunch; ++k) {
+        const CopyPart& p = parts[k];
+        args.part[args.parts++] = CopyPartArgs{p.src.data(), p.dst.data(), p.dst.size(), p.scale, p.scaled ? 1 : 0};
+        args.longest = std::max(args.longest, p.dst.size());
+      }
+      ORPHEUS_CUDA_CHECK(launchCopyParts(args, stream_));
+    }
+  }
+
+  // One launch per kAddTermsPerLaunch terms, in order on the stream.
+  void addInOrder(std::span<const Tensor* const> terms, Tensor& y) override {
+    countLaunches(terms.size(), kAddTermsPerLaunch);
+    checks::addInOrder(*this, terms, y);
+    if (y.size() == 0) return;
+    activate();
+    for (size_t first = 0; first < terms.size(); first += kAddTermsPerLaunch) {
+      AddInOrderArgs args;
+      args.count = y.size();
+      args.y = y.data();
+      for (size_t k = first; k < terms.size() && args.terms < kAddTermsPerLaunch; ++k) {
+        args.term[args.terms++] = terms[k]->data();
+      }
+      ORPHEUS_CUDA_CHECK(launchAddInOrder(args, stream_));
+    }
   }
 
   void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,

@@ -340,6 +340,25 @@ __global__ void lstmCellBackward(const LstmCellKernelArgs b, const float* dHidde
   }
 }
 
+// Backend::copyParts: blockIdx.y is the part; its elements in a grid-stride loop.
+__global__ void copyParts(const CopyPartsArgs a) {
+  const CopyPartArgs& p = a.part[blockIdx.y];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < p.count; i += stride) {
+    p.dst[i] = p.scaled ? __fmul_rn(p.scale, p.src[i]) : p.src[i];
+  }
+}
+
+// Backend::addInOrder: each element summed with its terms in order, by one thread.
+__global__ void addInOrder(const AddInOrderArgs a) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < a.count; i += stride) {
+    float y = a.y[i];
+    for (int k = 0; k < a.terms; ++k) y = __fadd_rn(y, a.term[k][i]);
+    a.y[i] = y;
+  }
+}
+
 }  // namespace
 
 cudaError_t launchChainForward(const ChainArgs& args, cudaStream_t stream) {
@@ -419,6 +438,18 @@ cudaError_t launchOptimizerStep(const OptimizerStep& s, int64_t n, const float* 
                                 cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   optimizerStep<<<blocksFor(n), kThreads, 0, stream>>>(s, n, g, w, b0, b1);
+  return cudaGetLastError();
+}
+
+cudaError_t launchCopyParts(const CopyPartsArgs& args, cudaStream_t stream) {
+  if (args.parts == 0 || args.longest == 0) return cudaSuccess;
+  copyParts<<<dim3(blocksFor(args.longest), static_cast<unsigned>(args.parts)), kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launchAddInOrder(const AddInOrderArgs& args, cudaStream_t stream) {
+  if (args.terms == 0 || args.count == 0) return cudaSuccess;
+  addInOrder<<<blocksFor(args.count), kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -86,6 +86,32 @@ cudaError_t launchLstmCellForward(const LstmCellKernelArgs& args, cudaStream_t s
 cudaError_t launchLstmCellBackward(const LstmCellKernelArgs& args, const float* dHidden, const float* dCell,
                                    float* dGates, float* dCPrev, cudaStream_t stream);
 
+// Backend::copyParts, up to kCopyPartsPerLaunch parts a launch: blockIdx.y picks
+// the part, a grid-stride loop over its elements.
+struct CopyPartArgs {
+  const float* src = nullptr;
+  float* dst = nullptr;
+  int64_t count = 0;
+  float scale = 1.0f;
+  int scaled = 0;
+};
+struct CopyPartsArgs {
+  int parts = 0;
+  int64_t longest = 0;  // the most elements of any part
+  CopyPartArgs part[kCopyPartsPerLaunch];
+};
+cudaError_t launchCopyParts(const CopyPartsArgs& args, cudaStream_t stream);
+
+// Backend::addInOrder, up to kAddTermsPerLaunch terms a launch: each element of y
+// summed with its terms in order by one thread.
+struct AddInOrderArgs {
+  int terms = 0;
+  int64_t count = 0;
+  const float* term[kAddTermsPerLaunch];
+  float* y = nullptr;
+};
+cudaError_t launchAddInOrder(const AddInOrderArgs& args, cudaStream_t stream);
+
 // One optimizer step on n elements (ops/optimizer_step.h): w, b0 and b1 updated
 // in place; the buffers s.kind does not use may be null.
 cudaError_t launchOptimizerStep(const OptimizerStep& s, int64_t n, const float* g, float* w, float* b0, float* b1,

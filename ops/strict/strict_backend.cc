@@ -395,6 +395,25 @@ class StrictBackend final : public Backend {
     cpu_.scale(alpha, h);
   }
 
+  void copyParts(std::span<const CopyPart> parts) override {
+    countLaunches(parts.size(), kCopyPartsPerLaunch);
+    checks::copyParts(*this, parts);
+    Opened o(*registry_, "copyParts");
+    std::vector<CopyPart> host;
+    host.reserve(parts.size());
+    for (const CopyPart& p : parts) host.push_back(CopyPart{o.host(p.src), o.host(p.dst), p.scaled, p.scale});
+    cpu_.copyParts(host);
+  }
+
+  void addInOrder(std::span<const Tensor* const> terms, Tensor& y) override {
+    countLaunches(terms.size(), kAddTermsPerLaunch);
+    checks::addInOrder(*this, terms, y);
+    Opened o(*registry_, "addInOrder");
+    HostList in(o, terms);
+    Tensor h = o.host(y);
+    cpu_.addInOrder(in.constPtrs, h);
+  }
+
   void optimizerStep(const OptimizerStep& s, const Tensor& gradient, Tensor& param, Tensor* buffer0,
                      Tensor* buffer1) override {
     countLaunch();

@@ -250,7 +250,7 @@ print(f"W {r['shapes']} from 4 x 100 columns: {r['device_seconds'] * 1e3:.3g} ms
       f"(goal >= 0.7); plain SGEMMs of the rebuild's shapes {r['gemm_seconds'] * 1e3:.3g} ms "
       f"({r['gemm_flops'] / 1e12:.3g} TFLOP/s): the rebuild reaches {r['of_gemm']:.2f} of them, in "
       f"{r['device_launches']} device operations a clock; "
-      f"from host batches (their U C and V copied in) {r['received_seconds'] * 1e3:.3g} ms")
+      f"from host batches (their U C and V copied in, {r['transfer']}) {r['received_seconds'] * 1e3:.3g} ms")
 EOF
 )"
   [ "$DEVICE" != cuda ] ||

@@ -196,6 +196,26 @@ TEST_CASE("cuda reductions, axpy and scale match cpu", "[gpu]") {
   }
 }
 
+TEST_CASE("cuda copyParts and addInOrder are bitwise the cpu's, past one table and one grid", "[gpu]") {
+  const auto gpu = makeBackend("cuda", 0);
+  cpu::CpuBackend cpu;
+  std::mt19937 rng(16);
+  // 70 parts (two tables), one of them longer than 65535 blocks of 256 threads.
+  std::vector<MatF> srcs;
+  std::vector<std::optional<float>> scales;
+  for (int k = 0; k < 70; ++k) {
+    srcs.push_back(randomMatrix(rng, 2048, k == 3 ? 8400 : 1 + k % 4));
+    scales.push_back(k % 2 == 0 ? std::nullopt : std::optional<float>(0.01f * static_cast<float>(k)));
+  }
+  const uint64_t before = gpu->launches();
+  CHECK(same(runCopyParts(*gpu, srcs, scales), runCopyParts(cpu, srcs, scales)));
+  CHECK(gpu->launches() - before == 70 + 2 + 1);
+  std::vector<MatF> terms;
+  for (int k = 0; k < 20; ++k) terms.push_back(randomMatrix(rng, 2048, 4100));
+  const MatF y = randomMatrix(rng, 2048, 4100);
+  CHECK(same(runAddInOrder(*gpu, terms, y), runAddInOrder(cpu, terms, y)));
+}
+
 TEST_CASE("cuda backend refuses host operands outside copy", "[gpu]") {
   const auto gpu = makeBackend("cuda", 0);
   MatF host = MatF::Ones(2, 2);

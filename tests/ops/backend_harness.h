@@ -231,6 +231,37 @@ inline MatF runScale(Backend& b, float alpha, const MatF& x) {
   return download(b, t);
 }
 
+// copyParts gathering `srcs` (each of the same rows) into consecutive columns of
+// one matrix: part k scaled by scales[k] where it has a value, else copied.
+inline MatF runCopyParts(Backend& b, const std::vector<MatF>& srcs, const std::vector<std::optional<float>>& scales) {
+  int64_t cols = 0;
+  for (const MatF& s : srcs) cols += s.cols();
+  std::vector<Tensor> in;
+  for (const MatF& s : srcs) in.push_back(upload(b, s));
+  Tensor out = b.allocate(srcs.empty() ? 0 : srcs[0].rows(), cols);
+  std::vector<CopyPart> parts;
+  int64_t at = 0;
+  for (size_t k = 0; k < srcs.size(); ++k) {
+    const Tensor& t = in[k];
+    parts.push_back(CopyPart{Tensor::view(t.device(), t.data(), t.rows(), t.cols()), out.middleCols(at, t.cols()),
+                             scales[k].has_value(), scales[k].value_or(1.0f)});
+    at += t.cols();
+  }
+  b.copyParts(parts);
+  return download(b, out);
+}
+
+// y + terms[0] + terms[1] + ... by addInOrder.
+inline MatF runAddInOrder(Backend& b, const std::vector<MatF>& terms, const MatF& y) {
+  std::vector<Tensor> in;
+  for (const MatF& t : terms) in.push_back(upload(b, t));
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : in) ptrs.push_back(&t);
+  Tensor ty = upload(b, y);
+  b.addInOrder(ptrs, ty);
+  return download(b, ty);
+}
+
 // One parameter matrix and the optimizer state buffers its kind uses (the others empty).
 struct OptimizerState {
   MatF param;

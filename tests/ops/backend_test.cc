@@ -262,6 +262,55 @@ TEST_CASE("cpu reductions, axpy and scale match float64", "[ops][backend]") {
   }
 }
 
+TEST_CASE("cpu copyParts copies and scales bit for bit, addInOrder adds term by term, each a launch per table",
+          "[ops][backend]") {
+  cpu::CpuBackend b;
+  std::mt19937 rng(8);
+  // More parts and terms than one launch takes: 70 parts of 3 to 5 columns, 20 terms.
+  std::vector<MatF> srcs;
+  std::vector<std::optional<float>> scales;
+  MatF want(13, 0);
+  for (int k = 0; k < 70; ++k) {
+    MatF src = randomMatrix(rng, 13, 3 + k % 3);
+    if (k % 2 == 0) {
+      scales.push_back(std::nullopt);
+    } else {
+      scales.push_back(0.1f * static_cast<float>(k));
+    }
+    const MatF part = scales.back() ? MatF(*scales.back() * src.array()) : src;
+    want.conservativeResize(13, want.cols() + part.cols());
+    want.rightCols(part.cols()) = part;
+    srcs.push_back(std::move(src));
+  }
+  uint64_t before = b.launches();
+  const MatF got = runCopyParts(b, srcs, scales);
+  CHECK(b.launches() - before == 70 + 2 + 1);  // 70 uploads, 2 tables, 1 download
+  CHECK(same(got, want));
+  std::vector<MatF> terms;
+  for (int k = 0; k < 20; ++k) terms.push_back(randomMatrix(rng, 9, 4));
+  const MatF y = randomMatrix(rng, 9, 4);
+  MatF sum = y;
+  for (const MatF& t : terms) sum = runAxpy(b, 1.0f, t, sum);
+  before = b.launches();
+  CHECK(same(runAddInOrder(b, terms, y), sum));
+  CHECK(b.launches() - before == 20 + 1 + 2 + 1);  // 20 terms and y in, 2 tables, y out
+  // Destinations must not overlap a source or another destination.
+  Tensor t = b.allocate(4, 4);
+  std::vector<CopyPart> overlap;
+  overlap.push_back(CopyPart{t.middleCols(0, 2), t.middleCols(1, 2)});
+  CHECK_THROWS_WITH(b.copyParts(overlap),
+                    Catch::Contains("copyParts: the destination of part 0 overlaps the source of part 0"));
+  overlap[0] = CopyPart{t.middleCols(0, 1), t.middleCols(2, 1)};
+  overlap.push_back(CopyPart{t.middleCols(1, 1), t.middleCols(2, 1)});
+  CHECK_THROWS_WITH(b.copyParts(overlap),
+                    Catch::Contains("copyParts: the destination of part 0 overlaps the destination of part 1"));
+  overlap[1] = CopyPart{t.middleCols(1, 1), t.middleCols(3, 1)};
+  b.copyParts(overlap);
+  Tensor other = b.allocate(4, 2);
+  overlap[1] = CopyPart{t.middleCols(1, 1), other.middleCols(0, 2)};
+  CHECK_THROWS_WITH(b.copyParts(overlap), Catch::Contains("copyParts: part 1 copies 4 elements into 8"));
+}
+
 TEST_CASE("cpu backend refuses device memory and shape mismatches", "[ops][backend]") {
   cpu::CpuBackend b;
   float x = 1.0f;

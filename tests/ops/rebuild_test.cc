@@ -452,3 +452,75 @@ TEST_CASE("staged uploads on the strict device: bitwise the blocking copies, the
     CHECK(now == stagedU);
   }
 }
+
+TEST_CASE("a staged np-4 rebuild on the strict device: bitwise the cpu's, in one copy per run and one gather per "
+          "parameter",
+          "[ops][rebuild][strict]") {
+  // Two layers with biases; four batches, the one at `own` also on the device
+  // (its coefficients one value), the others received (in host memory).
+  for (size_t own : {size_t{0}, size_t{1}}) {
+    INFO("this rank's batch at " << own);
+    ParamSet onCpu;
+    onCpu.params.push_back({"W0", randomMatrix(6, 9, 701)});
+    onCpu.params.push_back({"b0", randomMatrix(6, 1, 702)});
+    onCpu.params.push_back({"W1", randomMatrix(5, 12, 703)});
+    onCpu.params.push_back({"b1", randomMatrix(5, 1, 704)});
+    std::vector<SvBatch> batches(4);
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const uint64_t key = 710 + 10 * b;
+      batches[b].coeffs = b == own ? Vector::Constant(3, 0.125f) : Vector(randomMatrix(3, 1, key).col(0));
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        SvMatrix m;
+        m.paramId = 2 * layer;
+        m.biasId = static_cast<int32_t>(2 * layer + 1);
+        m.u = randomMatrix(layer == 0 ? 6 : 5, 3, key + 1 + layer);
+        m.vDense = randomMatrix(layer == 0 ? 9 : 12, 3, key + 3 + layer);
+        batches[b].matrices.push_back(std::move(m));
+      }
+    }
+    std::vector<SvBatchView> views;
+    for (const SvBatch& b : batches) views.push_back(viewOf(b));
+    std::vector<const SvBatchView*> ptrs;
+    for (const SvBatchView& v : views) ptrs.push_back(&v);
+    ops::RebuildBuffers cpuBuffers;
+    ops::applySvBatches(ptrs, onCpu, cpuBuffers);
+
+    const auto strict = ops::makeBackend("strict");
+    std::vector<ops::Tensor> w, held;
+    for (const Param& p : onCpu.params) w.push_back(strict->allocate(p.value.rows(), p.value.cols()));
+    ParamSet start;
+    start.params.push_back({"W0", randomMatrix(6, 9, 701)});
+    start.params.push_back({"b0", randomMatrix(6, 1, 702)});
+    start.params.push_back({"W1", randomMatrix(5, 12, 703)});
+    start.params.push_back({"b1", randomMatrix(5, 1, 704)});
+    for (size_t i = 0; i < w.size(); ++i) {
+      strict->copy(ops::Tensor::host(start[i].data(), start[i].rows(), start[i].cols()), w[i]);
+    }
+    for (const SvMatrix& m : batches[own].matrices) {
+      held.push_back(strict->allocate(m.u.rows(), m.u.cols()));
+      strict->copy(ops::Tensor::host(m.u.data(), m.u.rows(), m.u.cols()), held.back());
+      held.push_back(strict->allocate(m.vDense.rows(), m.vDense.cols()));
+      strict->copy(ops::Tensor::host(m.vDense.data(), m.vDense.rows(), m.vDense.cols()), held.back());
+    }
+    const std::vector<ops::DeviceSvs> onDevice = {{batches[own].matrices[0].u.data(), &held[0], &held[1]},
+                                                  {batches[own].matrices[1].u.data(), &held[2], &held[3]}};
+    ops::RebuildBuffers buffers;
+    buffers.device.staged = true;
+    const uint64_t before = strict->launches();
+    ops::applySvBatches(ptrs, w, *strict, buffers, onDevice);
+    // The host's bias updates in one copy; per parameter one copy per run of
+    // received batches' V and of their U C (one run each when this rank's batch
+    // comes first, two when it splits them), one copyParts for this rank's V and
+    // scaled U, one GEMM; per bias the row sums of this rank's scaled U and one
+    // addInOrder of the four updates. (Before copyParts and addInOrder: 29 at own 1.)
+    const uint64_t runs = own == 0 ? 1 : 2;
+    CHECK(strict->launches() - before == 1 + 2 * (2 * runs + 1 + 1) + 2 * (1 + 1));
+    for (size_t i = 0; i < w.size(); ++i) {
+      INFO("parameter " << onCpu.params[i].name);
+      Matrix back(onCpu[i].rows(), onCpu[i].cols());
+      ops::Tensor host = ops::Tensor::host(back.data(), back.rows(), back.cols());
+      strict->copy(w[i], host);
+      CHECK(std::memcmp(back.data(), onCpu[i].data(), static_cast<size_t>(back.size()) * sizeof(float)) == 0);
+    }
+  }
+}

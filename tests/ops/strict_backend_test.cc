@@ -85,6 +85,9 @@ TEST_CASE("strict device: every operation is bitwise the cpu backend's", "[ops][
     CHECK(same(runSumRows(*strict, x, 0.0f, g), runSumRows(cpu, x, 0.0f, g)));
     CHECK(same(runAxpy(*strict, -2.0f, x, y), runAxpy(cpu, -2.0f, x, y)));
     CHECK(same(runScale(*strict, 3.0f, x), runScale(cpu, 3.0f, x)));
+    CHECK(same(runCopyParts(*strict, {x, y, bias}, {std::nullopt, -0.75f, 3.0f}),
+               runCopyParts(cpu, {x, y, bias}, {std::nullopt, -0.75f, 3.0f})));
+    CHECK(same(runAddInOrder(*strict, {x, y, up}, c), runAddInOrder(cpu, {x, y, up}, c)));
     const MatF tall = randomMatrix(rng, m + 3, n);
     CHECK(same(runCopyRows(*strict, tall, 2, x, 0, std::min<int64_t>(m, 2)),
                runCopyRows(cpu, tall, 2, x, 0, std::min<int64_t>(m, 2))));

@@ -2,13 +2,16 @@
 // SGEMM and device-to-device copies reach in the same run (scripts/bench/gpu.sh).
 //
 //   rebuild_rate [--device D] [--shape JxK[,JxK...]] [--ranks P] [--columns N] [--reps R]
+//                [--transfer staged|sync]
 //
 // The shapes are one clock of a model's parameter matrices (default MLP-2048's:
 // 2048x784, 2048x2048, 10x2048), each rebuilt from P batches of N columns (default 4 of
 // 100: an np-4 clock), into W resident on the device, as a resident replica does:
 //   device    the batches' U and V already on the device (ops::DeviceSvs, as this
 //             rank's own batch is read where the pass left it): the rebuild's own work;
-//   received  the batches in host memory, as received: their U C and V copied in first.
+//   received  the batches in host memory, as received: their U C and V copied in first
+//             (--transfer staged, as a job's default: through one page-locked buffer,
+//             one asynchronous copy per run of columns; sync: one blocking copy each).
 // Each is timed over R clocks on the device's timer (Backend::secondsBetween). The
 // reference rates: SGEMM at 4096^3 and a copy of 256 MiB within the device; and, as
 // the best a rebuild of this shape can do, `gemm`: the same products as plain SGEMMs
@@ -45,6 +48,7 @@ struct Options {
   int ranks = 4;
   int64_t columns = 100;
   int reps = 20;
+  bool staged = true;
 };
 
 int64_t positive(const std::string& flag, const std::string& text) {
@@ -86,8 +90,11 @@ Options parse(int argc, char** argv) {
       o.columns = positive(flag, value);
     } else if (flag == "--reps") {
       o.reps = static_cast<int>(positive(flag, value));
+    } else if (flag == "--transfer") {
+      if (value != "staged" && value != "sync") throw InputError(fmt::format("--transfer {}: staged or sync", value));
+      o.staged = value == "staged";
     } else {
-      throw InputError(fmt::format("unknown flag {} (--device, --shape, --ranks, --columns, --reps)", flag));
+      throw InputError(fmt::format("unknown flag {} (--device, --shape, --ranks, --columns, --reps, --transfer)", flag));
     }
   }
   return o;
@@ -172,6 +179,7 @@ int run(const Options& o) {
     }
   }
   ops::RebuildBuffers buffers;
+  buffers.device.staged = o.staged;
   const uint64_t inBefore = b.transfers().toDevice;
   const uint64_t launchesBefore = b.launches();
   const double deviceSeconds = timed(b, o.reps, [&] { ops::applySvBatches(ptrs, w, b, buffers, onDevice); });
@@ -193,13 +201,13 @@ int run(const Options& o) {
   for (const auto& [rows, cols] : o.shapes) shapes += fmt::format("{}{}x{}", shapes.empty() ? "" : ",", rows, cols);
   const double bound = std::max(flops / sgemmRate, bytes / copyRate);
   std::printf(
-      "{\"device\": \"%s\", \"shapes\": \"%s\", \"ranks\": %d, \"columns\": %lld, \"reps\": %d, "
+      "{\"device\": \"%s\", \"transfer\": \"%s\", \"shapes\": \"%s\", \"ranks\": %d, \"columns\": %lld, \"reps\": %d, "
       "\"sgemm_flops\": %.4g, \"copy_bytes_per_second\": %.4g, \"rebuild_flops\": %.4g, \"rebuild_bytes\": %.4g, "
       "\"device_seconds\": %.4g, \"device_flops\": %.4g, \"device_bytes_per_second\": %.4g, "
       "\"device_h2d_bytes\": %llu, \"device_launches\": %llu, \"bound\": \"%s\", \"efficiency\": %.3f, "
       "\"received_seconds\": %.4g, \"received_flops\": %.4g, \"gemm_seconds\": %.4g, \"gemm_flops\": %.4g, "
       "\"of_gemm\": %.3f}\n",
-      b.describe().c_str(), shapes.c_str(),
+      b.describe().c_str(), o.staged ? "staged" : "sync", shapes.c_str(),
       o.ranks, static_cast<long long>(o.columns), o.reps, sgemmRate, copyRate, flops, bytes, deviceSeconds,
       flops / deviceSeconds, bytes / deviceSeconds, static_cast<unsigned long long>(deviceIn), static_cast<unsigned long long>(deviceLaunches),
       flops / sgemmRate >= bytes / copyRate ? "sgemm" : "copy", bound / deviceSeconds, receivedSeconds,
