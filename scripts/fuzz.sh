@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 seconds=${1:-30}
 dir="$ROOT/build-fuzz"
-read -r -a targets <<<"${FUZZ_TARGETS:-libsvm csv idx loss_parser sv_batch segment}"
+read -r -a targets <<<"${FUZZ_TARGETS:-libsvm csv idx tokens loss_parser sv_batch segment}"
 
 # clang, and libclang-rt-14-dev for libFuzzer and the sanitizer runtimes (the
 # Debian 12 clang is 14).
