@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -65,7 +66,55 @@ std::vector<double> LowRankSender::errorsAt(std::span<const int64_t> ranks) cons
 
 ops::Tensor LowRankSender::operand(const Matrix& m, ops::Tensor& store) {
   if (backend_.device() == ops::Device::kCpu) return ops::Tensor::host(m.data(), m.rows(), m.cols());
-  return ops::uploaded(backend_, store, ops::Tensor::host(m.data(), m.rows(), m.cols()));
+  return stageUp(m.data(), m.rows(), m.cols(), store);
+}
+
+void LowRankSender::beginStaging(const SvBatch& batch) {
+  backend_.wait(staging_.last);
+  staging_.last = ops::Event();
+  staging_.used = 0;
+  // What a clock can cross, per matrix: U and V (when not on the device), the core
+  // (or the coefficients as one, n x n), the bias coefficients, -P and bf16 Q' up;
+  // M Q, Q', E's column norms and the bias update down (each padded to 16 floats).
+  int64_t floats = 0;
+  const int64_t r = rank_;
+  for (const SvMatrix& m : batch.matrices) {
+    const int64_t j = m.u.rows(), k = m.vDense.rows(), n = m.u.cols();
+    floats += j * n + k * n + n * n + std::max(n, r + 1) + 2 * (j * r + k * r) + k + j + 12 * 16;
+  }
+  const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+  if (staging_.buffer.bytes() < bytes) staging_.buffer = backend_.allocateHost(bytes);
+}
+
+size_t LowRankSender::reserve(int64_t floats) {
+  const size_t at = staging_.used;
+  staging_.used += static_cast<size_t>((floats + 15) / 16 * 16) * sizeof(float);
+  ORPHEUS_ENFORCE(staging_.used <= staging_.buffer.bytes(), "--sv-rank: the staging buffer ({} bytes) is too small",
+                  staging_.buffer.bytes());
+  return at;
+}
+
+ops::Tensor LowRankSender::stageUp(const float* data, int64_t rows, int64_t cols, ops::Tensor& store) {
+  ops::Tensor to = ops::deviceBuffer(backend_, store, rows, cols);
+  const size_t at = reserve(rows * cols);
+  ops::Tensor from = staging_.buffer.floats(at, rows, cols);
+  if (from.size() > 0) std::memcpy(from.data(), data, static_cast<size_t>(from.size()) * sizeof(float));
+  staging_.last = backend_.copyToDeviceAsync(staging_.buffer, at, to).done;
+  backend_.waitOnDevice(staging_.last);
+  return to;
+}
+
+size_t LowRankSender::stageDown(const ops::Tensor& t) {
+  const size_t at = reserve(t.size());
+  staging_.last = backend_.copyToHostAsync(t, staging_.buffer, at).done;
+  return at;
+}
+
+void LowRankSender::waitStaged() { backend_.wait(staging_.last); }
+
+Matrix LowRankSender::staged(size_t at, int64_t rows, int64_t cols) const {
+  const ops::Tensor t = staging_.buffer.floats(at, rows, cols);
+  return Eigen::Map<const Matrix>(t.data(), rows, cols);
 }
 
 ops::Tensor LowRankSender::upload(const Matrix& m) {
@@ -90,8 +139,9 @@ Matrix LowRankSender::carried(size_t p) const {
 //   M Q = E Q + A (V^T Q),   M^T P = E^T P + V (A^T P),   E' = E + [A, -P] [V, Q']^T,
 // two reads of E and one update in place. ||M||^2 = ||E'||^2 + ||Q'||^2, as P P^T M is
 // an orthogonal projection of M. Each phase is queued for every matrix before the host
-// reads any of its results, so the host waits for the device's work twice a clock
-// (three times in bf16: Q' is rounded before E's update), not once per matrix and step.
+// reads any of its results, and every copy crosses asynchronously through the staging
+// buffer (low_rank.h), so the host waits for the device's work twice a clock (three
+// times in bf16: Q' is rounded before E's update), not once per matrix, step and copy.
 
 void LowRankSender::queueRange(Work& w) {
   using ops::Tensor;
@@ -145,12 +195,19 @@ void LowRankSender::queueProjection(Work& w) {
   using ops::Tensor;
   using ops::Trans;
   const int64_t r = rank_, j = w.m->u.rows(), n = w.m->u.cols();
-  const Eigen::HouseholderQR<Matrix> qr(download(w.mq));
+  const Eigen::HouseholderQR<Matrix> qr(staged(w.mqAt, j, r));
   w.basis = qr.householderQ() * Matrix::Identity(j, r);
   if (dtype_ == SvDtype::kBf16) roundAllToBf16(w.basis);
   Tensor minusP = w.left.middleCols(n, r);
   const Matrix negated = -w.basis;
-  backend_.copy(Tensor::host(negated.data(), j, r), minusP);
+  if (backend_.device() == ops::Device::kCpu) {
+    backend_.copy(Tensor::host(negated.data(), j, r), minusP);
+  } else {
+    const size_t at = reserve(j * r);
+    std::memcpy(staging_.buffer.data() + at, negated.data(), static_cast<size_t>(j * r) * sizeof(float));
+    staging_.last = backend_.copyToDeviceAsync(staging_.buffer, at, minusP).done;
+    backend_.waitOnDevice(staging_.last);
+  }
   Tensor q = w.right.middleCols(n, r);
   productWithColumns(backend_, Trans::kYes, -1.0f, state_[w.p].e, minusP, q);
   backend_.gemm(Trans::kYes, Trans::kNo, -1.0f, w.left.middleCols(0, n), minusP, 0.0f, w.small);
@@ -161,9 +218,16 @@ void LowRankSender::queueProjection(Work& w) {
 void LowRankSender::roundProjection(Work& w) {
   const int64_t r = rank_, k = w.m->vDense.rows(), n = w.m->u.cols();
   ops::Tensor q = w.right.middleCols(n, r);
-  w.q = download(q);
+  w.q = staged(w.qAt, k, r);
   roundAllToBf16(w.q);
-  backend_.copy(ops::Tensor::host(w.q.data(), k, r), q);
+  if (backend_.device() == ops::Device::kCpu) {
+    backend_.copy(ops::Tensor::host(w.q.data(), k, r), q);
+    return;
+  }
+  const size_t at = reserve(k * r);
+  std::memcpy(staging_.buffer.data() + at, w.q.data(), static_cast<size_t>(k * r) * sizeof(float));
+  staging_.last = backend_.copyToDeviceAsync(staging_.buffer, at, q).done;
+  backend_.waitOnDevice(staging_.last);
 }
 
 // Q becomes Q', E becomes E - P Q'^T + A V^T, and E's column norms and the bias
@@ -191,8 +255,8 @@ void LowRankSender::queueUpdate(Work& w) {
 SvMatrix LowRankSender::finish(Work& w, double& kept, double& whole) {
   const int64_t r = rank_, j = w.m->u.rows(), k = w.m->vDense.rows(), n = w.m->u.cols();
   MatrixState& s = state_[w.p];
-  if (w.q.size() == 0) w.q = download(w.right.middleCols(n, r));
-  const double carried = download(w.norms).cast<double>().sum();
+  if (w.q.size() == 0) w.q = staged(w.qAt, k, r);
+  const double carried = staged(w.normsAt, 1, k).cast<double>().sum();
   // What the best k directions within span(P) carry: the eigenvalues of
   // Q'^T Q' = P^T M M^T P (r x r), largest first.
   const Eigen::MatrixXd gram = w.q.cast<double>().transpose() * w.q.cast<double>();
@@ -214,7 +278,7 @@ SvMatrix LowRankSender::finish(Work& w, double& kept, double& whole) {
   if (w.m->biasId >= 0) {
     // The bias update, exactly: U times the bias coefficients (in bf16, with the
     // rounding error of earlier clocks added and this clock's carried on).
-    o.u.col(r) = download(w.bias).col(0);
+    o.u.col(r) = staged(w.biasAt, j, 1).col(0);
     if (dtype_ == SvDtype::kBf16) {
       if (s.eb.size() != j) s.eb = Vector::Zero(j);
       const Vector want = o.u.col(r) + s.eb;
@@ -286,6 +350,7 @@ SvBatch LowRankSender::compress(const SvBatch& batch, std::span<const ops::Devic
   out.coeffs = Vector::Ones(rank_ + 1);  // every matrix carries a core
   out.dtype = dtype_;
   std::vector<Work> work(batch.matrices.size());
+  beginStaging(batch);
   for (size_t p = 0; p < work.size(); ++p) {
     work[p].m = &batch.matrices[p];
     work[p].coeffs = &batch.coeffs;
@@ -293,13 +358,23 @@ SvBatch LowRankSender::compress(const SvBatch& batch, std::span<const ops::Devic
     work[p].p = p;
     queueRange(work[p]);
   }
-  for (Work& w : work) queueProjection(w);  // the first waits for every M Q
+  for (Work& w : work) w.mqAt = stageDown(w.mq);
+  waitStaged();  // every M Q
+  for (Work& w : work) queueProjection(w);
   if (dtype_ == SvDtype::kBf16) {
+    for (Work& w : work) w.qAt = stageDown(w.right.middleCols(w.m->u.cols(), rank_));
+    waitStaged();  // every Q'
     for (Work& w : work) roundProjection(w);
   }
   for (Work& w : work) queueUpdate(w);
+  for (Work& w : work) {
+    if (dtype_ != SvDtype::kBf16) w.qAt = stageDown(w.right.middleCols(w.m->u.cols(), rank_));
+    w.normsAt = stageDown(w.norms);
+    if (w.m->biasId >= 0) w.biasAt = stageDown(w.bias);
+  }
+  waitStaged();  // the rest
   double kept = 0.0, whole = 0.0;
-  for (Work& w : work) out.matrices.push_back(finish(w, kept, whole));  // the first waits for the rest
+  for (Work& w : work) out.matrices.push_back(finish(w, kept, whole));
   lastError_ = whole > 0.0 ? std::sqrt(kept / whole) : 0.0;
   lastWhole_ = whole;
   return out;
