@@ -384,9 +384,13 @@ class Backend {
   // Bytes copy(), copySparse() and the asynchronous copies moved from host memory to
   // this backend's device and back, since the backend was made (0 on the CPU
   // backend, whose device is the host).
+  // `blocking`: the calls of copy() and copySparse() between host memory and the
+  // device, each of which returns only once the device has run everything queued
+  // before it (the asynchronous copies do not block).
   struct Transfers {
     uint64_t toDevice = 0;
     uint64_t toHost = 0;
+    uint64_t blocking = 0;
   };
   const Transfers& transfers() const { return transfers_; }
   // Device operations queued since the backend was made: one per call of an
@@ -413,6 +417,10 @@ class Backend {
   void countCopy(Device from, Device to, uint64_t bytes) {
     if (from == Device::kCpu && to != Device::kCpu) transfers_.toDevice += bytes;
     if (from != Device::kCpu && to == Device::kCpu) transfers_.toHost += bytes;
+  }
+  // Counts a copy() or copySparse() from `from` to `to` memory that blocks the host.
+  void countBlocking(Device from, Device to) {
+    if ((from == Device::kCpu) != (to == Device::kCpu)) ++transfers_.blocking;
   }
   // Counts one operation queued in launches().
   void countLaunch() { ++launches_; }

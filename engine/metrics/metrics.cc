@@ -184,6 +184,8 @@ void MetricsAggregator::write(uint64_t clock, const Entry& e) {
   if (e.sum[kDeviceIn] > 0 || e.sum[kDeviceOut] > 0) {
     line.add("device_in_bytes", static_cast<uint64_t>(e.sum[kDeviceIn]))
         .add("device_out_bytes", static_cast<uint64_t>(e.sum[kDeviceOut]))
+        // Those that made the host wait for the device (copy(), not the asynchronous ones), all ranks.
+        .add("blocking_copies", static_cast<uint64_t>(e.sum[kBlockingCopies]))
         // The data queue: how long the device waited for the clock's minibatch (rank mean).
         .add("device_data_wait_seconds", e.sum[kDeviceDataWait] / p);
   }
@@ -295,6 +297,7 @@ ClockRecord clockRecord(uint64_t clock, const ClockStats& stats, const ClockArou
   r[kDeviceIn] = static_cast<double>(around.deviceInBytes);
   r[kDeviceOut] = static_cast<double>(around.deviceOutBytes);
   r[kLaunches] = static_cast<double>(around.launches);
+  r[kBlockingCopies] = static_cast<double>(around.blockingCopies);
   r[kDataWait] = around.dataWaitSeconds;
   r[kToHost] = static_cast<double>(around.toHostBytes);
   r[kToDevice] = static_cast<double>(around.toDeviceBytes);

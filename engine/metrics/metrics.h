@@ -91,7 +91,7 @@ class MetricsWriter {
 enum ClockField : size_t {
   kClock, kSeconds, kLoss, kBytes, kMessages, kCompute, kComm, kUpdate, kWait, kSelect, kClockSeconds, kGap,
   kHasEval, kEvalLoss, kEvalCorrect, kEvalCount, kDeviceIn, kDeviceOut, kDataWait,
-  kToHost, kToDevice, kTransferSeconds, kTransferHidden, kDeviceDataWait, kLaunches,
+  kToHost, kToDevice, kTransferSeconds, kTransferHidden, kDeviceDataWait, kLaunches, kBlockingCopies,
   kReplica, kAveraged, kRotated, kDivergenceMax, kDivergenceMean,
   kCkptWait, kFailed, kLostClocks, kCkptCpu, kExchange, kFirstSend, kBackwardEnd, kRankError, kParamDigest,
   kTransfer, kClockFieldCount
@@ -127,6 +127,9 @@ struct ClockAround {
   // Operations queued on the job's backend during the clock (ops::Backend::launches:
   // on a GPU, kernel launches and library calls).
   uint64_t launches = 0;
+  // Copies between host and device during the clock that made the host wait for
+  // the device (ops::Backend::Transfers::blocking).
+  uint64_t blockingCopies = 0;
   // Waited for the clock's minibatch (the prefetch queue had none ready); with
   // the data queue, for the next clock's too, and staged it for the device.
   double dataWaitSeconds = 0.0;

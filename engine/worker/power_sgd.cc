@@ -48,24 +48,28 @@ void PowerSgdReducer::start(std::span<const ops::Tensor> gradient) {
   }
 }
 
-void PowerSgdReducer::put(const std::vector<float>& host, size_t at, ops::Tensor& dst) {
-  backend_.copy(ops::Tensor::host(host.data() + at, dst.rows(), dst.cols()), dst);
+void PowerSgdReducer::beginStaging(size_t floats) {
+  backend_.wait(last_);
+  last_ = ops::Event();
+  used_ = 0;
+  if (staging_.bytes() < floats * sizeof(float)) staging_ = backend_.allocateHost(floats * sizeof(float));
 }
 
-void PowerSgdReducer::get(const ops::Tensor& src, std::vector<float>& host, size_t at) {
-  ops::Tensor view = ops::Tensor::host(host.data() + at, src.rows(), src.cols());
-  backend_.copy(src, view);
+size_t PowerSgdReducer::reserve(size_t floats) {
+  const size_t at = used_;
+  used_ += floats;
+  ORPHEUS_ENFORCE(used_ * sizeof(float) <= staging_.bytes(), "--sync powersgd: the staging buffer ({} bytes) is too small",
+                  staging_.bytes());
+  return at;
 }
 
-void PowerSgdReducer::allreduce(ops::Tensor& t, comm::Transport& transport, uint64_t clock) {
-  if (t.device() == ops::Device::kCpu) {
-    transport.allreduceSum({t.data(), static_cast<size_t>(t.size())}, clock);
-    return;
-  }
-  scratch_.resize(static_cast<size_t>(t.size()));
-  get(t, scratch_, 0);
-  transport.allreduceSum({scratch_.data(), scratch_.size()}, clock);
-  put(scratch_, 0, t);
+void PowerSgdReducer::get(const ops::Tensor& src, size_t at) {
+  last_ = backend_.copyToHostAsync(src, staging_, at * sizeof(float)).done;
+}
+
+void PowerSgdReducer::put(size_t at, ops::Tensor& dst) {
+  last_ = backend_.copyToDeviceAsync(staging_, at * sizeof(float), dst).done;
+  backend_.waitOnDevice(last_);
 }
 
 void PowerSgdReducer::reduce(ParamSet& gradient, comm::Transport& transport, uint64_t clock) {
@@ -93,61 +97,87 @@ void PowerSgdReducer::reduce(std::span<ops::Tensor> gradient, comm::Transport& t
   using ops::Trans;
   if (state_.size() != gradient.size()) start(gradient);
   if (clock <= kPlainClocks) {
-    for (ops::Tensor& g : gradient) allreduce(g, transport, clock);
+    if (backend_.device() == ops::Device::kCpu) {
+      for (ops::Tensor& g : gradient) transport.allreduceSum({g.data(), static_cast<size_t>(g.size())}, clock);
+      return;
+    }
+    size_t floats = 0;
+    for (const ops::Tensor& g : gradient) floats += static_cast<size_t>(g.size());
+    beginStaging(floats);
+    std::vector<size_t> at;
+    for (const ops::Tensor& g : gradient) {
+      at.push_back(reserve(static_cast<size_t>(g.size())));
+      get(g, at.back());
+    }
+    backend_.wait(last_);
+    for (size_t p = 0; p < gradient.size(); ++p) {
+      transport.allreduceSum({staged(at[p]), static_cast<size_t>(gradient[p].size())}, clock);
+      put(at[p], gradient[p]);
+    }
     return;
   }
-  // One buffer for the uncompressed gradients and every P = M orth(Q), one for every Q.
-  size_t firstSize = 0, secondSize = 0;
+  // One stretch of the buffer for the uncompressed gradients and every P = M orth(Q),
+  // one for every Q, and the Q, P and Q going up.
+  size_t firstSize = 0, secondSize = 0, upSize = 0;
   for (size_t p = 0; p < gradient.size(); ++p) {
     const MatrixState& s = state_[p];
     firstSize += static_cast<size_t>(s.r == 0 ? gradient[p].size() : s.p.size());
     secondSize += static_cast<size_t>(s.q.size());
+    upSize += static_cast<size_t>(2 * s.q.size() + s.p.size());
   }
-  first_.resize(firstSize);
-  second_.resize(secondSize);
-  size_t at = 0;
+  beginStaging(firstSize + secondSize + upSize);
+  const size_t first = reserve(firstSize), second = reserve(secondSize);
+  size_t at = first;
   for (size_t p = 0; p < gradient.size(); ++p) {
     MatrixState& s = state_[p];
     ops::Tensor& g = gradient[p];
     if (s.r == 0) {
-      get(g, first_, at);
+      get(g, at);
       at += static_cast<size_t>(g.size());
       continue;
     }
     backend_.axpy(1.0f, g, s.e);  // M, kept in E until the update is known
     orthonormalizeColumns(s.qHost);
-    backend_.copy(ops::Tensor::host(s.qHost.data(), s.qHost.rows(), s.qHost.cols()), s.q);
+    const size_t q = reserve(static_cast<size_t>(s.qHost.size()));
+    Eigen::Map<Matrix>(staged(q), s.qHost.rows(), s.qHost.cols()) = s.qHost;
+    put(q, s.q);
     backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, s.e, s.q, 0.0f, s.p);
-    get(s.p, first_, at);
+    get(s.p, at);
     at += static_cast<size_t>(s.p.size());
   }
-  transport.allreduceSum({first_.data(), first_.size()}, clock);
-  at = 0;
-  size_t qAt = 0;
+  backend_.wait(last_);
+  transport.allreduceSum({staged(first), firstSize}, clock);
+  at = first;
+  size_t qAt = second;
   for (size_t p = 0; p < gradient.size(); ++p) {
     MatrixState& s = state_[p];
     if (s.r == 0) {
-      put(first_, at, gradient[p]);
+      put(at, gradient[p]);
       at += static_cast<size_t>(gradient[p].size());
       continue;
     }
-    Matrix pHost = Eigen::Map<const Matrix>(first_.data() + at, s.p.rows(), s.p.cols());
+    Matrix pHost = Eigen::Map<const Matrix>(staged(at), s.p.rows(), s.p.cols());
     at += static_cast<size_t>(s.p.size());
     orthonormalizeColumns(pHost);
-    backend_.copy(ops::Tensor::host(pHost.data(), pHost.rows(), pHost.cols()), s.p);
+    const size_t up = reserve(static_cast<size_t>(pHost.size()));
+    Eigen::Map<Matrix>(staged(up), pHost.rows(), pHost.cols()) = pHost;
+    put(up, s.p);
     backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, s.e, s.p, 0.0f, s.q);
-    get(s.q, second_, qAt);
+    get(s.q, qAt);
     qAt += static_cast<size_t>(s.q.size());
   }
-  transport.allreduceSum({second_.data(), second_.size()}, clock);
-  qAt = 0;
+  backend_.wait(last_);
+  transport.allreduceSum({staged(second), secondSize}, clock);
+  qAt = second;
   const float ranks = static_cast<float>(transport.size());
   for (size_t p = 0; p < gradient.size(); ++p) {
     MatrixState& s = state_[p];
     if (s.r == 0) continue;
-    s.qHost = Eigen::Map<const Matrix>(second_.data() + qAt, s.q.rows(), s.q.cols());
+    s.qHost = Eigen::Map<const Matrix>(staged(qAt), s.q.rows(), s.q.cols());
+    const size_t up = reserve(static_cast<size_t>(s.qHost.size()));
+    Eigen::Map<Matrix>(staged(up), s.qHost.rows(), s.qHost.cols()) = s.qHost;
     qAt += static_cast<size_t>(s.q.size());
-    backend_.copy(ops::Tensor::host(s.qHost.data(), s.qHost.rows(), s.qHost.cols()), s.q);
+    put(up, s.q);
     backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, s.p, s.q, 0.0f, gradient[p]);
     backend_.axpy(-1.0f / ranks, gradient[p], s.e);
   }

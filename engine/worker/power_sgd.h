@@ -81,18 +81,26 @@ class PowerSgdReducer {
     Matrix qHost;    // Q as the last all-reduce left it (or as drawn), orthonormalized on the host
   };
   void start(std::span<const ops::Tensor> gradient);
-  // Sums `t` over the ranks in place (through host memory on a device).
-  void allreduce(ops::Tensor& t, comm::Transport& transport, uint64_t clock);
-  // dst = floats [at, at + dst.size()) of `host`, and back.
-  void put(const std::vector<float>& host, size_t at, ops::Tensor& dst);
-  void get(const ops::Tensor& src, std::vector<float>& host, size_t at);
+  // A clock's copies cross through one page-locked buffer (Backend::allocateHost),
+  // which the all-reduces also sum in: to the host with copyToHostAsync, read after
+  // one wait before each all-reduce; to the device with copyToDeviceAsync, which
+  // the device waits for and the host does not. So the host waits for the device
+  // twice a clock, not at every copy. Written again once the last copy through it
+  // landed (the next clock).
+  void beginStaging(size_t floats);
+  size_t reserve(size_t floats);  // the next `floats` of the buffer, at this float
+  float* staged(size_t at) const { return reinterpret_cast<float*>(staging_.data()) + at; }
+  void get(const ops::Tensor& src, size_t at);  // queued to the host
+  void put(size_t at, ops::Tensor& dst);        // queued to the device
 
   ops::Backend& backend_;
   int64_t rank_;
   uint64_t seed_;
   int64_t minCompressionRate_;
   std::vector<MatrixState> state_;  // one per parameter
-  std::vector<float> first_, second_, scratch_;  // the all-reduces' host buffers
+  ops::HostBuffer staging_;
+  size_t used_ = 0;    // floats of staging_ taken this clock
+  ops::Event last_;    // the last copy through it
   std::vector<ops::Tensor> hostGradient_;       // reduce(ParamSet&) on a device: the gradient copied in
 };
 

@@ -420,7 +420,7 @@ void Worker::denseClock(uint64_t clock, const ops::ExampleBatch& examples, Clock
 
 // --sync dense, resident: the gradient computed where the replica lives, each
 // parameter's copied to page-locked host memory on the copy queue and all-reduced
-// there, the sums copied back for the step. With --overlap, last parameter first
+// there, the sums copied back on the copy queue for the step. With --overlap, last parameter first
 // (as the backward pass finishes them), each all-reduce begun as its copy lands
 // while the later ones are still on their way; without, in parameter order, each
 // all-reduce complete before the next (the host path's order).
@@ -465,12 +465,14 @@ void Worker::residentDenseExchange(uint64_t clock, const ops::ExampleBatch& exam
   stats.commSeconds = secondsSince(t) + sendSeconds;
   stats.computeSeconds = secondsSince(start) - stats.commSeconds;
   stats.exchangeSeconds = overlap ? std::max(0.0, lastArrival - std::max(0.0, stats.firstSendAt)) : stats.commSeconds;
+  // The sums go back from where they lie, on the copy queue: the step waits for
+  // them on the device, the host does not.
   const auto back = Clock::now();
+  ops::Event landed;
   for (size_t k = 0; k < deviceGradient_.size(); ++k) {
-    const std::span<float> sum = floatsOf(k);
-    backend.copy(ops::Tensor::host(sum.data(), deviceGradient_[k].rows(), deviceGradient_[k].cols()),
-                 deviceGradient_[k]);
+    landed = backend.copyToDeviceAsync(gradientStaging_, offset[k], deviceGradient_[k]).done;
   }
+  backend.waitOnDevice(landed);
   stats.commSeconds += secondsSince(back);
   stepDense(clock, deviceGradient_, stats);
 }
@@ -657,6 +659,7 @@ bool Worker::runLoopClock(uint64_t clock, MetricsSink& sink, Tally& tally) {
   around.deviceInBytes = updater_.backend().transfers().toDevice - transfersBefore.toDevice;
   around.deviceOutBytes = updater_.backend().transfers().toHost - transfersBefore.toHost;
   around.launches = updater_.backend().launches() - launchesBefore;
+  around.blockingCopies = updater_.backend().transfers().blocking - transfersBefore.blocking;
   around.dataWaitSeconds = dataWaitSeconds;
   noteTransfer(transferBefore, around);
   around.deviceDataWaitSeconds = model_.takeDeviceDataWait();

@@ -125,6 +125,7 @@ class CudaBackend final : public Backend {
   void copy(const Tensor& src, Tensor& dst) override {
     countLaunch();
     checks::sameShape("copy", src, dst);
+    countBlocking(src.device(), dst.device());
     if (src.size() == 0) return;
     countCopy(src.device(), dst.device(), static_cast<uint64_t>(src.size()) * sizeof(float));
     activate();
@@ -151,6 +152,7 @@ class CudaBackend final : public Backend {
     const size_t floats = nnz * (other ? 2 : 1);
     const size_t bytes = (ints + floats + 1) * sizeof(float);
     countCopy(src.device, Device::kCuda, (ints + floats) * sizeof(float));
+    countBlocking(src.device, Device::kCuda);
     // Reused in stream order: the products queued before on this stream read the old arrays first.
     if (!dst.storage || dst.view.device != Device::kCuda || dst.capacity < bytes) {
       dst.storage = std::shared_ptr<void>(deviceAlloc(bytes),

@@ -154,6 +154,7 @@ class StrictBackend final : public Backend {
     ORPHEUS_ENFORCE(src.device() != Device::kCuda && dst.device() != Device::kCuda,
                     "backend strict: copy from {} to {} memory", deviceName(src.device()), deviceName(dst.device()));
     countCopy(src.device(), dst.device(), static_cast<uint64_t>(src.size()) * sizeof(float));
+    countBlocking(src.device(), dst.device());
     Opened o(*registry_, "copy");
     const Tensor s = o.host(src);
     Tensor d = o.host(dst);
@@ -170,6 +171,7 @@ class StrictBackend final : public Backend {
     const size_t indexBytes = static_cast<size_t>(outerSize + src.nonZeros) * sizeof(int32_t);
     const size_t bytes = indexBytes + static_cast<size_t>(src.nonZeros) * sizeof(float);
     countCopy(src.device, Device::kStrict, bytes);
+    countBlocking(src.device, Device::kStrict);
     if (!dst.storage || dst.view.device != Device::kStrict || dst.capacity < bytes) {
       std::shared_ptr<Registry> registry = registry_;
       dst.storage = std::shared_ptr<void>(registry_->map(bytes), [registry](void* p) { registry->unmap(p); });

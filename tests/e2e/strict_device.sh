@@ -237,6 +237,14 @@ case "$case" in
     same dense-resident "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.1 --sync dense \
       --overlap off --optimizer nesterov --weight-decay 0.001
     resident dense-resident
+    # The sums go back to the device on the copy queue: after the first clock (the
+    # replica's upload) no copy makes the host wait but the loss row's (one a rank;
+    # there were 7, one for each parameter's sum).
+    for job in dense-overlap dense-resident; do
+      grep -o '"blocking_copies": *[0-9]*' "$out/$job-strict.jsonl" | sed 's/.*: *//' | tail -n +2 |
+        awk -v job=$job '$1 != 2 { print "strict_device.sh: " $1 " copies blocked the host in clock " NR + 1 " of " job; bad = 1 }
+          END { if (NR != 19) bad = 1; exit bad }' >&2
+    done
     # --sync powersgd: the gradient, its residual E and the factors' products stay on
     # the device; after the two clocks summed whole, only the factors P and Q and the
     # biases come to the host for the all-reduces: 8 kB a rank, not the 156 kB gradient.
@@ -245,6 +253,11 @@ case "$case" in
     grep -o '"device_out_bytes": *[0-9]*' "$out/powersgd-strict.jsonl" | sed 's/.*: *//' | tail -n +3 |
       awk '$1 > 2 * 20000 { print "strict_device.sh: --sync powersgd copied " $1 " bytes out in clock " NR + 2; bad = 1 }
         END { exit bad }' >&2
+    # Its factors cross asynchronously through one staging buffer: after the first
+    # clock only the loss row's copy blocks the host (there were 22 a rank).
+    grep -o '"blocking_copies": *[0-9]*' "$out/powersgd-strict.jsonl" | sed 's/.*: *//' | tail -n +2 |
+      awk '$1 != 2 { print "strict_device.sh: --sync powersgd: " $1 " copies blocked the host in clock " NR + 1; bad = 1 }
+        END { if (NR != 19) bad = 1; exit bad }' >&2
     # One rank: no collective, so the gradient stays on the device. Folding (sgd) and
     # a step from the gradient buffer (adam), both bitwise the host's; in no clock
     # does more than the loss come back (a gradient of MLP 784-48-24-10 is 155,944 bytes).
