@@ -302,6 +302,7 @@ check_shared() {
   done
   figure "per clock, Orpheus --sv-rank 2 (s):$phase; dense: clock $(mean "$work/dense.jsonl" clock_seconds 2)"
   figure "bytes per clock: Orpheus best $(mean "$work/best.jsonl" bytes_sent), dense $(mean "$work/dense.jsonl" bytes_sent), DDP $(mean "$work/ddp.jsonl" bytes_sent), PowerSGD $(mean "$work/powersgd.jsonl" bytes_sent)"
+  figure "per clock, all ranks: operations queued: best $(mean "$work/best.jsonl" launches 2), dense $(mean "$work/dense.jsonl" launches 2), powersgd $(mean "$work/opsgd.jsonl" launches 2); copies that blocked the host: best $(mean "$work/best.jsonl" blocking_copies 2), dense $(mean "$work/dense.jsonl" blocking_copies 2), powersgd $(mean "$work/opsgd.jsonl" blocking_copies 2)"
   [ "$best" != none ] && [ "$ddp" != none ]
 }
 check_lstm() {
