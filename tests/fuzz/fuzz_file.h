@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
 
 namespace orpheus::fuzz {
@@ -45,15 +46,20 @@ inline void writeBytes(const std::string& path, const uint8_t* data, size_t size
   if (std::fclose(f) != 0) std::abort();
 }
 
-// Reads `path` as `format` whole and as every shard of 3, slicing what loads. Bad
-// input must end in InputError; anything else escapes as a finding.
-inline void readEveryShard(const std::string& path, data::Format format) {
-  for (int world : {1, 3}) {
+// Reads `path` as `format` whole and as every shard of 3 (or, given `worlds`, of
+// each of those), slicing what loads; `streams` and `steps` as ReadOptions takes
+// them (token streams). Bad input must end in InputError; anything else escapes
+// as a finding.
+inline void readEveryShard(const std::string& path, data::Format format, std::initializer_list<int> worlds = {1, 3},
+                           int64_t streams = 0, int64_t steps = 0) {
+  for (int world : worlds) {
     for (int rank = 0; rank < world; ++rank) {
       data::ReadOptions options;
       options.format = format;
       options.rank = rank;
       options.worldSize = world;
+      options.streams = streams;
+      options.steps = steps;
       try {
         const data::Dataset d = data::readDataset(path, options);
         if (d.size() > 0) data::slice(d, 0, d.size());
