@@ -368,8 +368,8 @@ void DeviceExecutor::backward(std::span<const Tensor> params, const std::functio
 void DeviceExecutor::optimizeLocals(std::span<const Tensor> params, std::vector<Matrix>* locals) {
   if (locals_.empty()) return;
   // A pass that threw left its copies out queued: they land before locals_ is refilled.
-  for (const AsyncCopy& c : localsCopies_) backend_.wait(c.done);
-  localsCopies_.clear();
+  localsOut_.wait();
+  localsAt_.clear();
   ORPHEUS_ENFORCE(locals != nullptr && locals->size() == locals_.size(), "the graph has {} data-dependent variables",
                   locals_.size());
   const auto& ids = graph_.locals();
@@ -402,26 +402,19 @@ void DeviceExecutor::optimizeLocals(std::span<const Tensor> params, std::vector<
   }
   size_t bytes = 0;
   for (const Tensor& t : locals_) bytes += static_cast<size_t>(t.size()) * sizeof(float);
-  if (localsOut_.bytes() < bytes) localsOut_ = backend_.allocateHost(bytes);
-  localsCopies_.clear();
-  size_t at = 0;
-  for (const Tensor& t : locals_) {
-    localsCopies_.push_back(backend_.copyToHostAsync(t, localsOut_, at));
-    at += static_cast<size_t>(t.size()) * sizeof(float);
-  }
+  localsOut_.begin(backend_, bytes);
+  localsAt_.clear();
+  for (const Tensor& t : locals_) localsAt_.push_back(localsOut_.down(t));
 }
 
 void DeviceExecutor::landLocals(std::vector<Matrix>* locals) {
-  if (localsCopies_.empty()) return;
-  size_t at = 0;
-  for (size_t k = 0; k < localsCopies_.size(); ++k) {
-    backend_.wait(localsCopies_[k].done);
+  if (localsAt_.empty()) return;
+  localsOut_.wait();
+  for (size_t k = 0; k < localsAt_.size(); ++k) {
     Matrix& m = (*locals)[k];
-    const size_t bytes = static_cast<size_t>(m.size()) * sizeof(float);
-    std::memcpy(m.data(), localsOut_.data() + at, bytes);
-    at += bytes;
+    if (m.size() > 0) std::memcpy(m.data(), localsOut_.data(localsAt_[k]), static_cast<size_t>(m.size()) * sizeof(float));
   }
-  localsCopies_.clear();
+  localsAt_.clear();
 }
 
 double DeviceExecutor::run(std::span<const Tensor> params, const Matrix* dense, const SparseMatrix* sparse,

@@ -50,7 +50,7 @@
 #include "ops/backend.h"
 #include "ops/graph.h"
 #include "ops/graph_exec.h"
-#include "ops/staged_sparse.h"
+#include "ops/staging.h"
 
 #include <array>
 #include <functional>
@@ -217,8 +217,8 @@ class DeviceExecutor {
   std::vector<Tensor> values_;  // per operator node, rows x B
   std::vector<Tensor> grads_;   // per node needing a gradient, rows x B; the loss's: ones
   std::vector<Tensor> locals_;  // per data-dependent variable, rows x B: the batch's values
-  HostBuffer localsOut_;        // their refined values on their way back, back to back
-  std::vector<AsyncCopy> localsCopies_;  // this pass's copies into localsOut_, landed by landLocals()
+  Staging localsOut_;           // their refined values on their way back, back to back
+  std::vector<size_t> localsAt_;  // this pass's copies: where each lands in localsOut_, read by landLocals()
   std::vector<char> live_;      // per node: its gradient holds a term of this pass
   Tensor input_;                // the dense input (or a sparse batch's dense copy), D x B
   SparseCopy sparse_;           // the sparse input's device copy
@@ -254,16 +254,15 @@ class DeviceExecutor {
     std::vector<Tensor> denseTokens;         // per token node read densely
     std::vector<Tensor> locals;              // the batch's data-dependent variables (swapped with the executor's)
     bool withLocals = false;                 // `locals` hold the batch's, still current
-    HostBuffer staging;
-    Event stagingRead;
+    Staging staging;
     Event landed;  // the slot's last copy (copies land in order)
   };
   // The next slot, its staging buffer free and at least `bytes` long.
   Ahead& nextAhead(size_t bytes);
-  // The labels' one-hot (C x B) staged at `offset` and queued to the slot's oneHot.
-  void stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_t batch, size_t& offset);
-  // The batch's data-dependent variables staged at `offset` and queued to the slot's locals.
-  void stageLocals(Ahead& a, const std::vector<Matrix>& locals, int64_t batch, size_t& offset);
+  // The labels' one-hot (C x B) staged and queued to the slot's oneHot.
+  void stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_t batch);
+  // The batch's data-dependent variables staged and queued to the slot's locals.
+  void stageLocals(Ahead& a, const std::vector<Matrix>& locals, int64_t batch);
   // The batch's compute waits on the device for the slot's copies; the wait is timed.
   void orderAfter(const Ahead& a);
   std::array<Ahead, 2> ahead_;

@@ -4,7 +4,7 @@
 #include "engine/base/error.h"
 #include "ops/device_exec.h"
 #include "ops/sequence_layout.h"
-#include "ops/staged_sparse.h"
+#include "ops/staging.h"
 
 #include <algorithm>
 #include <cstring>
@@ -36,8 +36,8 @@ DeviceExecutor::Ahead& DeviceExecutor::nextAhead(size_t bytes) {
   Ahead& a = ahead_[aheadNext_];
   aheadNext_ ^= 1;
   // The copy that read the staging buffer last (two batches ago) must be done before it is written.
-  backend_.wait(a.stagingRead);
-  if (a.staging.bytes() < bytes) a.staging = backend_.allocateHost(bytes);
+  a.staging.begin(backend_, bytes);
+  a.landed = Event();
   a.dense = nullptr;
   a.sparse = nullptr;
   a.labels = nullptr;
@@ -45,7 +45,7 @@ DeviceExecutor::Ahead& DeviceExecutor::nextAhead(size_t bytes) {
   return a;
 }
 
-void DeviceExecutor::stageLocals(Ahead& a, const std::vector<Matrix>& locals, int64_t batch, size_t& offset) {
+void DeviceExecutor::stageLocals(Ahead& a, const std::vector<Matrix>& locals, int64_t batch) {
   const auto& ids = graph_.locals();
   ORPHEUS_ENFORCE(locals.size() == ids.size(), "the graph has {} data-dependent variables, {} were queued",
                   ids.size(), locals.size());
@@ -55,11 +55,8 @@ void DeviceExecutor::stageLocals(Ahead& a, const std::vector<Matrix>& locals, in
     const int64_t rows = graph_.node(ids[k]).rows;
     ORPHEUS_ENFORCE(m.rows() == rows && m.cols() == batch, "data-dependent variable '{}' is {}x{}, the batch needs {}x{}",
                     graph_.node(ids[k]).name, m.rows(), m.cols(), rows, batch);
-    const size_t bytes = static_cast<size_t>(m.size()) * sizeof(float);
-    if (bytes > 0) std::memcpy(a.staging.data() + offset, m.data(), bytes);
     if (a.locals[k].rows() != rows || a.locals[k].cols() != batch) a.locals[k] = backend_.allocate(rows, batch);
-    a.landed = backend_.copyToDeviceAsync(a.staging, offset, a.locals[k]).done;
-    offset += bytes;
+    a.landed = a.staging.up(m.data(), a.locals[k]);
   }
   a.withLocals = true;
 }
@@ -68,16 +65,15 @@ void DeviceExecutor::forgetQueuedLocals() {
   for (Ahead& a : ahead_) a.withLocals = false;
 }
 
-void DeviceExecutor::stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_t batch, size_t& offset) {
+void DeviceExecutor::stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_t batch) {
   const int label = graph_.labelNode();
   if (label < 0) return;
   ORPHEUS_CHECK_INPUT(labels.size() == batch, "the batch has {} examples but {} labels", batch, labels.size());
   const int64_t classes = graph_.node(label).rows;
-  const Tensor host = a.staging.floats(offset, classes, batch);
-  oneHot(labels, Eigen::Map<Matrix>(host.data(), classes, batch));
+  const size_t at = a.staging.reserveFloats(classes * batch);
+  oneHot(labels, Eigen::Map<Matrix>(a.staging.floats(at), classes, batch));
   if (a.oneHot.rows() != classes || a.oneHot.cols() != batch) a.oneHot = backend_.allocate(classes, batch);
-  a.landed = backend_.copyToDeviceAsync(a.staging, offset, a.oneHot).done;
-  offset += static_cast<size_t>(classes * batch) * sizeof(float);
+  a.landed = a.staging.up(at, a.oneHot);
 }
 
 
@@ -91,13 +87,10 @@ void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels
   const int64_t classes = label >= 0 ? graph_.node(label).rows : 0;
   const size_t inputBytes = static_cast<size_t>(dense.size()) * sizeof(float);
   Ahead& a = nextAhead(inputBytes + static_cast<size_t>(classes * batch) * sizeof(float) + localsBytes(locals));
-  if (inputBytes > 0) std::memcpy(a.staging.data(), dense.data(), inputBytes);
   if (a.input.rows() != features || a.input.cols() != batch) a.input = backend_.allocate(features, batch);
-  a.landed = backend_.copyToDeviceAsync(a.staging, 0, a.input).done;
-  size_t offset = inputBytes;
-  stageLabels(a, labels, batch, offset);
-  if (locals != nullptr) stageLocals(a, *locals, batch, offset);
-  a.stagingRead = a.landed;
+  a.landed = a.staging.up(dense.data(), a.input);
+  stageLabels(a, labels, batch);
+  if (locals != nullptr) stageLocals(a, *locals, batch);
   a.dense = &dense;
   a.data = dense.data();
   a.cols = batch;
@@ -121,19 +114,16 @@ void DeviceExecutor::prefetch(const SparseMatrix& sparse, const Eigen::VectorXi&
   const size_t denseBytes = inputReadDensely_ ? static_cast<size_t>(features * batch) * sizeof(float) : 0;
   Ahead& a = nextAhead(stagedSparseBytes(backend_, m) + denseBytes + static_cast<size_t>(classes * batch) * sizeof(float) +
                        localsBytes(locals));
-  size_t offset = 0;
-  a.landed = stageSparse(backend_, m, a.staging, offset, a.sparseInput);
+  a.landed = stageSparse(backend_, m, a.staging, a.sparseInput);
   if (inputReadDensely_) {
     // Its dense copy, as upload() makes it (hostDense_ = the sparse batch).
-    const Tensor host = a.staging.floats(offset, features, batch);
-    Eigen::Map<Matrix>(host.data(), features, batch) = m;
+    const size_t at = a.staging.reserveFloats(features * batch);
+    Eigen::Map<Matrix>(a.staging.floats(at), features, batch) = m;
     if (a.input.rows() != features || a.input.cols() != batch) a.input = backend_.allocate(features, batch);
-    a.landed = backend_.copyToDeviceAsync(a.staging, offset, a.input).done;
-    offset += denseBytes;
+    a.landed = a.staging.up(at, a.input);
   }
-  stageLabels(a, labels, batch, offset);
-  if (locals != nullptr) stageLocals(a, *locals, batch, offset);
-  a.stagingRead = a.landed;
+  stageLabels(a, labels, batch);
+  if (locals != nullptr) stageLocals(a, *locals, batch);
   a.sparse = &sparse;
   a.data = sparse.valuePtr();
   a.cols = batch;
@@ -161,23 +151,19 @@ void DeviceExecutor::prefetchSequence(const Matrix& segments) {
     if (tokenDense_[i]) bytes += static_cast<size_t>(n.rows * b) * sizeof(float);
   }
   nextAhead(bytes);
-  size_t offset = 0;
-  a.landed = Event();
   for (const Node& n : graph_.nodes()) {
     const size_t i = static_cast<size_t>(n.id);
     if (n.kind != NodeKind::kToken) continue;
-    if (tokenSparse_[i]) a.landed = stageSparse(backend_, a.tokens[i], a.staging, offset, a.sparseTokens[i]);
+    if (tokenSparse_[i]) a.landed = stageSparse(backend_, a.tokens[i], a.staging, a.sparseTokens[i]);
     if (tokenDense_[i]) {
       // The dense one-hot as uploadSequence makes it (hostStep_ = m: zeros and ones).
-      const Tensor host = a.staging.floats(offset, n.rows, b);
-      Eigen::Map<Matrix>(host.data(), n.rows, b) = a.tokens[i];
+      const size_t at = a.staging.reserveFloats(n.rows * b);
+      Eigen::Map<Matrix>(a.staging.floats(at), n.rows, b) = a.tokens[i];
       Tensor& dst = a.denseTokens[i];
       if (dst.rows() != n.rows || dst.cols() != b) dst = backend_.allocate(n.rows, b);
-      a.landed = backend_.copyToDeviceAsync(a.staging, offset, dst).done;
-      offset += static_cast<size_t>(n.rows * b) * sizeof(float);
+      a.landed = a.staging.up(at, dst);
     }
   }
-  a.stagingRead = a.landed;
   a.dense = &segments;
   a.data = segments.data();
   a.cols = b;

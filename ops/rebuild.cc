@@ -234,21 +234,15 @@ void stageUploads(std::span<ParamRebuild* const> rebuilds, std::span<const int64
     }
   }
   // The copies that read the buffer last (the previous rebuild's) land before it is written.
-  backend.wait(d.stagingRead);
-  if (d.staging.bytes() < bytes) d.staging = backend.allocateHost(bytes);
+  d.staging.begin(backend, bytes);
   d.stagedU.resize(rebuilds.size());
   d.stagedV.resize(rebuilds.size());
   d.stagedSparseV.resize(rebuilds.size());
   d.landed.assign(rebuilds.size(), Event());
-  size_t offset = 0;
   d.biasLanded = Event();
   if (!d.biasHost.empty()) {
-    const auto n = static_cast<int64_t>(d.biasHost.size());
-    std::memcpy(d.staging.data(), d.biasHost.data(), d.biasHost.size() * sizeof(float));
-    Tensor to = deviceBuffer(backend, d.stagedBias, n, 1);
-    d.biasLanded = backend.copyToDeviceAsync(d.staging, 0, to).done;
-    d.stagingRead = d.biasLanded;
-    offset += d.biasHost.size() * sizeof(float);
+    Tensor to = deviceBuffer(backend, d.stagedBias, static_cast<int64_t>(d.biasHost.size()), 1);
+    d.biasLanded = d.staging.up(d.biasHost.data(), to);
   }
   for (size_t i = 0; i < rebuilds.size(); ++i) {
     ParamRebuild* r = rebuilds[i];
@@ -258,14 +252,13 @@ void stageUploads(std::span<ParamRebuild* const> rebuilds, std::span<const int64
     // Operands whose columns follow each other in `u` or `v` (their pieces next
     // to each other in the batch order) lie back to back in the staging buffer
     // too: they cross in one copy.
-    size_t runAt = offset;
+    size_t runAt = 0;
     float* runStart = nullptr;
     int64_t runRows = 0, runCols = 0;
     const auto flush = [&] {
       if (runCols == 0) return;
       Tensor columns = Tensor::view(backend.device(), runStart, runRows, runCols);
-      d.landed[i] = backend.copyToDeviceAsync(d.staging, runAt, columns).done;
-      d.stagingRead = d.landed[i];
+      d.landed[i] = d.staging.up(runAt, columns);
       runCols = 0;
     };
     r->hostOperands(u, v, k[i], [&](const Tensor& host, const Tensor& columns) {
@@ -276,21 +269,18 @@ void stageUploads(std::span<ParamRebuild* const> rebuilds, std::span<const int64
       const float* runBase = runStart >= u.data() && runStart < u.data() + u.size() ? u.data() : v.data();
       const bool follows = runCols > 0 && base == runBase && columns.rows() == runRows &&
                            columns.data() == runStart + runRows * runCols;
+      const size_t at = d.staging.reserve(n);  // right after the run's last operand
       if (!follows) {
         flush();
-        runAt = offset;
+        runAt = at;
         runStart = columns.data();
         runRows = columns.rows();
       }
-      std::memcpy(d.staging.data() + offset, host.data(), n);
+      std::memcpy(d.staging.data(at), host.data(), n);
       runCols += columns.cols();
-      offset += n;
     });
     flush();
-    if (r->sparseCols() > 0) {
-      d.landed[i] = stageSparse(backend, sparse[i], d.staging, offset, d.stagedSparseV[i]);
-      d.stagingRead = d.landed[i];
-    }
+    if (r->sparseCols() > 0) d.landed[i] = stageSparse(backend, sparse[i], d.staging, d.stagedSparseV[i]);
   }
 }
 

@@ -8,7 +8,7 @@
 #include "engine/base/params.h"
 #include "engine/base/sv_batch.h"
 #include "ops/backend.h"
-#include "ops/staged_sparse.h"
+#include "ops/staging.h"
 
 #include <span>
 #include <vector>
@@ -45,14 +45,14 @@ struct RebuildPiece {
 // Staged uploads (`staged`, which the caller sets: a resident replica under
 // --transfer staged). The host operands of a rebuild, the weighted columns U C and
 // the dense V's not already on the device, cross through one page-locked buffer
-// (`staging`, Backend::allocateHost) with Backend::copyToDeviceAsync: every
+// (`staging`, ops/staging.h) with Backend::copyToDeviceAsync: every
 // parameter's copies are queued before the first product, into device buffers of
 // that parameter's own (`stagedU`, `stagedV`), and each parameter's products are
 // ordered after its copies with waitOnDevice, so the copies run beside the
 // products of the parameters before and the host never waits for them. The
-// staging buffer is written again only once the copies that read it have landed
-// (`stagingRead`); it and the device buffers grow to the largest rebuild and are
-// reused. The sparse V's cross through the same buffer (ops/staged_sparse.h) into
+// staging buffer is written again only once the copies that read it have landed;
+// it and the device buffers grow to the largest rebuild and are reused. The
+// sparse V's cross through the same buffer (stageSparse) into
 // each parameter's `stagedSparseV`, and the bias updates formed on the host, all
 // of a rebuild's back to back, into `stagedBias`: each bias update is added in
 // batch order after them (`biasOps`), those formed on the device among them.
@@ -79,8 +79,7 @@ struct DeviceOperands {
   std::vector<CopyPart> parts;  // one copyParts's parts (reused storage)
   SparseCopy sparseV;     // the sparse V's of a clock, its storage reused (Backend::copySparse)
   bool staged = false;
-  HostBuffer staging;                    // the host operands of one rebuild, back to back
-  Event stagingRead;                     // done when the last copy that read `staging` has landed
+  Staging staging;                       // the host operands of one rebuild, back to back
   std::vector<Tensor> stagedU, stagedV;  // per parameter: flat, its U C (dense pieces' columns first) and dense V
   std::vector<StagedSparse> stagedSparseV;  // per parameter: its sparse pieces' V, compressed
   std::vector<Event> landed;             // per parameter: its last staged copy of this rebuild

@@ -66,54 +66,34 @@ std::vector<double> LowRankSender::errorsAt(std::span<const int64_t> ranks) cons
 
 ops::Tensor LowRankSender::operand(const Matrix& m, ops::Tensor& store) {
   if (backend_.device() == ops::Device::kCpu) return ops::Tensor::host(m.data(), m.rows(), m.cols());
-  return stageUp(m.data(), m.rows(), m.cols(), store);
+  ops::Tensor to = ops::deviceBuffer(backend_, store, m.rows(), m.cols());
+  put(m, to);
+  return to;
+}
+
+void LowRankSender::put(const Matrix& m, ops::Tensor& dst) {
+  if (backend_.device() == ops::Device::kCpu) {
+    backend_.copy(ops::Tensor::host(m.data(), m.rows(), m.cols()), dst);
+    return;
+  }
+  backend_.waitOnDevice(staging_.up(m.data(), dst));
 }
 
 void LowRankSender::beginStaging(const SvBatch& batch) {
-  backend_.wait(staging_.last);
-  staging_.last = ops::Event();
-  staging_.used = 0;
   // What a clock can cross, per matrix: U and V (when not on the device), the core
   // (or the coefficients as one, n x n), the bias coefficients, -P and bf16 Q' up;
-  // M Q, Q', E's column norms and the bias update down (each padded to 16 floats).
+  // M Q, Q', E's column norms and the bias update down.
   int64_t floats = 0;
   const int64_t r = rank_;
   for (const SvMatrix& m : batch.matrices) {
     const int64_t j = m.u.rows(), k = m.vDense.rows(), n = m.u.cols();
-    floats += j * n + k * n + n * n + std::max(n, r + 1) + 2 * (j * r + k * r) + k + j + 12 * 16;
+    floats += j * n + k * n + n * n + std::max(n, r + 1) + 2 * (j * r + k * r) + k + j;
   }
-  const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
-  if (staging_.buffer.bytes() < bytes) staging_.buffer = backend_.allocateHost(bytes);
+  staging_.begin(backend_, static_cast<size_t>(floats) * sizeof(float));
 }
-
-size_t LowRankSender::reserve(int64_t floats) {
-  const size_t at = staging_.used;
-  staging_.used += static_cast<size_t>((floats + 15) / 16 * 16) * sizeof(float);
-  ORPHEUS_ENFORCE(staging_.used <= staging_.buffer.bytes(), "--sv-rank: the staging buffer ({} bytes) is too small",
-                  staging_.buffer.bytes());
-  return at;
-}
-
-ops::Tensor LowRankSender::stageUp(const float* data, int64_t rows, int64_t cols, ops::Tensor& store) {
-  ops::Tensor to = ops::deviceBuffer(backend_, store, rows, cols);
-  const size_t at = reserve(rows * cols);
-  ops::Tensor from = staging_.buffer.floats(at, rows, cols);
-  if (from.size() > 0) std::memcpy(from.data(), data, static_cast<size_t>(from.size()) * sizeof(float));
-  staging_.last = backend_.copyToDeviceAsync(staging_.buffer, at, to).done;
-  backend_.waitOnDevice(staging_.last);
-  return to;
-}
-
-size_t LowRankSender::stageDown(const ops::Tensor& t) {
-  const size_t at = reserve(t.size());
-  staging_.last = backend_.copyToHostAsync(t, staging_.buffer, at).done;
-  return at;
-}
-
-void LowRankSender::waitStaged() { backend_.wait(staging_.last); }
 
 Matrix LowRankSender::staged(size_t at, int64_t rows, int64_t cols) const {
-  const ops::Tensor t = staging_.buffer.floats(at, rows, cols);
+  const ops::Tensor t = staging_.floats(at, rows, cols);
   return Eigen::Map<const Matrix>(t.data(), rows, cols);
 }
 
@@ -199,15 +179,7 @@ void LowRankSender::queueProjection(Work& w) {
   w.basis = qr.householderQ() * Matrix::Identity(j, r);
   if (dtype_ == SvDtype::kBf16) roundAllToBf16(w.basis);
   Tensor minusP = w.left.middleCols(n, r);
-  const Matrix negated = -w.basis;
-  if (backend_.device() == ops::Device::kCpu) {
-    backend_.copy(Tensor::host(negated.data(), j, r), minusP);
-  } else {
-    const size_t at = reserve(j * r);
-    std::memcpy(staging_.buffer.data() + at, negated.data(), static_cast<size_t>(j * r) * sizeof(float));
-    staging_.last = backend_.copyToDeviceAsync(staging_.buffer, at, minusP).done;
-    backend_.waitOnDevice(staging_.last);
-  }
+  put(-w.basis, minusP);
   Tensor q = w.right.middleCols(n, r);
   productWithColumns(backend_, Trans::kYes, -1.0f, state_[w.p].e, minusP, q);
   backend_.gemm(Trans::kYes, Trans::kNo, -1.0f, w.left.middleCols(0, n), minusP, 0.0f, w.small);
@@ -220,14 +192,7 @@ void LowRankSender::roundProjection(Work& w) {
   ops::Tensor q = w.right.middleCols(n, r);
   w.q = staged(w.qAt, k, r);
   roundAllToBf16(w.q);
-  if (backend_.device() == ops::Device::kCpu) {
-    backend_.copy(ops::Tensor::host(w.q.data(), k, r), q);
-    return;
-  }
-  const size_t at = reserve(k * r);
-  std::memcpy(staging_.buffer.data() + at, w.q.data(), static_cast<size_t>(k * r) * sizeof(float));
-  staging_.last = backend_.copyToDeviceAsync(staging_.buffer, at, q).done;
-  backend_.waitOnDevice(staging_.last);
+  put(w.q, q);
 }
 
 // Q becomes Q', E becomes E - P Q'^T + A V^T, and E's column norms and the bias
@@ -253,7 +218,7 @@ void LowRankSender::queueUpdate(Work& w) {
 }
 
 SvMatrix LowRankSender::finish(Work& w, double& kept, double& whole) {
-  const int64_t r = rank_, j = w.m->u.rows(), k = w.m->vDense.rows(), n = w.m->u.cols();
+  const int64_t r = rank_, j = w.m->u.rows(), k = w.m->vDense.rows();
   MatrixState& s = state_[w.p];
   if (w.q.size() == 0) w.q = staged(w.qAt, k, r);
   const double carried = staged(w.normsAt, 1, k).cast<double>().sum();
@@ -358,21 +323,21 @@ SvBatch LowRankSender::compress(const SvBatch& batch, std::span<const ops::Devic
     work[p].p = p;
     queueRange(work[p]);
   }
-  for (Work& w : work) w.mqAt = stageDown(w.mq);
-  waitStaged();  // every M Q
+  for (Work& w : work) w.mqAt = staging_.down(w.mq);
+  staging_.wait();  // every M Q
   for (Work& w : work) queueProjection(w);
   if (dtype_ == SvDtype::kBf16) {
-    for (Work& w : work) w.qAt = stageDown(w.right.middleCols(w.m->u.cols(), rank_));
-    waitStaged();  // every Q'
+    for (Work& w : work) w.qAt = staging_.down(w.right.middleCols(w.m->u.cols(), rank_));
+    staging_.wait();  // every Q'
     for (Work& w : work) roundProjection(w);
   }
   for (Work& w : work) queueUpdate(w);
   for (Work& w : work) {
-    if (dtype_ != SvDtype::kBf16) w.qAt = stageDown(w.right.middleCols(w.m->u.cols(), rank_));
-    w.normsAt = stageDown(w.norms);
-    if (w.m->biasId >= 0) w.biasAt = stageDown(w.bias);
+    if (dtype_ != SvDtype::kBf16) w.qAt = staging_.down(w.right.middleCols(w.m->u.cols(), rank_));
+    w.normsAt = staging_.down(w.norms);
+    if (w.m->biasId >= 0) w.biasAt = staging_.down(w.bias);
   }
-  waitStaged();  // the rest
+  staging_.wait();  // the rest
   double kept = 0.0, whole = 0.0;
   for (Work& w : work) out.matrices.push_back(finish(w, kept, whole));
   lastError_ = whole > 0.0 ? std::sqrt(kept / whole) : 0.0;

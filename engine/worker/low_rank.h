@@ -45,6 +45,7 @@
 #include "engine/base/params.h"
 #include "ops/backend.h"
 #include "ops/rebuild.h"
+#include "ops/staging.h"
 
 #include <cstdint>
 #include <span>
@@ -132,36 +133,25 @@ class LowRankSender {
   SvMatrix finish(Work& w, double& kept, double& whole);
   // A host matrix on the device: a view on the CPU backend, else staged into `store`.
   ops::Tensor operand(const Matrix& m, ops::Tensor& store);
+  // `m` into `dst` on the device: copied on the CPU backend, else staged.
+  void put(const Matrix& m, ops::Tensor& dst);
   ops::Tensor upload(const Matrix& m);
   Matrix download(const ops::Tensor& t) const;  // blocks until it is on the host
 
-  // The copies of a compress() go through one page-locked buffer (Backend::
-  // allocateHost), back to back in the order they are queued, so that the host
-  // waits for the device only where it needs a result (twice a clock, three times
-  // in bf16), not at every copy. Uploads cross with copyToDeviceAsync and the
-  // device waits for them (waitOnDevice), the host not at all; downloads cross with
-  // copyToHostAsync and are read after waitStaged(). The buffer is written again
-  // only once the last copy through it landed (the next compress()).
-  struct Staging {
-    ops::HostBuffer buffer;
-    size_t used = 0;
-    ops::Event last;  // the last copy queued through it
-  };
+  // The copies of a compress() go through one staging run (ops/staging.h), back
+  // to back in the order they are queued, so that the host waits for the device
+  // only where it needs a result (twice a clock, three times in bf16), not at
+  // every copy: uploads cross and the device waits for them (waitOnDevice), the
+  // host not at all; downloads are read after staging_.wait().
   void beginStaging(const SvBatch& batch);  // sized for the batch's copies
-  // `rows` x `cols` floats from host memory into `store`, as a tensor on the device.
-  ops::Tensor stageUp(const float* data, int64_t rows, int64_t cols, ops::Tensor& store);
-  // A copy of `t` queued to the host: where it lands, readable after waitStaged().
-  size_t stageDown(const ops::Tensor& t);
-  void waitStaged();
-  Matrix staged(size_t at, int64_t rows, int64_t cols) const;
-  size_t reserve(int64_t floats);  // the next `floats` of the buffer
+  Matrix staged(size_t at, int64_t rows, int64_t cols) const;  // what a download brought
 
   ops::Backend& backend_;
   int64_t rank_;
   uint64_t seed_;
   SvDtype dtype_;
   std::vector<MatrixState> state_;  // one per matrix of the batch
-  Staging staging_;
+  ops::Staging staging_;
   double lastError_ = 0.0;
   double lastWhole_ = 0.0;  // ||M||^2 of the last compress(), over every matrix
 };

@@ -48,29 +48,13 @@ void PowerSgdReducer::start(std::span<const ops::Tensor> gradient) {
   }
 }
 
-void PowerSgdReducer::beginStaging(size_t floats) {
-  backend_.wait(last_);
-  last_ = ops::Event();
-  used_ = 0;
-  if (staging_.bytes() < floats * sizeof(float)) staging_ = backend_.allocateHost(floats * sizeof(float));
-}
-
 size_t PowerSgdReducer::reserve(size_t floats) {
-  const size_t at = used_;
-  used_ += floats;
-  ORPHEUS_ENFORCE(used_ * sizeof(float) <= staging_.bytes(), "--sync powersgd: the staging buffer ({} bytes) is too small",
-                  staging_.bytes());
-  return at;
+  return staging_.reserveFloats(static_cast<int64_t>(floats)) / sizeof(float);
 }
 
-void PowerSgdReducer::get(const ops::Tensor& src, size_t at) {
-  last_ = backend_.copyToHostAsync(src, staging_, at * sizeof(float)).done;
-}
+void PowerSgdReducer::get(const ops::Tensor& src, size_t at) { staging_.down(src, at * sizeof(float)); }
 
-void PowerSgdReducer::put(size_t at, ops::Tensor& dst) {
-  last_ = backend_.copyToDeviceAsync(staging_, at * sizeof(float), dst).done;
-  backend_.waitOnDevice(last_);
-}
+void PowerSgdReducer::put(size_t at, ops::Tensor& dst) { backend_.waitOnDevice(staging_.up(at * sizeof(float), dst)); }
 
 void PowerSgdReducer::reduce(ParamSet& gradient, comm::Transport& transport, uint64_t clock) {
   if (backend_.device() == ops::Device::kCpu) {
@@ -103,13 +87,13 @@ void PowerSgdReducer::reduce(std::span<ops::Tensor> gradient, comm::Transport& t
     }
     size_t floats = 0;
     for (const ops::Tensor& g : gradient) floats += static_cast<size_t>(g.size());
-    beginStaging(floats);
+    staging_.begin(backend_, floats * sizeof(float));
     std::vector<size_t> at;
     for (const ops::Tensor& g : gradient) {
       at.push_back(reserve(static_cast<size_t>(g.size())));
       get(g, at.back());
     }
-    backend_.wait(last_);
+    staging_.wait();
     for (size_t p = 0; p < gradient.size(); ++p) {
       transport.allreduceSum({staged(at[p]), static_cast<size_t>(gradient[p].size())}, clock);
       put(at[p], gradient[p]);
@@ -125,7 +109,7 @@ void PowerSgdReducer::reduce(std::span<ops::Tensor> gradient, comm::Transport& t
     secondSize += static_cast<size_t>(s.q.size());
     upSize += static_cast<size_t>(2 * s.q.size() + s.p.size());
   }
-  beginStaging(firstSize + secondSize + upSize);
+  staging_.begin(backend_, (firstSize + secondSize + upSize) * sizeof(float));
   const size_t first = reserve(firstSize), second = reserve(secondSize);
   size_t at = first;
   for (size_t p = 0; p < gradient.size(); ++p) {
@@ -145,7 +129,7 @@ void PowerSgdReducer::reduce(std::span<ops::Tensor> gradient, comm::Transport& t
     get(s.p, at);
     at += static_cast<size_t>(s.p.size());
   }
-  backend_.wait(last_);
+  staging_.wait();
   transport.allreduceSum({staged(first), firstSize}, clock);
   at = first;
   size_t qAt = second;
@@ -166,7 +150,7 @@ void PowerSgdReducer::reduce(std::span<ops::Tensor> gradient, comm::Transport& t
     get(s.q, qAt);
     qAt += static_cast<size_t>(s.q.size());
   }
-  backend_.wait(last_);
+  staging_.wait();
   transport.allreduceSum({staged(second), secondSize}, clock);
   qAt = second;
   const float ranks = static_cast<float>(transport.size());

@@ -36,6 +36,7 @@
 #include "comm/transport.h"
 #include "engine/base/params.h"
 #include "ops/backend.h"
+#include "ops/staging.h"
 
 #include <cstdint>
 #include <span>
@@ -81,15 +82,12 @@ class PowerSgdReducer {
     Matrix qHost;    // Q as the last all-reduce left it (or as drawn), orthonormalized on the host
   };
   void start(std::span<const ops::Tensor> gradient);
-  // A clock's copies cross through one page-locked buffer (Backend::allocateHost),
-  // which the all-reduces also sum in: to the host with copyToHostAsync, read after
-  // one wait before each all-reduce; to the device with copyToDeviceAsync, which
-  // the device waits for and the host does not. So the host waits for the device
-  // twice a clock, not at every copy. Written again once the last copy through it
-  // landed (the next clock).
-  void beginStaging(size_t floats);
-  size_t reserve(size_t floats);  // the next `floats` of the buffer, at this float
-  float* staged(size_t at) const { return reinterpret_cast<float*>(staging_.data()) + at; }
+  // A clock's copies cross through one staging run (ops/staging.h), in which the
+  // all-reduces also sum: to the host, read after one wait before each all-reduce;
+  // to the device, which the device waits for and the host does not. So the host
+  // waits for the device twice a clock, not at every copy. Offsets in floats.
+  size_t reserve(size_t floats);  // the next `floats` of the run, at this float
+  float* staged(size_t at) const { return staging_.floats(at * sizeof(float)); }
   void get(const ops::Tensor& src, size_t at);  // queued to the host
   void put(size_t at, ops::Tensor& dst);        // queued to the device
 
@@ -98,9 +96,7 @@ class PowerSgdReducer {
   uint64_t seed_;
   int64_t minCompressionRate_;
   std::vector<MatrixState> state_;  // one per parameter
-  ops::HostBuffer staging_;
-  size_t used_ = 0;    // floats of staging_ taken this clock
-  ops::Event last_;    // the last copy through it
+  ops::Staging staging_;
   std::vector<ops::Tensor> hostGradient_;       // reduce(ParamSet&) on a device: the gradient copied in
 };
 

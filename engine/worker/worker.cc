@@ -430,25 +430,24 @@ void Worker::residentDenseExchange(uint64_t clock, const ops::ExampleBatch& exam
   const bool overlap = config_.overlap;
   residentDenseGradient(examples, stats, false);
   stats.backwardEndAt = overlap ? secondsSince(start) : -1.0;
-  std::vector<size_t> offset(deviceGradient_.size() + 1, 0);
-  for (size_t k = 0; k < deviceGradient_.size(); ++k) {
-    offset[k + 1] = offset[k] + static_cast<size_t>(deviceGradient_[k].size()) * sizeof(float);
-  }
-  if (gradientStaging_.bytes() < offset.back()) gradientStaging_ = backend.allocateHost(offset.back());
   const size_t n = deviceGradient_.size();
+  size_t bytes = 0;
+  for (const ops::Tensor& g : deviceGradient_) bytes += static_cast<size_t>(g.size()) * sizeof(float);
+  gradientStaging_.begin(backend, bytes);
+  std::vector<size_t> offset;
+  for (const ops::Tensor& g : deviceGradient_) offset.push_back(gradientStaging_.reserveFloats(g.size()));
   const auto param = [&](size_t i) { return overlap ? n - 1 - i : i; };  // the i-th handed to the network
-  std::vector<ops::AsyncCopy> copies(n);
+  std::vector<ops::Event> landedOnHost(n);
   for (size_t i = 0; i < n; ++i) {
-    copies[param(i)] = backend.copyToHostAsync(deviceGradient_[param(i)], gradientStaging_, offset[param(i)]);
+    landedOnHost[param(i)] = gradientStaging_.down(deviceGradient_[param(i)], offset[param(i)]);
   }
   const auto floatsOf = [&](size_t k) {
-    return std::span<float>(reinterpret_cast<float*>(gradientStaging_.data() + offset[k]),
-                            static_cast<size_t>(deviceGradient_[k].size()));
+    return std::span<float>(gradientStaging_.floats(offset[k]), static_cast<size_t>(deviceGradient_[k].size()));
   };
   double sendSeconds = 0.0;
   for (size_t i = 0; i < n; ++i) {
     const size_t k = param(i);
-    backend.wait(copies[k].done);
+    backend.wait(landedOnHost[k]);
     const auto t = Clock::now();
     if (overlap) {
       if (stats.firstSendAt < 0) stats.firstSendAt = secondsSince(start);
@@ -470,7 +469,7 @@ void Worker::residentDenseExchange(uint64_t clock, const ops::ExampleBatch& exam
   const auto back = Clock::now();
   ops::Event landed;
   for (size_t k = 0; k < deviceGradient_.size(); ++k) {
-    landed = backend.copyToDeviceAsync(gradientStaging_, offset[k], deviceGradient_[k]).done;
+    landed = gradientStaging_.up(offset[k], deviceGradient_[k]);
   }
   backend.waitOnDevice(landed);
   stats.commSeconds += secondsSince(back);

@@ -23,6 +23,7 @@
 #include "engine/worker/membership_check.h"
 #include "engine/worker/sv_transfer.h"
 #include "ops/model.h"
+#include "ops/staging.h"
 
 #include <map>
 #include <memory>
@@ -267,7 +268,7 @@ class Worker {
   SvTransfer transfer_;  // resident: how the clock's SVs come to the host (--transfer)
   ops::RebuildBuffers gradientBuffers_;  // --sync dense: the gradient's products, reused every clock
   std::vector<ops::Tensor> deviceGradient_;  // --sync dense, resident: the gradient on the device
-  ops::HostBuffer gradientStaging_;  // --sync dense --overlap, resident: the gradient on its way to the all-reduce
+  ops::Staging gradientStaging_;  // --sync dense --overlap, resident: the gradient on its way to the all-reduce
   EvalResult lastEval_;
   double trainSeconds_ = 0.0;
   RunTotals totals_;  // the earlier epochs' (continueRun), then through this one
