@@ -17,6 +17,7 @@
 #include "engine/outputs.h"
 #include "engine/data/synthetic_data.h"
 #include "engine/worker/part_options.h"
+#include "engine/worker/power_sgd.h"
 #include "engine/worker/worker.h"
 #include "ops/graph_model.h"
 #include "ops/loss_parser.h"
@@ -99,6 +100,31 @@ int ranksOnThisHost() {
   return local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : 1;
 }
 
+// --sync powersgd: which parameters its rank compresses, and what a clock all-reduces.
+// A rank at which none is compressed is plain dense all-reduce: said as a warning.
+void announcePowerSgd(const TrainConfig& config, const ops::Model& model) {
+  int64_t compressed = 0, floats = 0, dense = 0;
+  const auto shapes = model.paramShapes();
+  for (const auto& [rows, cols] : shapes) {
+    const int64_t r = PowerSgdReducer::compressedRank(rows, cols, config.svRank);
+    compressed += r > 0 ? 1 : 0;
+    floats += r > 0 ? (rows + cols) * r : rows * cols;
+    dense += rows * cols;
+  }
+  if (compressed == 0) {
+    spdlog::warn("--sync powersgd --sv-rank {}: no parameter of this model is compressed at that rank (a J x K matrix "
+                 "is where 2 (J + K) r < J K), so every gradient is all-reduced whole, as with --sync dense",
+                 config.svRank);
+    return;
+  }
+  spdlog::info("PowerSGD at rank {} with error feedback and warm start: {} of {} parameters compressed, the rest "
+               "all-reduced whole; {} floats a clock where --sync dense all-reduces {} ({:.1f}x fewer), after {} "
+               "clocks that all-reduce every gradient whole",
+               config.svRank, compressed, shapes.size(), floats, dense,
+               static_cast<double>(dense) / static_cast<double>(std::max<int64_t>(1, floats)),
+               PowerSgdReducer::kPlainClocks);
+}
+
 // Rank 0's log lines about the job (the example counts are a collective).
 void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards,
               const ops::Backend& backend) {
@@ -145,7 +171,9 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                toString(optimizer.schedule),
                optimizer.warmup > 0 ? fmt::format(", {} clocks of warmup", optimizer.warmup) : "",
                optimizer.weightDecay > 0 ? fmt::format(", weight decay {}", optimizer.weightDecay) : "");
-  if (config.svRank > 0) {
+  if (config.svRank > 0 && config.sync == SyncMode::kPowerSgd) {
+    announcePowerSgd(config, model);
+  } else if (config.svRank > 0) {
     spdlog::info("every replica applies each matrix's update at rank {} ({} SVGs), with error feedback{}", config.svRank,
                  config.svRank + 1, config.adapt ? "; --adapt moves the rank" : "");
   }

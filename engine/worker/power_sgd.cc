@@ -13,10 +13,10 @@ void orthonormalizeColumns(Matrix& m) {
   }
 }
 
-int64_t PowerSgdReducer::compressedRank(int64_t j, int64_t k) const {
+int64_t PowerSgdReducer::compressedRank(int64_t j, int64_t k, int64_t rank, int64_t minCompressionRate) {
   if (j <= 1 || k <= 1) return 0;
-  const int64_t r = std::min({j, k, rank_});
-  return (j + k) * r * minCompressionRate_ < j * k ? r : 0;
+  const int64_t r = std::min({j, k, rank});
+  return (j + k) * r * minCompressionRate < j * k ? r : 0;
 }
 
 Matrix PowerSgdReducer::residual(size_t p) const {

@@ -63,8 +63,12 @@ class PowerSgdReducer {
   // The same for a gradient in host memory (copied in and out on a device).
   void reduce(ParamSet& gradient, comm::Transport& transport, uint64_t clock);
 
-  // The rank parameter `p` is compressed to (0: summed whole).
-  int64_t compressedRank(int64_t rows, int64_t cols) const;
+  // The rank a rows x cols parameter is compressed to (0: summed whole).
+  int64_t compressedRank(int64_t rows, int64_t cols) const {
+    return compressedRank(rows, cols, rank_, minCompressionRate_);
+  }
+  static int64_t compressedRank(int64_t rows, int64_t cols, int64_t rank,
+                                int64_t minCompressionRate = kMinCompressionRate);
   int64_t compressedRank(const Matrix& param) const { return compressedRank(param.rows(), param.cols()); }
   // Parameter p's residual E, copied from the device (empty where it is not
   // compressed or before its first clock).
