@@ -135,7 +135,7 @@ void checkTrainingShard(const TrainConfig& config, const data::Dataset& train) {
   checkDataKind("--train", config.train, train, config.model);
   ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
                       "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
-  ORPHEUS_CHECK_INPUT(config.svRank == 0 || !train.sparse,
+  ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || !train.sparse,
                       "--sv-rank factors dense updates: {} is sparse (its V stays sparse without it)", config.train);
   ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || train.streams == 0,
                       "--sv-rank factors dense updates: the tokens of {} enter as one-hot columns, so the V of "

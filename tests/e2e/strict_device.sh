@@ -10,7 +10,7 @@
 # mlp (selection by jmcss-gram on the device and restore of its log, random multicast, averaging and
 # rotation, adam; --sv-rank), lstm (adagrad, resident,
 # carried states, a test set, restore; --sync dense),
-# dense (--sync dense with and without --overlap; --sync powersgd), sparse (LIBSVM rows, sparse V), tm (the
+# dense (--sync dense with and without --overlap; --sync powersgd), sparse (LIBSVM rows, sparse V; --sync powersgd), tm (the
 # topic model resident: its data-dependent variables' inner steps on the device, a test set),
 # optimizers (examples/mlr.loss, the replica resident on the device, with each
 # first-order optimizer; bfgs and dfp resident, within 1e-4 of the host's double
@@ -383,6 +383,8 @@ case "$case" in
         print line } }' >"$out/rows.libsvm"
     same sparse --train "$out/rows.libsvm" --clocks 30 --batch 30 --lr 1.0
     resident sparse
+    # --sync powersgd reduces the dense gradient sparse rows give (W 6 x 300 compressed at rank 2).
+    same sparse-powersgd --train "$out/rows.libsvm" --clocks 30 --batch 30 --lr 1.0 --sync powersgd --sv-rank 2
     ;;
   *) echo "strict_device.sh: unknown case '$case'" >&2; exit 2 ;;
 esac
