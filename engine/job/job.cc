@@ -188,6 +188,18 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   }
   if (transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {
     spdlog::warn("one rank: --average-every and --rotate-every have nothing to do");
+  } else if (config.sync != SyncMode::kSv) {
+    // An all-reduce a clock keeps every replica the same.
+    if (config.averageEvery > 0 && config.outerLr == 0.0) {
+      spdlog::warn("--average-every {}: --sync {} keeps every replica the same, so averaging them changes nothing "
+                   "(it only costs the all-reduce; --outer-lr makes it an outer step)",
+                   config.averageEvery, toString(config.sync));
+    }
+    if (config.rotateEvery > 0) {
+      spdlog::warn("--rotate-every {}: --sync {} keeps every replica the same, so rotating them changes nothing (it "
+                   "only costs the transfers)",
+                   config.rotateEvery, toString(config.sync));
+    }
   }
   // Flags that were given (not their defaults) but shape nothing in this job. Warned,
   // not refused: a resumed job must repeat the flags its record holds.

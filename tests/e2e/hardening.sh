@@ -22,7 +22,8 @@
 #  - --ckpt-dir, --overwrite, --ckpt-every and --snapshot-every without the checkpoint
 #    they shape: refused;
 #  - --select-method without --select, --transfer and --resident on the cpu, and
-#    --threads past the host's cores, --sync powersgd at a rank that compresses nothing: warned;
+#    --threads past the host's cores, --sync powersgd at a rank that compresses nothing,
+#    --average-every (without an outer step) and --rotate-every under an all-reduce: warned;
 #  - an unreadable --adapt-trace: one line, not one a rank;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock;
 #  - a job of one rank trains with any --multicast (nothing to refuse);
@@ -192,6 +193,11 @@ said "--select-method jmcss has nothing to select" "$orpheus" train --train "$fi
   --select-method jmcss
 said "on --device cpu they have nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --transfer sync
+# Averaging and rotation of replicas an all-reduce keeps the same change nothing, and say so.
+said "warning: --average-every 2: --sync dense keeps every replica the same" "$mpiexec" -n 2 --oversubscribe \
+  "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --sync dense --average-every 2
+said "warning: --rotate-every 2: --sync powersgd keeps every replica the same" "$mpiexec" -n 2 --oversubscribe \
+  "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --sync powersgd --sv-rank 1 --rotate-every 2
 # --sync powersgd at a rank that compresses no parameter is dense all-reduce, and says so.
 said "warning: --sync powersgd --sv-rank 1: no parameter of this model is compressed" "$orpheus" train \
   --train synthetic:examples=100,features=4,classes=2 --clocks 2 --batch 4 --sync powersgd --sv-rank 1
