@@ -305,7 +305,7 @@ void stagedProducts(ParamRebuild& r, size_t param, Tensor& target, Backend& back
 
 // target += the products, on the device: U and V in the persistent buffers.
 void productsOnDevice(ParamRebuild& r, size_t param, Tensor& target, Backend& backend, DeviceOperands& d) {
-  if (d.staged) {
+  if (staged(backend, d)) {
     stagedProducts(r, param, target, backend, d);
     return;
   }

@@ -368,7 +368,12 @@ TEST_CASE("staged uploads on the strict device: bitwise the blocking copies, the
   };
   OnStrict staged, sync;
   staged.buffers.device.staged = true;
-  for (OnStrict* s : {&staged, &sync}) {
+  // Resident on the cpu backend, asked to stage: there is nothing to stage, so the
+  // products read the operands where they lie.
+  OnStrict cpuStaged;
+  cpuStaged.backend = ops::makeBackend("cpu");
+  cpuStaged.buffers.device.staged = true;
+  for (OnStrict* s : {&staged, &sync, &cpuStaged}) {
     for (const Param& p : onCpu.params) {
       s->w.push_back(s->backend->allocate(p.value.rows(), p.value.cols()));
       s->backend->copy(ops::Tensor::host(p.value.data(), p.value.rows(), p.value.cols()), s->w.back());
@@ -414,7 +419,7 @@ TEST_CASE("staged uploads on the strict device: bitwise the blocking copies, the
     std::vector<const SvBatchView*> ptrs;
     for (const SvBatchView& v : views) ptrs.push_back(&v);
     ops::applySvBatches(ptrs, onCpu, cpuBuffers);
-    for (OnStrict* s : {&staged, &sync}) {
+    for (OnStrict* s : {&staged, &sync, &cpuStaged}) {
       ops::Backend& b = *s->backend;
       std::vector<ops::Tensor> held;
       for (const SvMatrix& m : local.matrices) {
@@ -431,7 +436,7 @@ TEST_CASE("staged uploads on the strict device: bitwise the blocking copies, the
     CHECK(staged.backend->transfers().toDevice == sync.backend->transfers().toDevice);
     for (size_t i = 0; i < onCpu.size(); ++i) {
       INFO("parameter " << onCpu.params[i].name);
-      for (OnStrict* s : {&staged, &sync}) {
+      for (OnStrict* s : {&staged, &sync, &cpuStaged}) {
         Matrix back(onCpu[i].rows(), onCpu[i].cols());
         ops::Tensor host = ops::Tensor::host(back.data(), back.rows(), back.cols());
         s->backend->copy(s->w[i], host);
