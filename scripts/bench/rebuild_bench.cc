@@ -14,6 +14,7 @@
 #include "engine/base/sv_batch.h"
 #include "ops/rebuild.h"
 
+#include "engine/cli/flags.h"
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -191,27 +192,19 @@ std::vector<BenchCase> rebuildCases(const BenchOptions& o, const std::string& sh
   return {std::move(gemm), std::move(rebuild)};
 }
 
+// Bad flags: one line and exit 2 (--help: exit 0).
 BenchOptions parseOptions(int argc, char** argv) {
   BenchOptions o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool hasValue = i + 1 < argc;
-    if (arg == "--ranks" && hasValue) {
-      o.ranks = std::atoi(argv[++i]);
-    } else if (arg == "--columns" && hasValue) {
-      o.columns = std::atoll(argv[++i]);
-    } else if (arg == "--peak-size" && hasValue) {
-      o.peakSize = std::atoll(argv[++i]);
-    } else if (arg == "--quick") {
-      o.quick = true;
-    } else {
-      fmt::print(stderr, "usage: {} [--ranks P] [--columns n] [--peak-size N] [--quick]\n", argv[0]);
-      std::exit(2);
-    }
-  }
-  if (o.ranks < 1 || o.columns < 1 || o.peakSize < 1) {
-    fmt::print(stderr, "--ranks, --columns and --peak-size must be positive\n");
-    std::exit(2);
+  CLI::App app{"orpheus_bench_rebuild: the rebuild against plain GEMMs of the same products"};
+  app.add_option("--ranks", o.ranks, "batches a clock rebuilds from")->check(engine::cli::integerIn(1));
+  app.add_option("--columns", o.columns, "columns per batch")->check(engine::cli::integerIn(1));
+  app.add_option("--peak-size", o.peakSize, "N of the square N x N x N product that measures the peak")
+      ->check(engine::cli::integerIn(1));
+  app.add_flag("--quick", o.quick, "3 repetitions of each case, not 9");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
   }
   return o;
 }

@@ -30,6 +30,7 @@
 #include "ops/mlr.h"
 #include "ops/rebuild.h"
 
+#include "engine/cli/flags.h"
 #include <fmt/format.h>
 
 #include <chrono>
@@ -40,7 +41,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -71,44 +71,23 @@ struct Options {
   std::vector<std::string> models = {"mlr", "mlp"};
 };
 
-std::vector<std::string> splitCommas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
+// Bad flags: one line and exit 2 (--help: exit 0).
 Options parseOptions(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    ORPHEUS_CHECK_INPUT(i + 1 < argc, "{} needs a value", flag);
-    const std::string value = argv[++i];
-    if (flag == "--train") {
-      o.train = value;
-    } else if (flag == "--mlp") {
-      o.mlp = value;
-    } else if (flag == "--steps") {
-      o.steps = std::stoll(value);
-    } else if (flag == "--batches") {
-      o.batches = std::stoll(value);
-    } else if (flag == "--batch") {
-      o.batch = std::stoll(value);
-    } else if (flag == "--lr") {
-      o.lr = std::stod(value);
-    } else if (flag == "--seed") {
-      o.seed = std::stoull(value);
-    } else if (flag == "--c") {
-      o.cs.clear();
-      for (const auto& c : splitCommas(value)) o.cs.push_back(std::stoll(c));
-    } else if (flag == "--models") {
-      o.models = splitCommas(value);
-    } else {
-      throw InputError(fmt::format("unknown flag {}", flag));
-    }
+  CLI::App app{"orpheus_bench_selection: how well C selected SVGs stand for the update of a batch of B"};
+  app.add_option("--train", o.train)->check(CLI::ExistingFile);
+  app.add_option("--mlp", o.mlp, "the MLP's .loss model")->check(CLI::ExistingFile);
+  app.add_option("--steps", o.steps)->check(engine::cli::integerIn(1));
+  app.add_option("--batches", o.batches)->check(engine::cli::integerIn(1));
+  app.add_option("--batch", o.batch)->check(engine::cli::integerIn(1));
+  app.add_option("--lr", o.lr)->check(engine::cli::numberIn(0.0, 1e6, true));
+  app.add_option("--seed", o.seed);
+  app.add_option("--c", o.cs, "the columns kept, C,C,...")->delimiter(',')->check(engine::cli::integerIn(1));
+  app.add_option("--models", o.models)->delimiter(',')->check(CLI::IsMember({"mlr", "mlp"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
   }
   return o;
 }
@@ -295,11 +274,9 @@ int run(int argc, char** argv) {
     if (name == "mlr") {
       const ops::MultinomialLogisticRegression mlr(train.features, classes);
       runModel("MLR", mlr, train, o);
-    } else if (name == "mlp") {
+    } else {  // mlp (parseOptions takes no other)
       const auto mlp = ops::GraphModel::fromFile(o.mlp, ops::LossDims{train.features, classes}, o.seed);
       runModel("MLP", *mlp, train, o);
-    } else {
-      throw InputError(fmt::format("unknown model '{}' (mlr or mlp)", name));
     }
   }
   return 0;

@@ -19,6 +19,7 @@
 #include "ops/graph_model.h"
 #include "ops/rebuild.h"
 
+#include "engine/cli/flags.h"
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -27,7 +28,6 @@
 #include <cstdlib>
 #include <functional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,50 +48,23 @@ struct StepOptions {
   std::vector<std::string> modes{"dense", "sv", "rebuild"};
 };
 
-[[noreturn]] void usage(const char* argv0) {
-  fmt::print(stderr,
-             "usage: {} [--loss FILE] [--features D] [--classes C] [--batch B] [--clocks N] [--warmup N] "
-             "[--threads T] [--ranks P] [--modes dense,sv,rebuild]\n",
-             argv0);
-  std::exit(2);
-}
-
+// Bad flags: one line and exit 2 (--help: exit 0).
 StepOptions parseOptions(int argc, char** argv) {
   StepOptions o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) usage(argv[0]);
-    const char* value = argv[++i];
-    if (arg == "--loss") {
-      o.loss = value;
-    } else if (arg == "--features") {
-      o.features = std::atoll(value);
-    } else if (arg == "--classes") {
-      o.classes = std::atoll(value);
-    } else if (arg == "--batch") {
-      o.batch = std::atoll(value);
-    } else if (arg == "--clocks") {
-      o.clocks = std::atoi(value);
-    } else if (arg == "--warmup") {
-      o.warmup = std::atoi(value);
-    } else if (arg == "--threads") {
-      o.threads = std::atoi(value);
-    } else if (arg == "--ranks") {
-      o.ranks = std::atoi(value);
-    } else if (arg == "--modes") {
-      o.modes.clear();
-      std::stringstream list(value);
-      for (std::string m; std::getline(list, m, ',');) {
-        if (m != "dense" && m != "sv" && m != "rebuild") usage(argv[0]);
-        o.modes.push_back(m);
-      }
-    } else {
-      usage(argv[0]);
-    }
-  }
-  if (o.features < 1 || o.classes < 1 || o.batch < 1 || o.clocks < 1 || o.warmup < 0 || o.threads < 1 ||
-      o.ranks < 1 || o.modes.empty()) {
-    usage(argv[0]);
+  CLI::App app{"orpheus_bench_step: one rank's training step on a .loss model, without the network"};
+  app.add_option("--loss", o.loss, "the .loss model")->check(CLI::ExistingFile);
+  app.add_option("--features", o.features)->check(engine::cli::integerIn(1));
+  app.add_option("--classes", o.classes)->check(engine::cli::integerIn(1));
+  app.add_option("--batch", o.batch)->check(engine::cli::integerIn(1));
+  app.add_option("--clocks", o.clocks)->check(engine::cli::integerIn(1));
+  app.add_option("--warmup", o.warmup)->check(engine::cli::integerIn(0));
+  app.add_option("--threads", o.threads)->check(engine::cli::integerIn(1));
+  app.add_option("--ranks", o.ranks, "batches the rebuild mode applies")->check(engine::cli::integerIn(1));
+  app.add_option("--modes", o.modes)->delimiter(',')->check(CLI::IsMember({"dense", "sv", "rebuild"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
   }
   return o;
 }
