@@ -28,11 +28,15 @@ ClockGroup BroadcastExchange::receive(uint64_t clock, const std::shared_ptr<SvBa
   const auto t = Clock::now();
   // Sent from where the batch lies: the record's header and the batch's arrays.
   const std::shared_ptr<const SvBatch> sent = std::exchange(sent_, nullptr);
+  ClockGroup group;
+  if (transport_.size() == 1) {  // no one to send to: the own batch, neither encoded nor read
+    group.add(viewOf(local), ckpt::Record::of(local));
+    return group;
+  }
   SvBatchPieces record = encodePieces(*sent, /*scanValues=*/true);
   record.seal();
   const auto all =
       std::make_shared<const comm::Gathered>(transport_.allgatherv(comm::Pieces{record.pieces, nullptr}, clock));
-  ClockGroup group;
   SvBatchExpectation expect;
   expect.clock = static_cast<int64_t>(clock);
   expect.paramShapes = shapes_;
@@ -72,6 +76,8 @@ MulticastExchange::MulticastExchange(Consistency consistency, const comm::Multic
 void MulticastExchange::send(uint64_t clock, std::shared_ptr<const SvBatch> sent, ClockStats& stats) {
   (void)stats;
   sendStart_ = Clock::now();
+  const std::vector<int> receivers = schedule_.receivers(clock, transport_.rank());
+  if (receivers.empty()) return;  // the batch is neither encoded nor read
   auto record = std::make_shared<SvBatchPieces>(encodePieces(*sent, /*scanValues=*/true));
   record->seal();
   struct Owner {
@@ -81,7 +87,7 @@ void MulticastExchange::send(uint64_t clock, std::shared_ptr<const SvBatch> sent
   auto pieces = std::make_shared<comm::Pieces>();
   pieces->pieces = record->pieces;
   pieces->owner = std::make_shared<const Owner>(Owner{std::move(record), std::move(sent)});
-  for (int peer : schedule_.receivers(clock, transport_.rank())) {
+  for (int peer : receivers) {
     transport_.sendAsync(peer, comm::SharedPieces(pieces));
   }
 }

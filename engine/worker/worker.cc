@@ -13,6 +13,7 @@
 #include "ops/rebuild.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -250,15 +251,20 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
   if (updater_.resident()) {
     // The pass runs where the replica lives; its sites come to the host as
     // --transfer says, and a streaming exchange gets each as soon as it is there.
-    // --sv-rank reads U and V on the device: only what it cannot read there crosses.
+    // --sv-rank reads U and V on the device, and so does the rebuild of a job of
+    // one rank that neither selects, rounds nor logs its SVs (no one else reads
+    // them): only what they cannot read there crosses.
     const bool streams = exchange.streams(selects);
+    const bool alone = transport_.size() == 1 && !selects && !streams && !knobs_.bf16 && !config_.adapt &&
+                       !config_.ckptSv;
     transfer_.computeSvg(
         model_, updater_.deviceParams(replica_), examples, &stats.loss, *local,
         [&](size_t i) {
           if (streams && std::isfinite(stats.loss)) exchange.siteReady(i, local->matrices[i]);
         },
-        !lowRank_);
-    if (lowRank_) rankOperands_ = landRankOperands(*local);
+        !lowRank_ && !alone);
+    if (lowRank_ || alone) rankOperands_ = landUnkept(*local);
+    if (alone) rankOperands_.clear();
   } else if (exchange.streams(selects)) {
     bool finite = true;
     // The batch the backward pass builds is moved in here, arrays and all: the
@@ -292,14 +298,22 @@ std::vector<ops::DeviceSvs> Worker::localOnDevice(const SvBatch& local) const {
   return svs;
 }
 
-// Resident, --sv-rank: the batch's U and V where the backward pass left them, for
-// the power iteration to read there; a matrix not kept on the device is copied to
-// the batch now instead (the transfer left every matrix's arrays unset).
-std::vector<ops::DeviceSvs> Worker::landRankOperands(SvBatch& local) {
+// Resident, when the transfer left every matrix's arrays unset (--sv-rank, or one
+// rank alone): the batch's U and V where the backward pass left them, for the power
+// iteration and the rebuild to read there. A matrix they would read on the host is
+// copied to the batch now instead: one not kept on the device whole, or (the
+// rebuild weighs those columns on the host) with a core or coefficients that differ.
+std::vector<ops::DeviceSvs> Worker::landUnkept(SvBatch& local) {
   std::vector<ops::DeviceSvs> svs = model_.lastDeviceSvs();
   if (svs.size() != local.matrices.size()) svs.clear();
+  bool uniform = true;  // bit for bit, as the rebuild asks (ParamRebuild::uniformCoefficient)
+  for (Eigen::Index j = 1; j < local.coeffs.size(); ++j) {
+    uniform = uniform && std::bit_cast<uint32_t>(local.coeffs(j)) == std::bit_cast<uint32_t>(local.coeffs(0));
+  }
   for (size_t i = 0; i < local.matrices.size(); ++i) {
-    if (svs.empty() || svs[i].u == nullptr || svs[i].vDense == nullptr) transfer_.land(i, local.matrices[i]);
+    const SvMatrix& m = local.matrices[i];
+    const bool kept = !svs.empty() && svs[i].u != nullptr && (m.sparseV || svs[i].vDense != nullptr);
+    if (!kept || !uniform || m.core.size() > 0) transfer_.land(i, local.matrices[i]);
   }
   return svs;
 }

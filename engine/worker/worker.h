@@ -214,7 +214,7 @@ class Worker {
   std::shared_ptr<SvBatch> computeSvgs(uint64_t clock, const ops::ExampleBatch& examples, ClockExchange& exchange,
                                        std::chrono::steady_clock::time_point start, ClockStats& stats);
   std::optional<SvBatch> selectToSend(uint64_t clock, const SvBatch& local, ClockStats& stats);
-  std::vector<ops::DeviceSvs> landRankOperands(SvBatch& local);
+  std::vector<ops::DeviceSvs> landUnkept(SvBatch& local);
   std::vector<ops::DeviceSvs> localOnDevice(const SvBatch& local) const;
   void keepOnDevice(const SvBatch& local);
   void rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats);

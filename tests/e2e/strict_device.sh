@@ -10,7 +10,7 @@
 # mlp (selection by jmcss-gram on the device and restore of its log, random multicast, averaging and
 # rotation, adam; --sv-rank), lstm (adagrad, resident,
 # carried states, a test set, restore; --sync dense),
-# dense (--sync dense with and without --overlap; --sync powersgd), sparse (LIBSVM rows, sparse V; --sync powersgd), tm (the
+# dense (--sync dense with and without --overlap; --sync powersgd; one rank, dense and sv), sparse (LIBSVM rows, sparse V; --sync powersgd), tm (the
 # topic model resident: its data-dependent variables' inner steps on the device, a test set),
 # optimizers (examples/mlr.loss, the replica resident on the device, with each
 # first-order optimizer; bfgs and dfp resident, within 1e-4 of the host's double
@@ -269,6 +269,14 @@ case "$case" in
         awk -v o=$opt '$1 > 1024 { print "strict_device.sh: " $1 " bytes came back from the device in clock " NR " (" o ", one rank)"; bad = 1 }
           END { if (NR < 20) { print "strict_device.sh: " NR " clocks report device_out_bytes"; bad = 1 }; exit bad }' >&2
     done
+    # --sync sv on one rank with nothing to send, select, round or log: the rebuild
+    # reads U and V where the pass left them, and no clock copies more than the
+    # loss back (each copied its U and V: 30,800 bytes and the loss).
+    np=1 same sv-one "${fmnist[@]}" --model "$out/mlp.loss" --clocks 20 --batch 50 --lr 0.01 --sync sv
+    resident sv-one
+    grep -o '"device_out_bytes": *[0-9]*' "$out/sv-one-strict.jsonl" | sed 's/.*: *//' |
+      awk '$1 > 1024 { print "strict_device.sh: " $1 " bytes came back from the device in clock " NR " (--sync sv, one rank)"; bad = 1 }
+        END { if (NR < 20) { print "strict_device.sh: " NR " clocks report device_out_bytes"; bad = 1 }; exit bad }' >&2
     ;;
   optimizers)
     mlr="$here/../../examples/mlr.loss"
