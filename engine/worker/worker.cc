@@ -263,8 +263,11 @@ std::shared_ptr<SvBatch> Worker::computeSvgs(uint64_t clock, const ops::ExampleB
           if (streams && std::isfinite(stats.loss)) exchange.siteReady(i, local->matrices[i]);
         },
         !lowRank_ && !alone);
-    if (lowRank_ || alone) rankOperands_ = landUnkept(*local);
-    if (alone) rankOperands_.clear();
+    if (lowRank_) {
+      rankOperands_ = landUnkept(*local);
+    } else if (alone) {
+      landUnkept(*local);
+    }
   } else if (exchange.streams(selects)) {
     bool finite = true;
     // The batch the backward pass builds is moved in here, arrays and all: the

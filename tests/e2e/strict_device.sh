@@ -277,6 +277,8 @@ case "$case" in
     grep -o '"device_out_bytes": *[0-9]*' "$out/sv-one-strict.jsonl" | sed 's/.*: *//' |
       awk '$1 > 1024 { print "strict_device.sh: " $1 " bytes came back from the device in clock " NR " (--sync sv, one rank)"; bad = 1 }
         END { if (NR < 20) { print "strict_device.sh: " NR " clocks report device_out_bytes"; bad = 1 }; exit bad }' >&2
+    # --sv-rank on one rank reads U and V on the device too.
+    np=1 same sv-rank-one "${fmnist[@]}" --model "$out/mlp.loss" --clocks 10 --batch 50 --lr 0.01 --sync sv --sv-rank 2
     ;;
   optimizers)
     mlr="$here/../../examples/mlr.loss"
