@@ -137,11 +137,7 @@ class ParamRebuild {
   // The one coefficient of a piece whose U is on the device, or null.
   static const float* uniformCoefficient(const Piece& p) {
     if (p.onDevice == nullptr || p.onDevice->u == nullptr || p.m->withCore || p.m->columns == 0) return nullptr;
-    const auto bits = [](float f) { return std::bit_cast<uint32_t>(f); };
-    for (int64_t j = 1; j < p.m->columns; ++j) {
-      if (bits(p.coeffs[j]) != bits(p.coeffs[0])) return nullptr;
-    }
-    return p.coeffs;
+    return oneCoefficient(p.coeffs, p.m->columns) ? p.coeffs : nullptr;
   }
 
   // The dense pieces' V in column order: host(V, at) for a V in host memory,
@@ -628,6 +624,14 @@ void scaledCopy(Backend& backend, const Tensor& src, float c, Tensor& dst) {
   const Tensor* in[] = {&src};
   Tensor* out[] = {&dst};
   backend.elementwise(chain, in, out);
+}
+
+bool oneCoefficient(const float* c, int64_t n) {
+  const auto bits = [](float f) { return std::bit_cast<uint32_t>(f); };
+  for (int64_t j = 1; j < n; ++j) {
+    if (bits(c[j]) != bits(c[0])) return false;
+  }
+  return true;
 }
 
 void scaleCoefficients(SvBatch& batch, float factor) {

@@ -145,4 +145,8 @@ void scaledCopy(Backend& backend, const Tensor& src, float c, Tensor& dst);
 // Scales every batch column's coefficient (or core and bias coefficients) by `factor`.
 void scaleCoefficients(SvBatch& batch, float factor);
 
+// Whether the `n` coefficients at `c` are one value, bit for bit: a piece of a
+// batch so weighted, its U on the device, is weighted there (its host U unread).
+bool oneCoefficient(const float* c, int64_t n);
+
 }  // namespace orpheus::ops

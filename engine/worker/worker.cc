@@ -13,7 +13,6 @@
 #include "ops/rebuild.h"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -309,10 +308,7 @@ std::vector<ops::DeviceSvs> Worker::localOnDevice(const SvBatch& local) const {
 std::vector<ops::DeviceSvs> Worker::landUnkept(SvBatch& local) {
   std::vector<ops::DeviceSvs> svs = model_.lastDeviceSvs();
   if (svs.size() != local.matrices.size()) svs.clear();
-  bool uniform = true;  // bit for bit, as the rebuild asks (ParamRebuild::uniformCoefficient)
-  for (Eigen::Index j = 1; j < local.coeffs.size(); ++j) {
-    uniform = uniform && std::bit_cast<uint32_t>(local.coeffs(j)) == std::bit_cast<uint32_t>(local.coeffs(0));
-  }
+  const bool uniform = ops::oneCoefficient(local.coeffs.data(), local.coeffs.size());
   for (size_t i = 0; i < local.matrices.size(); ++i) {
     const SvMatrix& m = local.matrices[i];
     const bool kept = !svs.empty() && svs[i].u != nullptr && (m.sparseV || svs[i].vDense != nullptr);
