@@ -254,8 +254,7 @@ class DeviceExecutor {
     std::vector<Tensor> denseTokens;         // per token node read densely
     std::vector<Tensor> locals;              // the batch's data-dependent variables (swapped with the executor's)
     bool withLocals = false;                 // `locals` hold the batch's, still current
-    Staging staging;
-    Event landed;  // the slot's last copy (copies land in order)
+    Staging staging;  // its last copy is the slot's last (copies land in order)
   };
   // The next slot, its staging buffer free and at least `bytes` long.
   Ahead& nextAhead(size_t bytes);

@@ -37,7 +37,6 @@ DeviceExecutor::Ahead& DeviceExecutor::nextAhead(size_t bytes) {
   aheadNext_ ^= 1;
   // The copy that read the staging buffer last (two batches ago) must be done before it is written.
   a.staging.begin(backend_, bytes);
-  a.landed = Event();
   a.dense = nullptr;
   a.sparse = nullptr;
   a.labels = nullptr;
@@ -56,7 +55,7 @@ void DeviceExecutor::stageLocals(Ahead& a, const std::vector<Matrix>& locals, in
     ORPHEUS_ENFORCE(m.rows() == rows && m.cols() == batch, "data-dependent variable '{}' is {}x{}, the batch needs {}x{}",
                     graph_.node(ids[k]).name, m.rows(), m.cols(), rows, batch);
     if (a.locals[k].rows() != rows || a.locals[k].cols() != batch) a.locals[k] = backend_.allocate(rows, batch);
-    a.landed = a.staging.up(m.data(), a.locals[k]);
+    a.staging.up(m.data(), a.locals[k]);
   }
   a.withLocals = true;
 }
@@ -73,7 +72,7 @@ void DeviceExecutor::stageLabels(Ahead& a, const Eigen::VectorXi& labels, int64_
   const size_t at = a.staging.reserveFloats(classes * batch);
   oneHot(labels, Eigen::Map<Matrix>(a.staging.floats(at), classes, batch));
   if (a.oneHot.rows() != classes || a.oneHot.cols() != batch) a.oneHot = backend_.allocate(classes, batch);
-  a.landed = a.staging.up(at, a.oneHot);
+  a.staging.up(at, a.oneHot);
 }
 
 
@@ -88,7 +87,7 @@ void DeviceExecutor::prefetch(const Matrix& dense, const Eigen::VectorXi& labels
   const size_t inputBytes = static_cast<size_t>(dense.size()) * sizeof(float);
   Ahead& a = nextAhead(inputBytes + static_cast<size_t>(classes * batch) * sizeof(float) + localsBytes(locals));
   if (a.input.rows() != features || a.input.cols() != batch) a.input = backend_.allocate(features, batch);
-  a.landed = a.staging.up(dense.data(), a.input);
+  a.staging.up(dense.data(), a.input);
   stageLabels(a, labels, batch);
   if (locals != nullptr) stageLocals(a, *locals, batch);
   a.dense = &dense;
@@ -114,13 +113,13 @@ void DeviceExecutor::prefetch(const SparseMatrix& sparse, const Eigen::VectorXi&
   const size_t denseBytes = inputReadDensely_ ? static_cast<size_t>(features * batch) * sizeof(float) : 0;
   Ahead& a = nextAhead(stagedSparseBytes(backend_, m) + denseBytes + static_cast<size_t>(classes * batch) * sizeof(float) +
                        localsBytes(locals));
-  a.landed = stageSparse(backend_, m, a.staging, a.sparseInput);
+  stageSparse(backend_, m, a.staging, a.sparseInput);
   if (inputReadDensely_) {
     // Its dense copy, as upload() makes it (hostDense_ = the sparse batch).
     const size_t at = a.staging.reserveFloats(features * batch);
     Eigen::Map<Matrix>(a.staging.floats(at), features, batch) = m;
     if (a.input.rows() != features || a.input.cols() != batch) a.input = backend_.allocate(features, batch);
-    a.landed = a.staging.up(at, a.input);
+    a.staging.up(at, a.input);
   }
   stageLabels(a, labels, batch);
   if (locals != nullptr) stageLocals(a, *locals, batch);
@@ -154,14 +153,14 @@ void DeviceExecutor::prefetchSequence(const Matrix& segments) {
   for (const Node& n : graph_.nodes()) {
     const size_t i = static_cast<size_t>(n.id);
     if (n.kind != NodeKind::kToken) continue;
-    if (tokenSparse_[i]) a.landed = stageSparse(backend_, a.tokens[i], a.staging, a.sparseTokens[i]);
+    if (tokenSparse_[i]) stageSparse(backend_, a.tokens[i], a.staging, a.sparseTokens[i]);
     if (tokenDense_[i]) {
       // The dense one-hot as uploadSequence makes it (hostStep_ = m: zeros and ones).
       const size_t at = a.staging.reserveFloats(n.rows * b);
       Eigen::Map<Matrix>(a.staging.floats(at), n.rows, b) = a.tokens[i];
       Tensor& dst = a.denseTokens[i];
       if (dst.rows() != n.rows || dst.cols() != b) dst = backend_.allocate(n.rows, b);
-      a.landed = a.staging.up(at, dst);
+      a.staging.up(at, dst);
     }
   }
   a.dense = &segments;
@@ -171,10 +170,11 @@ void DeviceExecutor::prefetchSequence(const Matrix& segments) {
 
 void DeviceExecutor::orderAfter(const Ahead& a) {
   // The pass's operations begin once the copies have landed; the host goes on.
-  if (a.landed.empty()) return;
+  const Event landed = a.staging.last();
+  if (landed.empty()) return;
   const Event reached = backend_.record();
-  backend_.waitOnDevice(a.landed);
-  dataWaits_.emplace_back(reached, a.landed);
+  backend_.waitOnDevice(landed);
+  dataWaits_.emplace_back(reached, landed);
 }
 
 bool DeviceExecutor::takePrefetched(const Matrix* dense, const SparseMatrix* sparse, const Eigen::VectorXi& labels) {

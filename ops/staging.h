@@ -45,7 +45,7 @@ class Staging {
   // Until every copy of the run has landed.
   void wait();
 
-  size_t used() const { return used_; }
+  Event last() const { return last_; }  // the run's last copy: done when every copy of it is
   size_t bytes() const { return buffer_.bytes(); }  // the buffer's size
 
  private:
