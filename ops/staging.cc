@@ -14,8 +14,8 @@ void Staging::begin(Backend& backend, size_t bytes) {
   if (buffer_.bytes() < bytes) buffer_ = backend.allocateHost(bytes);
 }
 
-size_t Staging::reserve(size_t bytes, size_t align) {
-  const size_t at = (used_ + align - 1) / align * align;
+size_t Staging::reserve(size_t bytes) {
+  const size_t at = used_;
   ORPHEUS_ENFORCE(backend_ != nullptr && at + bytes <= buffer_.bytes(),
                   "staging: {} bytes at byte {} do not fit a buffer of {} bytes", bytes, at, buffer_.bytes());
   used_ = at + bytes;

@@ -25,11 +25,9 @@ class Staging {
  public:
   // A new run of at most `bytes` on `backend`, from byte 0.
   void begin(Backend& backend, size_t bytes);
-  // The next `bytes` of the run, from a multiple of `align`: their byte offset.
-  size_t reserve(size_t bytes, size_t align = sizeof(float));
-  size_t reserveFloats(int64_t floats, size_t align = sizeof(float)) {
-    return reserve(static_cast<size_t>(floats) * sizeof(float), align);
-  }
+  // The next `bytes` of the run, right after the last ones: their byte offset.
+  size_t reserve(size_t bytes);
+  size_t reserveFloats(int64_t floats) { return reserve(static_cast<size_t>(floats) * sizeof(float)); }
   std::byte* data(size_t at = 0) const { return buffer_.data() + at; }
   float* floats(size_t at) const { return reinterpret_cast<float*>(data(at)); }
   Tensor floats(size_t at, int64_t rows, int64_t cols) const { return buffer_.floats(at, rows, cols); }
