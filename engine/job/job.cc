@@ -186,6 +186,13 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                  "not only the features the sparse input touches (sgd and adagrad without weight decay keep that cost)",
                  toString(optimizer.kind), optimizer.weightDecay > 0 ? " with --weight-decay" : "");
   }
+  if (transport.size() == 1 && config.sync == SyncMode::kSv) {
+    spdlog::info("note: one rank: no SV leaves it, so --sync sv only rebuilds each clock's update from its own SVs; "
+                 "{}",
+                 config.select > 0 || config.svRank > 0 || config.adapt
+                     ? "the selection or rank shapes the update as it would on more ranks"
+                     : "--sync dense computes the same update without the SV bookkeeping");
+  }
   if (transport.size() == 1 && (config.averageEvery > 0 || config.rotateEvery > 0)) {
     spdlog::warn("one rank: --average-every and --rotate-every have nothing to do");
   } else if (config.sync != SyncMode::kSv) {

@@ -29,6 +29,10 @@
 #             on the host, from U and V copied out) against jmcss-gram (the Gram products on the
 #             device, the draw on the host): seconds a clock spends selecting and seconds a
 #             clock, after clock 5, two runs of each interleaved (median of the two)
+#   mps       where nvidia-cuda-mps-control is at hand and no MPS daemon runs (MPS=auto, the
+#             default; MPS=off skips it): a private MPS daemon for the steps after it, so that
+#             the 4 ranks of shared and lstm (and PyTorch's) share the GPU at once instead of
+#             time-slicing it; kept only if a 2-rank job runs under it within 60 s
 #   shared    4 ranks sharing the GPU train MLP 784-2048-2048-10 to 0.85 (dry run: 784-64-64-10
 #             to 0.75): Orpheus (--sv-rank 2, --sync dense, --sync powersgd) against PyTorch DDP over gloo and
 #             PowerSGD rank 2 (scripts/bench/ddp_fmnist.py), all with Nesterov 0.9, lr 0.1, batch
@@ -58,9 +62,10 @@ done
 if [ "$DEVICE" = cuda ]; then hidden=2048; else hidden=64; fi
 kjv=${ORPHEUS_KJV:-}
 NET=${NET:-auto}
+MPS=${MPS:-auto}
 netcluster=$here/scripts/netcluster.sh
 launch=()  # extra mpirun arguments: the emulated network's, where a step brought it up
-STEP_VARS=(orpheus compare tests examples mpirun data kjv python work here DEVICE hidden NET netcluster launch)
+STEP_VARS=(orpheus compare tests examples mpirun data kjv python work here DEVICE hidden NET MPS netcluster launch)
 mlp() {
   sed -e "s/^dim hidden1 = .*/dim hidden1 = $hidden/" -e "s/^dim hidden2 = .*/dim hidden2 = $hidden/" \
     "$examples/mlp.loss" >"$work/mlp.loss"
@@ -256,7 +261,43 @@ EOF
   [ "$DEVICE" != cuda ] ||
     "$python" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["efficiency"] < 0.7)' "$work/rebuild.json"
 }
+# mpsOn: the private MPS daemon's folders in the environment, where the mps step started one.
+mpsOn() {
+  [ -f "$work/mps" ] || return 0
+  export CUDA_MPS_PIPE_DIRECTORY=$work/mps-pipe CUDA_MPS_LOG_DIRECTORY=$work/mps-log
+}
+check_mps() {
+  [ "$DEVICE" = cuda ] || skip "DEVICE=$DEVICE: a dry run"
+  [ "$MPS" != off ] || skip "MPS=off: ranks sharing the GPU time-slice it"
+  if pgrep -x nvidia-cuda-mps-control >/dev/null || [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+    touch "$work/mps-external"
+    figure "an MPS daemon runs already: the steps after this one share the GPU through it"
+    return 0
+  fi
+  command -v nvidia-cuda-mps-control >/dev/null ||
+    skip "no nvidia-cuda-mps-control on this host: ranks sharing the GPU time-slice it"
+  mkdir -p "$work/mps-pipe" "$work/mps-log"
+  export CUDA_MPS_PIPE_DIRECTORY=$work/mps-pipe CUDA_MPS_LOG_DIRECTORY=$work/mps-log
+  nvidia-cuda-mps-control -d || skip "nvidia-cuda-mps-control -d refused to start: ranks sharing the GPU time-slice it"
+  # A client that cannot reach the server may hang rather than fail: probed under a timeout.
+  if timeout --kill-after=5 60 "$mpirun" -n 2 --oversubscribe "$orpheus" train --device cuda --progress off \
+    --log-level warn --train "$data/train-images-idx3-ubyte.gz" --clocks 3 --batch 10 --eval-every 0; then
+    touch "$work/mps"
+    figure "a private MPS daemon serves the steps after this one (shared, lstm): their ranks share the GPU at once"
+    return 0
+  fi
+  echo quit | nvidia-cuda-mps-control
+  tail -n 5 "$work/mps-log/control.log" "$work/mps-log/server.log" 2>/dev/null
+  skip "MPS started, but a 2-rank job under it failed or ran past 60 s (log: mps.log): ranks sharing the GPU time-slice it"
+}
+mpsState() { if [ -f "$work/mps" ] || [ -f "$work/mps-external" ]; then echo on; else echo off; fi; }
+mpsOff() {
+  [ -f "$work/mps" ] || return 0
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$work/mps-pipe timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1
+  rm -f "$work/mps"
+}
 check_shared() {
+  mpsOn
   "$python" -c 'import torch' || skip "no PyTorch"
   local target=0.85 clocks=400 every=25 torch_device=cuda
   if [ "$DEVICE" = cuda ]; then
@@ -290,7 +331,7 @@ check_shared() {
   best=$(seconds "$work/best.jsonl" $target); dense=$(seconds "$work/dense.jsonl" $target)
   opsgd=$(seconds "$work/opsgd.jsonl" $target)
   ddp=$(seconds "$work/ddp.jsonl" $target); psgd=$(seconds "$work/powersgd.jsonl" $target)
-  figure "seconds to $target, 4 ranks on one $DEVICE, $net: Orpheus --sv-rank 2 $best, Orpheus dense $dense," \
+  figure "seconds to $target, 4 ranks on one $DEVICE, $net, MPS $(mpsState): Orpheus --sv-rank 2 $best, Orpheus dense $dense," \
     "Orpheus --sync powersgd r2 $opsgd, DDP $ddp, PowerSGD r2 $psgd"
   figure "DDP / Orpheus best $(ratio "$ddp" "$best"), PowerSGD / Orpheus best $(ratio "$psgd" "$best"), DDP / Orpheus dense $(ratio "$ddp" "$dense")," \
     "PowerSGD / Orpheus powersgd $(ratio "$psgd" "$opsgd")"
@@ -306,6 +347,7 @@ check_shared() {
   [ "$best" != none ] && [ "$ddp" != none ]
 }
 check_lstm() {
+  mpsOn
   "$python" -c 'import torch' || skip "no PyTorch"
   # At 1024 the example's uniform(0.1) and lr 0.1 diverge (dense as well as SV, on the CPU
   # too: the loss passes 40 within 25 clocks); uniform(0.03), about 1/sqrt(hidden) as
@@ -333,7 +375,7 @@ check_lstm() {
     finals+="${finals:+, }$c $(printf %.4g "$ppl") in $secs s"
     worst=$("$python" -c 'import sys; print(max(map(float, sys.argv[1:])))' "$worst" "$ppl")
   done
-  figure "embed = hidden = $size, uniform($init), lr $lr, 4 ranks on one $DEVICE, $clocks clocks: perplexity and training seconds: $finals"
+  figure "embed = hidden = $size, uniform($init), lr $lr, 4 ranks on one $DEVICE (MPS $(mpsState)), $clocks clocks: perplexity and training seconds: $finals"
   local theirs line="seconds to perplexity $(printf %.4g "$worst"):"
   theirs=$(seconds "$work/lstm-torch.jsonl" "$worst" perplexity)
   for c in dense sv best; do
@@ -351,9 +393,11 @@ step step 120 check_step
 step netns 20 check_netns
 step rebuild 60 check_rebuild
 step select 90 check_select
+step mps 75 check_mps
 step shared 300 check_shared
 [ -f "$work/net" ] && "$netcluster" down >/dev/null 2>&1  # where a timeout cut the step short
 step lstm 240 check_lstm
+mpsOff
 record "total $(($(date +%s) - start))s of ${BUDGET}s"
 tar -C "$OUT" -czf "$OUT/logs.tar.gz" --exclude=logs.tar.gz . 2>/dev/null
 if [ "$DEVICE" = cuda ]; then cp "$summary" "$RESULTS"; fi

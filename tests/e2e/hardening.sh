@@ -26,7 +26,8 @@
 #    --average-every (without an outer step) and --rotate-every under an all-reduce: warned;
 #  - an unreadable --adapt-trace: one line, not one a rank;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock;
-#  - a job of one rank trains with any --multicast (nothing to refuse);
+#  - a job of one rank trains with any --multicast (nothing to refuse), and under --sync sv
+#    says that no SV leaves it;
 #  - simulate refuses the model and data flags train refuses;
 #  - an unknown command, or ctl's, named with the commands there are.
 set -uo pipefail
@@ -210,6 +211,10 @@ refused "--sv-rank factors dense updates: .*small.libsvm is sparse" -- "$orpheus
 refused "'frobnicate' is not a command: train, simulate, eval, restore, ctl, inspect" -- "$orpheus" frobnicate
 refused "ctl: 'frobnicate' is not a command: shrink, grow" -- "$orpheus" ctl "$out" frobnicate
 refused "ctl: give a command: shrink, grow" -- "$orpheus" ctl "$out"
+# A job of one rank under --sync sv says that no SV leaves it, and what --sync dense saves.
+"$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --progress off 2>&1 >/dev/null |
+  grep -q -- "note: one rank: no SV leaves it, .*--sync dense computes the same update" ||
+  { echo "FAIL: no one-rank note from --sync sv"; fail=1; }
 # More compute threads than the host gives (or than BLAS runs) are said, not silently time-sliced.
 said "warning: --threads 1024: " "$orpheus" train --train "$fix/small.libsvm" \
   --clocks 2 --batch 2 --threads 1024
