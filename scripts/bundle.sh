@@ -15,6 +15,8 @@
 #   data/     Fashion-MNIST's test set and the first TRAIN_EXAMPLES training images, and the
 #             KJV token files (scripts/data/make_tokens.sh, vocabulary 2000, 35 steps) and bag
 #             of words (scripts/data/make_corpus.sh, blocks of 30 verses, 500 words)
+#   data/refs the cpu jobs of scripts/gpu_check.sh whose outputs are small, run here with
+#             these binaries (REFS=0 leaves them out): the GPU host does not run them again
 #   examples/ the .loss models
 # CUDA's own libraries and cuDNN are never shipped (libcublasLt alone is 517 MiB).
 # Builds a stripped Release tree in $BUILD_DIR (default build-bundle) first.
@@ -173,6 +175,21 @@ EOF
 chmod +x "$dest/bin/mpirun"
 cp "$dest/bin/mpirun" "$dest/bin/mpiexec"
 git -C "$ROOT" rev-parse --short HEAD >"$dest/VERSION" 2>/dev/null || echo unknown >"$dest/VERSION"
+
+# CPU references (data/refs): gpu_check.sh's cpu jobs whose outputs are small, run here
+# with the bundle's own binaries (REFS_WRITE), so that a GPU host spends its minutes on
+# the GPU. REFS=0: none.
+if [ "${REFS:-1}" != 0 ]; then
+  refs_out=$(mktemp -d)
+  (
+    source "$dest/env.sh" 2>/dev/null
+    REFS=none REFS_WRITE="$dest/data/refs" DEVICE=strict BUDGET=1800 OUT="$refs_out" \
+      SKIP_STEPS="memcheck sv_dense bitwise restore shared" "$ROOT/scripts/gpu_check.sh" >"$refs_out/console.txt" 2>&1
+  ) || true
+  echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores" >"$dest/data/refs/HOST"
+  echo "bundle: $(find "$dest/data/refs" -name '*.key' | wc -l) cpu references in data/refs ($(du -sh "$dest/data/refs" | cut -f1))"
+  rm -rf "$refs_out"
+fi
 
 # Two archives: the programs (xz), and the data (already gzip-compressed) to unpack beside them.
 tar -C "$(dirname "$dest")" -cJf "$dest.tar.xz" --exclude="$(basename "$dest")/data" "$(basename "$dest")"

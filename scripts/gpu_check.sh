@@ -45,12 +45,48 @@ source "$here/scripts/gpu_steps.sh"
 fmnist=(--train "$data/train-images-idx3-ubyte.gz" --test "$data/t10k-images-idx3-ubyte.gz")
 python=$(command -v python3 || echo /usr/bin/python3)
 bow=${ORPHEUS_KJV_BOW:-}
-STEP_VARS=(orpheus compare tests examples mpirun data fmnist bow python work here DEVICE ACC_CLOCKS THREADS OUT ORPHEUS_KJV)
-# train DEVICE NP NAME FLAGS...: a job whose parameters go to $work/NAME.h5 and metrics to $work/NAME.jsonl.
+STEP_VARS=(orpheus compare tests examples mpirun data fmnist bow python work here DEVICE ACC_CLOCKS THREADS OUT ORPHEUS_KJV
+  REFS REFS_WRITE REFS_MAX_BYTES)
+# CPU references. A cpu job whose flags, thread count and binaries match an entry of
+# REFS (default: the bundle's data/refs, where scripts/bundle.sh stored them) is not
+# run: its parameters and metrics are copied from there, and the time goes to the GPU.
+# REFS=none runs every cpu job. REFS_WRITE=DIR (with DEVICE=strict: scripts/bundle.sh)
+# runs only the cpu jobs and stores each whose parameters take at most REFS_MAX_BYTES
+# (default 1 MiB; the MLP's 7 MB stay out of the bundle and run live).
+if [ -z "${REFS:-}" ] && [ -n "${ORPHEUS_BUNDLE:-}" ] && [ -d "$ORPHEUS_BUNDLE/data/refs" ]; then
+  REFS=$ORPHEUS_BUNDLE/data/refs
+fi
+[ "${REFS:-}" = none ] && REFS=""
+REFS=${REFS:-}; REFS_WRITE=${REFS_WRITE:-}; REFS_MAX_BYTES=${REFS_MAX_BYTES:-1048576}
+[ -z "$REFS_WRITE" ] || mkdir -p "$REFS_WRITE"
+# refKey ARGS...: a job's identity, host paths replaced by names, with the binaries' version.
+refKey() {
+  local s="$* threads=$THREADS version=$(cat "${ORPHEUS_BUNDLE:-$here}/VERSION" 2>/dev/null || echo none)"
+  s=${s//"$work"/@WORK}; s=${s//"$data"/@DATA}; s=${s//"$examples"/@EXAMPLES}
+  [ -z "$bow" ] || s=${s//"$bow"/@BOW}
+  [ -z "${ORPHEUS_KJV:-}" ] || s=${s//"$ORPHEUS_KJV"/@KJV}
+  echo "$s"
+}
+# train DEVICE NP NAME FLAGS...: a job whose parameters go to $work/NAME.h5 (unless
+# NOSAVE=1) and metrics to $work/NAME.jsonl.
 train() {
   local device=$1 np=$2 name=$3; shift 3
+  local save=(--save "$work/$name.h5"); [ "${NOSAVE:-0}" = 1 ] && save=()
+  local key=""
+  if [ "$device" = cpu ] && { [ -n "$REFS" ] || [ -n "$REFS_WRITE" ]; }; then key=$(refKey "$np" "${save[@]}" "$@"); fi
+  if [ -n "$REFS" ] && [ -n "$key" ] && [ "$(cat "$REFS/$name.key" 2>/dev/null)" = "$key" ]; then
+    cp "$REFS/$name.jsonl" "$work/" && { [ ${#save[@]} -eq 0 ] || cp "$REFS/$name.h5" "$work/"; } || return 1
+    echo "$name: cpu reference from $REFS"; echo "$name" >>"$OUT/refs-used"
+    return 0
+  fi
+  # Storing references: only the cpu jobs run.
+  [ -n "$REFS_WRITE" ] && [ "$device" != cpu ] && return 0
   "$mpirun" -n "$np" --oversubscribe "$orpheus" train --device "$device" --seed 7 --progress off --log-level warn \
-    --threads "$THREADS" --save "$work/$name.h5" --metrics "$work/$name.jsonl" "$@"
+    --threads "$THREADS" "${save[@]}" --metrics "$work/$name.jsonl" "$@" || return
+  if [ -n "$REFS_WRITE" ] && { [ ${#save[@]} -eq 0 ] || [ "$(stat -c %s "$work/$name.h5")" -le "$REFS_MAX_BYTES" ]; }; then
+    cp "$work/$name.jsonl" "$REFS_WRITE/" && { [ ${#save[@]} -eq 0 ] || cp "$work/$name.h5" "$REFS_WRITE/"; } &&
+      echo "$key" >"$REFS_WRITE/$name.key"
+  fi
 }
 # summary FILE KEY: a field of a metrics file's summary line.
 summaryField() { "$python" -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1]).get(sys.argv[2], ""))' "$1" "$2"; }
@@ -154,7 +190,7 @@ check_tm() {
 }
 check_accuracy() {
   for device in "$DEVICE" cpu; do
-    train "$device" 1 acc-$device "${fmnist[@]}" --model "$examples/mlp.loss" --clocks "$ACC_CLOCKS" --batch 100 \
+    NOSAVE=1 train "$device" 1 acc-$device "${fmnist[@]}" --model "$examples/mlp.loss" --clocks "$ACC_CLOCKS" --batch 100 \
       --lr 0.1 --eval-every "$ACC_CLOCKS"
   done
   local a b; a=$(summaryField "$work/acc-$DEVICE.jsonl" test_accuracy); b=$(summaryField "$work/acc-cpu.jsonl" test_accuracy)
@@ -172,7 +208,7 @@ check_lstm() {
   fi
   for device in "$DEVICE" cpu; do
     train "$device" 1 lstm20-$device "${lstm[@]}" --clocks 20 --eval-every 0
-    train "$device" 1 lstm-$device "${lstm[@]}" --test "$work/valid" --clocks 1000 --eval-every 1000
+    NOSAVE=1 train "$device" 1 lstm-$device "${lstm[@]}" --test "$work/valid" --clocks 1000 --eval-every 1000
   done
   local a b d dev; a=$(summaryField "$work/lstm-$DEVICE.jsonl" test_perplexity); b=$(summaryField "$work/lstm-cpu.jsonl" test_perplexity)
   d=$(relDiff "$work/lstm20-$DEVICE.h5" "$work/lstm20-cpu.h5"); dev=$(summaryField "$work/lstm-$DEVICE.jsonl" device)
@@ -261,6 +297,7 @@ check_restore() {
 
 : >"$summary"
 record "# gpu_check $(date -u +%FT%TZ), device $DEVICE, budget ${BUDGET}s, $(cat "${ORPHEUS_BUNDLE:-$here}/VERSION" 2>/dev/null || git -C "$here" rev-parse --short HEAD 2>/dev/null)"
+rm -f "$OUT/refs-used"
 step gpu 90 check_gpu
 step device 60 check_device
 if ! grep -q "PASS device" "$summary"; then
@@ -277,6 +314,10 @@ else
   step tm 60 check_tm
   step accuracy 180 check_accuracy
   step shared 240 check_shared
+fi
+if [ -f "$OUT/refs-used" ]; then
+  record "- cpu jobs taken from $REFS (run when the bundle was made, on $(cat "$REFS/HOST" 2>/dev/null || echo "an unnamed host")):" \
+    "$(paste -sd' ' "$OUT/refs-used")"
 fi
 record "total $(($(date +%s) - start))s of ${BUDGET}s"
 tar -C "$OUT" -czf "$OUT/logs.tar.gz" --exclude=logs.tar.gz . 2>/dev/null
