@@ -105,6 +105,10 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
       spdlog::warn("--resume: no clock of '{}' is reached by every replica's log{}: the job starts over from "
                    "clock 1, and the log there is set aside as *.discarded",
                    config.ckptDir, withStates ? " with every rank's carried states" : "");
+    } else if (resumeClock == 0) {
+      spdlog::warn("--resume: '{}' holds no replica's log yet (the job stopped before its first clocks reached the "
+                   "disk): the job starts over from clock 1",
+                   config.ckptDir);
     }
     ORPHEUS_CHECK_INPUT(resumeClock <= static_cast<uint64_t>(config.clocks),
                         "--resume: the job in '{}' is at clock {}, past --clocks {}: nothing is left to train (orpheus "
