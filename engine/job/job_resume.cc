@@ -101,6 +101,19 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
     const bool elastic = config.elastic && transport.size() != members;
     const bool withStates = carries && !elastic && !ckpt::listStatesDirs(config.ckptDir).empty();
     resumeClock = resumableClock(config.ckptDir, inventory, withStates ? transport.size() : 0, members);
+    // A complete snapshot past that clock is a resume point too (the log is written in
+    // segments of up to 50 clocks, a snapshot at every averaging barrier): there every
+    // replica is the snapshot's average, and the continued job needs nothing the log
+    // holds from before it, unless it carries states (written with segments), moves its
+    // knobs (--adapt) or its data (--balance), or changed its membership (records in the log).
+    const bool logFree = !carries && !config.adapt && !config.balance && !elastic &&
+                         readMembership(config.ckptDir).size() == 1;
+    if (logFree && !inventory.snapshots.empty() && inventory.snapshots.back() > resumeClock) {
+      spdlog::info("--resume: '{}' has a snapshot of clock {}, past the clock every replica's log reaches ({}): the "
+                   "job resumes from the snapshot",
+                   config.ckptDir, inventory.snapshots.back(), resumeClock);
+      resumeClock = inventory.snapshots.back();
+    }
     if (resumeClock == 0 && !inventory.replicas.empty()) {
       spdlog::warn("--resume: no clock of '{}' is reached by every replica's log{}: the job starts over from "
                    "clock 1, and the log there is set aside as *.discarded",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # resume.sh ORPHEUS COMPARE MPIEXEC: kill -9 of every process of a BSP job mid-run,
 # then --resume with the same flags: the final parameters equal an uninterrupted
-# run's (relative difference <= 1e-5; bitwise in practice); a checkpoint that holds no
-# log yet: --resume says it starts over.
+# run's (relative difference <= 1e-5; bitwise in practice); a job killed before its first
+# segment resumes from its newest snapshot, bitwise, and without one says it starts over.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 orpheus=$1; compare=$2; mpiexec=$3
@@ -24,15 +24,23 @@ kill_job "ckpt-dir $out/killed" "$job"
   --resume
 "$compare" "$out/resumed.h5" "$out/whole.h5" 1e-5
 
-# A job stopped before its first segment reached the disk (here: its logs removed, its
-# snapshots and job record kept) has nothing to resume from: --resume says so and
-# starts over from clock 1, ending where an uninterrupted run does.
-short=(--train "$data/train-images-idx3-ubyte.gz" --clocks 12 --batch 50 --progress off --ckpt sv --average-every 4)
+# A job killed before its first segment (50 clocks) reached the disk, but after its
+# averaging barriers wrote snapshots (here: a finished job's log removed, and its
+# snapshots past clock 40): --resume continues from the newest snapshot and ends
+# bitwise where the uninterrupted run does. With no snapshot either, it says that it
+# starts over from clock 1, and ends there too.
+short=(--train "$data/train-images-idx3-ubyte.gz" --clocks 60 --batch 50 --progress off --ckpt sv --average-every 8
+  --optimizer nesterov --lr 0.05)
 "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${short[@]}" --ckpt-dir "$out/early" --save "$out/early.h5" >/dev/null
-rm -rf "$out"/early/replica-* "$out/early.h5"
-"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${short[@]}" --ckpt-dir "$out/early" --save "$out/early.h5" \
-  --resume 2>"$out/early.err" >/dev/null
-grep -q "holds no replica's log yet .*starts over from clock 1" "$out/early.err" ||
-  { echo "FAIL: --resume of a checkpoint without logs did not say it starts over"; cat "$out/early.err"; exit 1; }
-"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${short[@]}" --ckpt-dir "$out/early2" --save "$out/early2.h5" >/dev/null
-"$compare" "$out/early.h5" "$out/early2.h5" 0
+for case in snapshot none; do
+  rm -rf "$out/cut" "$out/cut.h5"; cp -r "$out/early" "$out/cut"; rm -rf "$out"/cut/replica-*
+  for s in "$out"/cut/snapshot-*; do
+    n=$((10#${s##*snapshot-})); { [ "$case" = none ] || [ "$n" -gt 40 ]; } && rm -rf "$s"
+  done
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train "${short[@]}" --ckpt-dir "$out/cut" --save "$out/cut.h5" \
+    --resume 2>"$out/cut.err" >/dev/null
+  want="has a snapshot of clock 40, past the clock every replica's log reaches (0): the job resumes from the snapshot"
+  [ "$case" = none ] && want="holds no replica's log yet .*starts over from clock 1"
+  grep -q "$want" "$out/cut.err" || { echo "FAIL ($case): no '$want'"; cat "$out/cut.err"; exit 1; }
+  "$compare" "$out/cut.h5" "$out/early.h5" 0
+done
