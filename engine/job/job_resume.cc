@@ -96,7 +96,8 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
     // An elastic resume on another number of ranks starts every rank's carried states
     // afresh (resumeElastic), so it needs none on disk: asking for this launch's ranks'
     // would find none past the old count and start over.
-    const int members = readMembership(config.ckptDir).back().ranks;
+    const std::vector<Epoch> epochs = readMembership(config.ckptDir);
+    const int members = epochs.back().ranks;
     const bool carries = model.carriesState() || (config.sync == SyncMode::kSv && config.svRank > 0);
     const bool elastic = config.elastic && transport.size() != members;
     const bool withStates = carries && !elastic && !ckpt::listStatesDirs(config.ckptDir).empty();
@@ -106,8 +107,7 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
     // replica is the snapshot's average, and the continued job needs nothing the log
     // holds from before it, unless it carries states (written with segments), moves its
     // knobs (--adapt) or its data (--balance), or changed its membership (records in the log).
-    const bool logFree = !carries && !config.adapt && !config.balance && !elastic &&
-                         readMembership(config.ckptDir).size() == 1;
+    const bool logFree = !carries && !config.adapt && !config.balance && !elastic && epochs.size() == 1;
     if (logFree && !inventory.snapshots.empty() && inventory.snapshots.back() > resumeClock) {
       spdlog::info("--resume: '{}' has a snapshot of clock {}, past the clock every replica's log reaches ({}): the "
                    "job resumes from the snapshot",
