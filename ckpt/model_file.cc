@@ -1,6 +1,7 @@
 #include "ckpt/model_file.h"
 
 #include "ckpt/h5.h"
+#include "engine/base/crc32c.h"
 #include "engine/base/error.h"
 
 #include <filesystem>
@@ -13,8 +14,10 @@ void saveParams(const std::string& path, const ParamSet& params, const ModelFile
     for (const auto& p : params.params) {
       const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> rowMajor = p.value;
       // A name with a '/' lives in its groups (the optimizer state: optimizer/<param>/<buffer>).
-      writeFloatMatrix(file, p.name, rowMajor.data(), rowMajor.rows(), rowMajor.cols(),
-                       /*groups=*/p.name.find('/') != std::string::npos, path);
+      const H5Handle set = writeFloatMatrix(file, p.name, rowMajor.data(), rowMajor.rows(), rowMajor.cols(),
+                                            /*groups=*/p.name.find('/') != std::string::npos, path);
+      writeU32Attr(set.get(), "crc32c", crc32c(0, rowMajor.data(), static_cast<size_t>(rowMajor.size()) * sizeof(float)),
+                   path);
     }
     writeStringAttr(file, "model_spec", info.modelSpec, path, StringAttr::kAscii);
     writeI64Attr(file, "clock", info.clock, path);
@@ -71,6 +74,14 @@ ParamSet loadParams(const std::string& path, ModelFileInfo* info) {
         static_cast<Eigen::Index>(dims[0]), static_cast<Eigen::Index>(rank == 2 ? dims[1] : 1));
     ORPHEUS_CHECK_INPUT(H5Dread(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, rowMajor.data()) >= 0,
                         "cannot read dataset '{}' from '{}' as float", name, path);
+    // What saveParams wrote carries each dataset's CRC32C: a damaged file is named, not
+    // loaded (a file from another writer has none and is taken as it is).
+    uint32_t crc = 0;
+    ORPHEUS_CHECK_INPUT(!readU32Attr(set.get(), "crc32c", &crc) ||
+                            crc32c(0, rowMajor.data(), static_cast<size_t>(rowMajor.size()) * sizeof(float)) == crc,
+                        "dataset '{}' in '{}' does not match its crc32c: the file is damaged, or was changed by "
+                        "another program (which should then remove the attribute)",
+                        name, path);
     ORPHEUS_CHECK_INPUT(rowMajor.allFinite(), "dataset '{}' in '{}' holds non-finite values", name, path);
     params.params.push_back({name, rowMajor});
   }

@@ -1,5 +1,7 @@
 // Parameters in HDF5: one float dataset per parameter at the file's root, named as
-// in the model (a name with '/' goes into its groups: loadParams reads the root only), with attributes model_spec (string), clock, seed, replica, features and classes on the
+// in the model (a name with '/' goes into its groups: loadParams reads the root only),
+// each with its CRC32C (attribute crc32c, checked on loading where present), and the
+// attributes model_spec (string), clock, seed, replica, features and classes on the
 // root group. Files are written durably (ckpt/durable.h), so a reader never sees a
 // partial file and an existing file survives a failed write.
 #pragma once
@@ -23,8 +25,8 @@ struct ModelFileInfo {
 // Throws IoError naming the path when the file cannot be written.
 void saveParams(const std::string& path, const ParamSet& params, const ModelFileInfo& info);
 
-// Throws InputError naming the path when the file is missing, not HDF5, or holds
-// no float datasets. Datasets are returned in the order of their names' creation
+// Throws InputError naming the path when the file is missing, not HDF5, holds no
+// float datasets, or a dataset does not match its crc32c. Datasets are returned in the order of their names' creation
 // (the order saveParams wrote them).
 ParamSet loadParams(const std::string& path, ModelFileInfo* info = nullptr);
 

@@ -88,3 +88,21 @@ TEST_CASE("a save that fails midway names the call and keeps the existing file",
   CHECK(files == 1);
   fs::remove_all(dir);
 }
+
+TEST_CASE("a parameter file whose values changed on disk is refused, naming the dataset", "[ckpt]") {
+  const auto dir = tempDir();
+  const auto path = dir / "model.h5";
+  ckpt::saveParams(path.string(), sample(), {});
+  // W's values as written (row-major), found in the file and one bit flipped.
+  const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> w = sample()[0];
+  std::string bytes((std::istreambuf_iterator<char>(std::ifstream(path, std::ios::binary).rdbuf())), {});
+  const std::string values(reinterpret_cast<const char*>(w.data()), static_cast<size_t>(w.size()) * sizeof(float));
+  const size_t at = bytes.find(values);
+  REQUIRE(at != std::string::npos);
+  bytes[at + 5] = static_cast<char>(bytes[at + 5] ^ 0x10);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  CHECK_THROWS_AS(ckpt::loadParams(path.string()), InputError);
+  CHECK_THROWS_WITH(ckpt::loadParams(path.string()),
+                    Catch::Contains("dataset 'W'") && Catch::Contains("model.h5") && Catch::Contains("crc32c"));
+  fs::remove_all(dir);
+}
