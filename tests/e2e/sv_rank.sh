@@ -86,6 +86,9 @@ damage "del h['sv-rank:0.q']; h['sv-rank:0.q'] = numpy.zeros((100, 3), 'f4')"
 damage "del h['sv-rank:0.e']; h['sv-rank:0.e'] = numpy.zeros((3, 784), 'f4')"
 "$here/expect_error.sh" "rank-0.h5.*matrix 0 is 3x784, but the model's matrix is 10x784" - -- "${resume_damaged[@]}" ||
   fail "a residual of the wrong shape"
+damage "e = h['sv-rank:0.e']; e[0, 0] = e[0, 0] + 1.0"
+"$here/expect_error.sh" "dataset 'sv-rank:0.e' in .*rank-0.h5' does not match its crc32c" - -- "${resume_damaged[@]}" ||
+  fail "a residual whose values changed on disk"
 damage "del h['sv-rank:0.q']"
 "$here/expect_error.sh" "rank-0.h5.*lacks its \.q" - -- "${resume_damaged[@]}" || fail "a missing basis"
 echo "sv-rank checks passed"
