@@ -186,6 +186,7 @@ if [ "${REFS:-1}" != 0 ]; then
     REFS=none REFS_WRITE="$dest/data/refs" DEVICE=strict BUDGET=1800 OUT="$refs_out" \
       SKIP_STEPS="memcheck sv_dense bitwise restore shared" "$ROOT/scripts/gpu_check.sh" >"$refs_out/console.txt" 2>&1
   ) || true
+  mkdir -p "$dest/data/refs"
   echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores" >"$dest/data/refs/HOST"
   echo "bundle: $(find "$dest/data/refs" -name '*.key' | wc -l) cpu references in data/refs ($(du -sh "$dest/data/refs" | cut -f1))"
   rm -rf "$refs_out"

@@ -67,6 +67,8 @@ refKey() {
   [ -z "${ORPHEUS_KJV:-}" ] || s=${s//"$ORPHEUS_KJV"/@KJV}
   echo "$s"
 }
+# copyJob FROM TO NAME SAVED: a job's metrics, and its parameters where SAVED is 1.
+copyJob() { cp "$1/$3.jsonl" "$2/" && { [ "$4" = 0 ] || cp "$1/$3.h5" "$2/"; }; }
 # train DEVICE NP NAME FLAGS...: a job whose parameters go to $work/NAME.h5 (unless
 # NOSAVE=1) and metrics to $work/NAME.jsonl.
 train() {
@@ -75,7 +77,7 @@ train() {
   local key=""
   if [ "$device" = cpu ] && { [ -n "$REFS" ] || [ -n "$REFS_WRITE" ]; }; then key=$(refKey "$np" "${save[@]}" "$@"); fi
   if [ -n "$REFS" ] && [ -n "$key" ] && [ "$(cat "$REFS/$name.key" 2>/dev/null)" = "$key" ]; then
-    cp "$REFS/$name.jsonl" "$work/" && { [ ${#save[@]} -eq 0 ] || cp "$REFS/$name.h5" "$work/"; } || return 1
+    copyJob "$REFS" "$work" "$name" $((${#save[@]} > 0)) || return 1
     echo "$name: cpu reference from $REFS"; echo "$name" >>"$OUT/refs-used"
     return 0
   fi
@@ -84,8 +86,7 @@ train() {
   "$mpirun" -n "$np" --oversubscribe "$orpheus" train --device "$device" --seed 7 --progress off --log-level warn \
     --threads "$THREADS" "${save[@]}" --metrics "$work/$name.jsonl" "$@" || return
   if [ -n "$REFS_WRITE" ] && { [ ${#save[@]} -eq 0 ] || [ "$(stat -c %s "$work/$name.h5")" -le "$REFS_MAX_BYTES" ]; }; then
-    cp "$work/$name.jsonl" "$REFS_WRITE/" && { [ ${#save[@]} -eq 0 ] || cp "$work/$name.h5" "$REFS_WRITE/"; } &&
-      echo "$key" >"$REFS_WRITE/$name.key"
+    copyJob "$work" "$REFS_WRITE" "$name" $((${#save[@]} > 0)) && echo "$key" >"$REFS_WRITE/$name.key"
   fi
 }
 # summary FILE KEY: a field of a metrics file's summary line.

@@ -293,7 +293,8 @@ check_mps() {
 mpsState() { if [ -f "$work/mps" ] || [ -f "$work/mps-external" ]; then echo on; else echo off; fi; }
 mpsOff() {
   [ -f "$work/mps" ] || return 0
-  echo quit | CUDA_MPS_PIPE_DIRECTORY=$work/mps-pipe timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1
+  mpsOn
+  echo quit | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1
   rm -f "$work/mps"
 }
 check_shared() {
