@@ -386,7 +386,7 @@ ParamSet GraphModel::denseGradient(const ParamSet& w, const ExampleBatch& x, dou
                  grad[static_cast<size_t>(site.param)]);
     written[static_cast<size_t>(site.param)] = true;
     if (site.bias >= 0) {
-      grad[static_cast<size_t>(site.bias)].col(0) = u.rowwise().sum();
+      grad[static_cast<size_t>(site.bias)].col(0) = cpu::sumColumnsInOrder(u);
       written[static_cast<size_t>(site.bias)] = true;
     }
   }

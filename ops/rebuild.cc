@@ -539,7 +539,7 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
         } else if (uniform != nullptr) {
           if constexpr (Targets::kOnDevice) w.addBias(bias, piece, *uniform, backend, buffers.device);
         } else {
-          buffers.biasDelta = weighted.rowwise().sum();
+          buffers.biasDelta = cpu::sumColumnsInOrder(weighted);
           w.addBias(bias, buffers.biasDelta, backend, buffers.device);
         }
       }

@@ -160,6 +160,8 @@ if [ -n "$_cudnn" ]; then
 else
   echo "env.sh: no cuDNN 9 found (set ORPHEUS_CUDNN_LIBS): test_lstm_cudnn cannot start" >&2
 fi
+# The host's own path, for programs that bring their libraries (PyTorch and its cuDNN).
+export ORPHEUS_HOST_LD_LIBRARY_PATH=${ORPHEUS_HOST_LD_LIBRARY_PATH-${LD_LIBRARY_PATH:-}}
 export LD_LIBRARY_PATH=$ORPHEUS_BUNDLE/lib:$_m/usr/lib/x86_64-linux-gnu${_cuda:+:$_cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$ORPHEUS_BUNDLE/bin:$PATH
 export FASHION_MNIST=$ORPHEUS_BUNDLE/data/fashion-mnist ORPHEUS_KJV=$ORPHEUS_BUNDLE/data/kjv ORPHEUS_KJV_BOW=$ORPHEUS_BUNDLE/data/kjv-bow

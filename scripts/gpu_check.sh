@@ -28,9 +28,13 @@
 #               the held-out reconstruction loss within 1% of the CPU's
 #   shared      4 ranks sharing the GPU train examples/mlp.loss to >= 0.85
 #   sv_dense    --sync sv equals --sync dense on the GPU (<= 1e-5 after 50 clocks; the KJV LSTM
-#               at 1024, 4 ranks, <= 1e-4 after 10 clocks, where the data are there)
+#               at 1024, 4 ranks, <= 1e-4 after 10 clocks, where the data are there, with gpu.sh's
+#               steady weights and lr: the example's diverge at 1024, and two correct runs part)
 #   compress    --sv-rank 2, --sync powersgd --sv-rank 2 and --select 25 (jmcss-gram) resident (the
-#               MLP, 2 ranks, 30 clocks): parameters within 1e-3 of the CPU's; the bytes the device sends to the host
+#               MLP, 2 ranks): parameters within 1e-4 of the CPU's after 3 clocks (their cores and
+#               bases come from float Gram matrices and a float QR, which raise a product's rounding
+#               by their conditioning: 1e-7 becomes 1e-5), the test loss within 1% after 30 clocks;
+#               the bytes the device sends to the host
 #   bitwise     two GPU runs (dense and sparse V) bitwise equal
 #   restore     restore(T) of a GPU job (with --select: its replay selects on the device) bitwise the live replica
 set -uo pipefail
@@ -237,11 +241,15 @@ check_sv_dense() {
   local l="n/a" size=1024; [ "$DEVICE" = cuda ] || size=32
   local corpus
   if corpus=$(kjvData "${ORPHEUS_KJV:-}" kjv.train.tokens make_tokens.sh --vocab 2000 --steps 35 2>/dev/null); then
-    sed -e "s/^dim embed = .*/dim embed = $size/" -e "s/^dim hidden = .*/dim hidden = $size/" "$examples/lstm.loss" \
-      >"$work/lstm-sd.loss"
+    # At 1024 the example's uniform(0.1) and lr 0.1 diverge (the loss passes 40 within 25
+    # clocks), and two correct runs part as fast: sv and dense on the CPU differ by 1.5e-4
+    # after 10 clocks. gpu.sh's uniform(0.03) and lr 0.02 train steadily: 2.4e-7 on the CPU.
+    local init=0.03 lr=0.02; [ "$DEVICE" = cuda ] || { init=0.1; lr=0.1; }
+    sed -e "s/^dim embed = .*/dim embed = $size/" -e "s/^dim hidden = .*/dim hidden = $size/" \
+      -e "s/uniform(0.1)/uniform($init)/" "$examples/lstm.loss" >"$work/lstm-sd.loss"
     for sync in sv dense; do
       train "$DEVICE" 4 lsync-$sync --model "$work/lstm-sd.loss" --train "$corpus/kjv.train.tokens" --batch 20 \
-        --clocks 10 --lr 0.1 --sync "$sync" --eval-every 0
+        --clocks 10 --lr "$lr" --sync "$sync" --eval-every 0
     done
     l=$(relDiff "$work/lsync-sv.h5" "$work/lsync-dense.h5")
   fi
@@ -254,23 +262,28 @@ check_compress() {
   # selection's Gram products), 2 ranks, the MLP resident, 30 clocks: --sv-rank 2,
   # --sync powersgd --sv-rank 2 and --select 25 (jmcss-gram) on the device against the
   # same jobs on the CPU, and the bytes the device sent to the host.
-  local flags=(--model "$examples/mlp.loss" --clocks 30 --batch 100 --lr 0.1 --eval-every 0)
-  local kind
+  local flags=(--model "$examples/mlp.loss" --batch 100 --lr 0.1)
+  local kind clocks ok=0 near="" loss="" far=""
   for kind in rank powersgd select; do
     local extra=(--sv-rank 2)
     [ $kind = powersgd ] && extra+=(--sync powersgd)
     [ $kind = select ] && extra=(--select 25)
-    train "$DEVICE" 2 $kind-dev "${fmnist[@]}" "${flags[@]}" "${extra[@]}"
-    train cpu 2 $kind-cpu "${fmnist[@]}" "${flags[@]}" "${extra[@]}"
+    for clocks in 3 30; do
+      train "$DEVICE" 2 $kind$clocks-dev "${fmnist[@]}" "${flags[@]}" --clocks $clocks --eval-every $clocks "${extra[@]}"
+      train cpu 2 $kind$clocks-cpu "${fmnist[@]}" "${flags[@]}" --clocks $clocks --eval-every $clocks "${extra[@]}"
+    done
+    local d3 d30 a b
+    d3=$(relDiff "$work/${kind}3-dev.h5" "$work/${kind}3-cpu.h5"); d30=$(relDiff "$work/${kind}30-dev.h5" "$work/${kind}30-cpu.h5")
+    a=$(summaryField "$work/${kind}30-dev.jsonl" test_loss); b=$(summaryField "$work/${kind}30-cpu.jsonl" test_loss)
+    near+=" $kind $d3;"; far+=" $kind $d30;"; loss+=" $kind $a against $b;"
+    within "$d3" 1e-4 || ok=1
+    "$python" -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 0.01 * b else 1)' "$a" "$b" || ok=1
   done
-  local r p c
-  r=$(relDiff "$work/rank-dev.h5" "$work/rank-cpu.h5"); p=$(relDiff "$work/powersgd-dev.h5" "$work/powersgd-cpu.h5")
-  c=$(relDiff "$work/select-dev.h5" "$work/select-cpu.h5")
-  figure "relative difference $r (--sv-rank 2), $p (--sync powersgd --sv-rank 2), $c (--select 25, jmcss-gram)" \
-    "after 30 clocks (goal <= 1e-3);" \
-    "device_out_bytes in the last clock: $(lastField "$work/rank-dev.jsonl" device_out_bytes)," \
-    "$(lastField "$work/powersgd-dev.jsonl" device_out_bytes) (both ranks)"
-  within "$r" 1e-3 && within "$p" 1e-3 && within "$c" 1e-3
+  figure "parameters from the cpu's after 3 clocks (goal <= 1e-4):$near test loss on $DEVICE against cpu after 30" \
+    "(goal: within 1%):$loss parameters after 30:$far (rank: --sv-rank 2, powersgd: --sync powersgd --sv-rank 2," \
+    "select: --select 25, jmcss-gram); device_out_bytes in the last clock:" \
+    "$(lastField "$work/rank30-dev.jsonl" device_out_bytes), $(lastField "$work/powersgd30-dev.jsonl" device_out_bytes) (both ranks)"
+  return $ok
 }
 check_bitwise() {
   awk 'BEGIN { s = 99; for (r = 0; r < 3000; r++) { s = (s * 1103515245 + 12345) % 2147483648

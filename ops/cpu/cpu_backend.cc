@@ -326,11 +326,11 @@ void CpuBackend::sumColumns(const Tensor& a, float beta, Tensor& out) {
   ORPHEUS_ENFORCE(out.rows() == a.rows() && out.cols() == 1, "sumColumns: out must be {}x1", a.rows());
   MatrixMap om = map(out);
   if (beta == 0.0f) {
-    om.col(0) = map(a).rowwise().sum();
+    om.col(0) = sumColumnsInOrder(map(a));
     return;
   }
   if (beta != 1.0f) om *= beta;
-  om.col(0) += map(a).rowwise().sum();
+  om.col(0) += sumColumnsInOrder(map(a));
 }
 
 void CpuBackend::sumRows(const Tensor& a, float beta, Tensor& out) {

@@ -59,6 +59,13 @@ python=$(command -v python3 || echo python3)
 for p in $(command -v python3) /usr/bin/python3; do
   if "$p" -c 'import torch' 2>/dev/null; then python=$p; break; fi
 done
+# From a bundle, PyTorch runs with the host's library path (env.sh keeps it): the
+# bundle's names a system cuDNN, which would stand in for the one PyTorch was built with.
+if [ -n "${ORPHEUS_HOST_LD_LIBRARY_PATH+set}" ]; then
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="$ORPHEUS_HOST_LD_LIBRARY_PATH" exec %s "$@"\n' "$python" >"$work/python"
+  chmod +x "$work/python"
+  python=$work/python
+fi
 if [ "$DEVICE" = cuda ]; then hidden=2048; else hidden=64; fi
 kjv=${ORPHEUS_KJV:-}
 NET=${NET:-auto}

@@ -262,6 +262,23 @@ TEST_CASE("cpu reductions, axpy and scale match float64", "[ops][backend]") {
   }
 }
 
+TEST_CASE("sumColumns adds the columns one after another from zero, as the CUDA kernel does", "[ops][backend]") {
+  // In float 1 + 1e8 is 1e8: in order (((1 + 1e8) - 1e8) + 1) + 1 = 2, where Eigen's
+  // rowwise().sum() pairs the columns, 1 + ((1e8 - 1e8) + (1 + 1)) = 3. A bias update
+  // formed on the host must have the bits of one formed on a device (a replay forms
+  // on the host what the live clock formed on the device).
+  MatF a(16, 5);
+  for (Eigen::Index i = 0; i < a.rows(); ++i) a.row(i) << 1.0f, 1e8f, -1e8f, 1.0f, 1.0f;
+  CHECK((ops::cpu::sumColumnsInOrder(a).array() == 2.0f).all());
+  cpu::CpuBackend cpu;
+  const auto strict = makeBackend("strict");
+  for (Backend* b : {static_cast<Backend*>(&cpu), strict.get()}) {
+    INFO(b->name());
+    CHECK((runSumColumns(*b, a, 0.0f, MatF::Zero(16, 1)).array() == 2.0f).all());
+    CHECK((runSumColumns(*b, a, 1.0f, MatF::Constant(16, 1, 0.5f)).array() == 2.5f).all());
+  }
+}
+
 TEST_CASE("cpu copyParts copies and scales bit for bit, addInOrder adds term by term, each a launch per table",
           "[ops][backend]") {
   cpu::CpuBackend b;

@@ -156,6 +156,27 @@ TEST_CASE("rebuild applies a core's bias coefficients", "[ops][rebuild]") {
   CHECK_THROWS_AS(ops::applySvBatches(one, w), Error);
 }
 
+TEST_CASE("rebuild forms a bias update by adding its columns in order, as a device does", "[ops][rebuild]") {
+  // Five columns whose sum depends on the order: in order 2, paired up (Eigen's
+  // rowwise().sum()) 3. The device's sumColumns adds in order, so must the host, or
+  // a replay on the host misses the live replica whose clock formed it on the device.
+  ParamSet w;
+  w.params.push_back({"W", Matrix::Zero(16, 3)});
+  w.params.push_back({"b", Matrix::Constant(16, 1, 0.5f)});
+  SvBatch batch;
+  batch.coeffs = Vector::Ones(5);
+  SvMatrix m;
+  m.paramId = 0;
+  m.biasId = 1;
+  m.u.resize(16, 5);  // 16 rows: whole SIMD packets, where Eigen pairs the columns
+  for (Eigen::Index i = 0; i < 16; ++i) m.u.row(i) << 1.0f, 1e8f, -1e8f, 1.0f, 1.0f;
+  m.vDense = Matrix::Zero(3, 5);
+  batch.matrices.push_back(m);
+  const SvBatch* one[] = {&batch};
+  ops::applySvBatches(one, w);
+  CHECK((w[1].array() == 2.5f).all());
+}
+
 TEST_CASE("rebuild refuses SVs that do not fit the parameter", "[ops][rebuild]") {
   ParamSet w;
   w.params.push_back({"W", Matrix::Zero(3, 4)});
