@@ -394,7 +394,7 @@ check_lstm() {
 }
 
 : >"$summary"
-record "# gpu bench $(date -u +%FT%TZ), device $DEVICE, budget ${BUDGET}s, $(git -C "$here" rev-parse --short HEAD 2>/dev/null)"
+record "# gpu bench $(date -u +%FT%TZ), device $DEVICE, budget ${BUDGET}s, $(cat "${ORPHEUS_BUNDLE:-$here}/VERSION" 2>/dev/null || git -C "$here" rev-parse --short HEAD 2>/dev/null)"
 step gpu 60 check_gpu
 step transfer 150 check_transfer
 step step 120 check_step
