@@ -5,6 +5,8 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <atomic>
 #include <set>
 #include <thread>
 
@@ -18,18 +20,37 @@ void checkMpi(int rc, const char* call) {
   throw Error(fmt::format("{} failed: {}", call, std::string(text, static_cast<size_t>(len))));
 }
 
+namespace {
+std::atomic<bool> busyPolling{false};
+}  // namespace
+
+void pollBusily(bool busy) { busyPolling.store(busy, std::memory_order_relaxed); }
+
+bool coreForEachRank(MPI_Comm comm) {
+  int rank = 0;
+  ORPHEUS_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_Comm host = MPI_COMM_NULL;
+  ORPHEUS_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host));
+  int ranks = 0;
+  ORPHEUS_MPI_CHECK(MPI_Comm_size(host, &ranks));
+  ORPHEUS_MPI_CHECK(MPI_Comm_free(&host));
+  return static_cast<unsigned>(ranks) <= std::max(1u, std::thread::hardware_concurrency());
+}
+
 void waitFor(MPI_Request& request, std::chrono::milliseconds timeout, const std::function<std::string()>& describe) {
   Deadline deadline(timeout);
+  const bool busy = busyPolling.load(std::memory_order_relaxed);
   int done = 0;
-  // Spin briefly for latency, then back off so oversubscribed ranks share the cores.
+  // Spin briefly for latency (busily: throughout), then back off so ranks that share
+  // the cores leave them to those still computing.
   for (int spins = 0;; ++spins) {
     ORPHEUS_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return;
-    if (spins < 64) {
+    if ((spins & 63) == 63 && deadline.passed()) throw TimeoutError(describe());
+    if (busy || spins < 64) {
       std::this_thread::yield();
       continue;
     }
-    if ((spins & 63) == 0 && deadline.passed()) throw TimeoutError(describe());
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }

@@ -33,6 +33,7 @@ MpiTransport::MpiTransport(MPI_Comm comm) : control_(comm) {
   ORPHEUS_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   sends_.emplace(comm_, kDataTag);
   cudaAware_ = queryCudaAware();
+  pollBusily(coreForEachRank(comm_));
 }
 
 MpiTransport::~MpiTransport() {
