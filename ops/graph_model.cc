@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
 #include "ops/cpu/cpu_backend.h"
+#include "ops/operators.h"
 #include "ops/sequence_layout.h"
 
 #include <algorithm>
@@ -386,7 +387,7 @@ ParamSet GraphModel::denseGradient(const ParamSet& w, const ExampleBatch& x, dou
                  grad[static_cast<size_t>(site.param)]);
     written[static_cast<size_t>(site.param)] = true;
     if (site.bias >= 0) {
-      grad[static_cast<size_t>(site.bias)].col(0) = cpu::sumColumnsInOrder(u);
+      grad[static_cast<size_t>(site.bias)].col(0) = sumColumnsInOrder(u);
       written[static_cast<size_t>(site.bias)] = true;
     }
   }

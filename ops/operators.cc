@@ -215,9 +215,7 @@ Mat<S> scaleColumns(const Eigen::MatrixBase<Derived>& m, Factor&& factor) {
 // Sum over the columns of m, as the r x 1 gradient of a broadcast operand.
 template <typename S, typename Derived>
 Mat<S> sumColumns(const Eigen::MatrixBase<Derived>& m) {
-  Mat<S> sum = Mat<S>::Zero(m.rows(), 1);
-  for (Eigen::Index j = 0; j < m.cols(); ++j) sum += m.col(j);
-  return sum;
+  return sumColumnsInOrder(m);
 }
 
 // Column-wise softmax. Subtracting each column's max first keeps exp from

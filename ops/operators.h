@@ -67,6 +67,19 @@ bool isColumnOp(OpKind op);
 
 template <typename S>
 using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+
+// The sum of m's columns, added one after another to zero: the order every backend's
+// sumColumns keeps (the CUDA kernel's one thread a row too), so a bias update formed
+// on the host has the bits of one formed on a device, and a replay that forms it on
+// the other side still gives the live replica. (Eigen's rowwise().sum() pairs the
+// columns up first.)
+template <typename Derived>
+Eigen::Matrix<typename Derived::Scalar, Eigen::Dynamic, 1> sumColumnsInOrder(const Eigen::MatrixBase<Derived>& m) {
+  Eigen::Matrix<typename Derived::Scalar, Eigen::Dynamic, 1> sum =
+      Eigen::Matrix<typename Derived::Scalar, Eigen::Dynamic, 1>::Zero(m.rows());
+  for (Eigen::Index j = 0; j < m.cols(); ++j) sum += m.col(j);
+  return sum;
+}
 template <typename S>
 using SparseMat = Eigen::SparseMatrix<S, Eigen::ColMajor, int32_t>;
 

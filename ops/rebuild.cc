@@ -2,6 +2,7 @@
 
 #include "engine/base/error.h"
 #include "ops/cpu/cpu_backend.h"
+#include "ops/operators.h"
 
 #include <algorithm>
 #include <bit>
@@ -539,7 +540,7 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
         } else if (uniform != nullptr) {
           if constexpr (Targets::kOnDevice) w.addBias(bias, piece, *uniform, backend, buffers.device);
         } else {
-          buffers.biasDelta = cpu::sumColumnsInOrder(weighted);
+          buffers.biasDelta = sumColumnsInOrder(weighted);
           w.addBias(bias, buffers.biasDelta, backend, buffers.device);
         }
       }

@@ -67,16 +67,4 @@ Tensor view(const Eigen::PlainObjectBase<Derived>& m) {
 }
 SparseTensor view(const Eigen::SparseMatrix<float, Eigen::ColMajor, int32_t>& s);
 
-// The sum of m's columns, added one after another to zero: the order every backend's
-// sumColumns keeps (the CUDA kernel's one thread a row too), so a bias update formed
-// on the host has the bits of one formed on a device, and a replay that forms it on
-// the other side still gives the live replica. (Eigen's rowwise().sum() pairs the
-// columns up first.)
-template <typename Derived>
-Eigen::VectorXf sumColumnsInOrder(const Eigen::MatrixBase<Derived>& m) {
-  Eigen::VectorXf sum = Eigen::VectorXf::Zero(m.rows());
-  for (Eigen::Index j = 0; j < m.cols(); ++j) sum += m.col(j);
-  return sum;
-}
-
 }  // namespace orpheus::ops::cpu

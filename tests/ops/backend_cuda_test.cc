@@ -190,7 +190,7 @@ TEST_CASE("cuda reductions, axpy and scale match cpu", "[gpu]") {
       CHECK(relativeError(runSumColumns(*gpu, a, beta, col), runSumColumns(cpu, a, beta, col)) < 1e-5);
       CHECK(relativeError(runSumRows(*gpu, a, beta, row), runSumRows(cpu, a, beta, row)) < 1e-5);
     }
-    // Summed in the same order (ops/cpu/cpu_backend.h, sumColumnsInOrder): the same bits.
+    // Summed in the same order (ops/operators.h, sumColumnsInOrder): the same bits.
     CHECK(runSumColumns(*gpu, a, 0.0f, MatF::Zero(rows, 1)) == runSumColumns(cpu, a, 0.0f, MatF::Zero(rows, 1)));
     const MatF y = randomMatrix(rng, rows, cols);
     CHECK(relativeError(runAxpy(*gpu, -1.5f, a, y), runAxpy(cpu, -1.5f, a, y)) < 1e-6);

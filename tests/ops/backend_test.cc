@@ -269,7 +269,7 @@ TEST_CASE("sumColumns adds the columns one after another from zero, as the CUDA 
   // on the host what the live clock formed on the device).
   MatF a(16, 5);
   for (Eigen::Index i = 0; i < a.rows(); ++i) a.row(i) << 1.0f, 1e8f, -1e8f, 1.0f, 1.0f;
-  CHECK((ops::cpu::sumColumnsInOrder(a).array() == 2.0f).all());
+  CHECK((ops::sumColumnsInOrder(a).array() == 2.0f).all());
   cpu::CpuBackend cpu;
   const auto strict = makeBackend("strict");
   for (Backend* b : {static_cast<Backend*>(&cpu), strict.get()}) {
