@@ -1,12 +1,16 @@
 // The elementwise work of one LSTM cell step (ops/graph.h, LstmCellRoles) in one
 // pass over the 4H x B gate block, forward and backward, on host memory
-// (column-major, leading dimension = rows). Each element follows the scalar rules
-// of ops/elementwise_math.h in the order the unfused graph evaluates them; the
-// backward sums the same terms, up to the order of the cell gradient's two
+// (column-major, leading dimension = rows). The forward evaluates each gate's column
+// as the sigmoid and tanh operators do (ops::forward: Eigen's vectorised exp and
+// tanh, where the scalar rules of ops/elementwise_math.h call libm once an element);
+// the backward follows those rules (it needs no transcendental function) and sums
+// the unfused graph's terms, up to the order of the cell gradient's two
 // contributions, so fused and unfused agree to rounding.
 #pragma once
 
 #include "ops/elementwise_math.h"
+
+#include <Eigen/Core>
 
 #include <cstdint>
 
@@ -28,25 +32,24 @@ struct LstmCellBuffers {
 
 template <typename S>
 void lstmCellForward(const LstmCellBuffers<S>& b) {
+  using Column = Eigen::Array<S, Eigen::Dynamic, 1>;
+  using In = Eigen::Map<const Column>;
+  using Out = Eigen::Map<Column>;
   const int64_t h = b.rows;
+  // 1 / (1 + e^-x), as the sigmoid operator: saturates instead of giving inf / inf.
+  const auto sigmoid = [h](const S* x) { return (S(1) + (-In(x, h)).exp()).inverse(); };
   for (int64_t j = 0; j < b.cols; ++j) {
     const S* a = b.gates + j * 4 * h;
     const int64_t at = j * h;
-    for (int64_t r = 0; r < h; ++r) {
-      const S i = ew::unary(EwOp::kSigmoid, a[b.offset[0] + r], S(1));
-      const S f = ew::unary(EwOp::kSigmoid, a[b.offset[1] + r], S(1));
-      const S g = ew::unary(EwOp::kTanh, a[b.offset[2] + r], S(1));
-      const S o = ew::unary(EwOp::kSigmoid, a[b.offset[3] + r], S(1));
-      const S c = f * b.cPrev[at + r] + i * g;
-      const S t = ew::unary(EwOp::kTanh, c, S(1));
-      b.act[0][at + r] = i;
-      b.act[1][at + r] = f;
-      b.act[2][at + r] = g;
-      b.act[3][at + r] = o;
-      b.cell[at + r] = c;
-      b.tanhCell[at + r] = t;
-      b.hidden[at + r] = o * t;
-    }
+    Out i(b.act[0] + at, h), f(b.act[1] + at, h), g(b.act[2] + at, h), o(b.act[3] + at, h);
+    Out cell(b.cell + at, h), t(b.tanhCell + at, h);
+    i = sigmoid(a + b.offset[0]);
+    f = sigmoid(a + b.offset[1]);
+    g = In(a + b.offset[2], h).tanh();
+    o = sigmoid(a + b.offset[3]);
+    cell = f * In(b.cPrev + at, h) + i * g;
+    t = cell.tanh();
+    Out(b.hidden + at, h) = o * t;
   }
 }
 

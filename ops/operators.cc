@@ -329,8 +329,6 @@ template <typename S>
 Mat<S> forward(OpKind op, const Operands<S>& in) {
   const Checked<S> c = check(op, in);
   const Mat<S>& x = *c.a;
-  // The smallest normal number: clamping p there keeps log finite for p = 0.
-  constexpr S tiny = std::numeric_limits<S>::min();
   switch (op) {
     case OpKind::kSquaredL2:
     case OpKind::kL2Norm:
@@ -358,8 +356,11 @@ Mat<S> forward(OpKind op, const Operands<S>& in) {
       return x.array().log().matrix();
     case OpKind::kScale:
       return in.attr * x;
-    case OpKind::kCrossEntropy:
-      return -(c.b->array() * x.array().max(tiny).log()).colwise().sum().matrix();
+    case OpKind::kCrossEntropy: {
+      Mat<S> loss(1, x.cols());
+      crossEntropyColumns(x, *c.b, loss);
+      return loss;
+    }
     case OpKind::kDot:
       return x.cwiseProduct(*c.b).colwise().sum();
     case OpKind::kSquaredDistance:

@@ -11,6 +11,9 @@
 #include <Eigen/Dense>
 #include <Eigen/SparseCore>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -80,6 +83,26 @@ Eigen::Matrix<typename Derived::Scalar, Eigen::Dynamic, 1> sumColumnsInOrder(con
   for (Eigen::Index j = 0; j < m.cols(); ++j) sum += m.col(j);
   return sum;
 }
+
+// -sum_i t_i log(max(p_i, tiny)) of each column of p against t, into the row `loss`:
+// the terms of nonzero t_i only, added in row order, so a one-hot t (a label over a
+// vocabulary) costs one log a column instead of one a row. Every host form of the
+// cross-entropy (the operator, the fused softmax + cross-entropy) computes it here.
+template <typename P, typename T, typename L>
+void crossEntropyColumns(const Eigen::MatrixBase<P>& p, const Eigen::MatrixBase<T>& t, Eigen::MatrixBase<L>& loss) {
+  using S = typename P::Scalar;
+  // The smallest normal number: clamping p there keeps log finite for p = 0.
+  constexpr S tiny = std::numeric_limits<S>::min();
+  for (Eigen::Index j = 0; j < p.cols(); ++j) {
+    S sum = S(0);
+    for (Eigen::Index i = 0; i < p.rows(); ++i) {
+      const S ti = t(i, j);
+      if (ti != S(0)) sum += ti * std::log(std::max(p(i, j), tiny));
+    }
+    loss(0, j) = -sum;
+  }
+}
+
 template <typename S>
 using SparseMat = Eigen::SparseMatrix<S, Eigen::ColMajor, int32_t>;
 

@@ -214,7 +214,6 @@ void CpuBackend::softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p
   const MatrixMap tm = map(t);
   MatrixMap pm = map(p);
   MatrixMap lm = map(loss);
-  constexpr float tiny = std::numeric_limits<float>::min();
   // The expressions of ops::forward's kSoftmax and kCrossEntropy, so the fused pair
   // gives bitwise the values of the two operators run one after the other.
   for (int64_t j = 0; j < z.cols() && z.rows() > 0; ++j) {
@@ -222,7 +221,7 @@ void CpuBackend::softmaxCrossEntropy(const Tensor& z, const Tensor& t, Tensor& p
     pm.col(j) = (zm.col(j).array() - zm.col(j).maxCoeff()).exp().matrix();
     pm.col(j) *= 1.0f / pm.col(j).sum();
   }
-  lm = -(tm.array() * pm.array().max(tiny).log()).colwise().sum().matrix();
+  crossEntropyColumns(pm, tm, lm);
 }
 
 void CpuBackend::softmaxCrossEntropyBackward(const Tensor& p, const Tensor& t, const Tensor& upstream, float beta,

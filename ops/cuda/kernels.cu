@@ -114,7 +114,7 @@ __global__ void softmaxCrossEntropy(const float* z, const float* t, float* p, fl
     float ce = 0.0f;
     for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
       pj[i] *= inv;
-      ce += tj[i] * logf(fmaxf(pj[i], FLT_MIN));
+      if (tj[i] != 0.0f) ce += tj[i] * logf(fmaxf(pj[i], FLT_MIN));  // as the host: nonzero t only
     }
     ce = blockReduce(ce, scratch, Sum());
     if (threadIdx.x == 0) loss[j] = -ce;
@@ -166,7 +166,7 @@ __global__ void columnOpForward(ColumnOp op, const float* a, const float* b, flo
         case ColumnOp::kL2Norm: part += x * x; break;
         case ColumnOp::kL1: part += fabsf(x); break;
         case ColumnOp::kSum: part += x; break;
-        case ColumnOp::kCrossEntropy: part += bj[i] * logf(fmaxf(x, FLT_MIN)); break;
+        case ColumnOp::kCrossEntropy: if (bj[i] != 0.0f) part += bj[i] * logf(fmaxf(x, FLT_MIN)); break;
         case ColumnOp::kDot: part += x * bj[i]; break;
         case ColumnOp::kSquaredDistance: part += (x - bj[i]) * (x - bj[i]); break;
         default: break;

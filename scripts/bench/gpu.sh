@@ -391,6 +391,24 @@ check_lstm() {
     line+=" Orpheus $c $ours (torch / it $(ratio "$theirs" "$ours")),"
   done
   figure "$line torch $theirs"
+  # Where an LSTM clock goes (means from clock 2; evaluations excluded), and what it queues:
+  # the next device run says whether the pass, the exchange or the wait is what cuDNN's lead is made of.
+  local phases f
+  for c in dense sv best; do
+    phases=""
+    for f in clock_seconds compute_seconds select_seconds update_seconds wait_seconds data_wait_seconds; do
+      phases+=" ${f%_seconds} $(mean "$work/lstm-$c.jsonl" $f 2)"
+    done
+    figure "per clock, Orpheus $c (s):$phases; operations queued $(mean "$work/lstm-$c.jsonl" launches 2), bytes sent $(mean "$work/lstm-$c.jsonl" bytes_sent 2)"
+  done
+  local step; step=$("$python" - "$work/lstm-torch.jsonl" <<'EOF'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+print(f"{r['seconds'] / r['clocks']:.4g}")
+EOF
+)
+  figure "PyTorch: $step s a step (training seconds over steps)"
+  cp "$work"/lstm-*.jsonl "$OUT/" 2>/dev/null || true
 }
 
 : >"$summary"
