@@ -232,10 +232,13 @@ void DeviceExecutor::forwardValues(std::span<const Tensor> params) {
   // carried states first, then the rest in node order.
   const bool hoisting = !hoist_.groups.empty();
   if (hoisting) forwardHoisted(params);
+  const bool late = !late_.groups.empty();
   for (const Node& n : graph_.nodes()) {
     if (n.kind != NodeKind::kOp || (hoisting && hoist_.early[static_cast<size_t>(n.id)])) continue;
+    if (late && late_.late[static_cast<size_t>(n.id)]) continue;  // after the recurrence
     forwardNode(n, params);
   }
+  if (late) forwardLate(params);
 }
 
 double DeviceExecutor::forward(std::span<const Tensor> params) {
@@ -329,40 +332,47 @@ void DeviceExecutor::backward(std::span<const Tensor> params, const std::functio
     if (!live_[static_cast<size_t>(product)]) setZero(grads_[static_cast<size_t>(product)]);  // no term reached it
     if (siteReady) siteReady(site);
   };
+  // As GraphExecutor::backward: the nodes after the recurrence first.
+  const bool late = !late_.groups.empty();
+  if (late) backwardLate(params);
   auto next = pendingSites_.begin();
   for (int id = loss; id >= 0; --id) {
     for (; next != pendingSites_.end() && next->first >= id; ++next) ready(next->second);
     const Node& n = graph_.node(id);
-    const size_t i = static_cast<size_t>(id);
-    if (n.kind != NodeKind::kOp) continue;
-    const int s = stepEnding_[i];
-    // An LSTM cell step has two outputs, the cell and the hidden state: it decides itself.
-    if (s >= 0 && plan_[static_cast<size_t>(s)].kind == FusedStep::Kind::kLstmCell) {
-      backwardLstmCell(plan_[static_cast<size_t>(s)].lstm, params);
-      continue;
-    }
-    if (!live_[i]) continue;
-    if (s >= 0) {
-      const FusedStep& step = plan_[static_cast<size_t>(s)];
-      if (step.kind == FusedStep::Kind::kSoftmaxCrossEntropy) {
-        backwardSoftmaxCrossEntropy(step, params);
-      } else {
-        backwardChain(chains_[static_cast<size_t>(s)], step.nodes, params);
-      }
-      continue;
-    }
-    if (inStep_[i]) continue;  // handled with its step
-    if (n.op == OpKind::kMatVec) {
-      backwardMatVec(n, params);
-    } else if (n.op == OpKind::kConcat || n.op == OpKind::kSlice) {
-      backwardRows(n);
-    } else if (isColumnOp(n.op)) {
-      backwardColumnOp(n, params);
-    } else {
-      backwardChain(lone_[i], std::span<const int>(&n.id, 1), params);
-    }
+    if (n.kind != NodeKind::kOp || (late && late_.late[static_cast<size_t>(id)])) continue;
+    backwardNode(n, params);
   }
   for (; next != pendingSites_.end(); ++next) ready(next->second);
+}
+
+void DeviceExecutor::backwardNode(const Node& n, std::span<const Tensor> params) {
+  const size_t i = static_cast<size_t>(n.id);
+  const int s = stepEnding_[i];
+  // An LSTM cell step has two outputs, the cell and the hidden state: it decides itself.
+  if (s >= 0 && plan_[static_cast<size_t>(s)].kind == FusedStep::Kind::kLstmCell) {
+    backwardLstmCell(plan_[static_cast<size_t>(s)].lstm, params);
+    return;
+  }
+  if (!live_[i]) return;
+  if (s >= 0) {
+    const FusedStep& step = plan_[static_cast<size_t>(s)];
+    if (step.kind == FusedStep::Kind::kSoftmaxCrossEntropy) {
+      backwardSoftmaxCrossEntropy(step, params);
+    } else {
+      backwardChain(chains_[static_cast<size_t>(s)], step.nodes, params);
+    }
+    return;
+  }
+  if (inStep_[i]) return;  // handled with its step
+  if (n.op == OpKind::kMatVec) {
+    backwardMatVec(n, params);
+  } else if (n.op == OpKind::kConcat || n.op == OpKind::kSlice) {
+    backwardRows(n);
+  } else if (isColumnOp(n.op)) {
+    backwardColumnOp(n, params);
+  } else {
+    backwardChain(lone_[i], std::span<const int>(&n.id, 1), params);
+  }
 }
 
 void DeviceExecutor::optimizeLocals(std::span<const Tensor> params, std::vector<Matrix>* locals) {

@@ -20,7 +20,9 @@
 // products over concat(a_t, b_t) hoisted (HoistPlan: W's first columns times
 // all steps' a_t as one GEMM, then W's other columns times b_t per step: column
 // blocks of W, Tensor::middleCols), the last step's states left on the device
-// for finalState(). Data-dependent variables (examples/tm.loss's theta) come in
+// for finalState(); a matrix applied to every step's state-dependent b_t after the
+// recurrence (LatePlan: an output layer) as one GEMM over [b_0 ... b_{T-1}], its
+// operands' gradients as one GEMM before the recurrence's backward. Data-dependent variables (examples/tm.loss's theta) come in
 // with their batch, take their inner steps on the device and go back to the
 // caller. Refused by unsupported(): cells not unrolled, and data-dependent
 // variables in a sequence model.
@@ -180,6 +182,10 @@ class DeviceExecutor {
   void reserveSequence(int64_t batch);
   void uploadSequence(const Matrix& segments, const std::vector<Matrix>* states);
   void forwardHoisted(std::span<const Tensor> params);
+  void forwardLate(std::span<const Tensor> params);
+  void backwardLate(std::span<const Tensor> params);
+  // One node's terms of its operands' gradients (a fused step's where it ends).
+  void backwardNode(const Node& n, std::span<const Tensor> params);
   void forwardProduct(const Node& n, std::span<const Tensor> params);
   void forwardRows(const Node& n, std::span<const Tensor> params);
   LstmCellArgs cellArgs(const LstmCellRoles& roles, std::span<const Tensor> params);
@@ -273,6 +279,9 @@ class DeviceExecutor {
   HoistPlan hoist_;
   std::vector<int> hoistedAt_;                // per node: its group in hoist_.groups, or -1
   std::vector<Tensor> allInputs_, inputPart_;  // per group: [a_0 ... a_{T-1}], W[:, :rows(a)] times them
+  LatePlan late_;
+  std::vector<Tensor> lateInputs_, lateAll_;  // per late group: [b_0 ... b_{T-1}] and W times them (backward:
+                                              // the products' gradients, and W^T times those)
   std::vector<bool> tokenSparse_, tokenDense_;  // per token node: read by a product / densely
   std::vector<SparseMatrix> hostTokens_;        // per token node read by a product
   std::vector<SparseCopy> deviceTokens_;

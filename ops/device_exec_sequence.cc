@@ -27,6 +27,7 @@ void DeviceExecutor::planSequence() {
   for (size_t g = 0; g < hoist_.groups.size(); ++g) {
     for (int id : hoist_.groups[g].products) hoistedAt_[static_cast<size_t>(id)] = static_cast<int>(g);
   }
+  late_ = latePlan(graph_, plan_);
   for (const Node& node : graph_.nodes()) {
     if (node.kind != NodeKind::kToken) continue;
     for (int u : graph_.consumers(node.id)) {
@@ -51,6 +52,13 @@ void DeviceExecutor::reserveSequence(int64_t batch) {
     const int64_t steps = static_cast<int64_t>(g.inputs.size());
     allInputs_.push_back(backend_.allocate(graph_.node(g.inputs[0]).rows, batch * steps));
     inputPart_.push_back(backend_.allocate(graph_.node(g.products[0]).rows, batch * steps));
+  }
+  lateInputs_.clear();
+  lateAll_.clear();
+  for (const LatePlan::Group& g : late_.groups) {
+    const int64_t steps = static_cast<int64_t>(g.inputs.size());
+    lateInputs_.push_back(backend_.allocate(graph_.node(g.inputs[0]).rows, batch * steps));
+    lateAll_.push_back(backend_.allocate(graph_.node(g.products[0]).rows, batch * steps));
   }
 }
 
@@ -142,6 +150,68 @@ void DeviceExecutor::forwardHoisted(std::span<const Tensor> params) {
     }
     const Tensor& w = params[static_cast<size_t>(h.param)];
     backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w.middleCols(0, all.rows()), all, 0.0f, inputPart_[g]);
+  }
+}
+
+// As GraphExecutor::forwardLate: per late group one GEMM over every step's b_t, then
+// the late nodes in node order, a product copying its step's block.
+void DeviceExecutor::forwardLate(std::span<const Tensor> params) {
+  const int64_t b = batch_;
+  for (size_t g = 0; g < late_.groups.size(); ++g) {
+    const LatePlan::Group& l = late_.groups[g];
+    for (size_t t = 0; t < l.inputs.size(); ++t) {
+      Tensor block = lateInputs_[g].middleCols(static_cast<int64_t>(t) * b, b);
+      backend_.copy(values_[static_cast<size_t>(l.inputs[t])], block);
+    }
+    backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, params[static_cast<size_t>(l.param)], lateInputs_[g], 0.0f,
+                  lateAll_[g]);
+  }
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (!late_.late[i]) continue;
+    const int g = late_.groupOf[i];
+    if (g < 0) {
+      forwardNode(n, params);
+      continue;
+    }
+    const LatePlan::Group& l = late_.groups[static_cast<size_t>(g)];
+    const auto t = static_cast<int64_t>(std::find(l.products.begin(), l.products.end(), n.id) - l.products.begin());
+    backend_.copy(lateAll_[static_cast<size_t>(g)].middleCols(t * b, b), values_[i]);
+  }
+}
+
+// As GraphExecutor::backwardLate: the late nodes but the products, in reverse node
+// order; then per group W^T times every step's product gradient (zeros where no term
+// reached it) as one GEMM, each step's block a term of its b_t.
+void DeviceExecutor::backwardLate(std::span<const Tensor> params) {
+  for (int id = graph_.loss(); id >= 0; --id) {
+    const size_t i = static_cast<size_t>(id);
+    if (late_.late[i] && late_.groupOf[i] < 0) backwardNode(graph_.node(id), params);
+  }
+  const int64_t b = batch_;
+  for (size_t g = 0; g < late_.groups.size(); ++g) {
+    const LatePlan::Group& l = late_.groups[g];
+    if (std::none_of(l.inputs.begin(), l.inputs.end(), [&](int v) { return needsGrad_[static_cast<size_t>(v)]; })) {
+      continue;
+    }
+    for (size_t t = 0; t < l.products.size(); ++t) {
+      const size_t product = static_cast<size_t>(l.products[t]);
+      Tensor block = lateAll_[g].middleCols(static_cast<int64_t>(t) * b, b);
+      if (live_[product]) {
+        backend_.copy(grads_[product], block);
+      } else {
+        setZero(block);
+      }
+    }
+    backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, params[static_cast<size_t>(l.param)], lateAll_[g], 0.0f,
+                  lateInputs_[g]);
+    for (size_t t = 0; t < l.inputs.size(); ++t) {
+      const int operand = l.inputs[t];
+      if (!needsGrad_[static_cast<size_t>(operand)]) continue;
+      addTerm(operand, [&](Tensor& d) {
+        backend_.copy(lateInputs_[g].middleCols(static_cast<int64_t>(t) * b, b), d);
+      });
+    }
   }
 }
 

@@ -172,6 +172,70 @@ HoistPlan hoistPlan(const Graph& graph, const std::vector<FusedStep>& plan) {
   return out;
 }
 
+LatePlan latePlan(const Graph& graph, const std::vector<FusedStep>& plan) {
+  const auto& nodes = graph.nodes();
+  const size_t n = nodes.size();
+  LatePlan out;
+  out.late.assign(n, false);
+  out.groupOf.assign(n, -1);
+  if (graph.steps() == 0) return out;
+  // carried: a state after the last step depends on the node; stateful: the node on a state.
+  std::vector<bool> carried(n, false), stateful(n, false);
+  for (int id : graph.finalStates()) carried[static_cast<size_t>(id)] = true;
+  for (size_t i = n; i-- > 0;) {
+    if (!carried[i]) continue;
+    for (int in : nodes[i].inputs) carried[static_cast<size_t>(in)] = true;
+  }
+  for (const Node& node : nodes) {
+    bool s = node.kind == NodeKind::kState;
+    for (int in : node.inputs) s = s || stateful[static_cast<size_t>(in)];
+    stateful[static_cast<size_t>(node.id)] = s;
+  }
+  std::vector<bool> inStep(n, false);
+  for (const FusedStep& step : plan) {
+    for (int id : step.nodes) inStep[static_cast<size_t>(id)] = true;
+  }
+  std::vector<int> groupOf(graph.params().size(), -1);
+  std::vector<LatePlan::Group> groups;
+  for (const Node& node : nodes) {
+    const size_t i = static_cast<size_t>(node.id);
+    if (node.kind != NodeKind::kOp || node.op != OpKind::kMatVec || carried[i] || !stateful[i] || inStep[i]) continue;
+    const int param = graph.paramIndex(node.inputs[0]);
+    if (param < 0 || graph.node(node.inputs[1]).kind != NodeKind::kOp) continue;  // a dense value as b_t
+    int& g = groupOf[static_cast<size_t>(param)];
+    if (g < 0) {
+      g = static_cast<int>(groups.size());
+      groups.push_back({});
+      groups.back().param = param;
+    }
+    groups[static_cast<size_t>(g)].products.push_back(node.id);
+    groups[static_cast<size_t>(g)].inputs.push_back(node.inputs[1]);
+  }
+  // One product alone gains nothing.
+  for (LatePlan::Group& g : groups) {
+    if (g.products.size() < 2) continue;
+    for (int id : g.products) out.groupOf[static_cast<size_t>(id)] = static_cast<int>(out.groups.size());
+    out.groups.push_back(std::move(g));
+  }
+  if (out.groups.empty()) return out;
+  for (const Node& node : nodes) {
+    const size_t i = static_cast<size_t>(node.id);
+    bool late = out.groupOf[i] >= 0;
+    for (int in : node.inputs) late = late || out.late[static_cast<size_t>(in)];
+    out.late[i] = late && node.kind == NodeKind::kOp;
+  }
+  for (const FusedStep& step : plan) {
+    const auto late = std::count_if(step.nodes.begin(), step.nodes.end(),
+                                    [&](int id) { return out.late[static_cast<size_t>(id)]; });
+    if (late == 0 || late == static_cast<std::ptrdiff_t>(step.nodes.size())) continue;
+    out.groups.clear();
+    out.late.assign(n, false);
+    out.groupOf.assign(n, -1);
+    break;
+  }
+  return out;
+}
+
 template <typename S>
 void GraphExecutor<S>::planHoisting() {
   HoistPlan p = hoistPlan(graph_, plan_);
@@ -185,6 +249,9 @@ void GraphExecutor<S>::planHoisting() {
   for (size_t g = 0; g < hoisted_.size(); ++g) {
     for (int id : hoisted_[g].products) hoistedAt_[static_cast<size_t>(id)] = static_cast<int>(g);
   }
+  late_ = latePlan(graph_, plan_);
+  lateInputs_.resize(late_.groups.size());
+  lateAll_.resize(late_.groups.size());
 }
 
 // The one-hots of every step's tokens and the carried states, for the batch's segments.
@@ -399,6 +466,7 @@ S GraphExecutor<S>::forward(const std::vector<const Mat<S>*>& params, const Grap
   if (!hoisted_.empty()) forwardHoisted(params, in);
   for (const Node& n : graph_.nodes()) {
     if (n.kind != NodeKind::kOp || (!hoisted_.empty() && early_[static_cast<size_t>(n.id)])) continue;
+    if (!late_.groups.empty() && late_.late[static_cast<size_t>(n.id)]) continue;  // after the recurrence
     const int g = hoistedAt_[static_cast<size_t>(n.id)];
     if (g < 0) {
       runNode(n, params, in);
@@ -416,8 +484,41 @@ S GraphExecutor<S>::forward(const std::vector<const Mat<S>*>& params, const Grap
     out = h.inputPart.middleCols(t * b, b);
     out.noalias() += w.rightCols(w.cols() - inputRows) * recurrent;
   }
+  if (!late_.groups.empty()) forwardLate(params, in);
   ORPHEUS_ENFORCE(graph_.loss() >= 0, "the graph has no loss");
   return values_[static_cast<size_t>(graph_.loss())].sum();
+}
+
+// After the recurrence: each late group's products for all steps as one GEMM, then
+// every late node in node order (a product takes its step's block).
+template <typename S>
+void GraphExecutor<S>::forwardLate(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
+  for (size_t g = 0; g < late_.groups.size(); ++g) {
+    const LatePlan::Group& l = late_.groups[g];
+    const Mat<S>& first = values_[static_cast<size_t>(l.inputs[0])];
+    const Eigen::Index b = first.cols();
+    Mat<S>& all = lateInputs_[g];
+    all.resize(first.rows(), b * static_cast<Eigen::Index>(l.inputs.size()));
+    for (size_t t = 0; t < l.inputs.size(); ++t) {
+      all.middleCols(static_cast<Eigen::Index>(t) * b, b) = values_[static_cast<size_t>(l.inputs[t])];
+    }
+    const Mat<S>& w = *params[static_cast<size_t>(l.param)];
+    lateAll_[g].resize(w.rows(), all.cols());
+    lateAll_[g].noalias() = w * all;
+  }
+  for (const Node& n : graph_.nodes()) {
+    const size_t i = static_cast<size_t>(n.id);
+    if (!late_.late[i]) continue;
+    const int g = late_.groupOf[i];
+    if (g < 0) {
+      runNode(n, params, in);
+      continue;
+    }
+    const LatePlan::Group& l = late_.groups[static_cast<size_t>(g)];
+    const auto t = static_cast<Eigen::Index>(std::find(l.products.begin(), l.products.end(), n.id) - l.products.begin());
+    const Eigen::Index b = values_[static_cast<size_t>(l.inputs[0])].cols();
+    values_[i] = lateAll_[static_cast<size_t>(g)].middleCols(t * b, b);
+  }
 }
 
 template <typename S>

@@ -12,7 +12,9 @@
 // Unrolled sequence models (fuse = true): a matrix applied at every step to
 // concat(input part, recurrent part), W * concat(a_t, b_t) with a_t independent of
 // the carried states, runs as one GEMM W[:, :rows(a)] * [a_0 ... a_{T-1}] for all
-// steps, computed before the recurrence, plus one GEMM W[:, rows(a):] * b_t per step.
+// steps, computed before the recurrence, plus one GEMM W[:, rows(a):] * b_t per step;
+// a matrix applied at every step after the recurrence (LatePlan: an output layer) runs
+// as one GEMM over all steps, forward and backward.
 // Not thread-safe; one executor per thread. Holds references to the graph.
 #pragma once
 
@@ -55,6 +57,25 @@ struct HoistPlan {
   std::vector<Group> groups;
 };
 HoistPlan hoistPlan(const Graph& graph, const std::vector<FusedStep>& plan);
+
+// Unrolled sequence graphs: the products W * b_t, one a step, whose b_t depends on the
+// carried states while no carried state depends on the product (an output layer over
+// the hidden states), grouped by matrix (two products at least). They run after the
+// recurrence as one GEMM W * [b_0 ... b_{T-1}], and their operands' gradients as one
+// GEMM W^T * [g_0 ... g_{T-1}] before the recurrence's backward. `late` marks them and
+// every node that depends on them (the per-step losses, the loss), which run after
+// the recurrence, in node order; a fused step is late as a whole or the plan is empty.
+struct LatePlan {
+  struct Group {
+    int param = 0;              // index among parameters
+    std::vector<int> products;  // by step
+    std::vector<int> inputs;    // each product's b_t
+  };
+  std::vector<bool> late;  // per node
+  std::vector<Group> groups;
+  std::vector<int> groupOf;  // per node: a product's group, or -1
+};
+LatePlan latePlan(const Graph& graph, const std::vector<FusedStep>& plan);
 
 template <typename S>
 struct GraphInputs {
@@ -121,6 +142,10 @@ class GraphExecutor {
   void planHoisting();
   void runNode(const Node& n, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void forwardHoisted(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
+  void forwardLate(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
+  void backwardLate(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
+  // One node's terms of its operands' gradients (a fused step's where it ends).
+  void backwardNode(const Node& n, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void forwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void backwardFused(const FusedStep& step, const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in);
   void backwardLstmCell(const LstmCellRoles& roles, const std::vector<const Mat<S>*>& params,
@@ -171,6 +196,9 @@ class GraphExecutor {
   std::vector<HoistedProduct> hoisted_;
   std::vector<int> hoistedAt_;  // per node: its group in hoisted_, or -1
   std::vector<bool> early_;     // per node: computed before the recurrence (independent of the states)
+  LatePlan late_;               // the products after the recurrence, and the nodes that follow them
+  std::vector<Mat<S>> lateInputs_, lateAll_;  // per group: [b_0 ... b_{T-1}] and W times them (backward:
+                                              // the products' gradients, and W^T times those)
   std::vector<SparseMat<S>> tokenSparse_;  // per token node
   std::vector<bool> tokenDense_;           // per token node: also needed dense (values_)
   Mat<S> oneHot_;

@@ -92,38 +92,84 @@ void GraphExecutor<S>::backward(const std::vector<const Mat<S>*>& params, const 
       return a.first != b.first ? a.first > b.first : a.second < b.second;
     });
   }
+  // The nodes after the recurrence first: they read its states, nothing in it reads them.
+  const bool late = !late_.groups.empty();
+  if (late) backwardLate(params, in);
   auto next = pending.begin();
   for (int id = loss; id >= 0; --id) {
     for (; next != pending.end() && next->first >= id; ++next) siteReady(next->second);
     const Node& n = graph_.node(id);
-    if (n.kind != NodeKind::kOp) continue;
-    // A fused step decides itself whether it has gradients to pass on: an LSTM cell
-    // has two outputs, the cell and the hidden state.
-    const int s = stepEnding_[static_cast<size_t>(id)];
-    if (s >= 0) {
-      backwardFused(plan_[static_cast<size_t>(s)], params, in);
-      continue;
-    }
-    if (!live_[static_cast<size_t>(id)]) continue;
-    if (inStep_[static_cast<size_t>(id)]) continue;  // handled with its step
-    const Operands<S> operandsOfNode = operands(n, params, in);
-    for (size_t o = 0; o < n.inputs.size(); ++o) {
-      const int operand = n.inputs[o];
-      if (!needsGrad_[static_cast<size_t>(operand)]) continue;
-      if (n.op == OpKind::kMatVec && o == 0) continue;  // the matrix: its SVs are (grad, v)
-      // The first term straight into the operand's buffer, later ones through scratch_.
-      const bool first = !live_[static_cast<size_t>(operand)];
-      Mat<S>& dst = first ? grads_[static_cast<size_t>(operand)] : scratch_;
-      ops::backwardInto<S>(n.op, static_cast<int>(o), operandsOfNode, values_[static_cast<size_t>(id)],
-                           grads_[static_cast<size_t>(id)], dst);
-      if (first) {
-        live_[static_cast<size_t>(operand)] = 1;
-      } else {
-        grads_[static_cast<size_t>(operand)] += scratch_;
-      }
-    }
+    if (n.kind != NodeKind::kOp || (late && late_.late[static_cast<size_t>(id)])) continue;
+    backwardNode(n, params, in);
   }
   for (; next != pending.end(); ++next) siteReady(next->second);
+}
+
+template <typename S>
+void GraphExecutor<S>::backwardNode(const Node& n, const std::vector<const Mat<S>*>& params,
+                                    const GraphInputs<S>& in) {
+  const size_t id = static_cast<size_t>(n.id);
+  // A fused step decides itself whether it has gradients to pass on: an LSTM cell
+  // has two outputs, the cell and the hidden state.
+  const int s = stepEnding_[id];
+  if (s >= 0) {
+    backwardFused(plan_[static_cast<size_t>(s)], params, in);
+    return;
+  }
+  if (!live_[id]) return;
+  if (inStep_[id]) return;  // handled with its step
+  const Operands<S> operandsOfNode = operands(n, params, in);
+  for (size_t o = 0; o < n.inputs.size(); ++o) {
+    const int operand = n.inputs[o];
+    if (!needsGrad_[static_cast<size_t>(operand)]) continue;
+    if (n.op == OpKind::kMatVec && o == 0) continue;  // the matrix: its SVs are (grad, v)
+    // The first term straight into the operand's buffer, later ones through scratch_.
+    const bool first = !live_[static_cast<size_t>(operand)];
+    Mat<S>& dst = first ? grads_[static_cast<size_t>(operand)] : scratch_;
+    ops::backwardInto<S>(n.op, static_cast<int>(o), operandsOfNode, values_[id], grads_[id], dst);
+    if (first) {
+      live_[static_cast<size_t>(operand)] = 1;
+    } else {
+      grads_[static_cast<size_t>(operand)] += scratch_;
+    }
+  }
+}
+
+// The late nodes' backward, in reverse node order, but for the late products' vector
+// operands: those of each group as one GEMM W^T * [g_0 ... g_{T-1}] (a product no term
+// reached counts as zeros), each step's block then added as a term of its b_t.
+template <typename S>
+void GraphExecutor<S>::backwardLate(const std::vector<const Mat<S>*>& params, const GraphInputs<S>& in) {
+  for (int id = graph_.loss(); id >= 0; --id) {
+    const size_t i = static_cast<size_t>(id);
+    if (late_.late[i] && late_.groupOf[i] < 0) backwardNode(graph_.node(id), params, in);
+  }
+  for (size_t g = 0; g < late_.groups.size(); ++g) {
+    const LatePlan::Group& l = late_.groups[g];
+    if (std::none_of(l.inputs.begin(), l.inputs.end(), [&](int v) { return needsGrad_[static_cast<size_t>(v)]; })) continue;
+    const Mat<S>& w = *params[static_cast<size_t>(l.param)];
+    const Eigen::Index b = in.batch();
+    Mat<S>& upstream = lateAll_[g];
+    upstream.resize(w.rows(), b * static_cast<Eigen::Index>(l.products.size()));
+    for (size_t t = 0; t < l.products.size(); ++t) {
+      const size_t product = static_cast<size_t>(l.products[t]);
+      auto block = upstream.middleCols(static_cast<Eigen::Index>(t) * b, b);
+      if (live_[product]) {
+        block = grads_[product];
+      } else {
+        block.setZero();
+      }
+    }
+    Mat<S>& down = lateInputs_[g];
+    down.resize(w.cols(), upstream.cols());
+    down.noalias() = w.transpose() * upstream;
+    for (size_t t = 0; t < l.inputs.size(); ++t) {
+      const int operand = l.inputs[t];
+      if (!needsGrad_[static_cast<size_t>(operand)]) continue;
+      scratch_ = down.middleCols(static_cast<Eigen::Index>(t) * b, b);
+      accumulate(operand, scratch_);
+    }
+  }
 }
 
 template <typename S>

@@ -368,6 +368,50 @@ TEST_CASE("the input part of all steps as one GEMM gives the per-step products",
   for (int id : g.finalStates()) CHECK((hoisted.value(id) - plain.value(id)).cwiseAbs().maxCoeff() <= 1e-12);
 }
 
+TEST_CASE("the output layer of all steps as one GEMM after the recurrence gives the per-step products",
+          "[ops][recurrent]") {
+  std::mt19937 gen(29);
+  const int64_t vocabulary = 6, b = 3, steps = 5;
+  const Graph g = parseLoss(kSmallLstm, "small.loss", {0, vocabulary, steps});
+  const LatePlan late = latePlan(g, g.fusionPlan());
+  REQUIRE(late.groups.size() == 1);
+  CHECK(g.node(g.params()[static_cast<size_t>(late.groups[0].param)]).name == "V");
+  CHECK(late.groups[0].products.size() == static_cast<size_t>(steps));
+  CHECK(late.late[static_cast<size_t>(g.loss())]);
+  for (int id : g.stepPredictions()) CHECK(late.late[static_cast<size_t>(id)]);
+  // Nothing the recurrence carries runs late: not the states, not W's products over concat(e, h).
+  for (int id : g.finalStates()) CHECK_FALSE(late.late[static_cast<size_t>(id)]);
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpKind::kMatVec && n.kind == NodeKind::kOp && g.node(n.inputs[0]).name == "W") {
+      CHECK_FALSE(late.late[static_cast<size_t>(n.id)]);
+    }
+  }
+  CHECK(latePlan(parseLoss(kSmallLstm, "small.loss", {0, vocabulary, 1}), {}).groups.empty());  // one step
+
+  const Mat<double> x = segments(randomText(static_cast<int>(vocabulary), gen), steps, b, 0, 0);
+  std::vector<Mat<double>> params = randomParams(g, gen, 0.5);
+  std::vector<const Mat<double>*> ptrs;
+  for (auto& m : params) ptrs.push_back(&m);
+  std::vector<Mat<double>> states;
+  for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
+  GraphInputs<double> in;
+  in.dense = &x;
+  in.states = &states;
+  GraphExecutor<double> batched(g, true), plain(g, false);
+  CHECK(std::abs(batched.forward(ptrs, in) - plain.forward(ptrs, in)) <= 1e-12);
+  for (int id : g.stepPredictions()) CHECK((batched.value(id) - plain.value(id)).cwiseAbs().maxCoeff() <= 1e-12);
+  batched.backward(ptrs, in);
+  plain.backward(ptrs, in);
+  // Every step's U of V (the products' gradients) and the gradients the recurrence got back.
+  for (int id : late.groups[0].products) CHECK((batched.grad(id) - plain.grad(id)).cwiseAbs().maxCoeff() <= 1e-12);
+  const auto gb = batched.paramGradients(ptrs, in), gp = plain.paramGradients(ptrs, in);
+  for (size_t p = 0; p < gb.size(); ++p) {
+    INFO(g.node(g.params()[p]).name);
+    CHECK(gp[p].cwiseAbs().maxCoeff() > 0.0);
+    CHECK((gb[p] - gp[p]).cwiseAbs().maxCoeff() <= 1e-12);
+  }
+}
+
 namespace {
 
 size_t lstmCells(const std::vector<FusedStep>& plan) {
