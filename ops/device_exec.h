@@ -280,8 +280,9 @@ class DeviceExecutor {
   std::vector<int> hoistedAt_;                // per node: its group in hoist_.groups, or -1
   std::vector<Tensor> allInputs_, inputPart_;  // per group: [a_0 ... a_{T-1}], W[:, :rows(a)] times them
   LatePlan late_;
-  std::vector<Tensor> lateInputs_, lateAll_;  // per late group: [b_0 ... b_{T-1}] and W times them (backward:
-                                              // the products' gradients, and W^T times those)
+  // Per late group: [b_0 ... b_{T-1}] (backward: W^T times the products' gradients), W
+  // times them (the products' values), the products' gradients side by side.
+  std::vector<Tensor> lateInputs_, lateAll_, lateGrads_;
   std::vector<bool> tokenSparse_, tokenDense_;  // per token node: read by a product / densely
   std::vector<SparseMatrix> hostTokens_;        // per token node read by a product
   std::vector<SparseCopy> deviceTokens_;

@@ -55,10 +55,20 @@ void DeviceExecutor::reserveSequence(int64_t batch) {
   }
   lateInputs_.clear();
   lateAll_.clear();
+  lateGrads_.clear();
   for (const LatePlan::Group& g : late_.groups) {
     const int64_t steps = static_cast<int64_t>(g.inputs.size());
+    const int64_t rows = graph_.node(g.products[0]).rows;
     lateInputs_.push_back(backend_.allocate(graph_.node(g.inputs[0]).rows, batch * steps));
-    lateAll_.push_back(backend_.allocate(graph_.node(g.products[0]).rows, batch * steps));
+    lateAll_.push_back(backend_.allocate(rows, batch * steps));
+    lateGrads_.push_back(backend_.allocate(rows, batch * steps));
+    // Each step's product and its gradient are its block of the group's: the GEMM writes
+    // the values in place, and the gradients' terms land where the GEMM back reads them.
+    for (size_t t = 0; t < g.products.size(); ++t) {
+      const size_t product = static_cast<size_t>(g.products[t]);
+      values_[product] = lateAll_.back().middleCols(static_cast<int64_t>(t) * batch, batch);
+      if (needsGrad_[product]) grads_[product] = lateGrads_.back().middleCols(static_cast<int64_t>(t) * batch, batch);
+    }
   }
 }
 
@@ -153,8 +163,8 @@ void DeviceExecutor::forwardHoisted(std::span<const Tensor> params) {
   }
 }
 
-// As GraphExecutor::forwardLate: per late group one GEMM over every step's b_t, then
-// the late nodes in node order, a product copying its step's block.
+// As GraphExecutor::forwardLate: per late group one GEMM over every step's b_t (its
+// products' values are the blocks of its output), then the other late nodes in node order.
 void DeviceExecutor::forwardLate(std::span<const Tensor> params) {
   const int64_t b = batch_;
   for (size_t g = 0; g < late_.groups.size(); ++g) {
@@ -168,15 +178,7 @@ void DeviceExecutor::forwardLate(std::span<const Tensor> params) {
   }
   for (const Node& n : graph_.nodes()) {
     const size_t i = static_cast<size_t>(n.id);
-    if (!late_.late[i]) continue;
-    const int g = late_.groupOf[i];
-    if (g < 0) {
-      forwardNode(n, params);
-      continue;
-    }
-    const LatePlan::Group& l = late_.groups[static_cast<size_t>(g)];
-    const auto t = static_cast<int64_t>(std::find(l.products.begin(), l.products.end(), n.id) - l.products.begin());
-    backend_.copy(lateAll_[static_cast<size_t>(g)].middleCols(t * b, b), values_[i]);
+    if (late_.late[i] && late_.groupOf[i] < 0) forwardNode(n, params);
   }
 }
 
@@ -194,16 +196,17 @@ void DeviceExecutor::backwardLate(std::span<const Tensor> params) {
     if (std::none_of(l.inputs.begin(), l.inputs.end(), [&](int v) { return needsGrad_[static_cast<size_t>(v)]; })) {
       continue;
     }
+    // The blocks no term reached are zeros, as there.
     for (size_t t = 0; t < l.products.size(); ++t) {
-      const size_t product = static_cast<size_t>(l.products[t]);
-      Tensor block = lateAll_[g].middleCols(static_cast<int64_t>(t) * b, b);
-      if (live_[product]) {
-        backend_.copy(grads_[product], block);
+      const int product = l.products[t];
+      if (needsGrad_[static_cast<size_t>(product)]) {
+        zeroedGrad(product);
       } else {
+        Tensor block = lateGrads_[g].middleCols(static_cast<int64_t>(t) * b, b);
         setZero(block);
       }
     }
-    backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, params[static_cast<size_t>(l.param)], lateAll_[g], 0.0f,
+    backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, params[static_cast<size_t>(l.param)], lateGrads_[g], 0.0f,
                   lateInputs_[g]);
     for (size_t t = 0; t < l.inputs.size(); ++t) {
       const int operand = l.inputs[t];
