@@ -50,8 +50,15 @@ void GraphExecutor<S>::backwardFused(const FusedStep& step, const std::vector<co
     const Mat<S>& t = *operandValue(ce.inputs[1], params, in);
     const Eigen::Array<S, 1, Eigen::Dynamic> g = upstream.row(0).array();
     const Eigen::Array<S, 1, Eigen::Dynamic> mass = t.colwise().sum().array() * g;
-    scratch_ = (p.array().rowwise() * mass - t.array().rowwise() * g).matrix();
-    accumulate(z, scratch_);
+    // The first term straight into z's buffer, a later one through scratch_ (as accumulate).
+    const bool first = !live_[static_cast<size_t>(z)];
+    Mat<S>& dst = first ? grads_[static_cast<size_t>(z)] : scratch_;
+    dst = (p.array().rowwise() * mass - t.array().rowwise() * g).matrix();
+    if (first) {
+      live_[static_cast<size_t>(z)] = 1;
+    } else {
+      grads_[static_cast<size_t>(z)] += scratch_;
+    }
     return;
   }
   const int64_t cols = upstream.cols();

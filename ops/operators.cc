@@ -220,13 +220,22 @@ Mat<S> sumColumns(const Eigen::MatrixBase<Derived>& m) {
 
 // Column-wise softmax. Subtracting each column's max first keeps exp from
 // overflowing without changing the result.
+// Into p's memory (resized; p must not be x).
+template <typename S>
+void softmaxInto(const Mat<S>& x, Mat<S>& p) {
+  p.resize(x.rows(), x.cols());
+  if (x.rows() == 0) return;  // maxCoeff is undefined on empty columns
+  for (Eigen::Index j = 0; j < x.cols(); ++j) {
+    p.col(j) = (x.col(j).array() - x.col(j).maxCoeff()).exp().matrix();
+    p.col(j) *= S(1) / p.col(j).sum();
+  }
+}
+
 template <typename S>
 Mat<S> softmaxForward(const Mat<S>& x) {
-  if (x.rows() == 0) return Mat<S>(x.rows(), x.cols());  // maxCoeff is undefined on empty columns
-  return byColumn<S>(x.rows(), x.cols(), [&](auto p, Eigen::Index j) {
-    p = (x.col(j).array() - x.col(j).maxCoeff()).exp().matrix();
-    p *= S(1) / p.sum();
-  });
+  Mat<S> p;
+  softmaxInto(x, p);
+  return p;
 }
 
 template <typename S>
@@ -505,6 +514,11 @@ Mat<S> backward(OpKind op, int which, const Operands<S>& in, const Mat<S>& out, 
 
 template <typename S>
 void forwardInto(OpKind op, const Operands<S>& in, Mat<S>& out) {
+  if (op == OpKind::kSoftmax && in.a != &out) {
+    // Straight into the caller's buffer: a softmax over a vocabulary is the pass's largest value.
+    softmaxInto(*check(op, in).a, out);
+    return;
+  }
   if (op != OpKind::kMatVec) {
     const Mat<S> result = forward(op, in);
     out = result;  // copied: `out` keeps its memory

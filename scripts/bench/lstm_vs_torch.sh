@@ -231,4 +231,8 @@ PY
 
 plots=()
 for net in "${NETS[@]}"; do [ -d "$WORK/$net" ] && plots+=("$net=$WORK/$net"); done
-"$PYTHON" "$ROOT/scripts/bench/plot_lstm.py" "${RESULTS%.md}.png" $((BATCH * NP)) "${plots[@]}" >&2
+if "$PYTHON" -c 'import matplotlib' 2>/dev/null; then
+  "$PYTHON" "$ROOT/scripts/bench/plot_lstm.py" "${RESULTS%.md}.png" $((BATCH * NP)) "${plots[@]}" >&2
+else
+  say "no plot: python3-matplotlib is not installed (scripts/bench/run.sh lstm installs it)"
+fi
