@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace orpheus::ops {
 
@@ -29,6 +31,32 @@ EwOp elementwiseOp(OpKind op) {
   }
   throw Error(fmt::format("{} is not an elementwise operator", opName(op)));
 }
+
+
+// Products grouped by their parameter matrix in node order; a group of one product
+// is dropped (one product alone gains nothing from a GEMM over the steps).
+class StepProductGroups {
+ public:
+  explicit StepProductGroups(size_t params) : groupOf_(params, -1) {}
+  void add(int param, int product, int input) {
+    int& g = groupOf_[static_cast<size_t>(param)];
+    if (g < 0) {
+      g = static_cast<int>(groups_.size());
+      groups_.push_back({});
+      groups_.back().param = param;
+    }
+    groups_[static_cast<size_t>(g)].products.push_back(product);
+    groups_[static_cast<size_t>(g)].inputs.push_back(input);
+  }
+  std::vector<StepProducts> take() {
+    std::erase_if(groups_, [](const StepProducts& g) { return g.products.size() < 2; });
+    return std::move(groups_);
+  }
+
+ private:
+  std::vector<int> groupOf_;
+  std::vector<StepProducts> groups_;
+};
 
 }  // namespace
 
@@ -147,28 +175,16 @@ HoistPlan hoistPlan(const Graph& graph, const std::vector<FusedStep>& plan) {
     }
     out.early[i] = early;
   }
-  std::vector<int> groupOf(graph.params().size(), -1);
-  std::vector<HoistPlan::Group> groups;
+  StepProductGroups groups(graph.params().size());
   for (const Node& node : nodes) {
     if (node.kind != NodeKind::kOp || node.op != OpKind::kMatVec) continue;
     const Node& v = graph.node(node.inputs[1]);
     if (v.kind != NodeKind::kOp || v.op != OpKind::kConcat) continue;
     const int a = v.inputs[0];
     if (!out.early[static_cast<size_t>(a)] || stateFree[static_cast<size_t>(v.id)]) continue;
-    const int param = graph.paramIndex(node.inputs[0]);
-    int& g = groupOf[static_cast<size_t>(param)];
-    if (g < 0) {
-      g = static_cast<int>(groups.size());
-      groups.push_back({});
-      groups.back().param = param;
-    }
-    groups[static_cast<size_t>(g)].products.push_back(node.id);
-    groups[static_cast<size_t>(g)].inputs.push_back(a);
+    groups.add(graph.paramIndex(node.inputs[0]), node.id, a);
   }
-  // One product alone gains nothing from hoisting.
-  for (HoistPlan::Group& g : groups) {
-    if (g.products.size() >= 2) out.groups.push_back(std::move(g));
-  }
+  out.groups = groups.take();
   return out;
 }
 
@@ -195,27 +211,17 @@ LatePlan latePlan(const Graph& graph, const std::vector<FusedStep>& plan) {
   for (const FusedStep& step : plan) {
     for (int id : step.nodes) inStep[static_cast<size_t>(id)] = true;
   }
-  std::vector<int> groupOf(graph.params().size(), -1);
-  std::vector<LatePlan::Group> groups;
+  StepProductGroups groups(graph.params().size());
   for (const Node& node : nodes) {
     const size_t i = static_cast<size_t>(node.id);
     if (node.kind != NodeKind::kOp || node.op != OpKind::kMatVec || carried[i] || !stateful[i] || inStep[i]) continue;
     const int param = graph.paramIndex(node.inputs[0]);
     if (param < 0 || graph.node(node.inputs[1]).kind != NodeKind::kOp) continue;  // a dense value as b_t
-    int& g = groupOf[static_cast<size_t>(param)];
-    if (g < 0) {
-      g = static_cast<int>(groups.size());
-      groups.push_back({});
-      groups.back().param = param;
-    }
-    groups[static_cast<size_t>(g)].products.push_back(node.id);
-    groups[static_cast<size_t>(g)].inputs.push_back(node.inputs[1]);
+    groups.add(param, node.id, node.inputs[1]);
   }
-  // One product alone gains nothing.
-  for (LatePlan::Group& g : groups) {
-    if (g.products.size() < 2) continue;
-    for (int id : g.products) out.groupOf[static_cast<size_t>(id)] = static_cast<int>(out.groups.size());
-    out.groups.push_back(std::move(g));
+  out.groups = groups.take();
+  for (size_t g = 0; g < out.groups.size(); ++g) {
+    for (int id : out.groups[g].products) out.groupOf[static_cast<size_t>(id)] = static_cast<int>(g);
   }
   if (out.groups.empty()) return out;
   for (const Node& node : nodes) {

@@ -47,12 +47,15 @@ std::vector<bool> nodesNeedingGradients(const Graph& graph);
 // (`early`: independent of the carried states, a fused step only as a whole) and
 // the products W * concat(a_t, b_t) with an early a_t whose input parts run as one
 // GEMM over all steps, grouped by matrix (groups of two products at least).
+// The products of one parameter matrix, one a step, that run as one GEMM over the steps.
+struct StepProducts {
+  int param = 0;              // index among parameters
+  std::vector<int> products;  // by step
+  std::vector<int> inputs;    // each product's operand part over the steps (a_t, b_t)
+};
+
 struct HoistPlan {
-  struct Group {
-    int param = 0;              // index among parameters
-    std::vector<int> products;  // by step
-    std::vector<int> inputs;    // each product's a_t
-  };
+  using Group = StepProducts;
   std::vector<bool> early;  // per node
   std::vector<Group> groups;
 };
@@ -66,11 +69,7 @@ HoistPlan hoistPlan(const Graph& graph, const std::vector<FusedStep>& plan);
 // every node that depends on them (the per-step losses, the loss), which run after
 // the recurrence, in node order; a fused step is late as a whole or the plan is empty.
 struct LatePlan {
-  struct Group {
-    int param = 0;              // index among parameters
-    std::vector<int> products;  // by step
-    std::vector<int> inputs;    // each product's b_t
-  };
+  using Group = StepProducts;
   std::vector<bool> late;  // per node
   std::vector<Group> groups;
   std::vector<int> groupOf;  // per node: a product's group, or -1

@@ -344,19 +344,37 @@ TEST_CASE("one step of the LSTM equals PyTorch's nn.LSTM from the same weights",
   }
 }
 
+namespace {
+
+// A float64 executor's operands for `g`, drawn in this order: a text of the first
+// parameter's columns (the vocabulary) as B segments, the parameters, the start states.
+struct RandomOperands {
+  Mat<double> x;
+  std::vector<Mat<double>> params;
+  std::vector<const Mat<double>*> ptrs;
+  std::vector<Mat<double>> states;
+  GraphInputs<double> in;
+  RandomOperands(const Graph& g, int64_t b, std::mt19937& gen)
+      : x(segments(randomText(static_cast<int>(g.node(g.params()[0]).cols), gen), g.steps(), b, 0, 0)),
+        params(randomParams(g, gen, 0.5)) {
+    for (auto& m : params) ptrs.push_back(&m);
+    for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
+    in.dense = &x;
+    in.states = &states;
+  }
+  RandomOperands(const RandomOperands&) = delete;
+  RandomOperands& operator=(const RandomOperands&) = delete;
+};
+
+}  // namespace
+
 TEST_CASE("the input part of all steps as one GEMM gives the per-step products", "[ops][recurrent]") {
   std::mt19937 gen(13);
   const int64_t vocabulary = 6, b = 3, steps = 4;
   const Graph g = parseLoss(kSmallLstm, "small.loss", {0, vocabulary, steps});
-  const Mat<double> x = segments(randomText(static_cast<int>(vocabulary), gen), steps, b, 0, 0);
-  std::vector<Mat<double>> params = randomParams(g, gen, 0.5);
-  std::vector<const Mat<double>*> ptrs;
-  for (auto& m : params) ptrs.push_back(&m);
-  std::vector<Mat<double>> states;
-  for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
-  GraphInputs<double> in;
-  in.dense = &x;
-  in.states = &states;
+  RandomOperands r(g, b, gen);
+  const auto& ptrs = r.ptrs;
+  const auto& in = r.in;
   GraphExecutor<double> hoisted(g, true), plain(g, false);
   CHECK(hoisted.hoistedMatrices() == 1);  // W; E's products have no recurrent part
   CHECK(plain.hoistedMatrices() == 0);
@@ -388,15 +406,9 @@ TEST_CASE("the output layer of all steps as one GEMM after the recurrence gives 
   }
   CHECK(latePlan(parseLoss(kSmallLstm, "small.loss", {0, vocabulary, 1}), {}).groups.empty());  // one step
 
-  const Mat<double> x = segments(randomText(static_cast<int>(vocabulary), gen), steps, b, 0, 0);
-  std::vector<Mat<double>> params = randomParams(g, gen, 0.5);
-  std::vector<const Mat<double>*> ptrs;
-  for (auto& m : params) ptrs.push_back(&m);
-  std::vector<Mat<double>> states;
-  for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
-  GraphInputs<double> in;
-  in.dense = &x;
-  in.states = &states;
+  RandomOperands r(g, b, gen);
+  const auto& ptrs = r.ptrs;
+  const auto& in = r.in;
   GraphExecutor<double> batched(g, true), plain(g, false);
   CHECK(std::abs(batched.forward(ptrs, in) - plain.forward(ptrs, in)) <= 1e-12);
   for (int id : g.stepPredictions()) CHECK((batched.value(id) - plain.value(id)).cwiseAbs().maxCoeff() <= 1e-12);
@@ -425,15 +437,9 @@ size_t lstmCells(const std::vector<FusedStep>& plan) {
 void checkFusedCell(const Graph& g, size_t expectedCells) {
   std::mt19937 gen(17);
   const int64_t b = 3;
-  const Mat<double> x = segments(randomText(static_cast<int>(g.node(g.params()[0]).cols), gen), g.steps(), b, 0, 0);
-  std::vector<Mat<double>> params = randomParams(g, gen, 0.5);
-  std::vector<const Mat<double>*> ptrs;
-  for (auto& m : params) ptrs.push_back(&m);
-  std::vector<Mat<double>> states;
-  for (int id : g.states()) states.push_back(randomMat(g.node(id).rows, b, gen, 0.5));
-  GraphInputs<double> in;
-  in.dense = &x;
-  in.states = &states;
+  RandomOperands r(g, b, gen);
+  const auto& ptrs = r.ptrs;
+  const auto& in = r.in;
   GraphExecutor<double> fused(g, true), plain(g, false);
   CHECK(lstmCells(fused.plan()) == expectedCells);
   CHECK(lstmCells(plain.plan()) == 0);
@@ -450,12 +456,12 @@ void checkFusedCell(const Graph& g, size_t expectedCells) {
   // Float: the unfused executor also skips hoisting and the other fusions, so the
   // loss and the gradients agree to rounding.
   std::vector<Mat<float>> pf;
-  for (const auto& m : params) pf.push_back(m.cast<float>());
+  for (const auto& m : r.params) pf.push_back(m.cast<float>());
   std::vector<const Mat<float>*> pfp;
   for (auto& m : pf) pfp.push_back(&m);
-  const Mat<float> xf = x.cast<float>();
+  const Mat<float> xf = r.x.cast<float>();
   std::vector<Mat<float>> sf;
-  for (const auto& m : states) sf.push_back(m.cast<float>());
+  for (const auto& m : r.states) sf.push_back(m.cast<float>());
   GraphInputs<float> inf;
   inf.dense = &xf;
   inf.states = &sf;
