@@ -362,6 +362,11 @@ namespace {
 class HostTargets {
  public:
   explicit HostTargets(ParamSet& w) : w_(w) {}
+  // A gradient whose parameters are stepped tile by tile as their rebuild ends.
+  HostTargets(ParamSet& w, int64_t tileFloats, const GradientStep& step, std::vector<bool>& stepped)
+      : w_(w), tileFloats_(tileFloats), step_(&step), stepped_(&stepped) {
+    stepped.assign(w.size(), false);
+  }
   size_t size() const { return w_.size(); }
   int64_t rows(size_t i) const { return w_[i].rows(); }
   int64_t cols(size_t i) const { return w_[i].cols(); }
@@ -370,15 +375,29 @@ class HostTargets {
   void addBias(size_t i, const Vector& delta, Backend&, DeviceOperands&) { w_[i].col(0) += delta; }
   void applyBiases(Backend&, DeviceOperands&) {}
   void apply(size_t i, ParamRebuild& r, Backend& backend, DeviceOperands& d) {
-    if (backend.device() == Device::kCpu) {
-      applyOnHost(r, w_[i], backend);
-    } else {
+    if (backend.device() != Device::kCpu) {
       applyOnDevice(r, w_[i], i, backend, d);
+    } else if (step_ == nullptr || r.sparseCols() > 0 || !applyStepping(i, r)) {
+      applyOnHost(r, w_[i], backend);
     }
   }
 
  private:
+  bool applyStepping(size_t i, ParamRebuild& r) {
+    Matrix& w = w_[i];
+    const int64_t rows = w.rows();
+    Tensor target = cpu::view(w);
+    const bool done = cpu::gemmByColumnTiles(
+        r.uPart(0, r.denseCols()), r.denseV(w.cols()), target, tileFloats_ / std::max<int64_t>(1, rows),
+        [&](int64_t first, int64_t cols) { (*step_)(i, first * rows, cols * rows); });
+    (*stepped_)[i] = done;
+    return done;
+  }
+
   ParamSet& w_;
+  int64_t tileFloats_ = 0;
+  const GradientStep* step_ = nullptr;
+  std::vector<bool>* stepped_ = nullptr;
 };
 
 class DeviceTargets {
@@ -573,6 +592,13 @@ void rebuildInto(std::span<const SvBatchView* const> batches, Targets& w, Backen
 void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Backend& backend,
                     RebuildBuffers& buffers) {
   HostTargets targets(w);
+  rebuildInto(batches, targets, backend, buffers);
+}
+
+void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& gradient, Backend& backend,
+                    RebuildBuffers& buffers, int64_t tileFloats, const GradientStep& step,
+                    std::vector<bool>& stepped) {
+  HostTargets targets(gradient, tileFloats, step, stepped);
   rebuildInto(batches, targets, backend, buffers);
 }
 

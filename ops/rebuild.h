@@ -10,6 +10,7 @@
 #include "ops/backend.h"
 #include "ops/staging.h"
 
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -117,6 +118,18 @@ void applySvBatches(std::span<const SvBatch* const> batches, ParamSet& w, Backen
 void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, RebuildBuffers& buffers);
 void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& w, Backend& backend,
                     RebuildBuffers& buffers);
+// The same into `gradient`, each parameter's columns handed to `step` as soon as they
+// hold their final sums, so that an optimizer step reads them while they are still
+// in cache (a clock's last group: ReplicaUpdater::applyLastGroup). On the CPU
+// backend a parameter whose V's are all dense is rebuilt one tile of about
+// `tileFloats` floats of columns after another (cpu::gemmByColumnTiles), step(i,
+// offset, count) called on each tile's floats, and `stepped[i]` set; every other
+// parameter is rebuilt whole and left to the caller (stepped[i] false). Bitwise the
+// gradient of the call above.
+using GradientStep = std::function<void(size_t param, int64_t offset, int64_t count)>;
+void applySvBatches(std::span<const SvBatchView* const> batches, ParamSet& gradient, Backend& backend,
+                    RebuildBuffers& buffers, int64_t tileFloats, const GradientStep& step,
+                    std::vector<bool>& stepped);
 // The same into parameters that live on the backend's device (a resident replica,
 // engine/worker/device_replica.h): `w` in parameter order, each of its parameter's
 // shape. The products run where W lies; each bias update is summed on the host, as

@@ -188,6 +188,21 @@ void Optimizer::step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
   }
 }
 
+ops::OptimizerStep Optimizer::beginStep(uint64_t clock) {
+  ORPHEUS_ENFORCE(!isQuasiNewton(settings_.kind), "a step by ranges is for the element-wise optimizers");
+  ++steps_;
+  return stepSettings(settings_, clock, steps_);
+}
+
+void Optimizer::stepRange(const ops::OptimizerStep& kernel, size_t i, int64_t offset, int64_t count,
+                          const Matrix& gradient, Matrix& param) {
+  ORPHEUS_ENFORCE(offset >= 0 && count >= 0 && offset + count <= param.size() && gradient.size() == param.size(),
+                  "a step of {} elements at {} of a parameter of {}", count, offset, param.size());
+  float* b0 = buffers_.size() > 0 ? buffers_[0].values[i].data() + offset : nullptr;
+  float* b1 = buffers_.size() > 1 ? buffers_[1].values[i].data() + offset : nullptr;
+  ops::cpu::applyOptimizerStep(kernel, count, gradient.data() + offset, param.data() + offset, b0, b1);
+}
+
 void Optimizer::quasiNewtonStep(uint64_t clock, const std::vector<Eigen::ArrayXXf>& d, ParamSet& params) {
   using Vec = Eigen::VectorXd;
   using Mat = Eigen::MatrixXd;
@@ -449,6 +464,32 @@ void ReplicaUpdater::applyDense(uint64_t clock, std::span<const ops::Tensor> gra
                                 ParamSet& params) {
   ORPHEUS_ENFORCE(device_ != nullptr, "applyDense from device tensors needs a resident replica");
   applyDenseOnDevice(clock, gradient, scale, params);
+}
+
+void ReplicaUpdater::applyLastGroup(uint64_t clock, std::span<const SvBatchView* const> batches,
+                                    ParamSet& params) {
+  const OptimizerSettings& s = optimizer_.settings();
+  if (device_ != nullptr || s.foldsLearningRate() || isQuasiNewton(s.kind) || !touched_.empty() ||
+      backend_.device() != ops::Device::kCpu || batches.empty()) {
+    if (!batches.empty()) applyGroup(clock, batches, params);
+    finishClock(params);
+    return;
+  }
+  if (pendingClock_ != 0 && pendingClock_ != clock) finishClock(params);
+  // A tile of the gradient (with the parameter's and the state's tiles beside it) that stays in L2.
+  constexpr int64_t kTileFloats = 32 << 10;
+  const ops::OptimizerStep kernel = optimizer_.beginStep(clock);
+  const auto stepTile = [&](size_t i, int64_t offset, int64_t count) {
+    optimizer_.stepRange(kernel, i, offset, count, gradient_[i], params[i]);
+    std::fill_n(gradient_[i].data() + offset, count, 0.0f);
+  };
+  std::vector<bool>& stepped = steppedParams_;
+  ops::applySvBatches(batches, gradient_, backend_, rebuild_, kTileFloats, stepTile, stepped);
+  trimBuffers();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!stepped[i]) stepTile(i, 0, params[i].size());
+  }
+  pendingClock_ = 0;
 }
 
 void ReplicaUpdater::finishClock(ParamSet& params) {

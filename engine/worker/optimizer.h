@@ -140,6 +140,15 @@ class Optimizer {
   void step(uint64_t clock, const ParamSet& gradient, ParamSet& params,
             const std::vector<Columns>* columns = nullptr);
 
+  // A whole step taken a range of elements at a time (the rebuild fused with the
+  // step, ReplicaUpdater::applyLastGroup), for the kinds whose step is element by
+  // element (not bfgs or dfp): beginStep counts the step and gives its settings;
+  // stepRange steps `count` elements of parameter `i` from `offset` with them. Once
+  // every element of every parameter is stepped, bitwise step(clock, gradient, params).
+  ops::OptimizerStep beginStep(uint64_t clock);
+  void stepRange(const ops::OptimizerStep& kernel, size_t i, int64_t offset, int64_t count, const Matrix& gradient,
+                 Matrix& param);
+
   const OptimizerSettings& settings() const { return settings_; }
   int64_t steps() const { return steps_; }
   void setSteps(int64_t steps) { steps_ = steps; }
@@ -210,6 +219,11 @@ class ReplicaUpdater {
   // The same from a gradient on the device (resident only): a job of one rank has
   // no collective, so its gradient need not cross to the host.
   void applyDense(uint64_t clock, std::span<const ops::Tensor> gradient, float scale, ParamSet& params);
+  // applyGroup and then finishClock: the last group of its clock (a BSP clock's
+  // one group). On the host the step of each parameter rebuilt from dense V's runs
+  // tile by tile behind its rebuild (ops::applySvBatches with a GradientStep), so
+  // the step reads the gradient while it is in cache: the same bits.
+  void applyLastGroup(uint64_t clock, std::span<const SvBatchView* const> batches, ParamSet& params);
   // Takes the pending clock's step, if any.
   void finishClock(ParamSet& params);
   // Drops a pending step (the replica was replaced).
@@ -273,6 +287,7 @@ class ReplicaUpdater {
   std::unique_ptr<DeviceReplica> device_;  // resident: the replica on the device
   std::vector<ops::DeviceSvs> localOnDevice_;
   uint64_t rebuildToDevice_ = 0;
+  std::vector<bool> steppedParams_;  // applyLastGroup's (reused storage)
 };
 
 // The parameters and the optimizer state as one ParamSet (snapshots, files):

@@ -343,16 +343,17 @@ std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local
 
 void Worker::rebuild(uint64_t clock, const ClockGroup& group, ClockStats& stats) {
   const auto t = Clock::now();
-  if (!group.batches.empty()) {
-    std::vector<const SvBatchView*> batches;
-    batches.reserve(group.batches.size());
-    for (const SvBatchView& b : group.batches) batches.push_back(&b);
-    updater_.applyGroup(clock, batches, replica_);
-  }
-  // Under BSP this group is all the clock applies: its step is taken now. Under
+  std::vector<const SvBatchView*> batches;
+  batches.reserve(group.batches.size());
+  for (const SvBatchView& b : group.batches) batches.push_back(&b);
+  // Under BSP this group is all the clock applies: its step is taken with it. Under
   // SSP batches of this local clock may still come (the coordinator's barrier,
   // the final drain); the step waits for them (ReplicaUpdater).
-  if (config_.consistency != Consistency::kSsp) updater_.finishClock(replica_);
+  if (config_.consistency != Consistency::kSsp) {
+    updater_.applyLastGroup(clock, batches, replica_);
+  } else if (!batches.empty()) {
+    updater_.applyGroup(clock, batches, replica_);
+  }
   updater_.keepLocalOnDevice({});  // the next device pass overwrites them
   stats.updateSeconds += secondsSince(t);
 }

@@ -155,6 +155,35 @@ void CpuBackend::gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Te
   if (ta == Trans::kYes && tb == Trans::kYes) product(am.transpose(), bm.transpose(), alpha, beta, cm);
 }
 
+bool gemmByColumnTiles(const Tensor& a, const Tensor& b, Tensor& c, int64_t tileCols,
+                       const std::function<void(int64_t first, int64_t cols)>& tileDone) {
+#ifdef EIGEN_USE_BLAS
+  const int64_t m = c.rows(), n = c.cols(), k = a.cols();
+  if (a.rows() != m || b.rows() != n || b.cols() != k) return false;
+  // Tiles of at least 16 columns: a rest of fewer joins the last whole tile.
+  const int64_t tile = std::clamp<int64_t>(tileCols, 16, std::max<int64_t>(n, 16));
+  const int64_t full = n / tile, rest = n % tile;
+  const int64_t last = full == 0 ? n : (rest == 0 ? tile : (rest >= 16 ? rest : tile + rest));
+  if (!runsAsBlasGemm(m, n, k) || !runsAsBlasGemm(m, tile, k) || !runsAsBlasGemm(m, last, k)) return false;
+  const char transA = 'N', transB = 'T';
+  const float one = 1.0f;
+  const int mi = static_cast<int>(m), ki = static_cast<int>(k), lda = static_cast<int>(m);
+  const int ldb = static_cast<int>(n), ldc = static_cast<int>(m);
+  for (int64_t first = 0; first < n;) {
+    const int64_t cols = n - first == last ? last : tile;
+    const int ni = static_cast<int>(cols);
+    sgemm_(&transA, &transB, &mi, &ni, &ki, &one, a.data(), &lda, b.data() + first, &ldb, &one,
+           c.data() + first * m, &ldc);
+    tileDone(first, cols);
+    first += cols;
+  }
+  return true;
+#else
+  (void)a, (void)b, (void)c, (void)tileCols, (void)tileDone;
+  return false;
+#endif
+}
+
 void CpuBackend::gemmSparse(float alpha, const Tensor& a, const SparseTensor& s, Trans ts, float beta, Tensor& c) {
   countLaunch();
   checks::onDevice(*this, "gemmSparse", a);

@@ -8,6 +8,8 @@
 #include <Eigen/Dense>
 #include <Eigen/SparseCore>
 
+#include <functional>
+
 namespace orpheus::ops::cpu {
 
 class CpuBackend : public Backend {
@@ -66,5 +68,14 @@ Tensor view(const Eigen::PlainObjectBase<Derived>& m) {
   return Tensor::host(m.data(), m.rows(), m.cols());
 }
 SparseTensor view(const Eigen::SparseMatrix<float, Eigen::ColMajor, int32_t>& s);
+
+// c += a b^T (host tensors: a m x k, b n x k, c m x n), one tile of about `tileCols`
+// of c's columns after another, calling tileDone(first, cols) as soon as a tile
+// holds its final sums: what CpuBackend::gemm(kNo, kYes, 1, a, b, 1, c) gives, bit
+// for bit. Done only where that product and every tile run as one BLAS sgemm, whose
+// sum of an element does not depend on where its column lies (checked by
+// tests/ops/rebuild_test.cc); false, and nothing done, elsewhere.
+bool gemmByColumnTiles(const Tensor& a, const Tensor& b, Tensor& c, int64_t tileCols,
+                       const std::function<void(int64_t first, int64_t cols)>& tileDone);
 
 }  // namespace orpheus::ops::cpu

@@ -1,6 +1,7 @@
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
 #include "ops/backends.h"
+#include "ops/cpu/cpu_backend.h"
 #include "ops/mlr.h"
 #include "ops/rebuild.h"
 
@@ -549,4 +550,47 @@ TEST_CASE("a staged np-4 rebuild on the strict device: bitwise the cpu's, in one
       CHECK(std::memcmp(back.data(), onCpu[i].data(), static_cast<size_t>(back.size()) * sizeof(float)) == 0);
     }
   }
+}
+
+TEST_CASE("a product by column tiles sums each element as the whole product does, bit for bit", "[ops][rebuild]") {
+  ops::cpu::CpuBackend cpu;
+  const struct { int64_t m, n, k; } shapes[] = {{2048, 784, 8}, {40, 1500, 5}, {300, 97, 40}, {64, 2048, 100}};
+  for (const auto& s : shapes) {
+    const Matrix a = randomMatrix(s.m, s.k, 70), b = randomMatrix(s.n, s.k, 71), c0 = randomMatrix(s.m, s.n, 72);
+    Matrix whole = c0;
+    ops::Tensor wholeT = ops::cpu::view(whole);
+    cpu.gemm(ops::Trans::kNo, ops::Trans::kYes, 1.0f, ops::cpu::view(a), ops::cpu::view(b), 1.0f, wholeT);
+    for (const int64_t tile : {16, 17, 64, 100, 5000}) {
+      INFO(s.m << "x" << s.n << " by " << s.k << ", tiles of " << tile);
+      Matrix tiled = c0;
+      ops::Tensor tiledT = ops::cpu::view(tiled);
+      std::vector<std::pair<int64_t, int64_t>> seen;
+      const bool done = ops::cpu::gemmByColumnTiles(ops::cpu::view(a), ops::cpu::view(b), tiledT, tile,
+                                                    [&](int64_t first, int64_t cols) {
+                                                      // A tile is final when it is handed over.
+                                                      CHECK(tiled.middleCols(first, cols) == whole.middleCols(first, cols));
+                                                      seen.emplace_back(first, cols);
+                                                    });
+#ifdef EIGEN_USE_BLAS
+      REQUIRE(done);
+      CHECK(std::memcmp(tiled.data(), whole.data(), sizeof(float) * static_cast<size_t>(whole.size())) == 0);
+      // The tiles cover the columns in order, none narrower than 16 unless the product is.
+      int64_t next = 0;
+      for (const auto& [first, cols] : seen) {
+        CHECK(first == next);
+        CHECK(cols >= std::min<int64_t>(16, s.n));
+        next += cols;
+      }
+      CHECK(next == s.n);
+#else
+      CHECK_FALSE(done);
+#endif
+    }
+  }
+  // Too small to run as one sgemm: refused, nothing written.
+  const Matrix a = randomMatrix(2, 1, 73), b = randomMatrix(3, 1, 74);
+  Matrix c = Matrix::Zero(2, 3);
+  ops::Tensor ct = ops::cpu::view(c);
+  CHECK_FALSE(ops::cpu::gemmByColumnTiles(ops::cpu::view(a), ops::cpu::view(b), ct, 16, [](int64_t, int64_t) {}));
+  CHECK(c.isZero());
 }
