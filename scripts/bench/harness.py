@@ -1069,7 +1069,8 @@ def run_group_rep(args, runner, work, g, rep, results):
         metrics = base + ".jsonl"
         ckpt = os.path.join(work, "ckpt")
         shutil.rmtree(ckpt, ignore_errors=True)
-        config = Config(c.key, c.label, c.kind, [f.replace("{ckpt}", ckpt) for f in c.flags], c.note, c.np, c.batch)
+        config = Config(c.key, c.label, c.kind, [f.replace("{ckpt}", ckpt) for f in c.flags], c.note, c.np, c.batch,
+                        baseline=c.baseline)
         with contextlib.suppress(FileNotFoundError):
             os.remove(metrics)
         with open(base + ".log", "w") as log:
