@@ -154,8 +154,10 @@ void validateOptimizer(const TrainConfig& c) {
 
 void checkRange(const std::pair<int64_t, int64_t>& r, const char* flag, int64_t low, int64_t high) {
   if (r.first < 0) return;
+  // An upper end of no practical size (the int64 guards) is not shown: MIN <= MAX says it.
   ORPHEUS_CHECK_INPUT(r.first <= r.second && r.first >= low && r.second <= high,
-                      "{} {}:{} must be MIN:MAX with {} <= MIN <= MAX <= {}", flag, r.first, r.second, low, high);
+                      "{} {}:{} must be MIN:MAX with {} <= MIN <= MAX{}", flag, r.first, r.second, low,
+                      high >= (int64_t{1} << 40) ? std::string() : fmt::format(" <= {}", high));
 }
 
 // --adapt and its bounds: each applies only where its knob can move.
@@ -270,6 +272,10 @@ void validate(const TrainConfig& c, int ranks) {
   ORPHEUS_CHECK_INPUT(c.failProb >= 0.0 && c.failProb < 1.0, "--fail-prob {} must be in [0, 1)", c.failProb);
   ORPHEUS_CHECK_INPUT(c.failProb == 0.0 || c.ckptSv || c.ckptMatrix,
                       "--fail-prob needs a checkpoint to recover from (--ckpt sv or --ckpt matrix with --ckpt-dir)");
+  ORPHEUS_CHECK_INPUT(!(c.resume && c.ckptMatrix),
+                      "--resume continues an SV log (--ckpt sv): a --ckpt matrix checkpoint cannot be resumed");
+  ORPHEUS_CHECK_INPUT(!(c.resume && c.ckptNone),
+                      "--ckpt none and --resume contradict each other: --resume continues the SV log in --ckpt-dir");
   ORPHEUS_CHECK_INPUT(!(c.ckptSv && c.ckptMatrix), "--ckpt takes one of sv, matrix");
   ORPHEUS_CHECK_INPUT(!c.ckptMatrix || !c.ckptDir.empty(), "--ckpt matrix needs --ckpt-dir DIR");
   ORPHEUS_CHECK_INPUT(c.ckptSv || (c.ckptFormat == 3 && !c.ckptWriterIdle && c.snapshotEvery == 1),

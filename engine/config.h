@@ -84,6 +84,7 @@ struct TrainConfig {
   bool adaptBf16 = false;       // the budget may be met by sending U and V as bf16
   double adaptCommShare = 0.5;  // slack: exposed comm under half this share of compute
   std::string adaptTrace;       // testing aid: timing from a recorded metrics file
+  std::string configFile;       // --config, if flags came from one: an input no output replaces
   // --balance (engine/coordinator/balance.h): every balanceEvery clocks the coordinator moves
   // chunks of chunkRows training rows from slow ranks to fast ones (BSP only).
   bool balance = false;
@@ -99,6 +100,7 @@ struct TrainConfig {
   bool resume = false;
   bool elastic = false;           // --resume may continue on a different number of ranks (engine/membership/elastic.h)
   bool ckptMatrix = false;        // --ckpt matrix: the baseline, whole replicas every ckptEvery clocks
+  bool ckptNone = false;          // --ckpt none given: it contradicts --resume
   int64_t ckptEvery = 100;
   double failProb = 0.0;          // failure injection: each clock each rank fails with this probability
   int delayRank = -1;      // testing aid: this rank sleeps delayMs every clock

@@ -137,7 +137,7 @@ void createDirectories(const std::string& dir, const std::string& what) {
   throw IoError(message);
 }
 
-void checkInputExists(const std::string& path) {
+void checkInputExists(const std::string& flag, const std::string& path) {
   if (path.empty() || isSyntheticSource(path)) return;
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -146,6 +146,21 @@ void checkInputExists(const std::string& path) {
   }
   if (std::filesystem::is_directory(status)) {
     throw InputError(fmt::format("{}: cannot read: {}", path, std::strerror(EISDIR)));
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    throw InputError(fmt::format("{} '{}' is not a regular file (a device, pipe or socket): inputs are read only "
+                                 "from regular files",
+                                 flag, path));
+  }
+}
+
+void checkSmallInput(const std::string& flag, const std::string& path, uintmax_t maxBytes) {
+  checkInputExists(flag, path);
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  if (!ec && bytes > maxBytes) {
+    throw InputError(fmt::format("{} '{}' holds {} bytes, more than the {} MiB such a file may hold", flag, path,
+                                 bytes, maxBytes >> 20));
   }
 }
 

@@ -63,7 +63,12 @@ void createDirectories(const std::string& dir, const std::string& what);
 
 // A named input file (not a synthetic: source) that does not exist, or is a
 // directory, is bad input: InputError in the data readers' words, before a reader
-// would report it as a failing file operation.
-void checkInputExists(const std::string& path);
+// would report it as a failing file operation. Inputs are regular files: a device
+// or a pipe may never end, or never open (`flag` names it in that message).
+void checkInputExists(const std::string& flag, const std::string& path);
+
+// A small input read whole (a config file, an --adapt-trace): a regular file of at
+// most `maxBytes`, or InputError naming `flag`, the path and the bound.
+void checkSmallInput(const std::string& flag, const std::string& path, uintmax_t maxBytes);
 
 }  // namespace orpheus::engine

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fnmatch.h>
 #include <optional>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -99,6 +100,14 @@ bool inside(const fs::path& file, const fs::path& dir) {
 
 }  // namespace
 
+std::vector<InputPath> inputsOf(const TrainConfig& config) {
+  return {{"--train", config.train},
+          {"--test", config.test},
+          {"--model", config.model},
+          {"--config", config.configFile},
+          {"--adapt-trace", config.adapt ? config.adaptTrace : std::string()}};
+}
+
 std::string resolveOutput(const std::string& path) {
   fs::path p(path);
   std::error_code ec;
@@ -134,6 +143,11 @@ void checkOutputs(const std::vector<OutputPath>& outputs, const std::vector<Inpu
       if (in.directory && inside(target, source)) {
         throw InputError(fmt::format("{} '{}' is inside {} '{}', which this command reads: write it elsewhere",
                                      out.flag, out.path, in.flag, in.path));
+      }
+      if (!out.writes.empty() && source.parent_path() == target &&
+          ::fnmatch(out.writes.c_str(), source.filename().c_str(), 0) == 0) {
+        throw InputError(fmt::format("{} '{}' is a file {} '{}' writes ({}): an output never replaces an input",
+                                     in.flag, in.path, out.flag, out.path, out.writes));
       }
     }
     for (const Resolved& other : seen) {

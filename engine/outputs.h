@@ -8,7 +8,9 @@
 //    (a stream such as the metrics may go to a character device or a pipe).
 //  - A symlink is followed: the file it points to is what gets written (atomically,
 //    in that file's directory); the link itself stays.
-//  - No output is an input of the same job, or inside a directory the job reads
+//  - No output is an input of the same job (its data, model, config file and
+//    trace; nor an input a directory output would write, inputsOf and
+//    OutputPath::writes), or inside a directory the job reads
 //    (restore's --ckpt-dir), and no two outputs are the same file (compared after
 //    following symlinks, and by inode for hard links); no output lies inside an
 //    output directory, whose files belong to the engine.
@@ -16,6 +18,8 @@
 //    there (probed by creating and removing a temporary file), and an existing
 //    output file is writable.
 #pragma once
+
+#include "engine/config.h"
 
 #include <string>
 #include <vector>
@@ -34,6 +38,9 @@ struct OutputPath {
   // Written as a stream (appended line by line, never renamed over): a character
   // device or a pipe is accepted too (`--metrics /dev/stdout`).
   bool stream = false;
+  // kDirectory: the names the job writes there, as a glob ("replica-*.h5"); an
+  // input so named inside the directory would be replaced.
+  std::string writes;
 };
 
 struct InputPath {
@@ -41,6 +48,10 @@ struct InputPath {
   std::string path;  // empty: none
   bool directory = false;  // a directory read whole (a checkpoint): nothing is written inside it
 };
+
+// What a train or simulate job reads: --train, --test, --model, --config and,
+// with --adapt, --adapt-trace.
+std::vector<InputPath> inputsOf(const TrainConfig& config);
 
 // Throws InputError naming the flag and path on the first output that breaks a
 // rule above. Directories (--save-replicas, --ckpt-dir) must exist or be creatable;

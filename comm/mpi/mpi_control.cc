@@ -85,6 +85,11 @@ std::optional<Note> MpiControlPlane::tryReceiveNote() {
 }
 
 void MpiControlPlane::abortJob(int exitCode) {
+  // A job of one process has no peer to stop: MPI_Abort would only add its banner
+  // under the one line already printed.
+  int size = 0;
+  MPI_Comm_size(comm_, &size);
+  if (size == 1) std::_Exit(exitCode);
   MPI_Abort(comm_, exitCode);
   std::_Exit(exitCode);
 }

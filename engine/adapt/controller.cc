@@ -3,6 +3,7 @@
 #include "ckpt/log_entry.h"
 #include "ckpt/replay.h"
 #include "engine/base/error.h"
+#include "engine/failures.h"
 #include "engine/metrics/metrics.h"
 #include "engine/worker/select.h"
 
@@ -22,15 +23,23 @@ static_assert(kKnobsRecordBytes == ckpt::kKnobsRecordBytes && kKnobsRecordBytesW
 
 namespace {
 
-// The number after "key": in one JSON line, if there is one.
-std::optional<double> numberField(const std::string& line, const std::string& key) {
-  const std::string quoted = "\"" + key + "\":";
-  const size_t at = line.find(quoted);
-  if (at == std::string::npos) return std::nullopt;
-  const char* begin = line.c_str() + at + quoted.size();
+// The number after "key": in one JSON line (spaces around the colon allowed), if
+// the key is there; InputError naming the line where its value is not a number.
+std::optional<double> numberField(const std::string& line, const std::string& key, const std::string& source,
+                                  int64_t number) {
+  const std::string quoted = "\"" + key + "\"";
+  size_t pos = std::string::npos;
+  for (size_t at = line.find(quoted); at != std::string::npos; at = line.find(quoted, at + 1)) {
+    pos = line.find_first_not_of(" \t", at + quoted.size());
+    if (pos != std::string::npos && line[pos] == ':') break;  // else the word inside a string, not a key
+    pos = std::string::npos;
+  }
+  if (pos == std::string::npos) return std::nullopt;
+  pos = line.find_first_not_of(" \t", pos + 1);
+  const char* begin = line.c_str() + (pos == std::string::npos ? line.size() : pos);
   char* end = nullptr;
   const double v = std::strtod(begin, &end);
-  if (end == begin) return std::nullopt;
+  ORPHEUS_CHECK_INPUT(end != begin, "--adapt-trace '{}' line {}: {} is not a number", source, number, key);
   return v;
 }
 
@@ -48,15 +57,23 @@ Trace Trace::parse(const std::string& text, const std::string& source) {
   int64_t number = 0;
   while (std::getline(in, line)) {
     ++number;
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;
+    const size_t last = line.find_last_not_of(" \t\r");
+    // A metrics file holds one JSON object a line; anything else (a line cut off
+    // by a killed job, text pasted in) would drop a clock without a word.
+    ORPHEUS_CHECK_INPUT(line[first] == '{' && line[last] == '}',
+                        "--adapt-trace '{}' line {} is not one JSON object{}: a trace is a metrics file (--metrics)",
+                        source, number, line[first] == '{' ? " (cut off?)" : "");
     if (line.find("\"summary\"") != std::string::npos || line.find("\"decision\"") != std::string::npos) continue;
-    const auto clock = numberField(line, "clock");
-    const auto compute = numberField(line, "compute_seconds");
+    const auto clock = numberField(line, "clock", source, number);
+    const auto compute = numberField(line, "compute_seconds", source, number);
     if (!clock || !compute) continue;
     ORPHEUS_CHECK_INPUT(*clock >= 0.0 && *clock < 9.0e18 && std::floor(*clock) == *clock,
                         "--adapt-trace '{}' line {}: clock {} is not a whole number >= 0", source, number, *clock);
     // A time is a number of seconds >= 0 (absent: 0).
     const auto seconds = [&](const char* key) {
-      const double v = numberField(line, key).value_or(0.0);
+      const double v = numberField(line, key, source, number).value_or(0.0);
       ORPHEUS_CHECK_INPUT(std::isfinite(v) && v >= 0.0 && v < 1e9, "--adapt-trace '{}' line {}: {} {} is not a time "
                           "in seconds", source, number, key, v);
       return v;
@@ -74,6 +91,7 @@ Trace Trace::parse(const std::string& text, const std::string& source) {
 }
 
 Trace Trace::read(const std::string& path) {
+  checkSmallInput("--adapt-trace", path, kMaxTraceBytes);
   std::ifstream in(path);
   ORPHEUS_CHECK_INPUT(in.good(), "--adapt-trace: cannot read '{}'", path);
   std::stringstream text;

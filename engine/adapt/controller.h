@@ -86,6 +86,9 @@ struct ClockSample {
 // so decisions become a function of the trace and the job (tests, what-if runs).
 class Trace {
  public:
+  // A trace is read whole on every rank: a metrics file of up to 64 MiB (some
+  // 100,000 clocks of 4 ranks).
+  static constexpr uintmax_t kMaxTraceBytes = uintmax_t{64} << 20;
   struct Timing {
     double computeSeconds = 0.0;
     double commSeconds = 0.0;

@@ -228,7 +228,9 @@ void addCheckpointFlags(CLI::App& cmd, TrainConfig& c) {
              c.ckptSv = true;
            } else if (v == "matrix") {
              c.ckptMatrix = true;
-           } else if (v != "none") {
+           } else if (v == "none") {
+             c.ckptNone = true;
+           } else {
              throw CLI::ValidationError("--ckpt", "expected sv, matrix or none, got '" + v + "'");
            }
          },
@@ -336,12 +338,17 @@ void addRangeOption(CLI::App& cmd, const std::string& flag, std::pair<int64_t, i
            const size_t colon = v.find(':');
            int64_t lo = 0, hi = 0;
            std::string error;
+           // A bound past 2^40 is no setting of any knob: named as too large, not as a wrong form.
+           constexpr int64_t kMaxBound = int64_t{1} << 40;
            if (colon == std::string::npos ||
-               !orpheus::engine::cli::parseInteger(v.substr(0, colon), 0, std::numeric_limits<int64_t>::max(), &lo,
-                                                   &error) ||
-               !orpheus::engine::cli::parseInteger(v.substr(colon + 1), 0, std::numeric_limits<int64_t>::max(), &hi,
-                                                   &error)) {
-             throw CLI::ValidationError(flag, "expected MIN:MAX (integers >= 0), got '" + v + "'");
+               !orpheus::engine::cli::parseInteger(v.substr(0, colon), 0, kMaxBound, &lo, &error) ||
+               !orpheus::engine::cli::parseInteger(v.substr(colon + 1), 0, kMaxBound, &hi, &error)) {
+             const bool digits = colon != std::string::npos && !v.substr(0, colon).empty() &&
+                                 !v.substr(colon + 1).empty() &&
+                                 v.find_first_not_of("0123456789", 0) == colon &&
+                                 v.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+             throw CLI::ValidationError(flag, digits ? fmt::format("MIN and MAX must be at most 2^40, got '{}'", v)
+                                                     : "expected MIN:MAX (integers >= 0), got '" + v + "'");
            }
            range = {lo, hi};
          },

@@ -26,13 +26,14 @@ struct RestoreArgs {
   int replica = 0;
   std::string out;
   std::string device = "cpu";
+  std::string configFile;  // --config, if the flags came from one: never replaced by --out
 };
 // `orpheus restore`: a replica's parameters at a past clock, from a checkpoint.
 int restoreMain(const RestoreArgs& a);
 // `orpheus inspect DIR`: a checkpoint's replicas, clocks, snapshots, bytes and damage.
 int inspectMain(const std::string& dir);
 // `orpheus ctl DIR shrink R..` and `ctl DIR grow N`: requests to a running job.
-int ctlShrinkMain(const std::string& dir, const std::vector<int>& ranks);
-int ctlGrowMain(const std::string& dir, int ranks);
+int ctlShrinkMain(const std::string& dir, const std::vector<std::string>& ranks);
+int ctlGrowMain(const std::string& dir, const std::string& ranks);
 
 }  // namespace orpheus::engine::cli

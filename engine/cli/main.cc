@@ -119,8 +119,8 @@ struct CommandLine {
   CLI::App* restoreCmd = nullptr;
 
   std::string ctlDir;
-  std::vector<int> shrinkRanks;
-  int growRanks = 0;
+  std::vector<std::string> shrinkRanks;  // read by ctl_command.cc, which names a bad one with its bounds
+  std::string growRanks;
   CLI::App* ctlCmd = nullptr;
   CLI::App* growCmd = nullptr;
 
@@ -204,8 +204,40 @@ std::string missingCommandLine(const CommandLine& cl, int argc, char** argv) {
   return fmt::format("{}'{}' is not a command: {}", where, argv[at], tail);
 }
 
+// A config file is read whole by CLI11, before anything checks it: a device or a
+// pipe there would be read without end, or block on open. The file named after
+// --config (either form), if any.
+constexpr uintmax_t kMaxConfigBytes = uintmax_t{1} << 20;
+
+std::string configFileIn(int argc, char** argv) {
+  std::string path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--") break;
+    if (word == "--config" && i + 1 < argc) path = argv[++i];
+    if (word.starts_with("--config=")) path = word.substr(9);
+  }
+  return path;
+}
+
+// A flag's error names the config file where the value came from there: the
+// flag the message starts with ("--clocks: ...") is not on the command line.
+std::string withConfigSource(const std::string& message, int argc, char** argv) {
+  const std::string config = configFileIn(argc, argv);
+  const size_t colon = message.find(':');
+  if (config.empty() || !message.starts_with("--") || colon == std::string::npos) return message;
+  const std::string flag = message.substr(0, colon);
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == flag || word.starts_with(flag + "=")) return message;
+  }
+  return fmt::format("{} (from --config '{}')", message, config);
+}
+
 // Runs the subcommand that was parsed.
 int dispatch(CommandLine& cl, int argc, char** argv) {
+  // An input like the others: no output of the job replaces it (engine/outputs.h).
+  cl.train.configFile = cl.simTrain.configFile = cl.restore.configFile = configFileIn(argc, argv);
   if (cl.trainCmd->parsed()) {
     cl.train.format = orpheus::data::parseFormat(cl.trainFormat);
     return trainMain(cl.train, std::vector<std::string>(argv, argv + argc), cl.joinAfter);
@@ -229,6 +261,12 @@ int main(int argc, char** argv) {
   CommandLine cl;
   addCommands(cl);
   try {
+    const std::string config = configFileIn(argc, argv);
+    if (!config.empty()) orpheus::engine::checkSmallInput("--config", config, kMaxConfigBytes);
+  } catch (const std::exception& e) {
+    return usageError(e.what(), orpheus::engine::kExitBadInput);
+  }
+  try {
     cl.app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return cl.app.exit(e);
@@ -244,7 +282,8 @@ int main(int argc, char** argv) {
     }
     return usageError(std::string(e.what()) + " (see orpheus --help)", orpheus::engine::kExitBadInput);
   } catch (const CLI::ParseError& e) {
-    return usageError(std::string(e.what()) + " (see orpheus --help)", orpheus::engine::kExitBadInput);
+    return usageError(withConfigSource(e.what(), argc, argv) + " (see orpheus --help)",
+                      orpheus::engine::kExitBadInput);
   } catch (const std::logic_error& e) {  // a conversion CLI11 lets out (std::invalid_argument)
     return usageError(fmt::format("a flag's value cannot be read ({}) (see orpheus --help)", e.what()),
                       orpheus::engine::kExitBadInput);

@@ -33,7 +33,7 @@ int restoreMain(const RestoreArgs& a) {
   }
   ORPHEUS_CHECK_INPUT(!a.out.empty(), "--out is empty: give the file to write the restored parameters to");
   checkOutputs({{"--out", a.out, OutputPath::Kind::kFile}},
-                                {{"--ckpt-dir", a.dir, /*directory=*/true}});
+               {{"--ckpt-dir", a.dir, /*directory=*/true}, {"--config", a.configFile}});
   // The replay computes as the job did: BLAS rounds a product differently with
   // another number of threads. (restore() names a directory without a job file.)
   std::error_code ec;

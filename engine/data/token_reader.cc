@@ -43,6 +43,8 @@ int64_t headerValue(const std::string& header, const std::string& key, const std
   const char* end = header.data() + header.size();
   int64_t v = 0;
   const auto [stop, ec] = std::from_chars(begin, end, v);
+  ORPHEUS_CHECK_INPUT(ec != std::errc::result_out_of_range, "{}:1: '{}' is too large (vocabulary < 2^24, steps <= {})",
+                      path, key, kMaxSteps);
   ORPHEUS_CHECK_INPUT(ec == std::errc() && v > 0 && (stop == end || *stop == ' ' || *stop == '\t'),
                       "{}:1: '{}' must be a positive integer", path, key);
   return v;
@@ -62,6 +64,22 @@ void checkHeaderFields(const std::string& header, const std::string& path) {
   }
 }
 
+// The line number in `path` of the line that starts at byte `offset`: counted
+// only for a message (a rank past the first starts reading mid-file).
+int64_t fileLineAt(const std::string& path, int64_t offset) {
+  std::ifstream in(path, std::ios::binary);
+  int64_t line = 1;
+  char buffer[1 << 16];
+  for (int64_t left = offset; left > 0 && in;) {
+    in.read(buffer, static_cast<std::streamsize>(std::min<int64_t>(left, sizeof buffer)));
+    const std::streamsize got = in.gcount();
+    line += std::count(buffer, buffer + got, '\n');
+    left -= got;
+    if (got == 0) break;
+  }
+  return line;
+}
+
 // This rank's tokens: those of the lines that start in its part of the body,
 // which starts where `in` stands (after the header).
 std::vector<int32_t> readRankTokens(std::ifstream& in, const std::string& path, const ReadOptions& options,
@@ -74,7 +92,7 @@ std::vector<int32_t> readRankTokens(std::ifstream& in, const std::string& path, 
   const int64_t end = bodyStart + body * (options.rank + 1) / options.worldSize;
   // Our first line is the first that starts at or after `begin`.
   int64_t pos = begin;
-  int64_t lineNo = 0;  // counted only for messages; exact for rank 0
+  int64_t lineNo = 0;  // counted only for messages; exact for rank 0 (fileLineAt for the others)
   in.clear();
   if (begin > bodyStart) {
     in.seekg(begin - 1);
@@ -90,6 +108,7 @@ std::vector<int32_t> readRankTokens(std::ifstream& in, const std::string& path, 
   std::string line;
   while (pos < end && pos < size && std::getline(in, line)) {
     ++lineNo;
+    const int64_t lineStart = pos;
     const char* p = line.data();
     const char* stop = line.data() + line.size();
     while (p < stop) {
@@ -101,9 +120,9 @@ std::vector<int32_t> readRankTokens(std::ifstream& in, const std::string& path, 
       const auto [next, ec] = std::from_chars(p, stop, id);
       ORPHEUS_CHECK_INPUT(ec == std::errc() && id >= 0 && id < vocabulary && (next == stop || *next == ' ' ||
                                                                                 *next == '\r' || *next == '\t'),
-                          "{}:{}: '{}' is not a token id below the vocabulary size {}{}", path, lineNo,
-                          std::string(p, static_cast<size_t>(std::find(p, stop, ' ') - p)), vocabulary,
-                          options.rank > 0 ? " (line counted from this rank's part)" : "");
+                          "{}:{}: '{}' is not a token id below the vocabulary size {}", path,
+                          options.rank > 0 ? fileLineAt(path, lineStart) : lineNo,
+                          std::string(p, static_cast<size_t>(std::find(p, stop, ' ') - p)), vocabulary);
       tokens.push_back(static_cast<int32_t>(id));
       p = next;
     }
@@ -126,9 +145,9 @@ Dataset segmentsOf(const std::vector<int32_t>& tokens, const std::string& path, 
   const int64_t perStream = n / streams;
   const int64_t segments = perStream > 0 ? (perStream - 1) / steps : 0;
   ORPHEUS_CHECK_INPUT(segments > 0,
-                      "{}: rank {}'s part holds {} tokens, too few for {} streams of one {}-step segment each (use "
-                      "fewer ranks, a smaller --batch or fewer steps)",
-                      path, options.rank, n, streams, steps);
+                      "{}: rank {}'s part holds {} token{}, too few for {} stream{} of one {}-step segment each "
+                      "(use fewer ranks, a smaller --batch or fewer steps)",
+                      path, options.rank, n, n == 1 ? "" : "s", streams, streams == 1 ? "" : "s", steps);
 
   Dataset data;
   data.source = path;

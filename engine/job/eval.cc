@@ -16,7 +16,7 @@
 namespace orpheus::engine {
 
 int runEval(const EvalConfig& config) {
-  checkInputExists(config.test);
+  checkInputExists("--test", config.test);
   ckpt::ModelFileInfo info;
   const ParamSet saved = ckpt::loadParams(config.params, &info);
 

@@ -55,7 +55,9 @@ std::vector<OutputPath> outputsOf(const TrainConfig& config, bool leader) {
     metrics.stream = true;
     out.push_back(metrics);
   }
-  out.push_back({"--save-replicas", config.saveReplicas, OutputPath::Kind::kDirectory});
+  OutputPath replicas{"--save-replicas", config.saveReplicas, OutputPath::Kind::kDirectory};
+  replicas.writes = "replica-*.h5";
+  out.push_back(replicas);
   if (config.ckptSv || config.ckptMatrix) out.push_back({"--ckpt-dir", config.ckptDir, OutputPath::Kind::kDirectory});
   return out;
 }
@@ -83,10 +85,10 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
                           "--resume continues a job exactly only under --consistency bsp; under ssp, --resume "
                           "--elastic continues it from the log, without the batches in flight at the resumed clock");
     }
-    checkInputExists(config.train);
-    checkInputExists(config.test);
-    checkOutputs(outputsOf(config, transport.rank() == 0),
-                 {{"--train", config.train}, {"--test", config.test}, {"--model", config.model}});
+    checkInputExists("--train", config.train);
+    checkInputExists("--test", config.test);
+    if (config.adapt && !config.adaptTrace.empty()) adapt::Trace::read(config.adaptTrace);
+    checkOutputs(outputsOf(config, transport.rank() == 0), inputsOf(config));
     if (transport.rank() == 0 && !config.resume && (config.ckptSv || config.ckptMatrix)) {
       claimCheckpointDir(config.ckptDir, config.overwrite);
     }
@@ -438,8 +440,6 @@ int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* l
                    {shards->features, shards->classes, shards->train.steps, shards->train.sparse}, onHost, onHost);
     const int fanout = comm::MulticastSchedule(scheduleConfig(config, transport.size())).fanout();
     adapt::Controller::checkBudget(controllerOptions(config), transport.size(), out.model->paramShapes(), fanout);
-    // Read here too, so that an unreadable one is one line, not one per rank.
-    if (config.adapt && !config.adaptTrace.empty()) adapt::Trace::read(config.adaptTrace);
   });
   const std::unique_ptr<ops::Backend> backend = makeJobBackend(config, transport);
   announce(config, transport, *out.model, *shards, *backend);

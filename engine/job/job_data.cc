@@ -88,6 +88,15 @@ void loadTestShard(const TrainConfig& config, comm::Transport& transport, Shards
                           config.test, test.features, features);
       data::widen(test, features);
     }
+    if (test.steps > 0 || shards.train.steps > 0) {  // token streams: their segments and words, not features
+      ORPHEUS_CHECK_INPUT(test.steps == shards.train.steps,
+                          "--test '{}' has steps={}, the training stream '{}' steps={}: give both the same", config.test,
+                          test.steps, config.train, shards.train.steps);
+      ORPHEUS_CHECK_INPUT(test.vocabulary <= classes,
+                          "--test '{}' has vocabulary={}, more than the model's {} words (the training stream's "
+                          "vocabulary)",
+                          config.test, test.vocabulary, classes);
+    }
     ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the training data '{}' has {}",
                         config.test, test.features, config.train, features);
     ORPHEUS_CHECK_INPUT(test.maxLabel() < classes,

@@ -202,9 +202,12 @@ void checkResume(const ComputationRecord& recorded, const ComputationRecord& now
                                ? "its contents changed"
                                : fmt::format("it was {} and is now {}", wasValue, value);
       if (flag == "--threads") detail += ": a product's rounding depends on the thread count";
+      const std::string change = flag == "np" ? "--resume --elastic continues it on another number of ranks, from "
+                                                "the average of its replicas"
+                                              : "start a new job in another --ckpt-dir to change it";
       throw InputError(fmt::format("--resume: {} differs from the job in '{}' ({}); a resumed job continues the same "
-                                   "computation (start a new job in another --ckpt-dir to change it)",
-                                   what, dir, detail));
+                                   "computation ({})",
+                                   what, dir, detail, change));
     }
   }
 }

@@ -24,10 +24,16 @@ double NetworkModel::stackSeconds(double bytes) const {
 }
 
 void NetworkModel::validate() const {
-  ORPHEUS_CHECK_INPUT(linkGbps > 0.0, "--sim-link-gbps {} must be positive", linkGbps);
-  ORPHEUS_CHECK_INPUT(nicGbps >= 0.0, "--sim-nic-gbps {} must be positive (0: the link's)", nicGbps);
-  ORPHEUS_CHECK_INPUT(coreGbps >= 0.0, "--sim-core-gbps {} must be positive (0: full bisection)", coreGbps);
-  ORPHEUS_CHECK_INPUT(stackGbps >= 0.0, "--sim-stack-gbps {} must be positive (0: free)", stackGbps);
+  // Below a kbit/s a clock's time would overflow the virtual clock, not model a network.
+  constexpr double kMinGbps = 1e-6;
+  ORPHEUS_CHECK_INPUT(linkGbps >= kMinGbps, "--sim-link-gbps {} must be at least {} (1 kbit/s)", linkGbps, kMinGbps);
+  const auto rate = [&](const char* flag, double gbps, const char* zero) {
+    ORPHEUS_CHECK_INPUT(gbps == 0.0 || gbps >= kMinGbps, "--sim-{}-gbps {} must be 0 ({}) or at least {} (1 kbit/s)",
+                        flag, gbps, zero, kMinGbps);
+  };
+  rate("nic", nicGbps, "the link's");
+  rate("core", coreGbps, "full bisection");
+  rate("stack", stackGbps, "free");
   ORPHEUS_CHECK_INPUT(latencySeconds >= 0.0, "--sim-latency-us {} must not be negative", latencySeconds * 1e6);
 }
 

@@ -16,6 +16,10 @@
 #include <thread>
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <cstdio>
+#include <cstring>
+#include <system_error>
 
 namespace orpheus::engine::sim {
 namespace {
@@ -103,9 +107,39 @@ std::vector<Finished> Ranks::run() {
   return std::move(done_);
 }
 
+// A thread the host would not start (EAGAIN: a limit on threads or processes) is
+// the size asked for, not a fault: said with the host's limits, as bad input.
+std::string threadLimitMessage(int ranks, const std::system_error& e) {
+  rlimit processes{};
+  ::getrlimit(RLIMIT_NPROC, &processes);
+  std::string threadsMax = "?";
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/threads-max", "r")) {
+    char line[32] = {};
+    if (std::fgets(line, sizeof line, f) != nullptr) threadsMax = std::string(line, std::strcspn(line, "\n"));
+    std::fclose(f);
+  }
+  const std::string ulimit =
+      processes.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : std::to_string(processes.rlim_cur);
+  return fmt::format("simulate --ranks {}: the host would not start another thread ({}); each simulated worker "
+                     "runs on threads of its own, more than this host allows (ulimit -u {}, kernel.threads-max {}): "
+                     "simulate fewer ranks",
+                     ranks, e.code().message(), ulimit, threadsMax);
+}
+
+bool isThreadLimit(const std::exception& e) {
+  const auto* system = dynamic_cast<const std::system_error*>(&e);
+  return system != nullptr && system->code() == std::errc::resource_unavailable_try_again;
+}
+
 void Ranks::start(std::unique_ptr<comm::Transport> transport, std::unique_ptr<comm::LiveGroup> live, uint64_t after) {
   std::lock_guard lock(mu_);
-  threads_.emplace_back(&Ranks::life, this, std::move(transport), std::move(live), after);
+  try {
+    threads_.emplace_back(&Ranks::life, this, std::move(transport), std::move(live), after);
+  } catch (const std::system_error& e) {
+    if (!isThreadLimit(e)) throw;
+    reportError(threadLimitMessage(run_.sim.ranks, e));
+    std::_Exit(kExitBadInput);  // the threads started so far wait on this one
+  }
 }
 
 double Ranks::slowdown(int rank, int size) {
@@ -136,6 +170,10 @@ void Ranks::life(std::unique_ptr<comm::Transport> transport, std::unique_ptr<com
     // The other ranks would wait on this one until they time out: report and end.
     static std::mutex once;
     std::lock_guard lock(once);
+    if (isThreadLimit(e)) {
+      reportError(threadLimitMessage(run_.sim.ranks, dynamic_cast<const std::system_error&>(e)));
+      std::_Exit(kExitBadInput);
+    }
     reportError(fmt::format("rank {}: {}", rank, e.what()));
     std::_Exit(exitCodeFor(e));
   }

@@ -6,6 +6,7 @@
 #include "ckpt/model_file.h"
 #include "comm/factory.h"
 #include "comm/run_gate.h"
+#include "engine/adapt/controller.h"
 #include "engine/base/error.h"
 #include "engine/failures.h"
 #include "engine/memory_check.h"
@@ -87,13 +88,15 @@ void checkSimulable(const TrainConfig& config, const SimConfig& sim) {
     throw InputError(fmt::format("simulate runs every worker in one process: start it without mpirun ({}={} ranks)",
                                  name, v));
   }
-  checkInputExists(config.train);
-  checkInputExists(config.test);
+  checkInputExists("--train", config.train);
+  checkInputExists("--test", config.test);
+  // Read once here, so that a bad one is one line, not one per simulated rank.
+  if (config.adapt && !config.adaptTrace.empty()) adapt::Trace::read(config.adaptTrace);
   OutputPath metrics{"--metrics", config.metrics, OutputPath::Kind::kFile};
   metrics.stream = true;
-  checkOutputs({{"--save", config.save, OutputPath::Kind::kFile}, metrics,
-                {"--save-replicas", config.saveReplicas, OutputPath::Kind::kDirectory}},
-               {{"--train", config.train}, {"--test", config.test}, {"--model", config.model}});
+  OutputPath replicas{"--save-replicas", config.saveReplicas, OutputPath::Kind::kDirectory};
+  replicas.writes = "replica-*.h5";
+  checkOutputs({{"--save", config.save, OutputPath::Kind::kFile}, metrics, replicas}, inputsOf(config));
 }
 
 double peakRssMb() {

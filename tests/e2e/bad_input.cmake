@@ -78,7 +78,7 @@ orpheus_script_test(bad_flag_inject_delay_range LABEL unit
   COMMAND ${EXPECT} "--inject-delay: MS must be a whole number.*'99999999999'" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --inject-delay 0:99999999999)
 file(WRITE ${ORPHEUS_TEST_WORKDIR}/inject_delay.toml "[train]\ninject-delay = \"x:5\"\n")
 orpheus_script_test(bad_flag_inject_delay_config LABEL unit
-  COMMAND ${EXPECT} "--inject-delay: RANK must be a whole number.*'x'" ${BADOUT} -- ${ORPHEUS_BIN} --config ${ORPHEUS_TEST_WORKDIR}/inject_delay.toml train --train ${FIX}/small.libsvm)
+  COMMAND ${EXPECT} "--inject-delay: RANK must be a whole number.*'x'.* .from --config '.*inject_delay.toml'." ${BADOUT} -- ${ORPHEUS_BIN} --config ${ORPHEUS_TEST_WORKDIR}/inject_delay.toml train --train ${FIX}/small.libsvm)
 # A file operation the operating system refuses (a full device) exits 3, not 2.
 orpheus_script_test(io_error_metrics_full_device LABEL mpi
   COMMAND env EXPECT_CODE=3 ${EXPECT} "cannot write metrics file '/dev/full': No space left on device" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --metrics /dev/full)

@@ -127,7 +127,9 @@ refused "rank 2 is not a rank of the job (ranks 0..1)" "$out/ctl/ckpt" shrink 2
 refused "no job is running in '$out/ctl/ckpt' (it finished" "$out/ctl/ckpt" shrink 1
 refused "no job is running in '$out/ctl/ckpt' (it finished" "$out/ctl/ckpt" grow 1
 [ ! -e "$out/ctl/ckpt/membership-request" ] || { echo "ctl left a request file in a finished job"; exit 1; }
-refused "would leave none" "$out/ctl/ckpt" shrink 0 1
+refused "rank 0 writes the job's outputs" "$out/ctl/ckpt" shrink 0 1
+refused "ctl shrink: '99999999999999999999' is not a rank of the job" "$out/ctl/ckpt" shrink 99999999999999999999
+refused "ctl grow: expected 1 to 64 new ranks, got x" "$out/ctl/ckpt" grow x
 refused "rank 0 writes the job's outputs" "$out/ctl/ckpt" shrink 0
 refused "" "$out/ctl/ckpt" shrink
 refused "expected 1 to 64 new ranks, got 0" "$out/ctl/ckpt" grow 0

@@ -29,7 +29,10 @@
 #  - a job of one rank trains with any --multicast (nothing to refuse), and under --sync sv
 #    says that no SV leaves it;
 #  - simulate refuses the model and data flags train refuses;
-#  - an unknown command, or ctl's, named with the commands there are.
+#  - an unknown command, or ctl's, named with the commands there are;
+#  - a single process that diverges: its one line, no launcher banner;
+#  - simulate's link rates below 1 kbit/s; token streams' bad ids named by the file's
+#    line on any rank, a test stream of other steps or vocabulary, a huge vocabulary.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -152,7 +155,7 @@ scored=$("$orpheus" eval --params "$out/syn.h5" "${syn[@]}" | grep -o '"test_los
 refused "--format and --features apply to data files; synthetic data" -- "$orpheus" eval --params "$out/syn.h5" \
   "${syn[@]}" --format csv
 # An unreadable --adapt-trace is one line for the job, not one a rank.
-printf 'not a metrics line\n' >"$out/trace.jsonl"
+printf '{"summary": true}\n' >"$out/trace.jsonl"
 refused "--adapt-trace '.*trace.jsonl' holds no per-clock metrics line" -- "$mpiexec" -n 2 --oversubscribe "$orpheus" \
   train --train "$fix/small.libsvm" --clocks 20 --batch 2 --adapt --adapt-every 5 --adapt-trace "$out/trace.jsonl"
 # Checkpoint flags with no checkpoint to shape: refused (the job would keep none, unsaid).
@@ -218,4 +221,37 @@ refused "ctl: give a command: shrink, grow" -- "$orpheus" ctl "$out"
 # More compute threads than the host gives (or than BLAS runs) are said, not silently time-sliced.
 said "warning: --threads 1024: " "$orpheus" train --train "$fix/small.libsvm" \
   --clocks 2 --batch 2 --threads 1024
+# A single process that diverges ends with its one line: no launcher banner under it.
+{ printf 'param W[classes, features]\ninput x[features]\nlabel y[classes]\na0 = W * x\n'
+  for i in $(seq 1 59); do printf 'a%d = a%d + a%d\n' "$i" $((i - 1)) $((i - 1)); done
+  printf 'loss cross_entropy(softmax(a59), y)\n'; } >"$out/chain.loss"
+"$orpheus" train --model "$out/chain.loss" --train synthetic:examples=200,features=8,classes=3 --clocks 30 --batch 4 \
+  --progress off --log-level warn --lr 1000000 --save "$out/diverged.h5" >/dev/null 2>"$out/diverged.err"
+rc=$?
+if [ $rc -ne 2 ] || [ "$(grep -c . "$out/diverged.err")" -ne 1 ] ||
+  ! grep -q "^orpheus: training diverged at clock [0-9]* on rank 0" "$out/diverged.err" || [ -e "$out/diverged.h5" ]; then
+  echo "FAIL: divergence of one process (exit $rc):"; cat "$out/diverged.err"; fail=1
+fi
+# simulate's network model: rates below 1 kbit/s would overflow the virtual clock.
+sim=(simulate --ranks 2 --train synthetic:examples=100,features=4,classes=2 --clocks 2 --batch 4)
+refused "--sim-link-gbps 2.3e-308 must be at least 1e-06" -- "$orpheus" "${sim[@]}" --sim-link-gbps 2.3e-308
+refused "--sim-core-gbps 1e-300 must be 0 \(full bisection\) or at least 1e-06" -- "$orpheus" "${sim[@]}" \
+  --sim-core-gbps 1e-300
+# Token streams: the file's line of a bad id from any rank; a test stream of other steps
+# or a larger vocabulary named as such; a vocabulary too large for the header said so.
+printf '#orpheus-tokens vocabulary=10 steps=3\n1 2 3 4 5 6 7 8 9 0 1 2\n3 4 5 6 7 8 9 10 1 2 3 4\n' >"$out/beyond.tokens"
+refused "beyond.tokens:3: '10' is not a token id below the vocabulary size 10" -- "$mpiexec" -n 2 --oversubscribe \
+  "$orpheus" train --model "$out/lstm.loss" --train "$out/beyond.tokens" --clocks 2 --batch 1
+printf '#orpheus-tokens vocabulary=10 steps=4\n' >"$out/train4.tokens"
+printf '#orpheus-tokens vocabulary=10 steps=2\n' >"$out/test2.tokens"
+printf '#orpheus-tokens vocabulary=12 steps=4\n' >"$out/test12.tokens"
+for f in train4 test2 test12; do for i in $(seq 1 20); do echo "1 2 3 4 5 6 7 8 9"; done >>"$out/$f.tokens"; done
+echo "11 11 11" >>"$out/test12.tokens"
+refused "--test '.*test2.tokens' has steps=2, the training stream '.*train4.tokens' steps=4" -- "$orpheus" train \
+  --model "$out/lstm.loss" --train "$out/train4.tokens" --test "$out/test2.tokens" --clocks 2 --batch 2
+refused "--test '.*test12.tokens' has vocabulary=12, more than the model's 10 words" -- "$orpheus" train \
+  --model "$out/lstm.loss" --train "$out/train4.tokens" --test "$out/test12.tokens" --clocks 2 --batch 2
+printf '#orpheus-tokens vocabulary=99999999999999999999 steps=4\n1 2 3\n' >"$out/hugevocab.tokens"
+refused "hugevocab.tokens:1: 'vocabulary' is too large" -- "$orpheus" train --model "$out/lstm.loss" \
+  --train "$out/hugevocab.tokens" --clocks 2 --batch 2
 exit $fail

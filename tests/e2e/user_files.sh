@@ -3,7 +3,8 @@
 # and refuses, before the first clock, what it could not honour: outputs that are
 # devices, directories, inputs or each other; unwritable outputs; a checkpoint
 # directory of another job; a resume with changed flags; unknown or repeated config keys;
-# numbers that are not numbers. Each refusal is one line and exit 2.
+# numbers that are not numbers; inputs that are devices or pipes, and outputs that would
+# replace a config file, a trace or an input. Each refusal is one line and exit 2.
 set -uo pipefail
 orpheus=$1; mpiexec=$2; fix=$3
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
@@ -79,6 +80,62 @@ refuse config_section_twice "--config: section \[train\] is given twice" "$orphe
   "${base[@]}"
 printf '[trian]\nlr = 0.3\n' >"$out/section.ini"
 refuse config_section "--config: \[trian\] is not a command" "$orpheus" --config "$out/section.ini" "${base[@]}"
+
+# 7. Inputs are regular files: a device or a pipe (which may never end, or never open) is
+# refused, not read; a config file or a trace past its bound is refused.
+mkfifo "$out/fifo"
+refuse config_device "--config '/dev/zero' is not a regular file" "$orpheus" --config /dev/zero "${base[@]}"
+refuse config_fifo "--config '.*fifo' is not a regular file" "$orpheus" --config "$out/fifo" "${base[@]}"
+refuse config_fifo_equals "--config '.*fifo' is not a regular file" "$orpheus" "--config=$out/fifo" "${base[@]}"
+head -c $((2 << 20)) /dev/zero | tr '\0' '#' >"$out/big.ini"
+refuse config_too_big "--config '.*big.ini' holds 2097152 bytes, more than the 1 MiB" "$orpheus" --config "$out/big.ini" \
+  "${base[@]}"
+adapt=(--adapt --adapt-every 2)
+refuse trace_device "--adapt-trace '/dev/zero' is not a regular file" "$orpheus" "${base[@]}" "${adapt[@]}" \
+  --adapt-trace /dev/zero
+refuse trace_fifo "--adapt-trace '.*fifo' is not a regular file" "${np2[@]}" "${base[@]}" "${adapt[@]}" \
+  --adapt-trace "$out/fifo"
+refuse trace_fifo_simulate "--adapt-trace '.*fifo' is not a regular file" "$orpheus" simulate --ranks 2 \
+  "${base[@]:1}" "${adapt[@]}" --adapt-trace "$out/fifo"
+refuse train_device "--train '/dev/zero' is not a regular file" "$orpheus" "${base[@]/$train//dev/zero}"
+refuse test_fifo "--test '.*fifo' is not a regular file" "${np2[@]}" "${base[@]}" --test "$out/fifo"
+
+# 8. No output replaces the config file, the --adapt-trace or a file --save-replicas would write.
+cp "$fix/../adapt/e2e_trace.jsonl" "$out/trace.jsonl"; trace_before=$(sha256sum <"$out/trace.jsonl")
+refuse metrics_is_trace "--metrics '.*trace.jsonl' is the same file as --adapt-trace" "$orpheus" "${base[@]}" \
+  "${adapt[@]}" --adapt-trace "$out/trace.jsonl" --metrics "$out/trace.jsonl"
+refuse save_is_trace "--save '.*trace.jsonl' is the same file as --adapt-trace" "${np2[@]}" "${base[@]}" \
+  "${adapt[@]}" --adapt-trace "$out/trace.jsonl" --save "$out/trace.jsonl"
+refuse simulate_metrics_is_trace "--metrics '.*trace.jsonl' is the same file as --adapt-trace" "$orpheus" simulate \
+  --ranks 2 "${base[@]:1}" "${adapt[@]}" --adapt-trace "$out/trace.jsonl" --metrics "$out/trace.jsonl"
+[ "$(sha256sum <"$out/trace.jsonl")" = "$trace_before" ] || { echo "FAIL the trace changed"; fail=1; }
+printf '[train]\nlr = 0.1\n' >"$out/c.ini"; config_before=$(sha256sum <"$out/c.ini")
+refuse metrics_is_config "--metrics '.*c.ini' is the same file as --config" "$orpheus" --config "$out/c.ini" \
+  "${base[@]}" --metrics "$out/c.ini"
+refuse save_is_config "--save '.*c.ini' is the same file as --config" "${np2[@]}" --config "$out/c.ini" "${base[@]}" \
+  --save "$out/c.ini"
+printf '[restore]\nreplica = 0\n' >"$out/rc.ini"; restore_before=$(sha256sum <"$out/rc.ini")
+refuse restore_out_is_config "--out '.*rc.ini' is the same file as --config" "$orpheus" --config "$out/rc.ini" restore \
+  --ckpt-dir "$out/r" --out "$out/rc.ini"
+[ "$(sha256sum <"$out/c.ini")" = "$config_before" ] && [ "$(sha256sum <"$out/rc.ini")" = "$restore_before" ] ||
+  { echo "FAIL a config file changed"; fail=1; }
+mkdir -p "$out/reps"; cp "$train" "$out/reps/replica-0.h5"; reps_before=$(sha256sum <"$out/reps/replica-0.h5")
+refuse replicas_over_train "--train '.*reps/replica-0.h5' is a file --save-replicas '.*reps' writes \(replica-\*.h5\)" \
+  "$orpheus" "${base[@]/$train/$out/reps/replica-0.h5}" --format libsvm --save-replicas "$out/reps"
+[ "$(sha256sum <"$out/reps/replica-0.h5")" = "$reps_before" ] || { echo "FAIL the training file changed"; fail=1; }
+# Other files in that directory are no output of the job: reading one is fine.
+cp "$train" "$out/reps/data.libsvm"
+if timeout 60 "$orpheus" "${base[@]/$train/$out/reps/data.libsvm}" --save-replicas "$out/reps" >"$out/reps.log" 2>&1 &&
+  [ -f "$out/reps/replica-0.h5" ] && [ -f "$out/reps/data.libsvm" ]; then
+  echo "ok   replicas_beside_train"; else echo "FAIL replicas_beside_train (exit $?):"; tail -n 20 "$out/reps.log"; fail=1; fi
+
+# 9. --resume continues an SV log: --ckpt none or matrix beside it is a contradiction, named.
+refuse resume_ckpt_none "--ckpt none and --resume contradict each other" "$orpheus" "${base[@]}" --ckpt none \
+  --ckpt-dir "$out/r" --resume
+refuse resume_none_after "--ckpt none and --resume contradict each other" "$orpheus" "${base[@]}" --resume \
+  --ckpt-dir "$out/r" --ckpt none
+refuse resume_ckpt_matrix "a --ckpt matrix checkpoint cannot be resumed" "$orpheus" "${base[@]}" --ckpt matrix \
+  --ckpt-dir "$out/r" --resume
 
 # 10. Numbers are numbers, whole, finite and in range.
 refuse timeout_inf "--timeout: expected a number" "$orpheus" "${base[@]}" --timeout inf

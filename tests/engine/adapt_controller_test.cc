@@ -190,4 +190,17 @@ TEST_CASE("a trace's clocks and times are checked, naming the file and line", "[
   refused("{\"clock\":2,\"compute_seconds\":nan}", "compute_seconds nan is not a time");
   refused("{\"clock\":2,\"compute_seconds\":0.1,\"wait_seconds\":-1}", "wait_seconds -1 is not a time");
   refused("{\"clock\":2,\"compute_seconds\":0.1,\"comm_seconds\":inf}", "comm_seconds inf is not a time");
+  refused("{\"clock\":2,\"compute_seconds\":\"x\"}", "compute_seconds is not a number");
+  // A line cut off (a killed job's last) or one that is no JSON object drops no clock unsaid.
+  CHECK_THROWS_WITH(adapt::Trace::parse("{\"clock\":1,\"compute_seconds\":0.1}\n{\"clock\": 2, \"comp\n", "t.jsonl"),
+                    Catch::Contains("--adapt-trace 't.jsonl' line 2 is not one JSON object (cut off?)"));
+  CHECK_THROWS_WITH(adapt::Trace::parse("{\"clock\":1,\"compute_seconds\":0.1}\nclock 2\n", "t.jsonl"),
+                    Catch::Contains("--adapt-trace 't.jsonl' line 2 is not one JSON object: a trace is a metrics"));
+}
+
+TEST_CASE("a trace line may space its JSON as any writer does", "[adapt][controller]") {
+  const adapt::Trace trace =
+      adapt::Trace::parse("\n  {\"note\": \"clock\", \"clock\" : 2 , \"compute_seconds\":\t0.25}\r\n\n", "t.jsonl");
+  REQUIRE(trace.size() == 1);
+  CHECK(trace.at(2).computeSeconds == 0.25);
 }

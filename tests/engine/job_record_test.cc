@@ -36,7 +36,8 @@ TEST_CASE("a resumed job refuses every flag that changes the computation, naming
   REQUIRE_NOTHROW(checkResume(base, computationRecord(observed, 4, 784, 10, "", "1:2"), "ck"));
 
   REQUIRE_THROWS_WITH(checkResume(base, computationRecord(c, 2, 784, 10, "", "1:2"), "ck"),
-                      Contains("the number of ranks (mpirun -np) differs") && Contains("it was 4 and is now 2"));
+                      Contains("the number of ranks (mpirun -np) differs") && Contains("it was 4 and is now 2") &&
+                          Contains("--resume --elastic continues it on another number of ranks"));
   REQUIRE_THROWS_WITH(checkResume(base, computationRecord(c, 4, 784, 10, "", "9:9"), "ck"),
                       Contains("--train differs") && Contains("its contents changed"));
   REQUIRE_THROWS_WITH(checkResume(base, computationRecord(c, 4, 785, 10, "", "1:2"), "ck"), Contains("--features"));
