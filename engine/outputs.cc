@@ -100,6 +100,12 @@ bool inside(const fs::path& file, const fs::path& dir) {
 
 }  // namespace
 
+OutputPath replicasOutput(const std::string& dir) {
+  OutputPath replicas{"--save-replicas", dir, OutputPath::Kind::kDirectory};
+  replicas.writes = "replica-*.h5";
+  return replicas;
+}
+
 std::vector<InputPath> inputsOf(const TrainConfig& config) {
   return {{"--train", config.train},
           {"--test", config.test},

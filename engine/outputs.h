@@ -49,6 +49,9 @@ struct InputPath {
   bool directory = false;  // a directory read whole (a checkpoint): nothing is written inside it
 };
 
+// --save-replicas DIR: each rank writes DIR/replica-<id>.h5 there.
+OutputPath replicasOutput(const std::string& dir);
+
 // What a train or simulate job reads: --train, --test, --model, --config and,
 // with --adapt, --adapt-trace.
 std::vector<InputPath> inputsOf(const TrainConfig& config);

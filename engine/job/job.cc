@@ -55,9 +55,7 @@ std::vector<OutputPath> outputsOf(const TrainConfig& config, bool leader) {
     metrics.stream = true;
     out.push_back(metrics);
   }
-  OutputPath replicas{"--save-replicas", config.saveReplicas, OutputPath::Kind::kDirectory};
-  replicas.writes = "replica-*.h5";
-  out.push_back(replicas);
+  out.push_back(replicasOutput(config.saveReplicas));
   if (config.ckptSv || config.ckptMatrix) out.push_back({"--ckpt-dir", config.ckptDir, OutputPath::Kind::kDirectory});
   return out;
 }

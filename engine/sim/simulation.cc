@@ -94,9 +94,8 @@ void checkSimulable(const TrainConfig& config, const SimConfig& sim) {
   if (config.adapt && !config.adaptTrace.empty()) adapt::Trace::read(config.adaptTrace);
   OutputPath metrics{"--metrics", config.metrics, OutputPath::Kind::kFile};
   metrics.stream = true;
-  OutputPath replicas{"--save-replicas", config.saveReplicas, OutputPath::Kind::kDirectory};
-  replicas.writes = "replica-*.h5";
-  checkOutputs({{"--save", config.save, OutputPath::Kind::kFile}, metrics, replicas}, inputsOf(config));
+  checkOutputs({{"--save", config.save, OutputPath::Kind::kFile}, metrics, replicasOutput(config.saveReplicas)},
+               inputsOf(config));
 }
 
 double peakRssMb() {
