@@ -40,7 +40,7 @@ struct OutputPath {
   bool stream = false;
   // kDirectory: the names the job writes there, as a glob ("replica-*.h5"); an
   // input so named inside the directory would be replaced.
-  std::string writes;
+  std::string writes = {};
 };
 
 struct InputPath {

@@ -266,6 +266,21 @@ void runWorker(Worker& worker, MetricsWriter& metrics, comm::Transport& transpor
       std::this_thread::sleep_for(comm::stallGrace(transport.timeout()) + std::chrono::seconds(2));
     }
     transport.control().abortJob(exitCodeFor(e));
+  } catch (const Diverged& e) {
+    // Peers whose loss went the same way at this clock say so too: the lowest such
+    // rank reports for all of them, once (a note each, as comm/stall.h does).
+    const comm::StallVerdict v =
+        comm::findStalled(transport.control(), transport.rank(), transport.size(), e.clock());
+    if (v.reports) {
+      std::vector<int> ranks = v.waiting;
+      ranks.insert(ranks.begin(), transport.rank());
+      reportError(fmt::format("training diverged at clock {}: the loss is not finite on {} (lower --lr)", e.clock(),
+                              comm::rankList(ranks)));
+    } else {
+      leaveReportToPeer();
+      std::this_thread::sleep_for(comm::stallGrace(transport.timeout()) + std::chrono::seconds(2));
+    }
+    transport.control().abortJob(exitCodeFor(e));
   } catch (const std::exception& e) {
     // Peers cannot know about this rank's failure: report it and end the job.
     reportError(e.what());

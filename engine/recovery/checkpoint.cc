@@ -53,21 +53,26 @@ ckpt::ReplicaRestorability restorableOf(const std::string& dir, int replica, uin
   return ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
 }
 
+// `clock` 0: the newest restorable clock was asked for, and there is none (the
+// message says why clock 1 is not, the first any replay would reach).
 [[noreturn]] void throwNotRestorable(const std::string& dir, int replica, uint64_t clock, const ParamSet& shapes,
                                      const std::string& replayError = "") {
+  const std::string target = clock == 0 ? std::string("to its newest clock (none is restorable)")
+                                        : fmt::format("to clock {}", clock);
   // Every replica's whole log, for the list of what is restorable: a replay may
   // need the batches other replicas logged.
   ckpt::InspectScope scope;
   scope.shapes = &shapes;
   const ckpt::ReplicaRestorability r = ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
   if (r.pieces.empty() && ckpt::listSegments(ckpt::replicaDir(dir, replica)).empty()) {
-    throw InputError(fmt::format("cannot restore replica {} to clock {}: checkpoint '{}' holds no log of replica {}",
-                                 replica, clock, dir, replica));
+    throw InputError(fmt::format("cannot restore replica {} {}: checkpoint '{}' holds no log of replica {}", replica,
+                                 target, dir, replica));
   }
-  const std::string why = !r.covers(clock)         ? r.whyNot(clock)
+  const uint64_t first = std::max<uint64_t>(clock, 1);
+  const std::string why = !r.covers(first)         ? r.whyNot(first)
                           : replayError.empty() ? std::string("its replay failed")
                                                 : replayError;
-  throw InputError(fmt::format("cannot restore replica {} to clock {}: {}; restorable: clocks {}", replica, clock, why,
+  throw InputError(fmt::format("cannot restore replica {} {}: {}; restorable: clocks {}", replica, target, why,
                                r.describe()));
 }
 
@@ -308,7 +313,7 @@ Restored restore(const std::string& dir, int replica, uint64_t clock, ops::Backe
   ckpt::InspectScope scope;
   scope.shapes = &shapes;
   const ckpt::ReplicaRestorability restorable = ckpt::findRestorable(ckpt::inspect(dir, scope), replica);
-  if (restorable.latest() == 0) throwNotRestorable(dir, replica, 1, shapes);
+  if (restorable.latest() == 0) throwNotRestorable(dir, replica, 0, shapes);
   return replayOrExplain(dir, *model, backend, job.seed, settings, replica, restorable.latest(), restorable, shapes);
 }
 

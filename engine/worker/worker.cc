@@ -162,6 +162,11 @@ SvBatchHeader Worker::header(uint64_t clock) const {
   return h;
 }
 
+Diverged::Diverged(uint64_t clock, int rank)
+    : InputError(fmt::format("training diverged at clock {} on rank {}: the loss is not finite (lower --lr)", clock,
+                             rank)),
+      clock_(clock) {}
+
 ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
   NullMetricsSink none;
   return runClock(clock, batch, none);
@@ -190,8 +195,7 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSin
     denseClock(clock, view(batch), stats);
   }
   if (!std::isfinite(stats.loss)) {
-    throw InputError(fmt::format("training diverged at clock {} on rank {}: the loss is not finite (lower --lr)", clock,
-                                 transport_.rank()));
+    throw Diverged(clock, transport_.rank());
   }
   stats.bytesSent = transport_.counters().bytesSent - before.bytesSent;
   stats.messages = transport_.counters().messages - before.messages;

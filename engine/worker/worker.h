@@ -40,6 +40,18 @@ struct EvalResult {
   int64_t examples = 0;
 };
 
+// This rank's loss is not finite at `clock` (runClock). Peers may find theirs the
+// same at that clock, since their replicas share its steps: the job says it once
+// (engine/job/job.cc).
+class Diverged : public InputError {
+ public:
+  Diverged(uint64_t clock, int rank);
+  uint64_t clock() const { return clock_; }
+
+ private:
+  uint64_t clock_;
+};
+
 // Where a clock's phases begin, for an observer of the loop (the simulator,
 // engine/sim): compute (SVs or gradient, selection), the exchange with peers (up to
 // the last batch this clock waits for), then the rebuild, the coordinator and the

@@ -30,9 +30,11 @@
 #    says that no SV leaves it;
 #  - simulate refuses the model and data flags train refuses;
 #  - an unknown command, or ctl's, named with the commands there are;
-#  - a single process that diverges: its one line, no launcher banner;
+#  - a single process that diverges: its one line, no launcher banner; ranks that diverge
+#    together: one line naming them;
 #  - simulate's link rates below 1 kbit/s; token streams' bad ids named by the file's
-#    line on any rank, a test stream of other steps or vocabulary, a huge vocabulary.
+#    line on any rank, a test stream of other steps or vocabulary, a huge vocabulary;
+#  - restore of the newest clock when none restores: said so, no clock named.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -74,6 +76,12 @@ refused "--resume: the job in '.*ck' is at clock 12, past --clocks 5: nothing is
 cp -r "$out/ck" "$out/gone"
 rm -rf "$out/gone/replica-0"
 "$orpheus" inspect "$out/gone" | grep -q "replica 0: no log: '.*replica-0' is missing" || { echo "FAIL: inspect, log gone"; fail=1; }
+# restore with no --clock when no clock restores: says so, and names no clock it was not asked for.
+cp -r "$out/ck" "$out/dmg"
+find "$out/dmg/replica-0" -name '*.h5' -type f -exec truncate -s 100 {} +
+refused "cannot restore replica 0 to its newest clock \(none is restorable\): .*damaged" -- \
+  "$orpheus" restore --ckpt-dir "$out/dmg" --out "$out/dmg.h5"
+[ ! -e "$out/dmg.h5" ] || { echo "FAIL: restore of nothing restorable wrote --out"; fail=1; }
 touch "$out/gone/replica-0"
 "$orpheus" inspect "$out/gone" | grep -q "replica 0: no log: '.*replica-0' is not a directory" ||
   { echo "FAIL: inspect, log a file"; fail=1; }
@@ -229,9 +237,16 @@ said "warning: --threads 1024: " "$orpheus" train --train "$fix/small.libsvm" \
   --progress off --log-level warn --lr 1000000 --save "$out/diverged.h5" >/dev/null 2>"$out/diverged.err"
 rc=$?
 if [ $rc -ne 2 ] || [ "$(grep -c . "$out/diverged.err")" -ne 1 ] ||
-  ! grep -q "^orpheus: training diverged at clock [0-9]* on rank 0" "$out/diverged.err" || [ -e "$out/diverged.h5" ]; then
+  ! grep -q "^orpheus: training diverged at clock [0-9]*: the loss is not finite on rank 0 " "$out/diverged.err" ||
+  [ -e "$out/diverged.h5" ]; then
   echo "FAIL: divergence of one process (exit $rc):"; cat "$out/diverged.err"; fail=1
 fi
+# Ranks that diverge at one clock are named in one line, not one line each.
+refused "training diverged at clock [0-9]+: the loss is not finite on ranks 0, 1 \(lower --lr\)" -- \
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --model "$out/chain.loss" \
+  --train synthetic:examples=200,features=8,classes=3 --clocks 30 --batch 4 --progress off --log-level warn \
+  --lr 1000000 --save "$out/diverged2.h5"
+[ ! -e "$out/diverged2.h5" ] || { echo "FAIL: a model saved by the job that diverged"; fail=1; }
 # simulate's network model: rates below 1 kbit/s would overflow the virtual clock.
 sim=(simulate --ranks 2 --train synthetic:examples=100,features=4,classes=2 --clocks 2 --batch 4)
 refused "--sim-link-gbps 2.3e-308 must be at least 1e-06" -- "$orpheus" "${sim[@]}" --sim-link-gbps 2.3e-308
