@@ -172,7 +172,9 @@ void validateAdapt(const TrainConfig& c, int ranks) {
   if (!c.adapt) return;
   ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv, "--adapt sets the SV co-designs' knobs: it needs --sync sv");
   ORPHEUS_CHECK_INPUT(c.adaptEvery >= 1, "--adapt-every {} must be >= 1", c.adaptEvery);
-  ORPHEUS_CHECK_INPUT(c.adaptCommShare > 0.0 && std::isfinite(c.adaptCommShare), "--adapt-comm-share {} must be > 0",
+  // A share of compute: past 100, no exposed communication would ever count as too much.
+  ORPHEUS_CHECK_INPUT(c.adaptCommShare > 0.0 && c.adaptCommShare <= 100.0,
+                      "--adapt-comm-share {} must be > 0 and at most 100 (a share of the compute time)",
                       c.adaptCommShare);
   ORPHEUS_CHECK_INPUT(c.maxBytesPerClock >= 0.0 && std::isfinite(c.maxBytesPerClock),
                       "--max-bytes-per-clock {} must be >= 0", c.maxBytesPerClock);

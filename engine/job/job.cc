@@ -214,6 +214,14 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
     spdlog::warn("--select-method {} has nothing to select: every SVG is sent (give --select C or --adapt)",
                  toString(config.selectMethod));
   }
+  // Every replica rebuilds the same gradient, so the pairs agree; but a compressed one
+  // (error feedback catches up over later clocks) bends the curvature they estimate.
+  if (isQuasiNewton(config.optimizer) && config.svRank > 0 && config.sync != SyncMode::kDense) {
+    spdlog::warn("--optimizer {} with --sv-rank {}: its curvature pairs (s, y) are taken from rank-{} gradients, which "
+                 "error feedback corrects only over later clocks; expect it to converge slower than without "
+                 "--sv-rank",
+                 toString(config.optimizer), config.svRank, config.svRank);
+  }
   if (config.device == "cpu" && (!config.resident || config.transfer != TransferMode::kStaged)) {
     spdlog::warn("--resident and --transfer shape a replica on a device: on --device {} they have nothing to do",
                  config.device);

@@ -142,6 +142,9 @@ data::Dataset readShard(const std::string& path, const TrainConfig& config, int 
 
 void checkTrainingShard(const TrainConfig& config, const data::Dataset& train) {
   checkDataKind("--train", config.train, train, config.model);
+  ORPHEUS_CHECK_INPUT(config.features <= 0 || train.streams == 0,
+                      "--features {} applies to LIBSVM and CSV files; the token stream '{}' sets its vocabulary in "
+                      "its header (drop --features)", config.features, config.train);
   ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
                       "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
   ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || !train.sparse,

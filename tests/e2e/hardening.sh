@@ -34,7 +34,8 @@
 #    together: one line naming them;
 #  - simulate's link rates below 1 kbit/s; token streams' bad ids named by the file's
 #    line on any rank, a test stream of other steps or vocabulary, a huge vocabulary;
-#  - restore of the newest clock when none restores: said so, no clock named.
+#  - restore of the newest clock when none restores: said so, no clock named;
+#  - --features beside a token stream, and an --adapt-comm-share past 100.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -205,6 +206,9 @@ said "--select-method jmcss has nothing to select" "$orpheus" train --train "$fi
   --select-method jmcss
 said "on --device cpu they have nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --transfer sync
+# A quasi-Newton optimizer on compressed gradients is warned of.
+said "warning: --optimizer bfgs with --sv-rank 1: its curvature pairs" "$orpheus" train \
+  --train synthetic:examples=200,features=8,classes=3 --clocks 2 --batch 4 --optimizer bfgs --sv-rank 1
 # Averaging and rotation of replicas an all-reduce keeps the same change nothing, and say so.
 said "warning: --average-every 2: --sync dense keeps every replica the same" "$mpiexec" -n 2 --oversubscribe \
   "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --sync dense --average-every 2
@@ -269,4 +273,10 @@ refused "--test '.*test12.tokens' has vocabulary=12, more than the model's 10 wo
 printf '#orpheus-tokens vocabulary=99999999999999999999 steps=4\n1 2 3\n' >"$out/hugevocab.tokens"
 refused "hugevocab.tokens:1: 'vocabulary' is too large" -- "$orpheus" train --model "$out/lstm.loss" \
   --train "$out/hugevocab.tokens" --clocks 2 --batch 2
+# --features is for files of feature vectors: a token stream's vocabulary is its header's.
+refused "--features 5 applies to LIBSVM and CSV files; the token stream '.*train4.tokens' sets its vocabulary" -- \
+  "$orpheus" train --model "$out/lstm.loss" --train "$out/train4.tokens" --features 5 --clocks 2 --batch 2
+# --adapt-comm-share is a share of the compute time: bounded.
+refused "--adapt-comm-share 1e\+308 must be > 0 and at most 100" -- "$orpheus" train --train "$fix/small.libsvm" \
+  --clocks 2 --batch 2 --adapt --adapt-comm-share 1e308
 exit $fail
