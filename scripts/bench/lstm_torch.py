@@ -7,7 +7,7 @@ by the B*P examples of the clock), the same evaluation.
 
   lstm_torch.py --train T.tokens --valid V.tokens --ranks P --batch B --clocks N --lr LR
                 [--embed D] [--hidden H] [--init R] [--eval-every K] [--target-perplexity X] [--ddp] [--threads N]
-                [--device cpu|cuda]
+                [--device cpu|cuda] [--powersgd R]
                 [--rank R --master ADDR]   (one DDP process, started by the caller on its host)
 
 Without --ddp one process computes what P ranks of DDP would (the mean of their
@@ -118,7 +118,19 @@ def train(args, rank, ranks, ddp):
     valid_shards = [segments(shard(vdata, vstart, r, ranks), args.batch, steps).to(device) for r in my_ranks]
     torch.manual_seed(args.seed)
     model = Model(vocab, args.embed, args.hidden, args.init).to(device)
-    net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    peer = None
+    if ddp and args.powersgd > 0:
+        # PowerSGD (Vogels et al. 2019) at rank R with error feedback and warm start, from
+        # the third step, with blocking all-reduces: step for step what torch's
+        # powerSGD_hook does (scripts/bench/peers.py), whose hook crashes in gloo here.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import types
+        import peers
+        peer = peers.make(types.SimpleNamespace(peer="powersgd", rank_r=args.powersgd, powersgd_start=2), model,
+                          ranks)
+        net = model
+    else:
+        net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     states = [zero_state(args.batch, args.hidden, device) for _ in my_ranks]
     seconds = 0.0
@@ -147,6 +159,8 @@ def train(args, rank, ranks, ddp):
             # The gradient of the clock's summed loss over the B*P examples it holds
             # (DDP averages the ranks' gradients: each divides by B only).
             (loss / (args.batch * (1 if ddp else ranks))).backward()
+        if peer is not None:
+            peer.after_backward()  # the gradients averaged over the ranks, compressed
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the clock's kernels are queued, not done
@@ -189,6 +203,8 @@ def main():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: each rank on the GPU of its rank modulo the GPUs visible (several may share one)")
     p.add_argument("--ddp", action="store_true", help="P processes of DDP over gloo")
+    p.add_argument("--powersgd", type=int, default=0, metavar="R",
+                   help="with --ddp (or --rank): gradients averaged by PowerSGD at rank R (peers.py) instead of DDP")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--rank", type=int, default=-1, help="run only this DDP rank (with --master)")

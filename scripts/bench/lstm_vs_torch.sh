@@ -3,7 +3,9 @@
 # PyTorch's nn.LSTM + DDP over gloo on the same data, model, shards, streams and
 # SGD step (scripts/bench/lstm_torch.py), in one run:
 #   (a) validation perplexity against examples processed, every EVAL_EVERY clocks,
-#       for torch-ddp, orpheus-dense, orpheus-broadcast (every SVG to every rank, BSP)
+#       for torch-ddp, torch-powersgd (PowerSGD at rank PSGD_RANK with blocking all-reduces,
+#       as torch's hook computes it: scripts/bench/peers.py), orpheus-dense, orpheus-powersgd (--sync powersgd --sv-rank PSGD_RANK),
+#       orpheus-broadcast (every SVG to every rank, BSP)
 #       and orpheus-best (SELECT of the B examples per rank, each with its T steps, random multicast to FANOUT, SSP
 #       STALENESS, averaging every AVERAGE): the final perplexities and their ratios;
 #   (b) time to TARGET_PPL (training seconds, evaluations excluded) on each network of
@@ -24,9 +26,9 @@
 # Usage: scripts/bench/lstm_vs_torch.sh       (or scripts/bench/run.sh lstm)
 # Environment (defaults in brackets): NP [4], BATCH [20] streams per rank, STEPS [35],
 #   VOCAB [2000], CLOCKS [2000], LR [0.1], EVAL_EVERY [100], TARGET_PPL [200],
-#   SELECT [5], FANOUT [2], STALENESS [4], AVERAGE [50], NETWORKS [loopback,1gbit],
+#   SELECT [5], FANOUT [2], STALENESS [4], AVERAGE [50], PSGD_RANK [4], NETWORKS [loopback,1gbit],
 #   REPS [2], CONFIGS [all: torch-ddp,orpheus-dense,orpheus-broadcast,orpheus-best,
-#   orpheus-select-example,orpheus-select-step], BUILD_DIR [build],
+#   orpheus-select-example,orpheus-select-step; also torch-powersgd,orpheus-powersgd], BUILD_DIR [build],
 #   RESULTS [scripts/bench/results/lstm_vs_torch.md],
 #   KEEP_RAW [0]: 1 keeps the metrics files and prints where they are,
 #   RUN_TIMEOUT [1800] seconds one Orpheus run may take, LAUNCH_TIMEOUT [120] seconds
@@ -38,6 +40,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 NP="${NP:-4}"; BATCH="${BATCH:-20}"; STEPS="${STEPS:-35}"; VOCAB="${VOCAB:-2000}"
 CLOCKS="${CLOCKS:-2000}"; LR="${LR:-0.1}"; EVAL_EVERY="${EVAL_EVERY:-100}"; TARGET_PPL="${TARGET_PPL:-200}"
 SELECT="${SELECT:-5}"; FANOUT="${FANOUT:-2}"; STALENESS="${STALENESS:-4}"; AVERAGE="${AVERAGE:-50}"
+PSGD_RANK="${PSGD_RANK:-4}"
 NETWORKS="${NETWORKS:-loopback,1gbit}"; REPS="${REPS:-2}"; RUN_TIMEOUT="${RUN_TIMEOUT:-1800}"; LAUNCH_TIMEOUT="${LAUNCH_TIMEOUT:-120}"
 CONFIGS="${CONFIGS:-torch-ddp,orpheus-dense,orpheus-broadcast,orpheus-best,orpheus-select-example,orpheus-select-step}"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
@@ -62,6 +65,7 @@ common=(--model "$ROOT/examples/lstm.loss" --train "$TRAIN" --test "$VALID" --ba
   --lr "$LR" --eval-every "$EVAL_EVERY" --progress off --log-level warn)
 declare -A FLAGS=(
   [orpheus-dense]="--sync dense"
+  [orpheus-powersgd]="--sync powersgd --sv-rank $PSGD_RANK"
   [orpheus-broadcast]="--sync sv"
   [orpheus-best]="--sync sv --select $SELECT --multicast random --fanout $FANOUT --consistency ssp --staleness $STALENESS --average-every $AVERAGE"
   [orpheus-select-example]="--sync sv --select $SELECT --select-unit example"
@@ -69,10 +73,11 @@ declare -A FLAGS=(
 )
 IFS=, read -ra CONFIG_LIST <<<"$CONFIGS"
 
-run_torch() {  # NETWORK FILE LAUNCH-MODE
+run_torch() {  # NETWORK FILE CONFIG
   local net=$1 file=$2 torch_cmd
   torch_cmd=("$PYTHON" "$ROOT/scripts/bench/lstm_torch.py" --train "$TRAIN" --valid "$VALID" --ranks "$NP"
     --batch "$BATCH" --clocks "$CLOCKS" --lr "$LR" --eval-every "$EVAL_EVERY" --embed "$EMBED" --hidden "$HIDDEN")
+  if [ "$3" = torch-powersgd ]; then torch_cmd+=(--powersgd "$PSGD_RANK"); fi
   if [ "$net" = 1gbit ]; then
     local pids=() i
     for ((i = 0; i < NP; i++)); do
@@ -125,8 +130,8 @@ run_net() {  # NETWORK: every configuration REPS times, interleaved; metrics und
   for ((rep = 1; rep <= REPS; rep++)); do
     for config in "${CONFIG_LIST[@]}"; do
       say "$net $config (repetition $rep of $REPS)"
-      if [ "$config" = torch-ddp ]; then
-        run_torch "$net" "$dir/$config.$rep.jsonl"
+      if [[ "$config" == torch-* ]]; then
+        run_torch "$net" "$dir/$config.$rep.jsonl" "$config"
         continue
       fi
       # shellcheck disable=SC2086
