@@ -44,7 +44,68 @@ void productWithColumns(ops::Backend& backend, ops::Trans te, float alpha, const
     backend.gemm(te, ops::Trans::kNo, alpha, e, x.middleCols(c, 1), 0.0f, column);
   }
 }
+// The sites of one parameter matrix (a recurrent model's steps each have one) are
+// compressed as one matrix: each parameter's whole update goes at rank R, not each
+// step's, and E is kept once per parameter. Groups by (parameter, bias), in the
+// order of their first site.
+std::vector<std::vector<size_t>> siteGroups(const SvBatch& batch) {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<std::pair<uint32_t, int32_t>> keys;
+  for (size_t i = 0; i < batch.matrices.size(); ++i) {
+    const std::pair<uint32_t, int32_t> key{batch.matrices[i].paramId, batch.matrices[i].biasId};
+    const auto at = std::find(keys.begin(), keys.end(), key);
+    if (at == keys.end()) {
+      keys.push_back(key);
+      groups.push_back({i});
+    } else {
+      groups[static_cast<size_t>(at - keys.begin())].push_back(i);
+    }
+  }
+  return groups;
+}
+
+// One matrix for the sites `sites` of a parameter: U = [U_1 diag(c), ..., U_T diag(c)]
+// (each entry u * c, as the GEMM with diag(c) forms it), V = [V_1, ..., V_T] dense,
+// and ones for its coefficients.
+SvMatrix mergeSites(const SvBatch& batch, const std::vector<size_t>& sites, Vector& coeffs) {
+  const SvMatrix& first = batch.matrices[sites.front()];
+  const int64_t j = first.u.rows(), k = first.vRows(), n = batch.numColumns();
+  const auto t = static_cast<int64_t>(sites.size());
+  SvMatrix out;
+  out.paramId = first.paramId;
+  out.biasId = first.biasId;
+  out.u.resize(j, t * n);
+  out.vDense.resize(k, t * n);
+  for (int64_t s = 0; s < t; ++s) {
+    const SvMatrix& m = batch.matrices[sites[static_cast<size_t>(s)]];
+    ORPHEUS_ENFORCE(m.core.size() == 0 && m.u.rows() == j && m.vRows() == k && m.u.cols() == n,
+                    "--sv-rank: the sites of matrix {} differ in shape or carry cores", m.paramId);
+    out.u.middleCols(s * n, n) = m.u * batch.coeffs.asDiagonal();
+    if (m.sparseV) {
+      out.vDense.middleCols(s * n, n) = m.vSparse.toDense();
+    } else {
+      out.vDense.middleCols(s * n, n) = m.vDense;
+    }
+  }
+  coeffs = Vector::Ones(t * n);
+  return out;
+}
+
 }  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> LowRankSender::stateShapes(
+    std::span<const std::pair<uint32_t, int32_t>> sites, std::span<const std::pair<int64_t, int64_t>> params) {
+  SvBatch keys;
+  for (const auto& [param, bias] : sites) {
+    SvMatrix m;
+    m.paramId = param;
+    m.biasId = bias;
+    keys.matrices.push_back(std::move(m));
+  }
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const std::vector<size_t>& g : siteGroups(keys)) out.push_back(params[sites[g.front()].first]);
+  return out;
+}
 
 void LowRankSender::setRank(int64_t rank) {
   ORPHEUS_ENFORCE(rank >= 1, "--sv-rank: a rank of {}", rank);
@@ -86,7 +147,7 @@ void LowRankSender::beginStaging(const SvBatch& batch) {
   int64_t floats = 0;
   const int64_t r = rank_;
   for (const SvMatrix& m : batch.matrices) {
-    const int64_t j = m.u.rows(), k = m.vDense.rows(), n = m.u.cols();
+    const int64_t j = m.u.rows(), k = m.vRows(), n = m.u.cols();
     floats += j * n + k * n + n * n + std::max(n, r + 1) + 2 * (j * r + k * r) + k + j;
   }
   staging_.begin(backend_, static_cast<size_t>(floats) * sizeof(float));
@@ -127,10 +188,9 @@ void LowRankSender::queueRange(Work& w) {
   using ops::Tensor;
   using ops::Trans;
   const SvMatrix& m = *w.m;
-  ORPHEUS_ENFORCE(!m.sparseV, "--sv-rank needs a dense V (matrix {} has a sparse one)", m.paramId);
   const int64_t r = rank_;
   MatrixState& s = state_[w.p];
-  const int64_t j = m.u.rows(), k = m.vDense.rows(), n = m.u.cols();
+  const int64_t j = m.u.rows(), k = m.vRows(), n = m.u.cols();
   if (s.e.rows() != j || s.e.cols() != k) {
     s.e = upload(Matrix::Zero(j, k));
     std::mt19937_64 gen(seed_ ^ (0x9e3779b97f4a7c15ULL * (w.p + 1)));
@@ -149,7 +209,15 @@ void LowRankSender::queueRange(Work& w) {
   Buffers& b = s.buffers;
   const auto where = [](const Tensor& t) { return Tensor::view(t.device(), t.data(), t.rows(), t.cols()); };
   w.u = w.onDevice != nullptr && w.onDevice->u != nullptr ? where(*w.onDevice->u) : operand(m.u, b.u);
-  w.v = w.onDevice != nullptr && w.onDevice->vDense != nullptr ? where(*w.onDevice->vDense) : operand(m.vDense, b.v);
+  if (m.sparseV) {
+    // One-hot token columns (an embedding's V): the products below take V dense. K x n
+    // is a vocabulary times the batch's steps, the size of E's update itself.
+    w.vHost = m.vSparse.toDense();
+    w.v = operand(w.vHost, b.v);
+  } else {
+    w.v = w.onDevice != nullptr && w.onDevice->vDense != nullptr ? where(*w.onDevice->vDense)
+                                                                 : operand(m.vDense, b.v);
+  }
   w.left = ops::deviceBuffer(backend_, b.left, j, n + r);
   w.right = ops::deviceBuffer(backend_, b.right, k, n + r);
   w.small = ops::deviceBuffer(backend_, b.small, n, r);
@@ -188,7 +256,7 @@ void LowRankSender::queueProjection(Work& w) {
 
 // Q' in bf16 (the value sent, so E carries its rounding error too), before E's update.
 void LowRankSender::roundProjection(Work& w) {
-  const int64_t r = rank_, k = w.m->vDense.rows(), n = w.m->u.cols();
+  const int64_t r = rank_, k = w.m->vRows(), n = w.m->u.cols();
   ops::Tensor q = w.right.middleCols(n, r);
   w.q = staged(w.qAt, k, r);
   roundAllToBf16(w.q);
@@ -200,7 +268,7 @@ void LowRankSender::roundProjection(Work& w) {
 void LowRankSender::queueUpdate(Work& w) {
   using ops::Tensor;
   using ops::Trans;
-  const int64_t r = rank_, j = w.m->u.rows(), k = w.m->vDense.rows(), n = w.m->u.cols();
+  const int64_t r = rank_, j = w.m->u.rows(), k = w.m->vRows(), n = w.m->u.cols();
   MatrixState& s = state_[w.p];
   Buffers& b = s.buffers;
   if (s.q.cols() != r || s.q.rows() != k) s.q = backend_.allocate(k, r);
@@ -218,7 +286,7 @@ void LowRankSender::queueUpdate(Work& w) {
 }
 
 SvMatrix LowRankSender::finish(Work& w, double& kept, double& whole) {
-  const int64_t r = rank_, j = w.m->u.rows(), k = w.m->vDense.rows();
+  const int64_t r = rank_, j = w.m->u.rows(), k = w.m->vRows();
   MatrixState& s = state_[w.p];
   if (w.q.size() == 0) w.q = staged(w.qAt, k, r);
   const double carried = staged(w.normsAt, 1, k).cast<double>().sum();
@@ -306,20 +374,30 @@ void LowRankSender::restore(const ParamSet& state, const std::string& prefix,
 SvBatch LowRankSender::compress(const SvBatch& batch, std::span<const ops::DeviceSvs> onDevice) {
   ORPHEUS_ENFORCE(onDevice.empty() || onDevice.size() == batch.matrices.size(),
                   "--sv-rank: {} matrices on the device for a batch of {}", onDevice.size(), batch.matrices.size());
-  if (state_.size() != batch.matrices.size()) {
+  const std::vector<std::vector<size_t>> groups = siteGroups(batch);
+  if (state_.size() != groups.size()) {
     state_.clear();
-    state_.resize(batch.matrices.size());
+    state_.resize(groups.size());
   }
   SvBatch out;
   out.header = batch.header;
   out.coeffs = Vector::Ones(rank_ + 1);  // every matrix carries a core
   out.dtype = dtype_;
-  std::vector<Work> work(batch.matrices.size());
-  beginStaging(batch);
+  std::vector<Work> work(groups.size());
+  std::vector<SvMatrix> merged(groups.size());
+  std::vector<Vector> mergedCoeffs(groups.size());
+  beginStaging(batch);  // what the sites need covers what their merged matrices do
   for (size_t p = 0; p < work.size(); ++p) {
-    work[p].m = &batch.matrices[p];
-    work[p].coeffs = &batch.coeffs;
-    work[p].onDevice = onDevice.empty() ? nullptr : &onDevice[p];
+    const size_t site = groups[p].front();
+    if (groups[p].size() == 1) {
+      work[p].m = &batch.matrices[site];
+      work[p].coeffs = &batch.coeffs;
+      work[p].onDevice = onDevice.empty() ? nullptr : &onDevice[site];
+    } else {
+      merged[p] = mergeSites(batch, groups[p], mergedCoeffs[p]);
+      work[p].m = &merged[p];
+      work[p].coeffs = &mergedCoeffs[p];
+    }
     work[p].p = p;
     queueRange(work[p]);
   }

@@ -63,7 +63,9 @@ class LowRankSender {
       : backend_(backend), rank_(rank), seed_(seed), dtype_(dtype) {}
 
   // The rank-R batch to send and to apply here for `batch` (full, coefficients or
-  // cores); updates E and Q. Every matrix must have a dense V (checked: Error).
+  // cores); updates E and Q. The sites of one parameter (a recurrent model's steps)
+  // go as one matrix, [U_1 diag(c) ... U_T diag(c)] by [V_1 ... V_T]: one rank-R
+  // update per parameter. A sparse V (one-hot tokens) is made dense first.
   // `onDevice`: matrix i's U and V on the backend's device (the model's
   // lastDeviceSvs(), the same values as the batch's), read there instead of copying
   // the batch's in; empty: none are.
@@ -73,6 +75,12 @@ class LowRankSender {
   // The rank from the next compress() on (--adapt may move it); >= 1.
   void setRank(int64_t rank);
   int64_t rank() const { return rank_; }
+
+  // The J x K of each matrix state() holds, for a batch whose sites update the
+  // (parameter, bias) pairs `sites` in this order, of the shapes `params` (by
+  // parameter id): the sites of one parameter share one (a recurrent model's steps).
+  static std::vector<std::pair<int64_t, int64_t>> stateShapes(
+      std::span<const std::pair<uint32_t, int32_t>> sites, std::span<const std::pair<int64_t, int64_t>> params);
 
   // E, Q and the bias residual of every matrix, named `prefix`<p>.e, .q and .eb (an
   // .eb only where there is one), for the checkpoint: a resumed job that restores
@@ -94,7 +102,7 @@ class LowRankSender {
   // directions of span(P) (the top k eigenvalues of P^T M M^T P). e(rank) is lastError().
   std::vector<double> errorsAt(std::span<const int64_t> ranks) const;
   // The part of matrix p's updates not sent yet (J x K; empty before its first
-  // clock), copied from the device.
+  // clock), copied from the device; p counts the parameters of the batch's sites.
   Matrix carried(size_t p) const;
   // The part of matrix p's bias updates not sent yet (bf16 rounding; empty otherwise).
   Vector carriedBias(size_t p) const { return p < state_.size() ? state_[p].eb : Vector(); }
@@ -120,6 +128,7 @@ class LowRankSender {
     const Vector* coeffs = nullptr;
     const ops::DeviceSvs* onDevice = nullptr;
     size_t p = 0;
+    Matrix vHost;  // a sparse V made dense, for the products on the device
     ops::Tensor u, v, left, right, small, mq, norms, bias;
     Matrix basis, q;  // P and Q' on the host
     size_t mqAt = 0, qAt = 0, normsAt = 0, biasAt = 0;  // where their downloads land in the staging buffer

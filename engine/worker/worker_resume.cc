@@ -30,11 +30,10 @@ void Worker::restoreRankState(const ParamSet& state) {
   }
   if (model_.carriesState()) model_.restoreCarriedState(own);
   if (lowRank_) {
-    // Each batch matrix's J x K, from the parameter its site updates.
-    const std::vector<std::pair<int64_t, int64_t>> params = model_.paramShapes();
-    std::vector<std::pair<int64_t, int64_t>> shapes;
-    for (const ops::Model::SvSiteInfo& site : model_.svSites()) shapes.push_back(params.at(site.paramId));
-    lowRank_->restore(state, kLowRankPrefix, shapes);
+    // Each compressed matrix's J x K, from the parameter its sites update.
+    std::vector<std::pair<uint32_t, int32_t>> sites;
+    for (const ops::Model::SvSiteInfo& site : model_.svSites()) sites.emplace_back(site.paramId, site.biasId);
+    lowRank_->restore(state, kLowRankPrefix, LowRankSender::stateShapes(sites, model_.paramShapes()));
   }
 }
 

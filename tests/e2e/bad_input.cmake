@@ -95,10 +95,12 @@ orpheus_script_test(bad_flag_sv_rank_sparse LABEL mpi
   COMMAND ${EXPECT} "--sv-rank factors dense updates: .*small.libsvm is sparse" ${BADOUT} -- ${ORPHEUS_MPIEXEC} -n 2
           --oversubscribe ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 4 --save ${BADOUT}
           --train ${FIX}/small.libsvm --sv-rank 1)
+string(REPEAT "1 2 3 4 5 6 7 8 9\n" 40 nine_tokens)
+file(WRITE ${ORPHEUS_TEST_WORKDIR}/vocab16m.tokens "#orpheus-tokens vocabulary=16000000 steps=4\n${nine_tokens}")
 orpheus_script_test(bad_flag_sv_rank_tokens LABEL mpi
-  COMMAND ${EXPECT} "--sv-rank factors dense updates: the tokens of .*small.tokens enter as one-hot" ${BADOUT} --
-          ${ORPHEUS_MPIEXEC} -n 2 --oversubscribe ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 4 --save ${BADOUT}
-          --train ${FIX}/small.tokens --model ${CMAKE_SOURCE_DIR}/examples/lstm.loss --sv-rank 1)
+  COMMAND ${EXPECT} "--sv-rank takes the one-hot token columns of .*vocab16m.tokens' dense: vocabulary 16000000 x B\\*T 20 = 320000000 floats a clock, more than 2\\^28" ${BADOUT} --
+          ${ORPHEUS_MPIEXEC} -n 2 --oversubscribe ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 5 --save ${BADOUT}
+          --train ${ORPHEUS_TEST_WORKDIR}/vocab16m.tokens --model ${CMAKE_SOURCE_DIR}/examples/lstm.loss --sv-rank 1)
 orpheus_script_test(bad_flag_bfgs_model_too_large LABEL mpi
   COMMAND ${EXPECT} "--optimizer bfgs: model 'mlr' has 6003 parameter entries" ${BADOUT} -- ${TRAIN_NP2}
           --train synthetic:examples=10,features=2000,classes=3 --optimizer bfgs)

@@ -9,7 +9,9 @@
 #  - --resume continues bitwise (the error feedback is in the checkpoint), f32 and bf16;
 #  - --resume --elastic onto more ranks continues from the log (the new ranks' error
 #    feedback starts at zero), and restore of a new replica equals it bitwise;
-#  - a carried state of the wrong shape, or incomplete, is refused on --resume (exit 2).
+#  - a carried state of the wrong shape, or incomplete, is refused on --resume (exit 2);
+#  - the LSTM (token streams): one rank-R matrix per parameter for its steps' sites, under
+#    a third of the full SVs' bytes; replicas, restore(T) and --resume bitwise.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -91,4 +93,29 @@ damage "e = h['sv-rank:0.e']; e[0, 0] = e[0, 0] + 1.0"
   fail "a residual whose values changed on disk"
 damage "del h['sv-rank:0.q']"
 "$here/expect_error.sh" "rank-0.h5.*lacks its \.q" - -- "${resume_damaged[@]}" || fail "a missing basis"
+# The LSTM: the sites of its steps go as one rank-R matrix per parameter (the embedding's
+# one-hot V taken dense), so a clock sends a small fraction of the full SVs; replicas,
+# restore and --resume stay bitwise.
+sed -e 's/^dim embed = .*/dim embed = 6/' -e 's/^dim hidden = .*/dim hidden = 5/' "$here/../../examples/lstm.loss" \
+  >"$out/lstm.loss"
+lstm=(--model "$out/lstm.loss" --train "$here/../data/e2e/small.tokens" --batch 4 --progress off --log-level warn
+      --timeout 60)
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${lstm[@]}" --clocks 6 --metrics "$out/lstm-full.jsonl" >/dev/null
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${lstm[@]}" --clocks 6 --sv-rank 2 --metrics "$out/lstm-r2.jsonl" \
+  --ckpt sv --ckpt-dir "$out/lstm-ck" --save-replicas "$out/lstm-live" >/dev/null
+full=$(json_field "$out/lstm-full.jsonl" bytes_per_clock); low=$(json_field "$out/lstm-r2.jsonl" bytes_per_clock)
+echo "lstm bytes per clock $full -> $low"
+/usr/bin/python3 -c 'import sys; f, l = map(float, sys.argv[1:]); sys.exit(0 if 0 < l < f / 3 else 1)' "$full" "$low" ||
+  fail "the LSTM's --sv-rank 2 clock sends $low bytes, full SVs $full"
+"$compare" "$out/lstm-live/replica-0.h5" "$out/lstm-live/replica-1.h5" 0 || fail "the LSTM's replicas differ"
+"$orpheus" restore --ckpt-dir "$out/lstm-ck" --replica 1 --clock 6 --out "$out/lstm-6.h5" >/dev/null
+"$compare" "$out/lstm-6.h5" "$out/lstm-live/replica-1.h5" 0 || fail "restore(6) of the LSTM differs from the live replica"
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${lstm[@]}" --clocks 3 --sv-rank 2 --ckpt sv \
+  --ckpt-dir "$out/lstm-part" >/dev/null
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${lstm[@]}" --clocks 6 --sv-rank 2 --ckpt sv --ckpt-dir "$out/lstm-part" \
+  --resume --save-replicas "$out/lstm-resumed" >/dev/null
+for r in 0 1; do
+  "$compare" "$out/lstm-resumed/replica-$r.h5" "$out/lstm-live/replica-$r.h5" 0 ||
+    fail "the LSTM's replica $r resumed at 3 differs from the uninterrupted run"
+done
 echo "sv-rank checks passed"

@@ -3,7 +3,8 @@
 // equals what the batches carried, every clock); a batch of rank <= R goes whole;
 // the warm-started power iteration finds the best rank-R approximation of an update
 // that recurs; on the strict device it gives the CPU backend's bits, with U and V
-// copied in or read where a device pass left them.
+// copied in or read where a device pass left them; one-hot (sparse) V columns are
+// compressed as the same columns dense.
 #include "engine/worker/low_rank.h"
 
 #include "ops/cpu/cpu_backend.h"
@@ -301,6 +302,95 @@ TEST_CASE("--sv-rank on the strict device gives the CPU's bits, its U and V copi
     const SvBatch x = resident.compress(batch), y = back.compress(batch);
     for (size_t p = 0; p < 2; ++p) CHECK(x.matrices[p].u == y.matrices[p].u);
   }
+}
+
+TEST_CASE("--sv-rank of one-hot token columns (a sparse V) sends what the same columns dense send",
+          "[low-rank][strict]") {
+  const auto strict = ops::strict::makeStrictBackend();
+  std::mt19937 gen(31);
+  std::uniform_int_distribution<int> token(0, 8);
+  LowRankSender sparse(host(), 2, 1), dense(host(), 2, 1), device(*strict, 2, 1);
+  MatD carried = MatD::Zero(12, 9), sent = MatD::Zero(12, 9);
+  for (int clock = 0; clock < 4; ++clock) {
+    SvBatch batch = randomBatch(6, gen);
+    SvMatrix& e = batch.matrices[0];  // an embedding: V's columns one-hot, 9 words
+    std::vector<Eigen::Triplet<float, int32_t>> ones;
+    for (int c = 0; c < 6; ++c) ones.emplace_back(token(gen), c, 1.0f);
+    e.vSparse.resize(9, 6);
+    e.vSparse.setFromTriplets(ones.begin(), ones.end());
+    e.vSparse.makeCompressed();
+    SvBatch asDense = batch;
+    asDense.matrices[0].vDense = e.vSparse.toDense();
+    e.sparseV = true;
+    e.vDense.resize(0, 0);
+    const SvBatch a = sparse.compress(batch), b = dense.compress(asDense), c = device.compress(batch);
+    for (size_t p = 0; p < 2; ++p) {
+      CHECK(a.matrices[p].u == b.matrices[p].u);
+      CHECK(a.matrices[p].vDense == b.matrices[p].vDense);
+      CHECK(c.matrices[p].u == b.matrices[p].u);
+      CHECK(c.matrices[p].vDense == b.matrices[p].vDense);
+      CHECK(sparse.carried(p) == dense.carried(p));
+    }
+    CHECK(!a.matrices[0].sparseV);
+    // Nothing lost: what was sent and what is carried is what the batches carried.
+    carried += update(asDense, 0);
+    sent += update(a, 0);
+    CHECK(conservationError(sparse, sent, carried, 0) < 1e-5);
+  }
+}
+
+TEST_CASE("--sv-rank sends one matrix per parameter for the sites of a recurrent model's steps",
+          "[low-rank][strict]") {
+  const auto strict = ops::strict::makeStrictBackend();
+  std::mt19937 gen(37);
+  LowRankSender sender(host(), 2, 1), device(*strict, 2, 1), merged(host(), 2, 1);
+  MatD carried = MatD::Zero(12, 9), sent = MatD::Zero(12, 9);
+  for (int clock = 0; clock < 4; ++clock) {
+    // Three steps: matrix 0 (with its bias) at each, matrix 2 at the last only.
+    SvBatch steps = randomBatch(5, gen);
+    const SvMatrix a = steps.matrices[0], c = steps.matrices[1];
+    steps.matrices = {a, randomBatch(5, gen).matrices[0], randomBatch(5, gen).matrices[0], c};
+    // The same update as one batch of 15 columns: U_t diag(c) side by side, coefficients one.
+    SvBatch whole;
+    whole.coeffs = Vector::Ones(15);
+    SvMatrix m0 = a;
+    m0.u.resize(12, 15);
+    m0.vDense.resize(9, 15);
+    for (int t = 0; t < 3; ++t) {
+      m0.u.middleCols(5 * t, 5) = steps.matrices[t].u * steps.coeffs.asDiagonal();
+      m0.vDense.middleCols(5 * t, 5) = steps.matrices[t].vDense;
+    }
+    whole.matrices = {m0};
+    const SvBatch x = sender.compress(steps), y = device.compress(steps), z = merged.compress(whole);
+    REQUIRE(x.matrices.size() == 2);  // one per parameter, in the order of their first site
+    CHECK(x.matrices[0].paramId == 0);
+    CHECK(x.matrices[1].paramId == 2);
+    CHECK(x.matrices[0].u == z.matrices[0].u);
+    CHECK(x.matrices[0].vDense == z.matrices[0].vDense);
+    CHECK(y.matrices[0].u == x.matrices[0].u);
+    CHECK(y.matrices[1].vDense == x.matrices[1].vDense);
+    CHECK(sender.carried(0) == merged.carried(0));
+    // What was sent plus what is carried is the three steps' update, and the bias goes whole.
+    MatD all = MatD::Zero(12, 9);
+    Eigen::VectorXd bias = Eigen::VectorXd::Zero(12);
+    for (int t = 0; t < 3; ++t) {
+      SvBatch one = steps;
+      one.matrices = {steps.matrices[t]};
+      all += update(one, 0);
+      bias += biasUpdate(one, 0);
+    }
+    carried += all;
+    sent += update(x, 0);
+    CHECK(conservationError(sender, sent, carried, 0) < 1e-5);
+    CHECK((biasUpdate(x, 0) - bias).norm() <= 1e-5 * bias.norm());
+  }
+  // The checkpoint's shapes: one per parameter the sites update.
+  const std::pair<uint32_t, int32_t> sites[] = {{0, 1}, {2, -1}, {0, 1}, {2, -1}, {0, 1}};
+  const std::pair<int64_t, int64_t> params[] = {{12, 9}, {12, 1}, {7, 12}};
+  const auto shapes = LowRankSender::stateShapes(sites, params);
+  REQUIRE(shapes.size() == 2);
+  CHECK(shapes[0] == std::pair<int64_t, int64_t>{12, 9});
+  CHECK(shapes[1] == std::pair<int64_t, int64_t>{7, 12});
 }
 
 TEST_CASE("--sv-rank on the strict device copies through its staging buffer: no copy blocks the host after the "
