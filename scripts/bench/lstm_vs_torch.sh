@@ -5,6 +5,7 @@
 #   (a) validation perplexity against examples processed, every EVAL_EVERY clocks,
 #       for torch-ddp, torch-powersgd (PowerSGD at rank PSGD_RANK with blocking all-reduces,
 #       as torch's hook computes it: scripts/bench/peers.py), orpheus-dense, orpheus-powersgd (--sync powersgd --sv-rank PSGD_RANK),
+#       orpheus-svrank (--sv-rank PSGD_RANK: each worker's update at that rank, error feedback),
 #       orpheus-broadcast (every SVG to every rank, BSP)
 #       and orpheus-best (SELECT of the B examples per rank, each with its T steps, random multicast to FANOUT, SSP
 #       STALENESS, averaging every AVERAGE): the final perplexities and their ratios;
@@ -28,7 +29,7 @@
 #   VOCAB [2000], CLOCKS [2000], LR [0.1], EVAL_EVERY [100], TARGET_PPL [200],
 #   SELECT [5], FANOUT [2], STALENESS [4], AVERAGE [50], PSGD_RANK [4], NETWORKS [loopback,1gbit],
 #   REPS [2], CONFIGS [all: torch-ddp,orpheus-dense,orpheus-broadcast,orpheus-best,
-#   orpheus-select-example,orpheus-select-step; also torch-powersgd,orpheus-powersgd], BUILD_DIR [build],
+#   orpheus-select-example,orpheus-select-step; also torch-powersgd,orpheus-powersgd,orpheus-svrank], BUILD_DIR [build],
 #   RESULTS [scripts/bench/results/lstm_vs_torch.md],
 #   KEEP_RAW [0]: 1 keeps the metrics files and prints where they are,
 #   RUN_TIMEOUT [1800] seconds one Orpheus run may take, LAUNCH_TIMEOUT [120] seconds
@@ -66,6 +67,7 @@ common=(--model "$ROOT/examples/lstm.loss" --train "$TRAIN" --test "$VALID" --ba
 declare -A FLAGS=(
   [orpheus-dense]="--sync dense"
   [orpheus-powersgd]="--sync powersgd --sv-rank $PSGD_RANK"
+  [orpheus-svrank]="--sync sv --sv-rank $PSGD_RANK"
   [orpheus-broadcast]="--sync sv"
   [orpheus-best]="--sync sv --select $SELECT --multicast random --fanout $FANOUT --consistency ssp --staleness $STALENESS --average-every $AVERAGE"
   [orpheus-select-example]="--sync sv --select $SELECT --select-unit example"
