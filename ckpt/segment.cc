@@ -346,8 +346,10 @@ std::string scanEntries(const SegmentData& data, int64_t version, int replica, u
     if (kind == EventKind::kReset) {
       error = scanReset(data, r, record, offset, &r == &data.rows.front(), previous, first, scan);
     } else if (kind == EventKind::kKnobs || isJobRecord(kind)) {
-      const bool knobsSize = data.sizes[record] == kKnobsRecordBytes ||
-                             (version >= kSegmentVersionJobRecords && isFormat4Knobs(data.sizes[record]));
+      // The record count first: a row without records has no size to read.
+      const bool knobsSize = r.records == 1 && (data.sizes[record] == kKnobsRecordBytes ||
+                                                (version >= kSegmentVersionJobRecords &&
+                                                 isFormat4Knobs(data.sizes[record])));
       if (r.records != 1 || (kind == EventKind::kKnobs && !knobsSize)) {
         return fmt::format("a {} event is malformed", kind == EventKind::kKnobs ? "knobs" : "job record");
       }

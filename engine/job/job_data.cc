@@ -148,17 +148,6 @@ void checkTrainingShard(const TrainConfig& config, const data::Dataset& train) {
                       "its header (drop --features)", config.features, config.train);
   ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
                       "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
-  ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || !train.sparse,
-                      "--sv-rank factors dense updates: {} is sparse (its V stays sparse without it)", config.train);
-  // The matrix that reads the tokens has one-hot V columns: --sv-rank takes them dense,
-  // vocabulary x B*T floats a clock (engine/worker/low_rank.cc).
-  constexpr int64_t kMaxDenseTokenV = int64_t{1} << 28;  // 1 GiB of floats
-  ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || train.streams == 0 ||
-                          train.vocabulary <= kMaxDenseTokenV / std::max<int64_t>(1, config.batch * train.steps),
-                      "--sv-rank takes the one-hot token columns of '{}' dense: vocabulary {} x B*T {} = {} floats "
-                      "a clock, more than 2^28 (a smaller --batch, or --select instead)",
-                      config.train, train.vocabulary, config.batch * train.steps,
-                      train.vocabulary * config.batch * train.steps);
 }
 
 void configureModel(const TrainConfig& config, ops::Model& model, int64_t steps) {

@@ -65,30 +65,63 @@ std::vector<std::vector<size_t>> siteGroups(const SvBatch& batch) {
 }
 
 // One matrix for the sites `sites` of a parameter: U = [U_1 diag(c), ..., U_T diag(c)]
-// (each entry u * c, as the GEMM with diag(c) forms it), V = [V_1, ..., V_T] dense,
-// and ones for its coefficients.
+// (each entry u * c, as the GEMM with diag(c) forms it), V = [V_1, ..., V_T] (sparse
+// when every site's is: an embedding's one-hot tokens), and ones for its coefficients.
 SvMatrix mergeSites(const SvBatch& batch, const std::vector<size_t>& sites, Vector& coeffs) {
   const SvMatrix& first = batch.matrices[sites.front()];
   const int64_t j = first.u.rows(), k = first.vRows(), n = batch.numColumns();
   const auto t = static_cast<int64_t>(sites.size());
+  bool sparse = true;
+  int64_t nonZeros = 0;
+  for (const size_t site : sites) {
+    const SvMatrix& m = batch.matrices[site];
+    ORPHEUS_ENFORCE(m.core.size() == 0 && m.u.rows() == j && m.vRows() == k && m.u.cols() == n,
+                    "--sv-rank: the sites of matrix {} differ in shape or carry cores", m.paramId);
+    sparse = sparse && m.sparseV;
+    if (m.sparseV) nonZeros += m.vSparse.nonZeros();
+  }
   SvMatrix out;
   out.paramId = first.paramId;
   out.biasId = first.biasId;
+  out.sparseV = sparse;
   out.u.resize(j, t * n);
-  out.vDense.resize(k, t * n);
+  if (sparse) {
+    out.vSparse.resize(k, t * n);
+    out.vSparse.reserve(nonZeros);
+  } else {
+    out.vDense.resize(k, t * n);
+  }
   for (int64_t s = 0; s < t; ++s) {
     const SvMatrix& m = batch.matrices[sites[static_cast<size_t>(s)]];
-    ORPHEUS_ENFORCE(m.core.size() == 0 && m.u.rows() == j && m.vRows() == k && m.u.cols() == n,
-                    "--sv-rank: the sites of matrix {} differ in shape or carry cores", m.paramId);
     out.u.middleCols(s * n, n) = m.u * batch.coeffs.asDiagonal();
-    if (m.sparseV) {
+    if (sparse) {
+      for (int64_t c = 0; c < n; ++c) {
+        out.vSparse.startVec(s * n + c);
+        for (SparseMatrix::InnerIterator it(m.vSparse, c); it; ++it) {
+          out.vSparse.insertBack(it.row(), s * n + c) = it.value();
+        }
+      }
+    } else if (m.sparseV) {
       out.vDense.middleCols(s * n, n) = m.vSparse.toDense();
     } else {
       out.vDense.middleCols(s * n, n) = m.vDense;
     }
   }
+  if (sparse) out.vSparse.finalize();
   coeffs = Vector::Ones(t * n);
   return out;
+}
+
+// A compressed host sparse matrix as the CPU backend reads it, in place.
+ops::SparseTensor hostSparse(const SparseMatrix& m) {
+  ops::SparseTensor s;
+  s.rows = m.rows();
+  s.cols = m.cols();
+  s.nonZeros = m.nonZeros();
+  s.outer = m.outerIndexPtr();
+  s.inner = m.innerIndexPtr();
+  s.values = m.valuePtr();
+  return s;
 }
 
 }  // namespace
@@ -148,9 +181,14 @@ void LowRankSender::beginStaging(const SvBatch& batch) {
   const int64_t r = rank_;
   for (const SvMatrix& m : batch.matrices) {
     const int64_t j = m.u.rows(), k = m.vRows(), n = m.u.cols();
-    floats += j * n + k * n + n * n + std::max(n, r + 1) + 2 * (j * r + k * r) + k + j;
+    floats += j * n + k * n + n * n + std::max(n, r + 1) + 2 * (j * r + k * r) + k + j + r * r;
   }
-  staging_.begin(backend_, static_cast<size_t>(floats) * sizeof(float));
+  size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+  // A sparse V crosses compressed (merged sites' take no more than the sites' own).
+  for (const SvMatrix& m : batch.matrices) {
+    if (m.sparseV) bytes += ops::stagedSparseBytes(backend_, m.vSparse) + 2 * sizeof(float);
+  }
+  staging_.begin(backend_, bytes);
 }
 
 Matrix LowRankSender::staged(size_t at, int64_t rows, int64_t cols) const {
@@ -209,18 +247,33 @@ void LowRankSender::queueRange(Work& w) {
   Buffers& b = s.buffers;
   const auto where = [](const Tensor& t) { return Tensor::view(t.device(), t.data(), t.rows(), t.cols()); };
   w.u = w.onDevice != nullptr && w.onDevice->u != nullptr ? where(*w.onDevice->u) : operand(m.u, b.u);
-  if (m.sparseV) {
-    // One-hot token columns (an embedding's V): the products below take V dense. K x n
-    // is a vocabulary times the batch's steps, the size of E's update itself.
-    w.vHost = m.vSparse.toDense();
-    w.v = operand(w.vHost, b.v);
+  w.sparse = m.sparseV;
+  if (w.sparse) {
+    // One-hot token columns (an embedding's V; K a vocabulary): every product with V
+    // is a sparse one, and V^T's are taken as transposes, (Q^T V)^T and (S V^T)^T, with
+    // I_R forming the transposes (a GEMM with I_R is exact: one product per entry).
+    const SparseMatrix* v = &m.vSparse;
+    if (!v->isCompressed()) {
+      w.vCompressed = *v;
+      w.vCompressed.makeCompressed();
+      v = &w.vCompressed;
+    }
+    if (backend_.device() == ops::Device::kCpu) {
+      w.vs = hostSparse(*v);
+    } else {
+      backend_.waitOnDevice(ops::stageSparse(backend_, *v, staging_, b.vSparse));
+      w.vs = b.vSparse.view;
+    }
+    w.eyeHost = Matrix::Identity(r, r);  // viewed in place on the CPU: it lives as long as w
+    w.eye = operand(w.eyeHost, b.eye);
+    w.transposed = ops::deviceBuffer(backend_, b.transposed, r, k);
   } else {
     w.v = w.onDevice != nullptr && w.onDevice->vDense != nullptr ? where(*w.onDevice->vDense)
                                                                  : operand(m.vDense, b.v);
   }
   w.left = ops::deviceBuffer(backend_, b.left, j, n + r);
-  w.right = ops::deviceBuffer(backend_, b.right, k, n + r);
-  w.small = ops::deviceBuffer(backend_, b.small, n, r);
+  w.right = ops::deviceBuffer(backend_, b.right, k, w.sparse ? r : n + r);
+  w.small = w.sparse ? ops::deviceBuffer(backend_, b.small, r, n) : ops::deviceBuffer(backend_, b.small, n, r);
   w.mq = ops::deviceBuffer(backend_, b.mq, j, r);
   Tensor a = w.left.middleCols(0, n);
   const Vector& coeffs = *w.coeffs;
@@ -231,6 +284,13 @@ void LowRankSender::queueRange(Work& w) {
     // U core, or U diag(c): each entry one product plus zeros, u * c bit for bit.
     const Matrix core = w.withCore() ? m.core : Matrix(coeffs.asDiagonal());
     backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w.u, operand(core, b.core), 0.0f, a);
+  }
+  if (w.sparse) {
+    backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, w.eye, s.q, 0.0f, w.transposed);         // Q^T
+    backend_.gemmSparse(1.0f, w.transposed, w.vs, Trans::kNo, 0.0f, w.small);              // (V^T Q)^T
+    productWithColumns(backend_, Trans::kNo, 1.0f, s.e, s.q, w.mq);                        // E Q
+    backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, a, w.small, 1.0f, w.mq);                 // + A V^T Q
+    return;
   }
   backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, w.v, s.q, 0.0f, w.small);  // V^T Q
   productWithColumns(backend_, Trans::kNo, 1.0f, s.e, s.q, w.mq);          // E Q
@@ -248,16 +308,22 @@ void LowRankSender::queueProjection(Work& w) {
   if (dtype_ == SvDtype::kBf16) roundAllToBf16(w.basis);
   Tensor minusP = w.left.middleCols(n, r);
   put(-w.basis, minusP);
-  Tensor q = w.right.middleCols(n, r);
+  Tensor q = w.projected();
   productWithColumns(backend_, Trans::kYes, -1.0f, state_[w.p].e, minusP, q);
+  if (w.sparse) {
+    backend_.gemm(Trans::kYes, Trans::kNo, -1.0f, minusP, w.left.middleCols(0, n), 0.0f, w.small);  // (A^T P)^T
+    backend_.gemmSparse(1.0f, w.small, w.vs, Trans::kYes, 0.0f, w.transposed);                      // (V A^T P)^T
+    backend_.gemm(Trans::kYes, Trans::kNo, 1.0f, w.transposed, w.eye, 1.0f, q);
+    return;
+  }
   backend_.gemm(Trans::kYes, Trans::kNo, -1.0f, w.left.middleCols(0, n), minusP, 0.0f, w.small);
   backend_.gemm(Trans::kNo, Trans::kNo, 1.0f, w.v, w.small, 1.0f, q);
 }
 
 // Q' in bf16 (the value sent, so E carries its rounding error too), before E's update.
 void LowRankSender::roundProjection(Work& w) {
-  const int64_t r = rank_, k = w.m->vRows(), n = w.m->u.cols();
-  ops::Tensor q = w.right.middleCols(n, r);
+  const int64_t r = rank_, k = w.m->vRows();
+  ops::Tensor q = w.projected();
   w.q = staged(w.qAt, k, r);
   roundAllToBf16(w.q);
   put(w.q, q);
@@ -272,10 +338,15 @@ void LowRankSender::queueUpdate(Work& w) {
   MatrixState& s = state_[w.p];
   Buffers& b = s.buffers;
   if (s.q.cols() != r || s.q.rows() != k) s.q = backend_.allocate(k, r);
-  backend_.copy(w.right.middleCols(n, r), s.q);
-  Tensor vPart = w.right.middleCols(0, n);
-  backend_.copy(w.v, vPart);
-  backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, w.left, w.right, 1.0f, s.e);  // E' = E + [A, -P] [V, Q']^T
+  backend_.copy(w.projected(), s.q);
+  if (w.sparse) {
+    backend_.gemmSparse(1.0f, w.left.middleCols(0, n), w.vs, Trans::kYes, 1.0f, s.e);      // E + A V^T
+    backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, w.left.middleCols(n, r), w.right, 1.0f, s.e);  // - P Q'^T
+  } else {
+    Tensor vPart = w.right.middleCols(0, n);
+    backend_.copy(w.v, vPart);
+    backend_.gemm(Trans::kNo, Trans::kYes, 1.0f, w.left, w.right, 1.0f, s.e);  // E' = E + [A, -P] [V, Q']^T
+  }
   w.norms = ops::deviceBuffer(backend_, b.norms, 1, k);
   backend_.columnOp(ops::OpKind::kSquaredL2, s.e, nullptr, w.norms);
   if (w.m->biasId >= 0) {
@@ -405,13 +476,13 @@ SvBatch LowRankSender::compress(const SvBatch& batch, std::span<const ops::Devic
   staging_.wait();  // every M Q
   for (Work& w : work) queueProjection(w);
   if (dtype_ == SvDtype::kBf16) {
-    for (Work& w : work) w.qAt = staging_.down(w.right.middleCols(w.m->u.cols(), rank_));
+    for (Work& w : work) w.qAt = staging_.down(w.projected());
     staging_.wait();  // every Q'
     for (Work& w : work) roundProjection(w);
   }
   for (Work& w : work) queueUpdate(w);
   for (Work& w : work) {
-    if (dtype_ != SvDtype::kBf16) w.qAt = staging_.down(w.right.middleCols(w.m->u.cols(), rank_));
+    if (dtype_ != SvDtype::kBf16) w.qAt = staging_.down(w.projected());
     w.normsAt = staging_.down(w.norms);
     if (w.m->biasId >= 0) w.biasAt = staging_.down(w.bias);
   }

@@ -65,7 +65,8 @@ class LowRankSender {
   // The rank-R batch to send and to apply here for `batch` (full, coefficients or
   // cores); updates E and Q. The sites of one parameter (a recurrent model's steps)
   // go as one matrix, [U_1 diag(c) ... U_T diag(c)] by [V_1 ... V_T]: one rank-R
-  // update per parameter. A sparse V (one-hot tokens) is made dense first.
+  // update per parameter. A sparse V (one-hot tokens) stays sparse: its products
+  // are sparse ones, so a vocabulary-wide V is never formed.
   // `onDevice`: matrix i's U and V on the backend's device (the model's
   // lastDeviceSvs(), the same values as the batch's), read there instead of copying
   // the batch's in; empty: none are.
@@ -111,8 +112,10 @@ class LowRankSender {
   // A matrix's buffers on the device, grown to its largest clock and reused: a clock
   // allocates nothing.
   struct Buffers {
-    ops::Tensor left, right;  // [U C, -P] (J x (n + R)) and [V, Q'] (K x (n + R))
+    ops::Tensor left, right;  // [U C, -P] (J x (n + R)) and [V, Q'] (K x (n + R); Q' alone, K x R, for a sparse V)
     ops::Tensor mq, small, norms, bias, core, biasCoeffs, u, v;
+    ops::Tensor eye, transposed;  // for a sparse V: I_R and an R x K transpose (Q^T, then (V A^T P)^T)
+    ops::StagedSparse vSparse;    // a sparse V on the device
   };
   struct MatrixState {
     ops::Tensor e;  // J x K, on the backend's device
@@ -128,11 +131,20 @@ class LowRankSender {
     const Vector* coeffs = nullptr;
     const ops::DeviceSvs* onDevice = nullptr;
     size_t p = 0;
-    Matrix vHost;  // a sparse V made dense, for the products on the device
     ops::Tensor u, v, left, right, small, mq, norms, bias;
+    bool sparse = false;   // V one-hot: its products through gemmSparse, `small` kept as R x n
+    ops::SparseTensor vs;  // V then, where the backend reads it
+    SparseMatrix vCompressed;  // V compressed, when the batch's is not
+    Matrix eyeHost;            // I_R
+    ops::Tensor eye, transposed;
     Matrix basis, q;  // P and Q' on the host
     size_t mqAt = 0, qAt = 0, normsAt = 0, biasAt = 0;  // where their downloads land in the staging buffer
     bool withCore() const { return m->core.size() > 0; }
+    // Q' (K x R): right's last R columns.
+    ops::Tensor projected() const {
+      const int64_t from = sparse ? 0 : m->u.cols();
+      return right.middleCols(from, right.cols() - from);
+    }
   };
   // compress(), in the order the device runs it (low_rank.cc).
   void queueRange(Work& w);

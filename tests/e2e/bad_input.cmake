@@ -90,17 +90,7 @@ orpheus_script_test(bad_flag_batch_too_large LABEL mpi
 # An optimizer name orpheus does not know.
 orpheus_script_test(bad_flag_optimizer_name LABEL unit
   COMMAND ${EXPECT} "--optimizer" ${BADOUT} -- ${ORPHEUS_BIN} train --train ${FIX}/small.libsvm --optimizer lbfgs)
-# --sv-rank and the quasi-Newton optimizers: what only the data and the model decide.
-orpheus_script_test(bad_flag_sv_rank_sparse LABEL mpi
-  COMMAND ${EXPECT} "--sv-rank factors dense updates: .*small.libsvm is sparse" ${BADOUT} -- ${ORPHEUS_MPIEXEC} -n 2
-          --oversubscribe ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 4 --save ${BADOUT}
-          --train ${FIX}/small.libsvm --sv-rank 1)
-string(REPEAT "1 2 3 4 5 6 7 8 9\n" 40 nine_tokens)
-file(WRITE ${ORPHEUS_TEST_WORKDIR}/vocab16m.tokens "#orpheus-tokens vocabulary=16000000 steps=4\n${nine_tokens}")
-orpheus_script_test(bad_flag_sv_rank_tokens LABEL mpi
-  COMMAND ${EXPECT} "--sv-rank takes the one-hot token columns of .*vocab16m.tokens' dense: vocabulary 16000000 x B\\*T 20 = 320000000 floats a clock, more than 2\\^28" ${BADOUT} --
-          ${ORPHEUS_MPIEXEC} -n 2 --oversubscribe ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 5 --save ${BADOUT}
-          --train ${ORPHEUS_TEST_WORKDIR}/vocab16m.tokens --model ${CMAKE_SOURCE_DIR}/examples/lstm.loss --sv-rank 1)
+# The quasi-Newton optimizers: what only the data and the model decide.
 orpheus_script_test(bad_flag_bfgs_model_too_large LABEL mpi
   COMMAND ${EXPECT} "--optimizer bfgs: model 'mlr' has 6003 parameter entries" ${BADOUT} -- ${TRAIN_NP2}
           --train synthetic:examples=10,features=2000,classes=3 --optimizer bfgs)

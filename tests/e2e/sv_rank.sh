@@ -11,7 +11,9 @@
 #    feedback starts at zero), and restore of a new replica equals it bitwise;
 #  - a carried state of the wrong shape, or incomplete, is refused on --resume (exit 2);
 #  - the LSTM (token streams): one rank-R matrix per parameter for its steps' sites, under
-#    a third of the full SVs' bytes; replicas, restore(T) and --resume bitwise.
+#    a third of the full SVs' bytes; replicas, restore(T) and --resume bitwise;
+#  - sparse LIBSVM rows (a sparse V, as the LSTM's embedding has): under half the bytes,
+#    the test accuracy within 0.02, replicas and restore(T) bitwise.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -94,7 +96,7 @@ damage "e = h['sv-rank:0.e']; e[0, 0] = e[0, 0] + 1.0"
 damage "del h['sv-rank:0.q']"
 "$here/expect_error.sh" "rank-0.h5.*lacks its \.q" - -- "${resume_damaged[@]}" || fail "a missing basis"
 # The LSTM: the sites of its steps go as one rank-R matrix per parameter (the embedding's
-# one-hot V taken dense), so a clock sends a small fraction of the full SVs; replicas,
+# one-hot V through sparse products), so a clock sends a small fraction of the full SVs; replicas,
 # restore and --resume stay bitwise.
 sed -e 's/^dim embed = .*/dim embed = 6/' -e 's/^dim hidden = .*/dim hidden = 5/' "$here/../../examples/lstm.loss" \
   >"$out/lstm.loss"
@@ -118,4 +120,30 @@ for r in 0 1; do
   "$compare" "$out/lstm-resumed/replica-$r.h5" "$out/lstm-live/replica-$r.h5" 0 ||
     fail "the LSTM's replica $r resumed at 3 differs from the uninterrupted run"
 done
+# Sparse rows: 60 features, 6 of them set in each row, 4 classes from a random linear
+# map; the first layer's V is the rows themselves, sparse.
+/usr/bin/python3 - "$out" <<'PY'
+import random, sys
+rng = random.Random(3)
+w = [[rng.gauss(0, 1) for _ in range(60)] for _ in range(4)]
+for name, rows in (("train", 2000), ("test", 500)):
+    with open(f"{sys.argv[1]}/sparse-{name}.libsvm", "w") as f:
+        for _ in range(rows):
+            x = {j: rng.gauss(0, 1) for j in sorted(rng.sample(range(60), 6))}
+            y = max(range(4), key=lambda c: sum(w[c][j] * v for j, v in x.items()))
+            f.write(f"{y} " + " ".join(f"{j + 1}:{v:.4f}" for j, v in x.items()) + "\n")
+PY
+sparse=(--train "$out/sparse-train.libsvm" --test "$out/sparse-test.libsvm" --features 60 --batch 50 --lr 0.5
+        --clocks 100 --eval-every 100 --progress off --log-level warn --timeout 60)
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${sparse[@]}" --metrics "$out/sparse-full.jsonl" >/dev/null
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${sparse[@]}" --sv-rank 2 --metrics "$out/sparse-r2.jsonl" \
+  --ckpt sv --ckpt-dir "$out/sparse-ck" --save-replicas "$out/sparse-live" >/dev/null
+full=$(json_field "$out/sparse-full.jsonl" bytes_per_clock); low=$(json_field "$out/sparse-r2.jsonl" bytes_per_clock)
+a0=$(json_field "$out/sparse-full.jsonl" test_accuracy); a2=$(json_field "$out/sparse-r2.jsonl" test_accuracy)
+echo "sparse rows: bytes per clock $full -> $low; test accuracy $a0 -> $a2"
+/usr/bin/python3 -c 'import sys; f, l, a, b = map(float, sys.argv[1:]); sys.exit(0 if 0 < l < f / 2 and abs(a - b) <= 0.02 else 1)' \
+  "$full" "$low" "$a0" "$a2" || fail "sparse rows: bytes or accuracy out of bounds"
+"$compare" "$out/sparse-live/replica-0.h5" "$out/sparse-live/replica-1.h5" 0 || fail "sparse rows: the replicas differ"
+"$orpheus" restore --ckpt-dir "$out/sparse-ck" --replica 0 --clock 100 --out "$out/sparse-100.h5" >/dev/null
+"$compare" "$out/sparse-100.h5" "$out/sparse-live/replica-0.h5" 0 || fail "sparse rows: restore(100) differs"
 echo "sv-rank checks passed"
