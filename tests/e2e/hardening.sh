@@ -220,8 +220,9 @@ said "warning: --sync powersgd --sv-rank 1: no parameter of this model is compre
 # simulate takes the model and data rules train takes.
 refused "--select-unit step selects \(example, step\) pairs: model 'mlr' has no steps" -- "$orpheus" simulate \
   --ranks 2 --train synthetic:examples=100,features=4,classes=2 --clocks 2 --select-unit step
-refused "--sv-rank factors dense updates: .*small.libsvm is sparse" -- "$orpheus" simulate --ranks 2 \
-  --train "$fix/small.libsvm" --clocks 2 --batch 4 --sv-rank 1
+refused "--features 5 applies to LIBSVM and CSV files; the token stream '.*small.tokens' sets its vocabulary" -- \
+  "$orpheus" simulate --ranks 2 --train "$fix/small.tokens" --model "$here/../../examples/lstm.loss" --features 5 \
+  --clocks 2 --batch 4
 # A word where a command belongs is named, with the commands there are.
 refused "'frobnicate' is not a command: train, simulate, eval, restore, ctl, inspect" -- "$orpheus" frobnicate
 refused "ctl: 'frobnicate' is not a command: shrink, grow" -- "$orpheus" ctl "$out" frobnicate
