@@ -1,6 +1,7 @@
 #include "engine/worker/low_rank.h"
 
 #include "engine/base/error.h"
+#include "ops/cpu/cpu_backend.h"
 #include "ops/operators.h"
 
 #include <Eigen/Eigenvalues>
@@ -110,18 +111,6 @@ SvMatrix mergeSites(const SvBatch& batch, const std::vector<size_t>& sites, Vect
   if (sparse) out.vSparse.finalize();
   coeffs = Vector::Ones(t * n);
   return out;
-}
-
-// A compressed host sparse matrix as the CPU backend reads it, in place.
-ops::SparseTensor hostSparse(const SparseMatrix& m) {
-  ops::SparseTensor s;
-  s.rows = m.rows();
-  s.cols = m.cols();
-  s.nonZeros = m.nonZeros();
-  s.outer = m.outerIndexPtr();
-  s.inner = m.innerIndexPtr();
-  s.values = m.valuePtr();
-  return s;
 }
 
 }  // namespace
@@ -259,7 +248,7 @@ void LowRankSender::queueRange(Work& w) {
       v = &w.vCompressed;
     }
     if (backend_.device() == ops::Device::kCpu) {
-      w.vs = hostSparse(*v);
+      w.vs = ops::cpu::view(*v);  // read in place
     } else {
       backend_.waitOnDevice(ops::stageSparse(backend_, *v, staging_, b.vSparse));
       w.vs = b.vSparse.view;
