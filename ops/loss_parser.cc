@@ -8,6 +8,7 @@
 #include <cctype>
 #include <charconv>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -288,10 +289,15 @@ class LineParser {
     if (ec != std::errc() || end != t.text.data() + t.text.size()) fail(t, "a number");
     return v;
   }
-  // A size: a sum of products of integers and dimension names.
+  // A size: a sum of products of integers and dimension names; a sum or product is at most kMaxSize.
+  static constexpr int64_t kMaxSize = int64_t{1} << 40;
   int64_t dimension() {
     int64_t total = dimensionTerm();
-    while (acceptPunct("+")) total = checkedSize(total + dimensionTerm());
+    while (acceptPunct("+")) {
+      const int64_t term = dimensionTerm();
+      // Both at most kMaxSize, so the sum cannot overflow.
+      total = checkedSize(checkedSize(total) + checkedSize(term));
+    }
     return total;
   }
   int64_t dimensionTerm() {
@@ -299,13 +305,13 @@ class LineParser {
     while (acceptPunct("*")) {
       const Token at = peek();
       const int64_t f = dimensionFactor();
-      if (product > (int64_t{1} << 40) / f) throw InputError(fmt::format("{}size too large", this->at(at)));
+      if (product > kMaxSize / f) throw InputError(fmt::format("{}size too large", this->at(at)));
       product *= f;
     }
     return product;
   }
   int64_t checkedSize(int64_t v) const {
-    if (v > (int64_t{1} << 40)) throw InputError(fmt::format("{}size too large", at(peek())));
+    if (v > kMaxSize) throw InputError(fmt::format("{}size too large", at(peek())));
     return v;
   }
   int64_t dimensionFactor() {
@@ -322,11 +328,19 @@ class LineParser {
   Init initSpec() {
     const Token t = expectIdent("an initialisation (zeros, constant, normal, uniform, glorot, he)");
     Init init;
-    const auto arg = [&] {
+    // A float's value; a scale (normal's deviation, uniform's bound) is not negative either.
+    const auto arg = [&](bool scale = false) {
       expectPunct("(");
+      const Token n = peek();
       const bool negative = acceptPunct("-");
       const double v = number(expect(Token::Kind::kNumber, "a number"));
       expectPunct(")");
+      if (!(v <= std::numeric_limits<float>::max())) {
+        throw InputError(fmt::format("{}{}(): {}{} is beyond the range of a float", at(n), t.text, negative ? "-" : "", v));
+      }
+      if (scale && negative && v != 0) {
+        throw InputError(fmt::format("{}{}(): the scale -{} must not be negative", at(n), t.text, v));
+      }
       return negative ? -v : v;
     };
     if (t.text == "zeros") {
@@ -336,10 +350,10 @@ class LineParser {
       init.value = arg();
     } else if (t.text == "normal") {
       init.kind = Init::Kind::kNormal;
-      init.value = arg();
+      init.value = arg(true);
     } else if (t.text == "uniform") {
       init.kind = Init::Kind::kUniform;
-      init.value = arg();
+      init.value = arg(true);
     } else if (t.text == "glorot") {
       init.kind = Init::Kind::kGlorot;
     } else if (t.text == "he") {

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -224,9 +225,13 @@ std::string configFileIn(int argc, char** argv) {
 // flag the message starts with ("--clocks: ...") is not on the command line.
 std::string withConfigSource(const std::string& message, int argc, char** argv) {
   const std::string config = configFileIn(argc, argv);
-  const size_t colon = message.find(':');
-  if (config.empty() || !message.starts_with("--") || colon == std::string::npos) return message;
-  const std::string flag = message.substr(0, colon);
+  // The flag the message names: its first --name ("--lr: ...", "Could not convert: --resume = maybe").
+  const size_t start = message.find("--");
+  if (config.empty() || start == std::string::npos) return message;
+  size_t end = start + 2;
+  while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '-')) ++end;
+  if (end == start + 2) return message;
+  const std::string flag = message.substr(start, end - start);
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
     if (word == flag || word.starts_with(flag + "=")) return message;

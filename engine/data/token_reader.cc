@@ -36,8 +36,12 @@ constexpr int64_t kMaxSteps = 1000;
 
 // Reads "key=INT" from the header; -1 when absent.
 int64_t headerValue(const std::string& header, const std::string& key, const std::string& path) {
-  const std::string needle = " " + key + "=";
-  const size_t at = header.find(needle);
+  // key= after a space or a tab (the fields split as checkHeaderFields splits them)
+  const std::string needle = key + "=";
+  size_t at = header.find(needle);
+  while (at != std::string::npos && (at == 0 || (header[at - 1] != ' ' && header[at - 1] != '\t'))) {
+    at = header.find(needle, at + 1);
+  }
   if (at == std::string::npos) return -1;
   const char* begin = header.data() + at + needle.size();
   const char* end = header.data() + header.size();

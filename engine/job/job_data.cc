@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <string>
 
 namespace orpheus::engine {
@@ -154,11 +155,29 @@ void configureModel(const TrainConfig& config, ops::Model& model, int64_t steps)
   if (config.selectUnit == ops::Model::SvgUnit::kStep) {
     ORPHEUS_CHECK_INPUT(model.carriesState(),
                         "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
+    // A pair's SV column holds one site of every matrix: a matrix used twice a step
+    // (W h and W tanh(h)) has two columns a pair and no single one to send.
+    std::map<std::pair<uint32_t, int32_t>, int64_t> uses;
+    for (const auto& site : model.svSites()) ++uses[{site.paramId, site.biasId}];
+    const std::vector<ops::ParamSpec> specs = model.paramSpecs();
+    for (const auto& [key, n] : uses) {
+      const auto& [first, firstN] = *uses.begin();
+      ORPHEUS_CHECK_INPUT(n == firstN,
+                          "--select-unit step needs every matrix used once a step: model '{}' uses '{}' at {} "
+                          "sites of a clock and '{}' at {} (use --select-unit example)",
+                          config.model, specs.at(key.first).name, n, specs.at(first.first).name, firstN);
+    }
     model.setSvgUnit(config.selectUnit);
     const int64_t svgs = config.batch * steps;
     ORPHEUS_CHECK_INPUT(config.select <= svgs,
                         "--select {} must be at most B*T = {} with --select-unit step ({} examples of {} steps)",
                         config.select, svgs, config.batch, steps);
+    ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || config.svRank + 1 < svgs,
+                        "--sv-rank {} sends {} SVGs per matrix, no fewer than the B*T = {} a clock sends without it "
+                        "({} examples of {} steps): {}",
+                        config.svRank, config.svRank + 1, svgs, config.batch, steps,
+                        svgs >= 3 ? fmt::format("give --sv-rank {} or less", svgs - 2)
+                                  : std::string("give a larger --batch"));
   }
   ORPHEUS_CHECK_INPUT(!config.balance || !model.carriesState(),
                       "--balance changes each rank's minibatch size, but model '{}' carries state from one "

@@ -65,6 +65,20 @@ orpheus_script_test(bad_loss_no_params LABEL mpi
   COMMAND ${EXPECT} "no_params.loss: the model declares no parameters" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --model ${LOSSFIX}/no_params.loss)
 orpheus_script_test(bad_loss_endless_steps LABEL mpi
   COMMAND ${EXPECT} "endless_steps.loss:3:[0-9]+: 's' asks for 1000000000 inner steps per clock. at most 10000" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --model ${LOSSFIX}/endless_steps.loss)
+orpheus_script_test(bad_loss_overflow_dim LABEL unit
+  COMMAND ${EXPECT} "overflow_dim.loss:2:[0-9]+: size too large" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --model ${LOSSFIX}/overflow_dim.loss)
+orpheus_script_test(bad_loss_float_range_init LABEL unit
+  COMMAND ${EXPECT} "float_range_init.loss:1:[0-9]+: constant[(][)]: 1e.39 is beyond the range of a float" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --model ${LOSSFIX}/float_range_init.loss)
+orpheus_script_test(bad_loss_negative_scale LABEL unit
+  COMMAND ${EXPECT} "negative_scale.loss:1:[0-9]+: normal[(][)]: the scale -1 must not be negative" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --model ${LOSSFIX}/negative_scale.loss)
+# --select-unit step: one SV column a (example, step) pair holds one site of each matrix.
+orpheus_script_test(bad_loss_twice_a_step LABEL mpi
+  COMMAND ${EXPECT} "--select-unit step needs every matrix used once a step: model '.*twice_a_step.loss' uses 'U' at 8 sites of a clock and 'E' at 4" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.tokens --model ${LOSSFIX}/twice_a_step.loss --select-unit step)
+orpheus_script_test(bad_flag_sv_rank_step_columns LABEL unit
+  COMMAND ${EXPECT} "--sv-rank 2147483647 sends 2147483648 SVGs per matrix, no fewer than the B.T = 8 a clock sends without it .2 examples of 4 steps.: give --sv-rank 6 or less" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.tokens --model ${CMAKE_SOURCE_DIR}/examples/lstm.loss --sv-rank 2147483647 --select-unit step)
+file(WRITE ${ORPHEUS_TEST_WORKDIR}/bad_bool.toml "[train]\nresume = \"maybe\"\n")
+orpheus_script_test(bad_flag_bool_config LABEL unit
+  COMMAND ${EXPECT} "--resume = maybe .from --config '.*bad_bool.toml'." ${BADOUT} -- ${ORPHEUS_BIN} --config ${ORPHEUS_TEST_WORKDIR}/bad_bool.toml train --train ${FIX}/small.libsvm)
 # validate() on the ranks mpiexec started.
 orpheus_script_test(bad_flag_fanout LABEL mpi
   COMMAND ${EXPECT} "--fanout 4 needs at most P-1 = 3" ${BADOUT} -- ${TRAIN_NP4} --multicast random --fanout 4)

@@ -50,6 +50,15 @@ TEST_CASE("a token stream is cut into parallel streams of segments", "[data][tok
       for (int64_t t = 0; t <= 4; ++t) CHECK(d.dense(ops::kSegmentTokenRow + t, j) == (b * 33 + s * 4 + t) % 50);
     }
   }
+  SECTION("the header's fields may be split by tabs") {
+    const std::string tabbed = writeStream(dir, "#orpheus-tokens vocabulary=50\tsteps=4");
+    ReadOptions one;
+    one.streams = 3;
+    const Dataset t = readDataset(tabbed, one);
+    CHECK(t.steps == 4);
+    CHECK(t.vocabulary == 50);
+    CHECK(t.dense == d.dense);
+  }
   SECTION("the in-order sampler hands column b stream b's next segment") {
     MinibatchSampler sampler(d.size(), 3, 1, 0, MinibatchSampler::Order::kInOrder);
     for (int64_t k = 0; k < 10; ++k) {
