@@ -3,6 +3,7 @@
 #include "ckpt/h5.h"
 #include "ckpt/layout.h"
 
+#include <cmath>
 #include <filesystem>
 
 namespace orpheus::ckpt {
@@ -56,6 +57,18 @@ JobInfo readJobInfo(const std::string& dir) {
   require(readStringAttr(file.get(), "flags", &info.flags), "flags");
   // Optional: older checkpoints did not record it.
   if (!readStringAttr(file.get(), "computation", &info.computation)) info.computation.clear();
+  // Sizes as the loss parser bounds them; 0 where the writer did not know the value.
+  constexpr int64_t kMaxSize = int64_t{1} << 40;
+  const auto inRange = [&](int64_t v, int64_t most, const char* name) {
+    ORPHEUS_CHECK_INPUT(v >= 0 && v <= most, "job file '{}': attribute '{}' is {}, outside 0..{} (a damaged file)",
+                        path, name, v, most);
+  };
+  inRange(info.features, kMaxSize, "features");
+  inRange(info.classes, kMaxSize, "classes");
+  inRange(info.batch, kMaxSize, "batch");
+  inRange(ranks, kMaxRanks, "ranks");
+  ORPHEUS_CHECK_INPUT(std::isfinite(info.lr), "job file '{}': attribute 'lr' is {}, not a finite number", path,
+                      info.lr);
   info.ranks = static_cast<int>(ranks);
   return info;
 }

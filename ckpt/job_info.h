@@ -7,6 +7,9 @@
 
 namespace orpheus::ckpt {
 
+// The most ranks a job records (a job.h5 or membership record beyond it is damaged).
+constexpr int kMaxRanks = 1 << 16;
+
 struct JobInfo {
   std::string modelName;   // "mlr" or the .loss path as given
   std::string modelText;   // the .loss file's text ("" for built-ins)
@@ -25,7 +28,8 @@ struct JobInfo {
 
 // Writes DIR/job.h5 durably; reading it back gives the same JobInfo. IoError naming
 // the file when it cannot be written; InputError naming it when it is missing,
-// unreadable or lacks an attribute.
+// unreadable, lacks an attribute or holds one out of range (negative sizes, more
+// than kMaxRanks ranks, a non-finite lr).
 void writeJobInfo(const std::string& dir, const JobInfo& info);
 JobInfo readJobInfo(const std::string& dir);
 

@@ -68,9 +68,10 @@ void addEpoch(std::vector<Epoch>& epochs, const std::string& line, const std::st
   Epoch next;
   words >> e >> next.epoch >> c >> next.clock >> r >> next.ranks;
   ORPHEUS_CHECK_INPUT(words && e == "epoch" && c == "clock" && r == "ranks" && next.ranks >= 1 &&
+                          next.ranks <= kMaxRanks &&
                           next.epoch == epochs.back().epoch + 1 && next.clock >= epochs.back().clock,
-                      "{}: expected 'epoch {} clock C ranks P' (C >= {}), got '{}'", where, epochs.back().epoch + 1,
-                      epochs.back().clock, line);
+                      "{}: expected 'epoch {} clock C ranks P' (C >= {}, P of 1 to {}), got '{}'", where,
+                      epochs.back().epoch + 1, epochs.back().clock, kMaxRanks, line);
   epochs.push_back(next);
 }
 

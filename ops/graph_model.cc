@@ -89,6 +89,16 @@ bool GraphModel::hasAccuracy() const {
   return graph_.prediction() >= 0 && graph_.labelNode() >= 0;
 }
 
+int64_t GraphModel::labelCount() const {
+  return graph_.labelNode() >= 0 ? graph_.node(graph_.labelNode()).rows : -1;
+}
+
+std::string GraphModel::labelName() const {
+  if (graph_.labelNode() < 0) return {};
+  const Node& n = graph_.node(graph_.labelNode());
+  return fmt::format("label {}[{}]", n.name, n.rows);
+}
+
 std::vector<Matrix> GraphModel::carriedStates(const Matrix& segments, const CarriedStates& kept) const {
   std::vector<Matrix> states;
   for (int id : graph_.states()) states.push_back(Matrix::Zero(graph_.node(id).rows, segments.cols()));

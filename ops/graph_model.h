@@ -58,6 +58,9 @@ class GraphModel final : public Model {
   // (kept apart from training's); the sums count tokens.
   EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const override;
   bool hasAccuracy() const override;
+  // The rows of its label (or of its sequence input: one per word).
+  int64_t labelCount() const override;
+  std::string labelName() const override;
   bool reportsPerplexity() const override { return graph_.steps() > 0; }
   bool carriesState() const override { return graph_.steps() > 0; }
   // The training states by stream: "carried_streams" (2 x S: stream, index of its

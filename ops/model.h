@@ -147,6 +147,10 @@ class Model {
   virtual EvalSums evaluate(const ParamSet& w, const ExampleBatch& x) const = 0;
   // False for models without a predicted class (e.g. topic models): no accuracy.
   virtual bool hasAccuracy() const { return true; }
+  // The labels (or a token stream's words) the model takes, 0..labelCount()-1, and
+  // the name of what fixes it; -1 where it takes any label the data has.
+  virtual int64_t labelCount() const { return -1; }
+  virtual std::string labelName() const { return {}; }
   // True for language models: evaluate() counts tokens, not examples, so
   // exp(lossSum / count) is the perplexity, reported with the loss.
   virtual bool reportsPerplexity() const { return false; }

@@ -9,6 +9,7 @@
 #include "engine/metrics/metrics.h"
 #include "engine/worker/worker.h"
 #include "ops/model_factory.h"
+#include "ops/sequence_layout.h"
 
 #include <cmath>
 #include <cstdio>
@@ -58,6 +59,20 @@ int runEval(const EvalConfig& config) {
     p.value = saved[i];
   }
 
+  if (test.steps > 0) {  // a token stream: its steps and words, not features
+    ORPHEUS_CHECK_INPUT(config.features <= 0,
+                        "--features applies to feature data; '{}' is a token stream (its header gives steps and "
+                        "vocabulary)",
+                        config.test);
+    const int64_t steps = features - ops::segmentRows(0);
+    ORPHEUS_CHECK_INPUT(test.features == features,
+                        "--test '{}' has steps={}, the model '{}' was trained on steps={}: give a stream of the same "
+                        "steps",
+                        config.test, test.steps, config.params, steps);
+    ORPHEUS_CHECK_INPUT(test.vocabulary <= classes,
+                        "--test '{}' has vocabulary={}, more than the model's {} words", config.test, test.vocabulary,
+                        classes);
+  }
   if (test.sparse && test.features < features) data::widen(test, features);
   ORPHEUS_CHECK_INPUT(test.features == features, "test data '{}' has {} features but the model '{}' has {}",
                       config.test, test.features, config.params, features);

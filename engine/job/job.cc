@@ -246,6 +246,8 @@ Outputs makeModelAndOutputs(const TrainConfig& config, bool leader, const Shards
   Outputs out;
   out.model = ops::makeModel({config.model, "", ""}, shards.features, shards.classes, config.seed);
   configureModel(config, *out.model, shards.train.steps);
+  checkLabelsFit("--train", config.train, shards.train, *out.model, config.model);
+  if (shards.haveTest) checkLabelsFit("--test", config.test, shards.test, *out.model, config.model);
   out.metrics = std::make_unique<MetricsWriter>(leader ? config.metrics : std::string());
   return out;
 }

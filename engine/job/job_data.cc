@@ -184,6 +184,16 @@ void configureModel(const TrainConfig& config, ops::Model& model, int64_t steps)
                       "minibatch to the next", config.model);
 }
 
+void checkLabelsFit(const char* flag, const std::string& path, const data::Dataset& data, const ops::Model& model,
+                    const std::string& name) {
+  const int64_t count = model.labelCount();
+  if (count < 0 || data.maxLabel() < count) return;
+  ORPHEUS_CHECK_INPUT(data.steps == 0, "{} '{}' has word {}, but model '{}' takes words 0..{} ({})", flag, path,
+                      data.maxLabel(), name, count - 1, model.labelName());
+  throw InputError(fmt::format("{} '{}' has label {}, but model '{}' takes labels 0..{} ({})", flag, path,
+                               data.maxLabel(), name, count - 1, model.labelName()));
+}
+
 void checkDataKind(const char* flag, const std::string& path, const data::Dataset& data, const std::string& model) {
   // A sequence model reads token streams; other data would be unrolled as if its rows were segments.
   const bool sequence = declaresSequence(model);

@@ -27,6 +27,10 @@ struct Shards {
 // Token streams are a sequence model's data and only theirs: any other pairing of `data`
 // (read from `path`, given by `flag`) and `model` is refused, naming both.
 void checkDataKind(const char* flag, const std::string& path, const data::Dataset& data, const std::string& model);
+// The labels of `data` (a token stream's words) against those `model` (named `name`)
+// takes: a label past them is refused before the first clock, naming both.
+void checkLabelsFit(const char* flag, const std::string& path, const data::Dataset& data, const ops::Model& model,
+                    const std::string& name);
 // Rank `rank`'s shard of `path` (a file or a synthetic spec) of a job of `ranks`:
 // as wide as `features` where that is > 0, token streams cut into --batch streams.
 data::Dataset readShard(const std::string& path, const TrainConfig& config, int rank, int ranks, int64_t features,

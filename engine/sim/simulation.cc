@@ -191,7 +191,10 @@ std::vector<std::unique_ptr<ops::Model>> makeModels(const TrainConfig& config, c
     configureModel(config, *model, first.steps);
     return model;
   };
-  checkJobMemory(config, *make(), {shards.features, shards.classes, first.steps, first.sparse}, p, threads);
+  const auto probe = make();
+  for (const Dataset& d : shards.train) checkLabelsFit("--train", config.train, d, *probe, config.model);
+  for (const Dataset& d : shards.test) checkLabelsFit("--test", config.test, d, *probe, config.model);
+  checkJobMemory(config, *probe, {shards.features, shards.classes, first.steps, first.sparse}, p, threads);
   std::vector<std::unique_ptr<ops::Model>> models;
   models.reserve(static_cast<size_t>(p));
   for (int r = 0; r < p; ++r) models.push_back(make());

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <unistd.h>
 
@@ -145,6 +146,38 @@ bool bitwiseEqual(const ParamSet& a, const ParamSet& b) {
 }
 
 }  // namespace
+
+TEST_CASE("a job.h5 holding values no job writes is refused naming the attribute", "[ckpt][sv_log]") {
+  using Catch::Matchers::Contains;
+  const auto refused = [](JobInfo info, const std::string& what) {
+    TempDir dir;
+    writeJobInfo(dir.str(), info);
+    CHECK_THROWS_WITH(readJobInfo(dir.str()), Contains("job.h5") && Contains(what));
+  };
+  JobInfo good;
+  good.ranks = 4;
+  good.batch = 8;
+  good.features = 10;
+  good.classes = 3;
+  JobInfo v = good;
+  v.ranks = -1;
+  refused(v, "attribute 'ranks' is -1, outside 0..65536");
+  v = good;
+  v.ranks = 1 << 20;
+  refused(v, "attribute 'ranks' is 1048576");
+  v = good;
+  v.batch = -5;
+  refused(v, "attribute 'batch' is -5");
+  v = good;
+  v.features = int64_t{1} << 50;
+  refused(v, "attribute 'features'");
+  v = good;
+  v.lr = std::numeric_limits<double>::quiet_NaN();
+  refused(v, "attribute 'lr' is nan");
+  TempDir dir;
+  writeJobInfo(dir.str(), good);
+  CHECK(readJobInfo(dir.str()).ranks == 4);
+}
 
 TEST_CASE("job info round-trips through job.h5", "[ckpt][sv_log]") {
   TempDir dir;

@@ -79,6 +79,9 @@ orpheus_script_test(bad_flag_sv_rank_step_columns LABEL unit
 file(WRITE ${ORPHEUS_TEST_WORKDIR}/bad_bool.toml "[train]\nresume = \"maybe\"\n")
 orpheus_script_test(bad_flag_bool_config LABEL unit
   COMMAND ${EXPECT} "--resume = maybe .from --config '.*bad_bool.toml'." ${BADOUT} -- ${ORPHEUS_BIN} --config ${ORPHEUS_TEST_WORKDIR}/bad_bool.toml train --train ${FIX}/small.libsvm)
+# A label past the model's fixed label rows: refused before the first clock, one line at np 2.
+orpheus_script_test(bad_loss_fixed_label LABEL mpi
+  COMMAND ${EXPECT} "--train '.*small.libsvm' has label 2, but model '.*fixed_label.loss' takes labels 0..1 .label y.2.." ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.libsvm --model ${LOSSFIX}/fixed_label.loss)
 # validate() on the ranks mpiexec started.
 orpheus_script_test(bad_flag_fanout LABEL mpi
   COMMAND ${EXPECT} "--fanout 4 needs at most P-1 = 3" ${BADOUT} -- ${TRAIN_NP4} --multicast random --fanout 4)

@@ -35,7 +35,7 @@
 #  - simulate's link rates below 1 kbit/s; token streams' bad ids named by the file's
 #    line on any rank, a test stream of other steps or vocabulary, a huge vocabulary;
 #  - restore of the newest clock when none restores: said so, no clock named;
-#  - --features beside a token stream, and an --adapt-comm-share past 100.
+#  - --features beside a token stream (train and eval), and an --adapt-comm-share past 100.
 set -uo pipefail
 orpheus=$1; mpiexec=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -124,6 +124,12 @@ refused "model '.*lstm.loss' is a sequence model: it reads token streams .*, and
   -- "$orpheus" eval --params "$out/lstm.h5" --model "$out/lstm.loss" --test "$fix/small.libsvm"
 refused "--test '.*tokens' is a token stream, but model 'mlr' takes feature vectors" -- "$orpheus" eval \
   --params "$out/r12.h5" --test "$out/tokens"
+# eval of a token stream: other steps named as steps, and --features refused beside it.
+printf '#orpheus-tokens vocabulary=10 steps=4\n1 2 3 4 5 6 7 8 9 0 1 2 3 4 5\n' >"$out/steps4.tokens"
+refused "--test '.*steps4.tokens' has steps=4, the model '.*lstm.h5' was trained on steps=3" -- "$orpheus" eval \
+  --params "$out/lstm.h5" --model "$out/lstm.loss" --test "$out/steps4.tokens"
+refused "--features applies to feature data; '.*tokens' is a token stream" -- "$orpheus" eval \
+  --params "$out/lstm.h5" --model "$out/lstm.loss" --test "$out/tokens" --features 6
 # A stream on one line cannot be split between ranks: said as such.
 printf '#orpheus-tokens vocabulary=10 steps=3\n1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4\n' >"$out/oneline"
 refused "got no tokens: a token stream is split between ranks at line ends" -- "$mpiexec" -n 2 --oversubscribe \
