@@ -309,12 +309,8 @@ void validate(const TrainConfig& c, int ranks) {
     ORPHEUS_CHECK_INPUT(c.select == 0,
                         "--sv-rank sends each matrix's whole update at rank R with error feedback: it replaces "
                         "--select (give one of them)");
-    ORPHEUS_CHECK_INPUT(c.selectUnit == ops::Model::SvgUnit::kStep || c.svRank + 1 < c.batch,
-                        "--sv-rank {} sends {} SVGs per matrix, no fewer than the {} a clock sends at --batch {} "
-                        "without it: {}",
-                        c.svRank, c.svRank + 1, c.batch, c.batch,
-                        c.batch >= 3 ? fmt::format("give --sv-rank {} or less", c.batch - 2)
-                                     : std::string("--sv-rank needs --batch 3 or more"));
+    // That R + 1 SVGs are fewer than a clock's columns is checked against the model
+    // (engine/job/job_data.cc configureModel): a sequence model's are B*T.
   }
   if (c.svDtype != SvDtype::kF32) {
     ORPHEUS_CHECK_INPUT(c.sync == SyncMode::kSv && !c.overlap,

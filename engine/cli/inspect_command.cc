@@ -35,8 +35,9 @@ void printJobRecords(const std::string& dir, const std::vector<Epoch>& epochs) {
 int inspectMain(const std::string& dir) {
   const auto view = inspectCheckpoint(dir);
   const auto& inv = view.inventory;
-  std::printf("checkpoint %s: %s, %d ranks, seed %llu, %.1f MB\n", dir.c_str(), inv.job.modelSpec.c_str(),
-              inv.job.ranks, static_cast<unsigned long long>(inv.job.seed), inv.totalBytes / 1e6);
+  std::printf("checkpoint %s: %s, %d rank%s, seed %llu, %.1f MB\n", dir.c_str(), inv.job.modelSpec.c_str(),
+              inv.job.ranks, inv.job.ranks == 1 ? "" : "s", static_cast<unsigned long long>(inv.job.seed),
+              inv.totalBytes / 1e6);
   for (const auto& r : inv.replicas) {
     const ckpt::ReplicaRestorability& restorable = *view.restorable.replica(r.replica);
     uint64_t bytes = 0;

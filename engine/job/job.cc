@@ -125,6 +125,22 @@ void announcePowerSgd(const TrainConfig& config, const ops::Model& model) {
                PowerSgdReducer::kPlainClocks);
 }
 
+// --sv-rank R sends R + 1 SVGs of J + K floats a J x K matrix: where that is no
+// fewer than the matrix's J K floats, the rank saves nothing on it, said as a warning.
+void announceSvRankPastMatrices(const TrainConfig& config, const ops::Model& model) {
+  std::vector<std::string> whole;
+  for (const ops::ParamSpec& p : model.paramSpecs()) {
+    if (p.cols > 1 && (config.svRank + 1) * (p.rows + p.cols) >= p.rows * p.cols) {
+      whole.push_back(fmt::format("'{}' ({}x{})", p.name, p.rows, p.cols));
+    }
+  }
+  if (whole.empty()) return;
+  spdlog::warn("--sv-rank {}: its {} SVGs of J + K floats are no fewer than the J K floats of {}{}: the rank saves "
+               "nothing there (a J x K update has rank at most min(J, K); give a lower --sv-rank, or --sync dense)",
+               config.svRank, config.svRank + 1, fmt::join(whole.begin(), whole.begin() + std::min<size_t>(3, whole.size()), ", "),
+               whole.size() > 3 ? fmt::format(" and {} more", whole.size() - 3) : "");
+}
+
 // Rank 0's log lines about the job (the example counts are a collective).
 void announce(const TrainConfig& config, comm::Transport& transport, const ops::Model& model, const Shards& shards,
               const ops::Backend& backend) {
@@ -176,6 +192,7 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   } else if (config.svRank > 0) {
     spdlog::info("every replica applies each matrix's update at rank {} ({} SVGs), with error feedback{}", config.svRank,
                  config.svRank + 1, config.adapt ? "; --adapt moves the rank" : "");
+    announceSvRankPastMatrices(config, model);
   }
   if (config.svDtype == SvDtype::kBf16) {
     spdlog::info("SVs sent as bf16: U and V rounded before they leave, half their bytes{}",

@@ -152,14 +152,15 @@ void checkTrainingShard(const TrainConfig& config, const data::Dataset& train) {
 }
 
 void configureModel(const TrainConfig& config, ops::Model& model, int64_t steps) {
+  // Each matrix's sites a clock (a sequence model's: one a step, or more where a step uses it twice).
+  std::map<std::pair<uint32_t, int32_t>, int64_t> uses;
+  for (const auto& site : model.svSites()) ++uses[{site.paramId, site.biasId}];
+  const std::vector<ops::ParamSpec> specs = model.paramSpecs();
   if (config.selectUnit == ops::Model::SvgUnit::kStep) {
     ORPHEUS_CHECK_INPUT(model.carriesState(),
                         "--select-unit step selects (example, step) pairs: model '{}' has no steps", config.model);
     // A pair's SV column holds one site of every matrix: a matrix used twice a step
     // (W h and W tanh(h)) has two columns a pair and no single one to send.
-    std::map<std::pair<uint32_t, int32_t>, int64_t> uses;
-    for (const auto& site : model.svSites()) ++uses[{site.paramId, site.biasId}];
-    const std::vector<ops::ParamSpec> specs = model.paramSpecs();
     for (const auto& [key, n] : uses) {
       const auto& [first, firstN] = *uses.begin();
       ORPHEUS_CHECK_INPUT(n == firstN,
@@ -172,12 +173,25 @@ void configureModel(const TrainConfig& config, ops::Model& model, int64_t steps)
     ORPHEUS_CHECK_INPUT(config.select <= svgs,
                         "--select {} must be at most B*T = {} with --select-unit step ({} examples of {} steps)",
                         config.select, svgs, config.batch, steps);
-    ORPHEUS_CHECK_INPUT(config.svRank == 0 || config.sync != SyncMode::kSv || config.svRank + 1 < svgs,
-                        "--sv-rank {} sends {} SVGs per matrix, no fewer than the B*T = {} a clock sends without it "
-                        "({} examples of {} steps): {}",
-                        config.svRank, config.svRank + 1, svgs, config.batch, steps,
-                        svgs >= 3 ? fmt::format("give --sv-rank {} or less", svgs - 2)
-                                  : std::string("give a larger --batch"));
+  }
+  // --sv-rank R sends R + 1 SVGs a matrix in place of its columns: a clock's batch
+  // times its sites (all of a parameter's steps are compressed as one matrix).
+  if (config.svRank > 0 && config.sync == SyncMode::kSv) {
+    int64_t sites = 1;
+    if (!uses.empty()) {
+      sites = std::min_element(uses.begin(), uses.end(), [](const auto& a, const auto& b) {
+                return a.second < b.second;
+              })->second;
+    }
+    const int64_t columns = config.batch * sites;
+    const std::string without =
+        steps > 0 ? fmt::format("the B*T = {} a clock sends without it ({} examples of {} steps)", columns,
+                                config.batch, sites)
+                  : fmt::format("the {} a clock sends at --batch {} without it", columns, config.batch);
+    ORPHEUS_CHECK_INPUT(config.svRank + 1 < columns, "--sv-rank {} sends {} SVGs per matrix, no fewer than {}: {}",
+                        config.svRank, config.svRank + 1, without,
+                        columns >= 3 ? fmt::format("give --sv-rank {} or less", columns - 2)
+                                     : std::string("--sv-rank needs --batch 3 or more"));
   }
   ORPHEUS_CHECK_INPUT(!config.balance || !model.carriesState(),
                       "--balance changes each rank's minibatch size, but model '{}' carries state from one "

@@ -74,6 +74,12 @@ orpheus_script_test(bad_loss_negative_scale LABEL unit
 # --select-unit step: one SV column a (example, step) pair holds one site of each matrix.
 orpheus_script_test(bad_loss_twice_a_step LABEL mpi
   COMMAND ${EXPECT} "--select-unit step needs every matrix used once a step: model '.*twice_a_step.loss' uses 'U' at 8 sites of a clock and 'E' at 4" ${BADOUT} -- ${TRAIN_NP2} --train ${FIX}/small.tokens --model ${LOSSFIX}/twice_a_step.loss --select-unit step)
+orpheus_script_test(bad_flag_sv_rank_batch LABEL unit
+  COMMAND ${EXPECT} "--sv-rank 2 sends 3 SVGs per matrix, no fewer than the 2 a clock sends at --batch 2 without it: --sv-rank needs --batch 3 or more" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.libsvm --sv-rank 2)
+orpheus_script_test(bad_flag_sv_rank_batch3 LABEL unit
+  COMMAND ${EXPECT} "no fewer than the 3 a clock sends at --batch 3 without it: give --sv-rank 1 or less" ${BADOUT} -- ${ORPHEUS_BIN} train --progress off --clocks 5 --batch 3 --save ${BADOUT} --train ${FIX}/small.libsvm --sv-rank 2)
+orpheus_script_test(bad_flag_sv_rank_example_columns LABEL unit
+  COMMAND ${EXPECT} "--sv-rank 8 sends 9 SVGs per matrix, no fewer than the B.T = 8 a clock sends without it .2 examples of 4 steps.: give --sv-rank 6 or less" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.tokens --model ${CMAKE_SOURCE_DIR}/examples/lstm.loss --sv-rank 8)
 orpheus_script_test(bad_flag_sv_rank_step_columns LABEL unit
   COMMAND ${EXPECT} "--sv-rank 2147483647 sends 2147483648 SVGs per matrix, no fewer than the B.T = 8 a clock sends without it .2 examples of 4 steps.: give --sv-rank 6 or less" ${BADOUT} -- ${TRAIN_NP1} --train ${FIX}/small.tokens --model ${CMAKE_SOURCE_DIR}/examples/lstm.loss --sv-rank 2147483647 --select-unit step)
 file(WRITE ${ORPHEUS_TEST_WORKDIR}/bad_bool.toml "[train]\nresume = \"maybe\"\n")

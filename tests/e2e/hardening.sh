@@ -23,7 +23,8 @@
 #    they shape: refused;
 #  - --select-method without --select, --transfer and --resident on the cpu, and
 #    --threads past the host's cores, --sync powersgd at a rank that compresses nothing,
-#    --average-every (without an outer step) and --rotate-every under an all-reduce: warned;
+#    --average-every (without an outer step) and --rotate-every under an all-reduce, an --sv-rank
+#    that saves nothing on a matrix: warned;
 #  - an unreadable --adapt-trace: one line, not one a rank;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock;
 #  - a job of one rank trains with any --multicast (nothing to refuse), and under --sync sv
@@ -124,6 +125,9 @@ refused "model '.*lstm.loss' is a sequence model: it reads token streams .*, and
   -- "$orpheus" eval --params "$out/lstm.h5" --model "$out/lstm.loss" --test "$fix/small.libsvm"
 refused "--test '.*tokens' is a token stream, but model 'mlr' takes feature vectors" -- "$orpheus" eval \
   --params "$out/r12.h5" --test "$out/tokens"
+# --sv-rank against a sequence model's B*T columns, not its B examples: rank 1 at --batch 2.
+"$orpheus" train --model "$out/lstm.loss" --train "$out/tokens" --clocks 2 --batch 2 --sv-rank 1 --progress off \
+  --log-level warn >/dev/null || { echo "FAIL: --sv-rank 1 of an LSTM at --batch 2"; fail=1; }
 # eval of a token stream: other steps named as steps, and --features refused beside it.
 printf '#orpheus-tokens vocabulary=10 steps=4\n1 2 3 4 5 6 7 8 9 0 1 2 3 4 5\n' >"$out/steps4.tokens"
 refused "--test '.*steps4.tokens' has steps=4, the model '.*lstm.h5' was trained on steps=3" -- "$orpheus" eval \
@@ -223,6 +227,11 @@ said "warning: --rotate-every 2: --sync powersgd keeps every replica the same" "
 # --sync powersgd at a rank that compresses no parameter is dense all-reduce, and says so.
 said "warning: --sync powersgd --sv-rank 1: no parameter of this model is compressed" "$orpheus" train \
   --train synthetic:examples=100,features=4,classes=2 --clocks 2 --batch 4 --sync powersgd --sv-rank 1
+# --sv-rank past what a matrix holds saves nothing on it, and says so; a rank that saves says nothing.
+said "warning: --sv-rank 40: its 41 SVGs of J + K floats are no fewer than the J K floats of 'W' (3x4)" "$orpheus" \
+  train --train "$fix/small.libsvm" --clocks 2 --batch 50 --sv-rank 40
+if "$orpheus" train --train synthetic:examples=100,features=20,classes=3 --clocks 2 --batch 4 --sv-rank 1 --progress off \
+  --log-level warn 2>&1 | grep -q "the rank saves nothing"; then echo "FAIL: --sv-rank 1 of a 3x20 matrix warned"; fail=1; fi
 # simulate takes the model and data rules train takes.
 refused "--select-unit step selects \(example, step\) pairs: model 'mlr' has no steps" -- "$orpheus" simulate \
   --ranks 2 --train synthetic:examples=100,features=4,classes=2 --clocks 2 --select-unit step
