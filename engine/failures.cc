@@ -20,6 +20,7 @@ namespace orpheus::engine {
 int exitCodeFor(const std::exception& e) {
   if (const auto* failed = dynamic_cast<const JobFailed*>(&e)) return failed->code();
   if (dynamic_cast<const IoError*>(&e) != nullptr) return kExitIoError;
+  if (dynamic_cast<const TimeoutError*>(&e) != nullptr) return kExitTimeout;
   return dynamic_cast<const InputError*>(&e) != nullptr ? kExitBadInput : kExitInternal;
 }
 

@@ -25,12 +25,14 @@ class JobFailed : public std::runtime_error {
 };
 
 // The CLI's exit codes (besides 0).
-constexpr int kExitInternal = 1;  // a bug, a lost peer, a timeout
+constexpr int kExitInternal = 1;  // a bug
 constexpr int kExitBadInput = 2;  // bad input or usage
 constexpr int kExitIoError = 3;   // the operating system refused a file operation (a full or failing disk)
+constexpr int kExitTimeout = 4;   // a peer stalled or is gone: a wait ran past --timeout (--resume continues)
 
 // Exit code for an exception: kExitIoError for IoError, kExitBadInput for other
-// InputErrors, a JobFailed's own code, kExitInternal otherwise.
+// InputErrors, kExitTimeout for a TimeoutError, a JobFailed's own code,
+// kExitInternal otherwise.
 int exitCodeFor(const std::exception& e);
 
 // Prints "orpheus: <message>" as one line on stderr.

@@ -1,8 +1,8 @@
 // orpheus: the command-line entry point. `train` runs under mpirun (every rank is
 // a symmetric worker); `eval` scores a saved model in one process. Each subcommand's
 // flags are in engine/cli/command_flags.h, its body in engine/cli/*_command.cc.
-// Exit codes (engine/job/job.h): 0 success, 1 internal failure, 2 bad input or usage,
-// 3 a file operation failed (a full or failing disk).
+// Exit codes (engine/failures.h): 0 success, 1 internal failure, 2 bad input or usage,
+// 3 a file operation failed (a full or failing disk), 4 a peer stalled or is gone.
 #include "comm/live_group.h"
 #include "engine/base/error.h"
 #include "engine/base/log.h"
@@ -33,7 +33,7 @@ using namespace orpheus::engine::cli;
 
 constexpr const char* kExitCodes =
     "Exit codes: 0 success, 1 internal failure, 2 bad input or usage, 3 a file operation failed (a full or failing "
-    "disk).";
+    "disk), 4 a peer stalled or is gone (a wait ran past --timeout; --resume continues the job).";
 
 // CLI11's TOML reader, stricter: a flag or a [section] given twice is an error (CLI11
 // would keep the first value and drop the other without a word).

@@ -9,10 +9,10 @@
 #                   uninterrupted run
 #   stop_rank       SIGSTOP of rank 1 (np 3, ring multicast): the others time out after
 #                   --timeout; exactly one orpheus line, naming rank 1 stalled and the
-#                   clock (the woken rank 1 does not blame the others); nonzero;
+#                   clock (the woken rank 1 does not blame the others); exit 4;
 #                   nothing left running
 #   stop_rank_bcast SIGSTOP of rank 1 (np 2, broadcast): exactly one line, naming the
-#                   clock and rank 1 stalled
+#                   clock and rank 1 stalled; exit 4
 #   term_mpirun     SIGTERM of mpiexec: the job stops (nonzero) within seconds, with one
 #                   orpheus line saying so and the clock, nothing left running, no
 #                   damage; --resume is bitwise equal
@@ -167,7 +167,7 @@ case_stop_rank() {
   kill -CONT "$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null
   grep '^orpheus:' "$out/stop_rank.err" | sed 's/^/      /'
   check "times out after --timeout $timeoutSeconds s, within a margin: ${took}s" within $((timeoutSeconds + 6))
-  check "exit code nonzero ($rc)" [ "$rc" -ne 0 ]
+  check "exit code 4, a peer stalled ($rc)" [ "$rc" -eq 4 ]
   check "another rank's line names the stopped rank and the clock" \
     namesStalled "$out/stop_rank.err"
   check "one line from orpheus ($(orpheusLines stop_rank)): one rank reports, the woken one blames nobody" \
@@ -186,7 +186,7 @@ case_stop_rank_bcast() {
   grep '^orpheus:' "$out/stop_rank_bcast.err" | sed 's/^/      /'
   local first; first=$(grep -m1 '^orpheus:' "$out/stop_rank_bcast.err")
   check "times out after --timeout $timeoutSeconds s, within a margin: ${took}s" within $((timeoutSeconds + 6))
-  check "exit code nonzero ($rc)" [ "$rc" -ne 0 ]
+  check "exit code 4, a peer stalled ($rc)" [ "$rc" -eq 4 ]
   check "the first line names the clock" bash -c '[[ "$1" =~ at\ clock\ [0-9]+ ]]' _ "$first"
   check "the first line names the stopped rank" \
     bash -c '[[ "$1" =~ ^orpheus:\ rank\ 0[:\ ].*stalled\ or\ gone:\ rank\ 1(\ \(at\ clock\ [0-9]+\))?$ ]]' _ "$first"

@@ -1,8 +1,10 @@
 // The steps of a job that need no launcher (engine/job/job.h): the memory a job
 // would need, checked before the first clock, and the single-process evaluation
-// of a saved model.
+// of a saved model, and the exit code each kind of failure ends the job with.
+#include "comm/stall.h"
 #include "engine/base/error.h"
 #include "engine/config.h"
+#include "engine/failures.h"
 #include "engine/job/job.h"
 #include "engine/memory_check.h"
 #include "ops/model.h"
@@ -27,6 +29,17 @@ std::unique_ptr<ops::Model> mlr(int64_t features, int64_t classes) {
 }
 
 }  // namespace
+
+TEST_CASE("each kind of failure has its exit code", "[job]") {
+  using engine::exitCodeFor;
+  CHECK(exitCodeFor(std::runtime_error("a bug")) == 1);
+  CHECK(exitCodeFor(InputError("--lr: not a number")) == 2);
+  CHECK(exitCodeFor(CorruptRecordError("a damaged batch")) == 2);
+  CHECK(exitCodeFor(IoError("disk full")) == 3);
+  CHECK(exitCodeFor(TimeoutError("no minibatch within 1000 ms")) == 4);
+  CHECK(exitCodeFor(comm::StallError("stalled or gone: rank 1", true)) == 4);
+  CHECK(exitCodeFor(engine::JobFailed(3)) == 3);
+}
 
 TEST_CASE("a job that fits in memory passes; one that cannot names its parts", "[job]") {
   engine::TrainConfig c;
