@@ -98,6 +98,17 @@ bool inside(const fs::path& file, const fs::path& dir) {
   return !rel.empty() && *rel.begin() != ".." && rel != ".";
 }
 
+// The nearest directory above `path` that holds a checkpoint (its job.h5), or empty:
+// its files belong to that job, whatever this one is given.
+fs::path checkpointAbove(const fs::path& path) {
+  std::error_code ec;
+  for (fs::path dir = path.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::is_regular_file(dir / "job.h5", ec)) return dir;
+    if (dir == dir.root_path()) break;
+  }
+  return {};
+}
+
 }  // namespace
 
 OutputPath replicasOutput(const std::string& dir) {
@@ -174,6 +185,12 @@ void checkOutputs(const std::vector<OutputPath>& outputs, const std::vector<Inpu
   }
   // Then each on its own, once it is known not to clash with another.
   for (const Resolved& r : seen) {
+    const fs::path checkpoint = checkpointAbove(r.path);
+    if (!checkpoint.empty()) {
+      throw InputError(fmt::format("{} '{}' is inside the checkpoint '{}' (it holds a job.h5), whose files belong to "
+                                   "that job: write it elsewhere",
+                                   r.out->flag, r.out->path, checkpoint.string()));
+    }
     if (r.out->kind == OutputPath::Kind::kFile) {
       checkFile(*r.out, r.path);
     } else {

@@ -13,7 +13,8 @@
 //    OutputPath::writes), or inside a directory the job reads
 //    (restore's --ckpt-dir), and no two outputs are the same file (compared after
 //    following symlinks, and by inode for hard links); no output lies inside an
-//    output directory, whose files belong to the engine.
+//    output directory, whose files belong to the engine, nor inside any checkpoint
+//    (a directory above it holds a job.h5), whose files belong to its job.
 //  - Every output can be written: its directory exists and a file can be created
 //    there (probed by creating and removing a temporary file), and an existing
 //    output file is writable.

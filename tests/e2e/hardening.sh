@@ -2,7 +2,8 @@
 # hardening.sh ORPHEUS MPIEXEC: inputs that must be refused before any work, with one
 # line naming the cause and exit 2, and files that must survive it:
 #  - eval, inspect and ctl given a checkpoint's job.h5: the command or directory named;
-#  - restore --out inside the checkpoint it reads (job.h5, a log segment), or empty: refused,
+#  - restore --out inside the checkpoint it reads (job.h5, a log segment), or empty, and any
+#    command's output inside another job's checkpoint: refused,
 #    the checkpoint unchanged and still restorable to the same clock; --resume of a
 #    job already past --clocks: refused, the checkpoint unchanged;
 #  - an output inside an output directory (--save inside --save-replicas);
@@ -59,6 +60,13 @@ refused "--out '.*job.h5' is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir
 refused "--out .* is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/ck/$segment"
 refused "--out .* is inside --ckpt-dir" -- "$orpheus" restore --ckpt-dir "$out/ck/" --clock 12 --out "$out/ck/new.h5"
 refused "--out is empty: give the file" -- "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out ""
+# Another command's outputs inside the checkpoint (its job.h5, a segment, a new file) are refused too.
+refused "--save '.*ck/job.h5' is inside the checkpoint '.*ck' .it holds a job.h5., whose files belong to that job" -- \
+  "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --save "$out/ck/job.h5"
+refused "--metrics '.*' is inside the checkpoint '.*ck'" -- "$orpheus" train --train "$fix/small.libsvm" --clocks 2 \
+  --batch 2 --metrics "$out/ck/$segment"
+refused "--save '.*ck/new.h5' is inside the checkpoint '.*ck'" -- "$orpheus" simulate --ranks 2 \
+  --train "$fix/small.libsvm" --clocks 2 --batch 2 --save "$out/ck/new.h5"
 after=$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)
 [ "$before" = "$after" ] || { echo "FAIL: the checkpoint changed"; fail=1; }
 "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/r12.h5" >/dev/null || { echo "FAIL: restore after"; fail=1; }
