@@ -79,18 +79,20 @@ std::string JsonLine::str() const {
   return out + "}";
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  if (path.empty()) return;
-  file_ = std::fopen(path.c_str(), "w");
-  if (!file_) throw IoError(fmt::format("cannot open metrics file '{}': {}", path, std::strerror(errno)));
-}
+// Opened (and an earlier file replaced) at the first line: a job refused before
+// its first clock leaves the file as it was.
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {}
 
 MetricsWriter::~MetricsWriter() {
   if (file_) std::fclose(file_);
 }
 
 void MetricsWriter::write(const JsonLine& line) {
-  if (!file_) return;
+  if (path_.empty()) return;
+  if (!file_) {
+    file_ = std::fopen(path_.c_str(), "w");
+    if (!file_) throw IoError(fmt::format("cannot open metrics file '{}': {}", path_, std::strerror(errno)));
+  }
   const std::string s = line.str() + "\n";
   if (std::fwrite(s.data(), 1, s.size(), file_) != s.size() || std::fflush(file_) != 0) {
     throw IoError(fmt::format("cannot write metrics file '{}': {}", path_, std::strerror(errno)));

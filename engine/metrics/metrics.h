@@ -72,6 +72,7 @@ class JsonLine {
 // An empty path makes a sink that discards everything.
 class MetricsWriter {
  public:
+  // Nothing is written, nor the file opened, before the first line.
   explicit MetricsWriter(const std::string& path);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;

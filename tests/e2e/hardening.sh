@@ -7,7 +7,7 @@
 #    the checkpoint unchanged and still restorable to the same clock; --resume of a
 #    job already past --clocks: refused, the checkpoint unchanged;
 #  - an output inside an output directory (--save inside --save-replicas);
-#  - --adapt with a --max-bytes-per-clock no setting can meet;
+#  - --adapt with a --max-bytes-per-clock no setting can meet (an earlier --metrics file kept);
 #  - a token stream given to a model of feature vectors;
 #  - --select-unit step with --select above B*T;
 #  - a --warmup as long as the job, whatever the schedule;
@@ -99,7 +99,14 @@ touch "$out/gone/replica-0"
 refused "--save .* is inside --save-replicas" -- "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --save-replicas "$out/reps" --save "$out/reps/model.h5"
 refused "--max-bytes-per-clock 1: even with every knob at its bound" -- "$mpiexec" -n 2 --oversubscribe "$orpheus" \
-  train --train "$fix/small.libsvm" --clocks 20 --batch 2 --adapt --adapt-every 5 --max-bytes-per-clock 1
+  train --train "$fix/small.libsvm" --clocks 20 --batch 2 --adapt --adapt-every 5 --max-bytes-per-clock 1 \
+  --metrics "$out/kept.jsonl"
+# ... and a metrics file there from before is kept as it was (opened at the first line).
+echo '{"an earlier job": 1}' >"$out/kept.jsonl"
+refused "--max-bytes-per-clock 1: even with every knob at its bound" -- "$mpiexec" -n 2 --oversubscribe "$orpheus" \
+  train --train "$fix/small.libsvm" --clocks 20 --batch 2 --adapt --adapt-every 5 --max-bytes-per-clock 1 \
+  --metrics "$out/kept.jsonl"
+[ "$(cat "$out/kept.jsonl")" = '{"an earlier job": 1}' ] || { echo "FAIL: a refused job emptied --metrics"; fail=1; }
 printf '#orpheus-tokens vocabulary=10 steps=3\n1 2 3 4 5 6 7 8 9 0 1 2\n3 4 5 6 7 8 9 0 1 2 3 4\n' >"$out/tokens"
 refused "is a token stream, but model 'mlr' takes feature vectors" -- "$orpheus" train --train "$out/tokens" \
   --clocks 2 --batch 2
