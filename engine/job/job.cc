@@ -239,6 +239,18 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                  "--sv-rank",
                  toString(config.optimizer), config.svRank, config.svRank);
   }
+  if (config.selectUnit == ops::Model::SvgUnit::kStep && config.sync != SyncMode::kSv) {
+    spdlog::warn("--select-unit step shapes the SVGs --sync sv sends: --sync {} sends gradients, so it has nothing to do",
+                 toString(config.sync));
+  }
+  if (transport.size() == 1 && (config.adapt || config.balance)) {
+    spdlog::warn("one rank: {} nothing to do (no bytes to budget, no rows to move between ranks)",
+                 config.adapt && config.balance ? "--adapt and --balance have" : config.adapt ? "--adapt has"
+                                                                                               : "--balance has");
+  }
+  if (config.paramDigests && config.metrics.empty()) {
+    spdlog::warn("--param-digests adds each clock's digest to the metrics: without --metrics it has nothing to do");
+  }
   if (config.device == "cpu" && (!config.resident || config.transfer != TransferMode::kStaged)) {
     spdlog::warn("--resident and --transfer shape a replica on a device: on --device {} they have nothing to do",
                  config.device);

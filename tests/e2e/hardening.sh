@@ -25,7 +25,8 @@
 #  - --select-method without --select, --transfer and --resident on the cpu, and
 #    --threads past the host's cores, --sync powersgd at a rank that compresses nothing,
 #    --average-every (without an outer step) and --rotate-every under an all-reduce, an --sv-rank
-#    that saves nothing on a matrix: warned;
+#    that saves nothing on a matrix, --select-unit step without --sync sv, --adapt and --balance
+#    on one rank, --param-digests without --metrics: warned;
 #  - an unreadable --adapt-trace: one line, not one a rank;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock;
 #  - a job of one rank trains with any --multicast (nothing to refuse), and under --sync sv
@@ -242,6 +243,16 @@ said "warning: --rotate-every 2: --sync powersgd keeps every replica the same" "
 # --sync powersgd at a rank that compresses no parameter is dense all-reduce, and says so.
 said "warning: --sync powersgd --sv-rank 1: no parameter of this model is compressed" "$orpheus" train \
   --train synthetic:examples=100,features=4,classes=2 --clocks 2 --batch 4 --sync powersgd --sv-rank 1
+# Flags that shape nothing in this job: --select-unit step without --sync sv, --adapt and
+# --balance on one rank, --param-digests without --metrics.
+said "warning: --select-unit step shapes the SVGs --sync sv sends: --sync dense sends gradients" "$orpheus" train \
+  --model "$out/lstm.loss" --train "$out/tokens" --clocks 2 --batch 2 --select-unit step --sync dense
+said "warning: one rank: --adapt has nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
+  --adapt
+said "warning: one rank: --balance has nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 \
+  --batch 2 --balance
+said "warning: --param-digests adds each clock's digest to the metrics" "$orpheus" train --train "$fix/small.libsvm" \
+  --clocks 2 --batch 2 --param-digests
 # --sv-rank past what a matrix holds saves nothing on it, and says so; a rank that saves says nothing.
 said "warning: --sv-rank 40: its 41 SVGs of J + K floats are no fewer than the J K floats of 'W' (3x4)" "$orpheus" \
   train --train "$fix/small.libsvm" --clocks 2 --batch 50 --sv-rank 40
