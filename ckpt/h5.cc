@@ -21,10 +21,22 @@ void writeAttr(hid_t loc, const char* name, hid_t fileType, hid_t memType, const
   ORPHEUS_H5_CHECK(H5Awrite(attr.get(), memType, value), path, "write attribute '{}' of", name);
 }
 
+// One value of the kind `memType` is: a number of another class or sign, a wider
+// integer (HDF5 would clip it: -5 read as 0), or more than one value is not read.
 bool readAttr(hid_t loc, const char* name, hid_t memType, void* out) {
   if (H5Aexists(loc, name) <= 0) return false;
   H5Handle attr(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
-  return attr.valid() && H5Aread(attr.get(), memType, out) >= 0;
+  if (!attr.valid()) return false;
+  H5Handle type(H5Aget_type(attr.get()), H5Tclose);
+  H5Handle space(H5Aget_space(attr.get()), H5Sclose);
+  if (!type.valid() || !space.valid() || H5Sget_simple_extent_npoints(space.get()) != 1) return false;
+  const H5T_class_t kind = H5Tget_class(type.get());
+  if (kind != H5Tget_class(memType)) return false;
+  if (kind == H5T_INTEGER &&
+      (H5Tget_sign(type.get()) != H5Tget_sign(memType) || H5Tget_size(type.get()) > H5Tget_size(memType))) {
+    return false;
+  }
+  return H5Aread(attr.get(), memType, out) >= 0;
 }
 
 // The file creation and access properties of a kind of file.

@@ -39,8 +39,14 @@ JobInfo readJobInfo(const std::string& dir) {
   ORPHEUS_CHECK_INPUT(file.valid(), "job file '{}' is not a readable HDF5 file", path);
   JobInfo info;
   int64_t version = 0, ranks = 0;
+  // Each attribute one value of the type the writer gave it.
   const auto require = [&](bool ok, const char* name) {
-    ORPHEUS_CHECK_INPUT(ok, "job file '{}' lacks a readable attribute '{}'", path, name);
+    const std::string n = name;
+    const char* type = n == "seed"                          ? "an unsigned 64-bit integer"
+                       : n == "lr"                          ? "a 64-bit float"
+                       : n.find("model") == 0 || n == "flags" ? "a string"
+                                                            : "a signed 64-bit integer";
+    ORPHEUS_CHECK_INPUT(ok, "job file '{}' lacks a readable attribute '{}' ({})", path, name, type);
   };
   require(readI64Attr(file.get(), "version", &version), "version");
   ORPHEUS_CHECK_INPUT(version >= 1 && version <= kFormatVersion, "job file '{}' has unknown format version {}", path,

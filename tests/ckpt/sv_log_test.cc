@@ -2,6 +2,7 @@
 #include "engine/base/error.h"
 
 #include <catch2/catch.hpp>
+#include <hdf5.h>
 
 #include "tests/support/temp_dir.h"
 
@@ -177,6 +178,28 @@ TEST_CASE("a job.h5 holding values no job writes is refused naming the attribute
   TempDir dir;
   writeJobInfo(dir.str(), good);
   CHECK(readJobInfo(dir.str()).ranks == 4);
+  // An attribute rewritten with another type is not converted (a seed of -5 read as 0,
+  // classes of 2.5 as 2): it is refused naming the type it should have.
+  const auto rewritten = [&](const char* name, hid_t type, const void* value, const std::string& what) {
+    TempDir d;
+    writeJobInfo(d.str(), good);
+    const std::string path = d.str() + "/job.h5";
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(file >= 0);
+    H5Adelete(file, name);
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t attr = H5Acreate2(file, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(attr, type, value);
+    H5Aclose(attr);
+    H5Sclose(space);
+    H5Fclose(file);
+    CHECK_THROWS_WITH(readJobInfo(d.str()), Contains("lacks a readable attribute '" + std::string(name) + "'") &&
+                                                Contains(what));
+  };
+  const int64_t minusFive = -5;
+  const double twoAndAHalf = 2.5;
+  rewritten("seed", H5T_NATIVE_INT64, &minusFive, "an unsigned 64-bit integer");
+  rewritten("classes", H5T_NATIVE_DOUBLE, &twoAndAHalf, "a signed 64-bit integer");
 }
 
 TEST_CASE("job info round-trips through job.h5", "[ckpt][sv_log]") {
