@@ -11,10 +11,37 @@
 #include "ops/model_factory.h"
 #include "ops/sequence_layout.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <sstream>
 
 namespace orpheus::engine {
+
+namespace {
+
+// A spec's model: "mlr", or a .loss file's name ("graph DIR/mlp.loss features=..." gives "mlp.loss").
+std::string modelNameOf(const std::string& spec) {
+  std::istringstream words(spec);
+  std::string kind, path;
+  words >> kind;
+  if (kind != "graph") return kind;
+  words >> path;
+  return std::filesystem::path(path).filename().string();
+}
+
+// Parameters that fit another model by name and shape are scored under it: said, since
+// the scores are then of the model given, not of the one the file was trained as.
+void warnIfOtherModel(const EvalConfig& config, const std::string& saved, const std::string& given) {
+  if (saved.empty() || modelNameOf(saved) == modelNameOf(given)) return;
+  spdlog::warn("'{}' was trained as model '{}' (its model_spec '{}') and is evaluated as '{}': its parameters fit by "
+               "name and shape, and the scores are those of '{}'",
+               config.params, modelNameOf(saved), saved, modelNameOf(given), config.model);
+}
+
+}  // namespace
 
 int runEval(const EvalConfig& config) {
   checkInputExists("--test", config.test);
@@ -30,7 +57,7 @@ int runEval(const EvalConfig& config) {
   } else {
     data::ReadOptions options;
     options.format = config.format;
-    options.features = config.features > 0 ? config.features : info.features;
+    options.features = config.features > 0 ? config.features : info.features > 0 ? info.features : -1;
     const data::Format format = data::resolveFormat(config.test, config.format);
     if (format != data::Format::kLibsvm && config.features <= 0) options.features = -1;
     test = data::readDataset(config.test, options);
@@ -58,6 +85,7 @@ int runEval(const EvalConfig& config) {
                         saved[i].rows(), saved[i].cols(), config.model, p.value.rows(), p.value.cols());
     p.value = saved[i];
   }
+  warnIfOtherModel(config, info.modelSpec, model->spec());
 
   if (test.steps > 0) {  // a token stream: its steps and words, not features
     ORPHEUS_CHECK_INPUT(config.features <= 0,

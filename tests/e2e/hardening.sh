@@ -144,6 +144,11 @@ refused "--test '.*tokens' is a token stream, but model 'mlr' takes feature vect
 # --sv-rank against a sequence model's B*T columns, not its B examples: rank 1 at --batch 2.
 "$orpheus" train --model "$out/lstm.loss" --train "$out/tokens" --clocks 2 --batch 2 --sv-rank 1 --progress off \
   --log-level warn >/dev/null || { echo "FAIL: --sv-rank 1 of an LSTM at --batch 2"; fail=1; }
+# eval under another model whose parameters fit by name and shape: said (the scores are the given model's).
+sed 's/^a = W \* x + b/a = relu(W * x + b)/' "$here/../../examples/mlr.loss" >"$out/relu.loss"
+"$orpheus" eval --params "$out/r12.h5" --model "$out/relu.loss" --test "$fix/small.libsvm" 2>&1 >/dev/null |
+  grep -q "warning: '.*r12.h5' was trained as model 'mlr' .* and is evaluated as 'relu.loss'" ||
+  { echo "FAIL: eval under another model unsaid"; fail=1; }
 # eval of a token stream: other steps named as steps, and --features refused beside it.
 printf '#orpheus-tokens vocabulary=10 steps=4\n1 2 3 4 5 6 7 8 9 0 1 2 3 4 5\n' >"$out/steps4.tokens"
 refused "--test '.*steps4.tokens' has steps=4, the model '.*lstm.h5' was trained on steps=3" -- "$orpheus" eval \
