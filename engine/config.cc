@@ -182,7 +182,10 @@ void validateAdapt(const TrainConfig& c, int ranks) {
                       "--adapt-bf16 lets the controller meet --max-bytes-per-clock with bf16 SVs: give the budget");
   ORPHEUS_CHECK_INPUT(!c.adaptBf16 || !c.overlap,
                       "--adapt-bf16 rounds a clock's batch before it is sent: it takes no --overlap");
-  checkRange(c.adaptSelect, "--adapt-select", 1, c.batch);
+  // Under --select-unit step C counts (example, step) pairs: bounded by B*T once the
+  // data's steps are known (engine/job/job_data.cc configureModel).
+  checkRange(c.adaptSelect, "--adapt-select", 1,
+             c.selectUnit == ops::Model::SvgUnit::kStep ? std::numeric_limits<int32_t>::max() : c.batch);
   ORPHEUS_CHECK_INPUT(c.adaptSelect.first < 0 || c.svRank == 0,
                       "--adapt-select bounds C, which --sv-rank replaces: bound its rank with --adapt-rank MIN:MAX");
   ORPHEUS_CHECK_INPUT(c.adaptRank.first < 0 || c.svRank > 0,
@@ -245,6 +248,10 @@ void validatePowerSgd(const TrainConfig& c) {
 }
 
 }  // namespace
+
+int64_t svgsPerClock(const TrainConfig& c, int64_t steps) {
+  return c.selectUnit == ops::Model::SvgUnit::kStep ? c.batch * std::max<int64_t>(steps, 1) : c.batch;
+}
 
 void validate(const TrainConfig& c, int ranks) {
   validateOptimizer(c);

@@ -152,4 +152,8 @@ comm::ScheduleConfig scheduleConfig(const TrainConfig& config, int ranks);
 // Refuses inconsistent settings for `ranks` workers with one clear InputError.
 void validate(const TrainConfig& config, int ranks);
 
+// The SVGs a rank computes a clock, what --select C counts: its B examples, or
+// under --select-unit step its B * steps (example, step) pairs.
+int64_t svgsPerClock(const TrainConfig& config, int64_t steps);
+
 }  // namespace orpheus::engine

@@ -176,7 +176,8 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
     spdlog::info("{}; {} consistency{}; {}", comm::MulticastSchedule(scheduleConfig(config, transport.size())).describe(),
                  toString(config.consistency),
                  config.consistency == Consistency::kSsp ? fmt::format(" (staleness {})", config.staleness) : "",
-                 config.select > 0 ? fmt::format("{} of {} SVGs sent per clock", config.select, config.batch)
+                 config.select > 0 ? fmt::format("{} of {} SVGs sent per clock", config.select,
+                                                 svgsPerClock(config, shards.train.steps))
                                    : "every SVG sent");
   }
   if (const std::string why = threadsWarning(config.blasThreads, ranksOnThisHost()); !why.empty()) {
@@ -491,7 +492,7 @@ int runTrain(const TrainConfig& config, comm::Transport& transport, LiveGroup* l
     checkJobMemory(config, *out.model,
                    {shards->features, shards->classes, shards->train.steps, shards->train.sparse}, onHost, onHost);
     const int fanout = comm::MulticastSchedule(scheduleConfig(config, transport.size())).fanout();
-    adapt::Controller::checkBudget(controllerOptions(config), transport.size(), out.model->paramShapes(), fanout);
+    adapt::Controller::checkBudget(controllerOptions(config, shards->train.steps), transport.size(), out.model->paramShapes(), fanout);
   });
   const std::unique_ptr<ops::Backend> backend = makeJobBackend(config, transport);
   announce(config, transport, *out.model, *shards, *backend);

@@ -173,6 +173,10 @@ void configureModel(const TrainConfig& config, ops::Model& model, int64_t steps)
     ORPHEUS_CHECK_INPUT(config.select <= svgs,
                         "--select {} must be at most B*T = {} with --select-unit step ({} examples of {} steps)",
                         config.select, svgs, config.batch, steps);
+    ORPHEUS_CHECK_INPUT(!config.adapt || config.adaptSelect.second <= svgs,
+                        "--adapt-select {}:{} must lie in 1:{}, the B*T with --select-unit step ({} examples of {} "
+                        "steps)",
+                        config.adaptSelect.first, config.adaptSelect.second, svgs, config.batch, steps);
   }
   // --sv-rank R sends R + 1 SVGs a matrix in place of its columns: a clock's batch
   // times its sites (all of a parameter's steps are compressed as one matrix).

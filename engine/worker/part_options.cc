@@ -25,7 +25,7 @@ BalanceOptions balanceOptions(const TrainConfig& config) {
   return o;
 }
 
-adapt::ControllerOptions controllerOptions(const TrainConfig& config) {
+adapt::ControllerOptions controllerOptions(const TrainConfig& config, int64_t steps) {
   adapt::ControllerOptions o;
   o.enabled = config.adapt;
   o.every = config.adaptEvery;
@@ -40,7 +40,7 @@ adapt::ControllerOptions controllerOptions(const TrainConfig& config) {
   o.commShare = config.adaptCommShare;
   o.trace = config.adaptTrace;
   o.clocks = config.clocks;
-  o.batch = config.batch;
+  o.batch = svgsPerClock(config, steps);
   o.seed = config.seed;
   o.select = config.select;
   o.rank = config.sync == SyncMode::kSv ? config.svRank : 0;

@@ -16,7 +16,9 @@ namespace orpheus::engine {
 
 CoordinatorOptions coordinatorOptions(const TrainConfig& config);
 BalanceOptions balanceOptions(const TrainConfig& config);
-adapt::ControllerOptions controllerOptions(const TrainConfig& config);
+// `steps`: the training data's steps per segment (0 for rows); under --select-unit
+// step a clock's SVGs, what C counts, are B * steps.
+adapt::ControllerOptions controllerOptions(const TrainConfig& config, int64_t steps);
 MetricsOptions metricsOptions(const TrainConfig& config);
 ConsistencyOptions consistencyOptions(const TrainConfig& config);
 OverlapOptions overlapOptions(const TrainConfig& config);

@@ -63,7 +63,7 @@ Worker::Worker(const TrainConfig& config, const ops::Model& model, ops::Backend&
       replica_(model.initParams(config.seed)),
       replicaId_(transport.rank()),
       schedule_(scheduleConfig(config, transport.size())),
-      adapt_(controllerOptions(config), transport, model.paramShapes(), schedule_.fanout()),
+      adapt_(controllerOptions(config, train.steps), transport, model.paramShapes(), schedule_.fanout()),
       knobs_(adapt_.initial().knobs),
       log_(makeClockLog(config, transport, replicaId_, knobs_, model,
                         carriesState(config, model) ? [this] { return rankState(); } : std::function<ParamSet()>())),

@@ -9,7 +9,7 @@
 #  - an output inside an output directory (--save inside --save-replicas);
 #  - --adapt with a --max-bytes-per-clock no setting can meet (an earlier --metrics file kept);
 #  - a token stream given to a model of feature vectors;
-#  - --select-unit step with --select above B*T;
+#  - --select-unit step with --select or --adapt-select above B*T;
 #  - a --warmup as long as the job, whatever the schedule;
 #  - simulate with --elastic, and simulate under mpirun;
 #  - CRLF token files read; a sequence model on other data and token streams for other
@@ -115,6 +115,19 @@ sed -e 's/^dim embed = .*/dim embed = 4/' -e 's/^dim hidden = .*/dim hidden = 4/
   "$here/../../examples/lstm.loss" >"$out/lstm.loss"
 refused "--select 1000 must be at most B\*T = 6" -- "$orpheus" train --model "$out/lstm.loss" --train "$out/tokens" \
   --clocks 2 --batch 2 --select-unit step --select 1000
+# --adapt moves C over (example, step) pairs there: its bounds lie in 1:B*T, and a C above B is kept.
+refused "--adapt-select 1:7 must lie in 1:6, the B\*T with --select-unit step" -- "$orpheus" train \
+  --model "$out/lstm.loss" --train "$out/tokens" --clocks 2 --batch 2 --select-unit step --select 4 --adapt \
+  --adapt-select 1:7
+"$orpheus" train --model "$out/lstm.loss" --train "$out/tokens" --clocks 2 --batch 2 --select-unit step --select 5 \
+  --adapt --adapt-select 1:6 --progress off --log-level warn >/dev/null || { echo "FAIL: --adapt-select 1:6 of pairs"; fail=1; }
+for a in "" --adapt; do
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --model "$out/lstm.loss" --train "$out/tokens" --clocks 2 --batch 2 \
+    --select-unit step --select 4 $a --metrics "$out/pairs$a.jsonl" --progress off --log-level warn >/dev/null
+done
+[ "$(grep -m1 -o '"bytes_sent": [0-9]*' "$out/pairs.jsonl")" = "$(grep -m1 -o '"bytes_sent": [0-9]*' "$out/pairs--adapt.jsonl")" ] &&
+  [ -n "$(grep -m1 -o '"bytes_sent": [1-9]' "$out/pairs.jsonl")" ] ||
+  { echo "FAIL: --adapt changed --select 4 of 6 pairs before its first decision"; fail=1; }
 for schedule in constant step; do
   refused "--warmup 2000000000 must be shorter than --clocks 10" -- "$orpheus" train --train "$fix/small.libsvm" \
     --clocks 10 --batch 2 --lr-schedule "$schedule" $([ "$schedule" = step ] && echo --lr-step-every 5) \

@@ -453,9 +453,9 @@ TEST_CASE("each part's options say what the flags say", "[engine][options]") {
   CHECK(engine::balanceOptions(config).chunkLogDir.empty());  // --ckpt-dir alone logs no chunk moves
   config.ckptSv = true;
   CHECK(engine::balanceOptions(config).chunkLogDir == "run/ckpt");
-  CHECK(engine::controllerOptions(config).jmcss);
+  CHECK(engine::controllerOptions(config, 0).jmcss);
   config.selectMethod = engine::SelectionMethod::kUniform;
-  CHECK_FALSE(engine::controllerOptions(config).jmcss);  // e(c) is measured under JMCSS only
+  CHECK_FALSE(engine::controllerOptions(config, 0).jmcss);  // e(c) is measured under JMCSS only
   config.sync = engine::SyncMode::kDense;
   config.consistency = engine::Consistency::kSsp;
   config.multicast = comm::MulticastKind::kRandom;
