@@ -2,6 +2,7 @@
 
 #include "ckpt/h5.h"
 #include "ckpt/layout.h"
+#include "engine/base/memory.h"
 
 #include <cmath>
 #include <filesystem>
@@ -64,7 +65,6 @@ JobInfo readJobInfo(const std::string& dir) {
   // Optional: older checkpoints did not record it.
   if (!readStringAttr(file.get(), "computation", &info.computation)) info.computation.clear();
   // Sizes as the loss parser bounds them; 0 where the writer did not know the value.
-  constexpr int64_t kMaxSize = int64_t{1} << 40;
   const auto inRange = [&](int64_t v, int64_t most, const char* name) {
     ORPHEUS_CHECK_INPUT(v >= 0 && v <= most, "job file '{}': attribute '{}' is {}, outside 0..{} (a damaged file)",
                         path, name, v, most);

@@ -1,6 +1,7 @@
 #include "engine/config.h"
 
 #include "engine/base/error.h"
+#include "engine/base/memory.h"
 #include "engine/coordinator/outer_step.h"
 
 #include <algorithm>
@@ -157,7 +158,7 @@ void checkRange(const std::pair<int64_t, int64_t>& r, const char* flag, int64_t 
   // An upper end of no practical size (the int64 guards) is not shown: MIN <= MAX says it.
   ORPHEUS_CHECK_INPUT(r.first <= r.second && r.first >= low && r.second <= high,
                       "{} {}:{} must be MIN:MAX with {} <= MIN <= MAX{}", flag, r.first, r.second, low,
-                      high >= (int64_t{1} << 40) ? std::string() : fmt::format(" <= {}", high));
+                      high >= kMaxSize ? std::string() : fmt::format(" <= {}", high));
 }
 
 // --adapt and its bounds: each applies only where its knob can move.

@@ -290,7 +290,6 @@ class LineParser {
     return v;
   }
   // A size: a sum of products of integers and dimension names; a sum or product is at most kMaxSize.
-  static constexpr int64_t kMaxSize = int64_t{1} << 40;
   int64_t dimension() {
     int64_t total = dimensionTerm();
     while (acceptPunct("+")) {

@@ -13,6 +13,11 @@
 
 namespace orpheus {
 
+// The largest size any input may name (a dimension, a batch, a bound on a knob):
+// 2^40, far past any machine's memory, and small enough that a sum or product of two
+// such sizes fits int64.
+constexpr int64_t kMaxSize = int64_t{1} << 40;
+
 // Physical memory of this machine in bytes; 0 when the system cannot tell.
 inline double physicalMemoryBytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES);

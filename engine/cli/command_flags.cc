@@ -1,6 +1,7 @@
 #include "engine/cli/command_flags.h"
 
 #include "comm/factory.h"
+#include "engine/base/memory.h"
 #include "engine/cli/flags.h"
 #include "ops/backends.h"
 
@@ -339,10 +340,9 @@ void addRangeOption(CLI::App& cmd, const std::string& flag, std::pair<int64_t, i
            int64_t lo = 0, hi = 0;
            std::string error;
            // A bound past 2^40 is no setting of any knob: named as too large, not as a wrong form.
-           constexpr int64_t kMaxBound = int64_t{1} << 40;
            if (colon == std::string::npos ||
-               !orpheus::engine::cli::parseInteger(v.substr(0, colon), 0, kMaxBound, &lo, &error) ||
-               !orpheus::engine::cli::parseInteger(v.substr(colon + 1), 0, kMaxBound, &hi, &error)) {
+               !orpheus::engine::cli::parseInteger(v.substr(0, colon), 0, orpheus::kMaxSize, &lo, &error) ||
+               !orpheus::engine::cli::parseInteger(v.substr(colon + 1), 0, orpheus::kMaxSize, &hi, &error)) {
              const bool digits = colon != std::string::npos && !v.substr(0, colon).empty() &&
                                  !v.substr(colon + 1).empty() &&
                                  v.find_first_not_of("0123456789", 0) == colon &&
