@@ -41,27 +41,24 @@ JobInfo readJobInfo(const std::string& dir) {
   JobInfo info;
   int64_t version = 0, ranks = 0;
   // Each attribute one value of the type the writer gave it.
-  const auto require = [&](bool ok, const char* name) {
-    const std::string n = name;
-    const char* type = n == "seed"                          ? "an unsigned 64-bit integer"
-                       : n == "lr"                          ? "a 64-bit float"
-                       : n.find("model") == 0 || n == "flags" ? "a string"
-                                                            : "a signed 64-bit integer";
+  const auto require = [&](bool ok, const char* name, const char* type) {
     ORPHEUS_CHECK_INPUT(ok, "job file '{}' lacks a readable attribute '{}' ({})", path, name, type);
   };
-  require(readI64Attr(file.get(), "version", &version), "version");
+  constexpr const char* kI64 = "a signed 64-bit integer";
+  constexpr const char* kString = "a string";
+  require(readI64Attr(file.get(), "version", &version), "version", kI64);
   ORPHEUS_CHECK_INPUT(version >= 1 && version <= kFormatVersion, "job file '{}' has unknown format version {}", path,
                       version);
-  require(readStringAttr(file.get(), "model_name", &info.modelName), "model_name");
-  require(readStringAttr(file.get(), "model_text", &info.modelText), "model_text");
-  require(readStringAttr(file.get(), "model_spec", &info.modelSpec), "model_spec");
-  require(readI64Attr(file.get(), "features", &info.features), "features");
-  require(readI64Attr(file.get(), "classes", &info.classes), "classes");
-  require(readU64Attr(file.get(), "seed", &info.seed), "seed");
-  require(readI64Attr(file.get(), "ranks", &ranks), "ranks");
-  require(readI64Attr(file.get(), "batch", &info.batch), "batch");
-  require(readF64Attr(file.get(), "lr", &info.lr), "lr");
-  require(readStringAttr(file.get(), "flags", &info.flags), "flags");
+  require(readStringAttr(file.get(), "model_name", &info.modelName), "model_name", kString);
+  require(readStringAttr(file.get(), "model_text", &info.modelText), "model_text", kString);
+  require(readStringAttr(file.get(), "model_spec", &info.modelSpec), "model_spec", kString);
+  require(readI64Attr(file.get(), "features", &info.features), "features", kI64);
+  require(readI64Attr(file.get(), "classes", &info.classes), "classes", kI64);
+  require(readU64Attr(file.get(), "seed", &info.seed), "seed", "an unsigned 64-bit integer");
+  require(readI64Attr(file.get(), "ranks", &ranks), "ranks", kI64);
+  require(readI64Attr(file.get(), "batch", &info.batch), "batch", kI64);
+  require(readF64Attr(file.get(), "lr", &info.lr), "lr", "a 64-bit float");
+  require(readStringAttr(file.get(), "flags", &info.flags), "flags", kString);
   // Optional: older checkpoints did not record it.
   if (!readStringAttr(file.get(), "computation", &info.computation)) info.computation.clear();
   // Sizes as the loss parser bounds them; 0 where the writer did not know the value.
