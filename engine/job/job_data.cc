@@ -169,7 +169,7 @@ void configureModel(const TrainConfig& config, ops::Model& model, int64_t steps)
                           config.model, specs.at(key.first).name, n, specs.at(first.first).name, firstN);
     }
     model.setSvgUnit(config.selectUnit);
-    const int64_t svgs = config.batch * steps;
+    const int64_t svgs = svgsPerClock(config, steps);
     ORPHEUS_CHECK_INPUT(config.select <= svgs,
                         "--select {} must be at most B*T = {} with --select-unit step ({} examples of {} steps)",
                         config.select, svgs, config.batch, steps);
