@@ -25,6 +25,7 @@ void saveParams(const std::string& path, const ParamSet& params, const ModelFile
     writeI64Attr(file, "replica", info.replica, path);
     writeI64Attr(file, "features", info.features, path);
     writeI64Attr(file, "classes", info.classes, path);
+    if (!info.modelDigest.empty()) writeStringAttr(file, "model_digest", info.modelDigest, path, StringAttr::kAscii);
   };
   // The directory must exist: a parameter file goes where the user said.
   writeH5Durably(path, H5FileKind::kParams, fill, nullptr, /*createDirectory=*/false);
@@ -93,6 +94,7 @@ ParamSet loadParams(const std::string& path, ModelFileInfo* info) {
     readI64Attr(file.get(), "replica", &info->replica);
     readI64Attr(file.get(), "features", &info->features);
     readI64Attr(file.get(), "classes", &info->classes);
+    if (!readStringAttr(file.get(), "model_digest", &info->modelDigest)) info->modelDigest.clear();
   }
   return params;
 }

@@ -2,7 +2,8 @@
 // in the model (a name with '/' goes into its groups: loadParams reads the root only),
 // each with its CRC32C (attribute crc32c, checked on loading where present), and the
 // attributes model_spec (string), clock, seed, replica, features and classes on the
-// root group. Files are written durably (ckpt/durable.h), so a reader never sees a
+// root group, and model_digest (string: the .loss text's textDigest) where the model
+// was parsed from one. Files are written durably (ckpt/durable.h), so a reader never sees a
 // partial file and an existing file survives a failed write.
 #pragma once
 
@@ -20,6 +21,7 @@ struct ModelFileInfo {
   int64_t replica = 0;
   int64_t features = 0;  // the data width the model was built for (0: unknown)
   int64_t classes = 0;
+  std::string modelDigest;  // "" for built-in models and files that predate it
 };
 
 // Throws IoError naming the path when the file cannot be written.

@@ -1,5 +1,6 @@
 #include "ops/graph_model.h"
 
+#include "engine/base/crc32c.h"
 #include "engine/base/error.h"
 #include "engine/base/rng.h"
 #include "ops/cpu/cpu_backend.h"
@@ -44,8 +45,8 @@ Matrix initialValue(const Init& init, int64_t rows, int64_t cols, uint64_t seed,
   return m;
 }
 
-GraphModel::GraphModel(Graph graph, std::string spec, uint64_t seed)
-    : graph_(std::move(graph)), spec_(std::move(spec)), seed_(seed) {
+GraphModel::GraphModel(Graph graph, std::string spec, uint64_t seed, std::string textDigest)
+    : graph_(std::move(graph)), spec_(std::move(spec)), textDigest_(std::move(textDigest)), seed_(seed) {
   exec_ = std::make_unique<GraphExecutor<float>>(graph_);  // identifies the SVs: refuses models without them
   kept_.resize(graph_.locals().size());
   // A parameter (or bias) with several sites gets their sum, which the rebuild
@@ -60,10 +61,10 @@ GraphModel::GraphModel(Graph graph, std::string spec, uint64_t seed)
 }
 
 std::unique_ptr<GraphModel> GraphModel::fromFile(const std::string& path, const LossDims& dims, uint64_t seed) {
-  Graph graph = parseLossFile(path, dims);
-  return std::make_unique<GraphModel>(std::move(graph),
+  const std::string text = readLossFile(path);
+  return std::make_unique<GraphModel>(parseLoss(text, path, dims),
                                       fmt::format("graph {} features={} classes={}", path, dims.features, dims.classes),
-                                      seed);
+                                      seed, orpheus::textDigest(text));
 }
 
 std::vector<ParamSpec> GraphModel::paramSpecs() const {

@@ -20,12 +20,14 @@ namespace orpheus::ops {
 class GraphModel final : public Model {
  public:
   // `spec` describes the model in saved files; `seed` keys the initial values of
-  // parameters and data-dependent variables.
-  GraphModel(Graph graph, std::string spec, uint64_t seed);
+  // parameters and data-dependent variables; `textDigest` is that of the .loss text
+  // the graph was parsed from ("" for a graph built in C++).
+  GraphModel(Graph graph, std::string spec, uint64_t seed, std::string textDigest = {});
   // Parses a .loss file for data of the given shape.
   static std::unique_ptr<GraphModel> fromFile(const std::string& path, const LossDims& dims, uint64_t seed);
 
   std::string spec() const override { return spec_; }
+  std::string textDigest() const override { return textDigest_; }
   std::vector<ParamSpec> paramSpecs() const override;
   ParamSet initParams(uint64_t seed) const override;
   // Optimises the batch's data-dependent variables (kept per example across clocks),
@@ -168,6 +170,7 @@ class GraphModel final : public Model {
 
   Graph graph_;
   std::string spec_;
+  std::string textDigest_;
   uint64_t seed_;
   SvgUnit svgUnit_ = SvgUnit::kExample;
   bool fuseLstmCells_ = true;

@@ -572,7 +572,7 @@ Graph parseLoss(const std::string& text, const std::string& source, const LossDi
   return graph.unroll(static_cast<int>(steps));
 }
 
-Graph parseLossFile(const std::string& path, const LossDims& dims) {
+std::string readLossFile(const std::string& path) {
   std::ifstream in(path);
   ORPHEUS_CHECK_INPUT(in.good(), "cannot read model file '{}'", path);
   in.seekg(0, std::ios::end);
@@ -582,7 +582,9 @@ Graph parseLossFile(const std::string& path, const LossDims& dims) {
   in.seekg(0, std::ios::beg);
   std::stringstream text;
   text << in.rdbuf();
-  return parseLoss(text.str(), path, dims);
+  return text.str();
 }
+
+Graph parseLossFile(const std::string& path, const LossDims& dims) { return parseLoss(readLossFile(path), path, dims); }
 
 }  // namespace orpheus::ops

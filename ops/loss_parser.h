@@ -66,6 +66,8 @@ struct LossDims {
 // names and shape mismatches (naming both shapes and the expression). A sequence
 // model comes back unrolled over dims.steps steps (Graph::unroll).
 Graph parseLoss(const std::string& text, const std::string& source, const LossDims& dims);
+// A .loss file's text; InputError naming it when it cannot be read or is too large.
+std::string readLossFile(const std::string& path);
 Graph parseLossFile(const std::string& path, const LossDims& dims);
 
 }  // namespace orpheus::ops

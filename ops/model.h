@@ -47,6 +47,9 @@ class Model {
 
   // A one-line description stored with saved parameters, e.g. "mlr features=784 classes=10".
   virtual std::string spec() const = 0;
+  // The digest (textDigest, engine/base/crc32c.h) of the .loss text the model was
+  // parsed from, stored with saved parameters; "" for built-in and C++-built models.
+  virtual std::string textDigest() const { return {}; }
   virtual std::vector<ParamSpec> paramSpecs() const = 0;
   // W0 = h(G0): initial parameters generated from the job seed alone.
   virtual ParamSet initParams(uint64_t seed) const = 0;

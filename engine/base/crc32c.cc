@@ -1,5 +1,7 @@
 #include "engine/base/crc32c.h"
 
+#include <fmt/format.h>
+
 #include <array>
 #include <cstring>
 
@@ -192,6 +194,10 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t size) {
   if (haveSse42()) return ~crcHardware(crc, p, size);
 #endif
   return ~crcSoftware(crc, p, size);
+}
+
+std::string textDigest(std::string_view text) {
+  return fmt::format("{:x}:{:08x}", text.size(), crc32c(0, text.data(), text.size()));
 }
 
 }  // namespace orpheus

@@ -2,6 +2,7 @@
 
 #include "ckpt/layout.h"
 #include "ckpt/model_file.h"
+#include "engine/base/crc32c.h"
 #include "engine/base/params.h"
 #include "engine/base/error.h"
 #include "engine/base/log.h"
@@ -48,6 +49,7 @@ int restoreMain(const RestoreArgs& a) {
   const auto r = restore(a.dir, a.replica, clock, *backend);
   ckpt::ModelFileInfo info;
   info.modelSpec = job.modelSpec;
+  if (!job.modelText.empty()) info.modelDigest = textDigest(job.modelText);
   info.clock = static_cast<int64_t>(r.clock);
   info.seed = job.seed;
   info.replica = r.replica;

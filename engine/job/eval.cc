@@ -33,9 +33,21 @@ std::string modelNameOf(const std::string& spec) {
 }
 
 // Parameters that fit another model by name and shape are scored under it: said, since
-// the scores are then of the model given, not of the one the file was trained as.
-void warnIfOtherModel(const EvalConfig& config, const std::string& saved, const std::string& given) {
-  if (saved.empty() || modelNameOf(saved) == modelNameOf(given)) return;
+// the scores are then of the model given, not of the one the file was trained as. The
+// .loss texts are compared where the file recorded its digest (a renamed copy is the
+// same model, an edited file under the same name is not); else the models' names.
+void warnIfOtherModel(const EvalConfig& config, const ckpt::ModelFileInfo& info, const ops::Model& model) {
+  const std::string& saved = info.modelSpec;
+  const std::string given = model.spec();
+  const bool texts = !info.modelDigest.empty() && !model.textDigest().empty();
+  if (texts && info.modelDigest == model.textDigest()) return;
+  if (texts && modelNameOf(saved) == modelNameOf(given)) {
+    spdlog::warn("'{}' was trained with another text of '{}' (digest {} then, {} now): its parameters fit by name and "
+                 "shape, and the scores are those of the file as it is now",
+                 config.params, config.model, info.modelDigest, model.textDigest());
+    return;
+  }
+  if (saved.empty() || (!texts && modelNameOf(saved) == modelNameOf(given))) return;
   spdlog::warn("'{}' was trained as model '{}' (its model_spec '{}') and is evaluated as '{}': its parameters fit by "
                "name and shape, and the scores are those of '{}'",
                config.params, modelNameOf(saved), saved, modelNameOf(given), config.model);
@@ -85,7 +97,7 @@ int runEval(const EvalConfig& config) {
                         saved[i].rows(), saved[i].cols(), config.model, p.value.rows(), p.value.cols());
     p.value = saved[i];
   }
-  warnIfOtherModel(config, info.modelSpec, model->spec());
+  warnIfOtherModel(config, info, *model);
 
   if (test.steps > 0) {  // a token stream: its steps and words, not features
     ORPHEUS_CHECK_INPUT(config.features <= 0,

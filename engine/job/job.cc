@@ -333,6 +333,7 @@ void saveAndReport(const TrainConfig& config, const comm::Transport& transport, 
                    const ops::Model& model, const Shards& shards) {
   ckpt::ModelFileInfo info;
   info.modelSpec = model.spec();
+  info.modelDigest = model.textDigest();
   info.clock = static_cast<int64_t>(worker.lastClock());
   info.seed = config.seed;
   info.features = shards.features;

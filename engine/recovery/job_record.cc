@@ -16,10 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string textDigest(const std::string& text) {
-  return fmt::format("{:x}:{:08x}", text.size(), crc32c(0, text.data(), text.size()));
-}
-
 // Names an earlier job's entries: what --overwrite may delete.
 bool isEngineEntry(const std::string& name) {
   for (const char* prefix : {"replica-", "snapshot-", "matrix-", "states-"}) {

@@ -67,6 +67,7 @@ void Recovery::checkpoint(uint64_t clock, ParamSet& replica, ReplicaUpdater& upd
     // The baseline of the paper: computation halts while the whole replica is written.
     ckpt::ModelFileInfo info;
     info.modelSpec = model_.spec();
+    info.modelDigest = model_.textDigest();
     info.clock = static_cast<int64_t>(clock);
     info.seed = options_.seed;
     info.replica = replicaId;

@@ -139,6 +139,7 @@ void saveOutputs(const TrainConfig& config, const std::vector<Finished>& done, c
                  int64_t features, int64_t classes) {
   ckpt::ModelFileInfo info;
   info.modelSpec = model.spec();
+  info.modelDigest = model.textDigest();
   info.clock = static_cast<int64_t>(done[0].lastClock);
   info.seed = config.seed;
   info.features = features;

@@ -1,4 +1,5 @@
 #include "ckpt/model_file.h"
+#include "engine/base/crc32c.h"
 #include "engine/base/error.h"
 
 #include <catch2/catch.hpp>
@@ -33,7 +34,12 @@ ParamSet sample() {
 TEST_CASE("parameters round-trip through HDF5 with their attributes and order", "[ckpt]") {
   const auto dir = tempDir();
   const std::string path = (dir / "model.h5").string();
-  ckpt::ModelFileInfo info{"mlr features=4 classes=3", 77, 12345, 2};
+  ckpt::ModelFileInfo info;
+  info.modelSpec = "mlr features=4 classes=3";
+  info.clock = 77;
+  info.seed = 12345;
+  info.replica = 2;
+  info.modelDigest = textDigest("param W[2, 3]\n");
   ckpt::saveParams(path, sample(), info);
   ckpt::ModelFileInfo back;
   const ParamSet loaded = ckpt::loadParams(path, &back);
@@ -47,6 +53,8 @@ TEST_CASE("parameters round-trip through HDF5 with their attributes and order", 
   CHECK(back.clock == 77);
   CHECK(back.seed == 12345u);
   CHECK(back.replica == 2);
+  CHECK(back.modelDigest == info.modelDigest);
+  CHECK(back.modelDigest == "e:" + fmt::format("{:08x}", crc32c(0, "param W[2, 3]\n", 14)));
   // No temporary file is left beside it.
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
@@ -74,15 +82,21 @@ TEST_CASE("loading a missing or foreign file is an input error naming it", "[ckp
 TEST_CASE("a save that fails midway names the call and keeps the existing file", "[ckpt]") {
   const auto dir = tempDir();
   const std::string path = (dir / "m.h5").string();
-  ckpt::saveParams(path, sample(), {"first", 1, 0, 0});
+  ckpt::ModelFileInfo first, second;
+  first.modelSpec = "first";
+  first.clock = 1;
+  second.modelSpec = "second";
+  second.clock = 2;
+  ckpt::saveParams(path, sample(), first);
   ParamSet bad = sample();
   bad.params.push_back({"", Matrix::Constant(1, 1, 1.0f)});  // HDF5 refuses an empty name
-  CHECK_THROWS_AS(ckpt::saveParams(path, bad, {"second", 2, 0, 0}), IoError);
-  CHECK_THROWS_WITH(ckpt::saveParams(path, bad, {"second", 2, 0, 0}),
+  CHECK_THROWS_AS(ckpt::saveParams(path, bad, second), IoError);
+  CHECK_THROWS_WITH(ckpt::saveParams(path, bad, second),
                     Catch::Contains(path) && Catch::Contains("H5Dcreate2"));
   ckpt::ModelFileInfo info;
   CHECK(ckpt::loadParams(path, &info).size() == 3);
   CHECK(info.modelSpec == "first");
+  CHECK(info.modelDigest.empty());  // a model without a .loss text records none
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
   CHECK(files == 1);

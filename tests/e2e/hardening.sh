@@ -246,6 +246,19 @@ said() {
   local pattern=$1; shift
   "$@" --progress off --log-level warn 2>&1 >/dev/null | grep -q -- "$pattern" || { echo "FAIL: no '$pattern' from $*"; fail=1; }
 }
+# A .loss model's parameters record its text's digest: an edited file under the same name
+# is said, a renamed copy of the same text is not.
+mkdir -p "$out/edited" "$out/renamed"
+cp "$out/relu.loss" "$out/edited/relu.loss"
+"$orpheus" train --model "$out/edited/relu.loss" --train "$fix/small.libsvm" --clocks 2 --batch 4 \
+  --save "$out/relu.h5" --progress off --log-level warn >/dev/null || { echo "FAIL: the relu job eval reads"; fail=1; }
+cp "$out/relu.loss" "$out/renamed/other.loss"
+! "$orpheus" eval --params "$out/relu.h5" --model "$out/renamed/other.loss" --test "$fix/small.libsvm" 2>&1 \
+  >/dev/null | grep -q "warning" || { echo "FAIL: a renamed copy of the same .loss text warned of"; fail=1; }
+sed -i 's/relu(W \* x + b)/relu(W * x + b) * 2/' "$out/edited/relu.loss"
+"$orpheus" eval --params "$out/relu.h5" --model "$out/edited/relu.loss" --test "$fix/small.libsvm" 2>&1 >/dev/null |
+  grep -q "warning: '.*relu.h5' was trained with another text of '.*edited/relu.loss' (digest [0-9a-f]*:[0-9a-f]* then, [0-9a-f]*:[0-9a-f]* now)" ||
+  { echo "FAIL: eval under an edited .loss of the same name unsaid"; fail=1; }
 said "--select-method jmcss has nothing to select" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --select-method jmcss
 said "on --device cpu they have nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
