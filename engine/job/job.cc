@@ -249,6 +249,10 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                  config.adapt && config.balance ? "--adapt and --balance have" : config.adapt ? "--adapt has"
                                                                                                : "--balance has");
   }
+  if (config.test.empty() && config.evalEvery != TrainConfig{}.evalEvery) {
+    spdlog::warn("--eval-every {} evaluates on the test data: without --test it has nothing to do",
+                 config.evalEvery);
+  }
   if (config.paramDigests && config.metrics.empty()) {
     spdlog::warn("--param-digests adds each clock's digest to the metrics: without --metrics it has nothing to do");
   }

@@ -296,6 +296,13 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
 
   const auto realStart = std::chrono::steady_clock::now();
   Shards shards = loadShards(config, p);
+  // A membership that grows past the examples has a rank without any: said now, not at its clock.
+  int64_t examples = 0;
+  for (const Dataset& shard : shards.train) examples += shard.size();
+  ORPHEUS_CHECK_INPUT(most <= examples,
+                      "--sim-membership grows the job to {} ranks, more than the {} examples of '{}': every rank "
+                      "needs at least one",
+                      most, examples, config.train);
   const int64_t features = shards.features;
   const int64_t classes = shards.classes;
   const std::vector<std::unique_ptr<ops::Model>> models = makeModels(config, shards, most, threads);

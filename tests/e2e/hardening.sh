@@ -178,6 +178,9 @@ refused "--beta2: must be a number >= 0 and < 1, got 1" -- "$orpheus" train --tr
 refused "--timeout: must be a number >= 1" -- "$orpheus" train --train "$fix/small.libsvm" --timeout 1e-9
 refused "--timeout: must be a number >= 1" -- "$orpheus" train --train "$fix/small.libsvm" --timeout 0.001
 # Sizes priced before anything is allocated: replicas, minibatches and outputs; threads.
+# --sim-membership onto more ranks than the data has examples: refused before the first clock.
+refused "--sim-membership grows the job to 8 ranks, more than the 6 examples of '.*small.libsvm'" -- "$orpheus" \
+  simulate --ranks 2 --train "$fix/small.libsvm" --clocks 4 --batch 1 --sim-membership 1:+6
 refused "2 replicas of model 'mlr' .* with --batch 2000000000 .* needs .* more than" -- "$orpheus" simulate --ranks 2 \
   --train "$fix/small.libsvm" --batch 2000000000 --clocks 2
 refused "1000 replicas of model .* needs .* more than" -- "$orpheus" simulate --ranks 1000 \
@@ -259,6 +262,8 @@ sed -i 's/relu(W \* x + b)/relu(W * x + b) * 2/' "$out/edited/relu.loss"
 "$orpheus" eval --params "$out/relu.h5" --model "$out/edited/relu.loss" --test "$fix/small.libsvm" 2>&1 >/dev/null |
   grep -q "warning: '.*relu.h5' was trained with another text of '.*edited/relu.loss' (digest [0-9a-f]*:[0-9a-f]* then, [0-9a-f]*:[0-9a-f]* now)" ||
   { echo "FAIL: eval under an edited .loss of the same name unsaid"; fail=1; }
+said "warning: --eval-every 5 evaluates on the test data: without --test it has nothing to do" "$orpheus" train \
+  --train "$fix/small.libsvm" --clocks 2 --batch 2 --eval-every 5
 said "--select-method jmcss has nothing to select" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --select-method jmcss
 said "on --device cpu they have nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
