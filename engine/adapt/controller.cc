@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -36,10 +37,14 @@ std::optional<double> numberField(const std::string& line, const std::string& ke
   }
   if (pos == std::string::npos) return std::nullopt;
   pos = line.find_first_not_of(" \t", pos + 1);
+  // A number as JSON writes it (no hex, no leading '+'), ended by what may follow one.
   const char* begin = line.c_str() + (pos == std::string::npos ? line.size() : pos);
-  char* end = nullptr;
-  const double v = std::strtod(begin, &end);
-  ORPHEUS_CHECK_INPUT(end != begin, "--adapt-trace '{}' line {}: {} is not a number", source, number, key);
+  const char* last = line.c_str() + line.size();
+  double v = 0.0;
+  const auto [end, ec] = std::from_chars(begin, last, v, std::chars_format::general);
+  const bool ended = end != begin && (end == last || std::string_view(" \t\r,}").find(*end) != std::string_view::npos);
+  ORPHEUS_CHECK_INPUT(ec == std::errc() && ended, "--adapt-trace '{}' line {}: {} is not a number", source,
+                      number, key);
   return v;
 }
 

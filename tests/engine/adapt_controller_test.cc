@@ -191,6 +191,11 @@ TEST_CASE("a trace's clocks and times are checked, naming the file and line", "[
   refused("{\"clock\":2,\"compute_seconds\":0.1,\"wait_seconds\":-1}", "wait_seconds -1 is not a time");
   refused("{\"clock\":2,\"compute_seconds\":0.1,\"comm_seconds\":inf}", "comm_seconds inf is not a time");
   refused("{\"clock\":2,\"compute_seconds\":\"x\"}", "compute_seconds is not a number");
+  // JSON numbers only: no hex, no leading '+', nothing glued on.
+  refused("{\"clock\":2,\"compute_seconds\":0x1p-3}", "compute_seconds is not a number");
+  refused("{\"clock\":0x2,\"compute_seconds\":0.1}", "clock is not a number");
+  refused("{\"clock\":2,\"compute_seconds\":+0.1}", "compute_seconds is not a number");
+  refused("{\"clock\":2,\"compute_seconds\":0.1s}", "compute_seconds is not a number");
   // A line cut off (a killed job's last) or one that is no JSON object drops no clock unsaid.
   CHECK_THROWS_WITH(adapt::Trace::parse("{\"clock\":1,\"compute_seconds\":0.1}\n{\"clock\": 2, \"comp\n", "t.jsonl"),
                     Catch::Contains("--adapt-trace 't.jsonl' line 2 is not one JSON object (cut off?)"));
