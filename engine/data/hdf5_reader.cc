@@ -227,7 +227,10 @@ std::optional<std::pair<int64_t, int64_t>> readShape(hid_t group, const std::str
     H5Handle attr(H5Aopen(group, "shape", H5P_DEFAULT), H5Aclose);
     H5Handle space(attr.valid() ? H5Aget_space(attr.get()) : -1, H5Sclose);
     const hssize_t n = space.valid() ? H5Sget_simple_extent_npoints(space.get()) : -1;
-    if (n != 2) fail(path, "the attribute '{}shape' must hold 2 integers (rows, columns)", prefix);
+    H5Handle type(attr.valid() ? H5Aget_type(attr.get()) : -1, H5Tclose);
+    // Integers only: HDF5 would convert a shape of 2.5 to 2.
+    const bool integers = type.valid() && H5Tget_class(type.get()) == H5T_INTEGER;
+    if (n != 2 || !integers) fail(path, "the attribute '{}shape' must hold 2 integers (rows, columns)", prefix);
     shape.resize(2);
     if (H5Aread(attr.get(), H5T_NATIVE_INT64, shape.data()) < 0) {
       fail(path, "cannot read the attribute '{}shape' as integers", prefix);
