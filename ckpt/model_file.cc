@@ -3,6 +3,7 @@
 #include "ckpt/h5.h"
 #include "engine/base/crc32c.h"
 #include "engine/base/error.h"
+#include "engine/base/memory.h"
 
 #include <filesystem>
 
@@ -71,6 +72,10 @@ ParamSet loadParams(const std::string& path, ModelFileInfo* info) {
                         rank);
     hsize_t dims[2] = {1, 1};
     H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+    // A declared shape costs nothing on disk: it is checked before anything is allocated
+    // (the float matrix and its column-major copy).
+    checkFitsInMemory(2.0 * static_cast<double>(dims[0]) * static_cast<double>(dims[1]) * sizeof(float),
+                      fmt::format("dataset '{}' in '{}' ({} x {} floats)", name, path, dims[0], dims[1]));
     Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> rowMajor(
         static_cast<Eigen::Index>(dims[0]), static_cast<Eigen::Index>(rank == 2 ? dims[1] : 1));
     ORPHEUS_CHECK_INPUT(H5Dread(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, rowMajor.data()) >= 0,

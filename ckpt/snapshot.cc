@@ -3,6 +3,7 @@
 #include "ckpt/h5.h"
 #include "ckpt/layout.h"
 #include "engine/base/crc32c.h"
+#include "engine/base/memory.h"
 
 #include <spdlog/spdlog.h>
 
@@ -60,6 +61,21 @@ std::string loadPart(const std::string& path, Part* part) {
     if (!readI64Attr(set.get(), "rows", &block.fullRows) || !readU32Attr(set.get(), "crc32c", &crc)) {
       return fmt::format("dataset '{}' lacks its attributes", block.name);
     }
+    // The rows its block should hold and a size that fits, before anything is allocated.
+    const int64_t expected =
+        block.fullRows < 0 || block.fullRows > kMaxSize
+            ? -1
+            : blockBegin(block.fullRows, static_cast<int>(part->rank) + 1, static_cast<int>(part->ranks)) -
+                  blockBegin(block.fullRows, static_cast<int>(part->rank), static_cast<int>(part->ranks));
+    if (expected < 0) return fmt::format("dataset '{}' has {} full rows", block.name, block.fullRows);
+    if (static_cast<int64_t>(dims[0]) != expected) {
+      return fmt::format("dataset '{}' holds {} rows, its block has {}", block.name, dims[0], expected);
+    }
+    if (static_cast<double>(dims[0]) * static_cast<double>(dims[1]) * sizeof(float) > physicalMemoryBytes() &&
+        physicalMemoryBytes() > 0) {
+      return fmt::format("dataset '{}' declares {} x {} floats, more than this machine's memory", block.name, dims[0],
+                         dims[1]);
+    }
     block.rows.resize(static_cast<Eigen::Index>(dims[0]), static_cast<Eigen::Index>(dims[1]));
     if (block.rows.size() > 0 &&
         H5Dread(set.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, block.rows.data()) < 0) {
@@ -67,12 +83,6 @@ std::string loadPart(const std::string& path, Part* part) {
     }
     if (crc32c(0, block.rows.data(), static_cast<size_t>(block.rows.size()) * sizeof(float)) != crc) {
       return fmt::format("dataset '{}' fails its CRC32C", block.name);
-    }
-    const int64_t expected =
-        blockBegin(block.fullRows, static_cast<int>(part->rank) + 1, static_cast<int>(part->ranks)) -
-        blockBegin(block.fullRows, static_cast<int>(part->rank), static_cast<int>(part->ranks));
-    if (static_cast<int64_t>(dims[0]) != expected) {
-      return fmt::format("dataset '{}' holds {} rows, its block has {}", block.name, dims[0], expected);
     }
     part->blocks.push_back(std::move(block));
   }

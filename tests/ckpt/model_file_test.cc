@@ -3,6 +3,7 @@
 #include "engine/base/error.h"
 
 #include <catch2/catch.hpp>
+#include <hdf5.h>
 
 #include <filesystem>
 #include <fstream>
@@ -59,6 +60,30 @@ TEST_CASE("parameters round-trip through HDF5 with their attributes and order", 
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
   CHECK(files == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a dataset whose declared shape exceeds memory is refused before it is allocated", "[ckpt]") {
+  const auto dir = tempDir();
+  const std::string path = (dir / "huge.h5").string();
+  {
+    // 2^40 x 4 floats declared, chunked: a few bytes on disk.
+    const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t dims[2] = {hsize_t{1} << 40, 4};
+    const hsize_t chunk[2] = {1024, 4};
+    const hid_t space = H5Screate_simple(2, dims, nullptr);
+    const hid_t plist = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(plist, 2, chunk);
+    const hid_t set = H5Dcreate2(file, "W", H5T_NATIVE_FLOAT, space, H5P_DEFAULT, plist, H5P_DEFAULT);
+    REQUIRE(set >= 0);
+    H5Dclose(set);
+    H5Pclose(plist);
+    H5Sclose(space);
+    H5Fclose(file);
+  }
+  CHECK_THROWS_AS(ckpt::loadParams(path), InputError);
+  CHECK_THROWS_WITH(ckpt::loadParams(path), Catch::Contains("dataset 'W' in '" + path + "' (1099511627776 x 4 floats)") &&
+                                                Catch::Contains("more than"));
   fs::remove_all(dir);
 }
 

@@ -730,6 +730,52 @@ TEST_CASE("snapshot parts reassemble bitwise; a missing part leaves no snapshot"
   CHECK(inv.snapshots == std::vector<uint64_t>{20});
 }
 
+TEST_CASE("a snapshot part that declares more rows than its block is unusable, not allocated", "[ckpt][sv_log]") {
+  TempDir dir;
+  const ParamSet params = sampleParams();
+  for (int rank = 0; rank < 2; ++rank) writeSnapshotPart(dir.str(), 20, rank, 2, params);
+  ParamSet shapes = params;
+  for (auto& p : shapes.params) p.value.setZero();
+  REQUIRE(readSnapshot(dir.str(), 20, shapes).has_value());
+  // Part 0's first dataset replaced by a chunked one of 2^40 rows: a few bytes on disk.
+  const std::string part = (dir.path() / "snapshot-000000000020" / "part-0.h5").string();
+  const std::string name = params.params[0].name;
+  hid_t file = H5Fopen(part.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(file >= 0);
+  int64_t rows = 0;
+  {
+    const hid_t old = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+    const hid_t attr = H5Aopen(old, "rows", H5P_DEFAULT);
+    H5Aread(attr, H5T_NATIVE_INT64, &rows);
+    H5Aclose(attr);
+    H5Dclose(old);
+  }
+  REQUIRE(H5Ldelete(file, name.c_str(), H5P_DEFAULT) >= 0);
+  const hsize_t dims[2] = {hsize_t{1} << 40, static_cast<hsize_t>(params.params[0].value.cols())};
+  const hsize_t chunk[2] = {1024, dims[1]};
+  const hid_t space = H5Screate_simple(2, dims, nullptr);
+  const hid_t plist = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(plist, 2, chunk);
+  const hid_t set = H5Dcreate2(file, name.c_str(), H5T_NATIVE_FLOAT, space, H5P_DEFAULT, plist, H5P_DEFAULT);
+  REQUIRE(set >= 0);
+  const hid_t scalar = H5Screate(H5S_SCALAR);
+  const uint32_t crc = 0;
+  hid_t attr = H5Acreate2(set, "rows", H5T_NATIVE_INT64, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(attr, H5T_NATIVE_INT64, &rows);
+  H5Aclose(attr);
+  attr = H5Acreate2(set, "crc32c", H5T_NATIVE_UINT32, scalar, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(attr, H5T_NATIVE_UINT32, &crc);
+  H5Aclose(attr);
+  H5Sclose(scalar);
+  H5Dclose(set);
+  H5Pclose(plist);
+  H5Sclose(space);
+  H5Fclose(file);
+  CHECK_FALSE(readSnapshot(dir.str(), 20, shapes).has_value());
+  const Inventory inv = inspect(dir.str());
+  CHECK(inv.snapshots.empty());
+}
+
 TEST_CASE("inspect reports the job, replicas, segments, snapshots and bytes", "[ckpt][sv_log]") {
   TempDir dir;
   JobInfo job;
