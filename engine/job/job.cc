@@ -445,6 +445,13 @@ int trainEpochs(const TrainConfig& config, const Outputs& out, ops::Backend& bac
                 LiveGroup* live, std::unique_ptr<Shards> shards, uint64_t resumeClock, uint64_t changedAfter) {
   comm::Transport* group = &first;
   std::unique_ptr<comm::Transport> regrouped;  // after a live change
+  // A job that fails takes no more requests: its marker goes with it (endLive on success).
+  struct LiveMarker {
+    const std::string* dir = nullptr;
+    ~LiveMarker() {
+      if (dir != nullptr && std::uncaught_exceptions() > 0) dropLive(*dir);
+    }
+  } marker{live != nullptr && first.rank() == 0 ? &config.ckptDir : nullptr};
   Worker::RunTotals totals;  // the earlier epochs'
   for (;;) {
     std::optional<MembershipWatch> watch;

@@ -133,6 +133,11 @@ void markLive(const std::string& dir) {
   ckpt::writeTextDurably(livePath(dir), fmt::format("{} {}\n", static_cast<long>(getpid()), hostName()));
 }
 
+void dropLive(const std::string& dir) {
+  std::error_code ec;
+  fs::remove(livePath(dir), ec);
+}
+
 void endLive(const std::string& dir) {
   std::error_code ec;
   fs::remove(livePath(dir), ec);

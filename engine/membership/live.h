@@ -61,9 +61,11 @@ std::filesystem::path membershipRequestPath(const std::string& dir);
 // A job that takes membership requests marks DIR while it runs (rank 0's pid and
 // host in DIR/live), so `ctl` can refuse a request no job will read. markLive at
 // the start; endLive at the end, which also drops a request that came too late
-// (said on the console).
+// (said on the console); dropLive when the job fails (the request, if any, stays
+// beside the checkpoint for the resumed job to drop with a warning).
 void markLive(const std::string& dir);
 void endLive(const std::string& dir);
+void dropLive(const std::string& dir);
 
 // `orpheus ctl DIR shrink R [R...]`: checks the request against the job's current
 // membership (InputError: no checkpoint, no job running there, an unknown rank,

@@ -416,6 +416,14 @@ void LowRankSender::restore(const ParamSet& state, const std::string& prefix,
                           "the --sv-rank state of matrix {} is {}x{}, but the model's matrix is {}x{}", p, se.rows(),
                           se.cols(), shapes[p].first, shapes[p].second);
     }
+    // What a run's residual and basis can hold: finite, and small enough that their
+    // squared norms stay finite in float (no run that trains reaches 1e15).
+    constexpr float kMost = 1e15f;
+    for (const auto& [m, what] : {std::pair<const Matrix*, const char*>{&se, "residual"}, {&sq, "basis"}}) {
+      ORPHEUS_CHECK_INPUT(m->allFinite() && m->cwiseAbs().maxCoeff() <= kMost,
+                          "the --sv-rank {} of matrix {} holds {}, beyond the {:g} any run's reaches", what, p,
+                          m->cwiseAbs().maxCoeff(), kMost);
+    }
     s.e = upload(se);
     s.q = upload(sq);
     if (eb >= 0) {

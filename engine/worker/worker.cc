@@ -329,6 +329,14 @@ std::optional<SvBatch> Worker::selectToSend(uint64_t clock, const SvBatch& local
   if (lowRank_) {
     sent = lowRank_->compress(local, rankOperands_);
     rankOperands_.clear();
+    // Error feedback accumulates what was not sent: a run that diverges (or a resumed
+    // residual out of range) overflows it before the loss shows it.
+    for (const SvMatrix& m : sent->matrices) {
+      ORPHEUS_CHECK_INPUT(m.u.allFinite() && m.vDense.allFinite(),
+                          "training diverged at clock {} on rank {}: --sv-rank's error-feedback residual of "
+                          "parameter {} is no longer finite (lower --lr)",
+                          clock, transport_.rank(), m.paramId);
+    }
     stats.rankError = lowRank_->lastError();
   } else {
     // jmcss-gram forms its Gram matrices on the job's backend, from U and V where

@@ -95,6 +95,12 @@ damage "e = h['sv-rank:0.e']; e[0, 0] = e[0, 0] + 1.0"
   fail "a residual whose values changed on disk"
 damage "del h['sv-rank:0.q']"
 "$here/expect_error.sh" "rank-0.h5.*lacks its \.q" - -- "${resume_damaged[@]}" || fail "a missing basis"
+# Rewritten without its crc32c (read as it is) but out of any run's range: refused, and the
+# job's marker for ctl (DIR/live) goes with the failed job.
+damage "e = h['sv-rank:0.e'][()]; e[0, 0] = 1e30; del h['sv-rank:0.e']; h['sv-rank:0.e'] = e"
+"$here/expect_error.sh" "rank-0.h5.*the --sv-rank residual of matrix 0 holds 1e.30, beyond the 1e.15" - -- \
+  "${resume_damaged[@]}" || fail "a residual out of range"
+[ ! -e "$out/damaged/live" ] || fail "a failed resume left its live marker"
 # The LSTM: the sites of its steps go as one rank-R matrix per parameter (the embedding's
 # one-hot V through sparse products), so a clock sends a small fraction of the full SVs; replicas,
 # restore and --resume stay bitwise.
