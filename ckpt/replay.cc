@@ -6,6 +6,7 @@
 #include "ckpt/log_reader.h"
 #include "ckpt/segment.h"
 #include "engine/base/error.h"
+#include "engine/base/memory.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -208,6 +209,35 @@ void addChunkLine(ChunkLog& log, const std::string& line, ChunkLine expect, cons
   addChange(log, words, bad);
 }
 
+// Every move of `log` played on its layout: a chunk that exists, moved from the rank
+// that owns it then to one of the layout's ranks.
+void checkChunkMoves(const ChunkLog& log, const std::string& dir) {
+  if (log.chunkRows == 0) return;
+  const auto ranks = static_cast<int64_t>(log.shardRows.size());
+  ORPHEUS_CHECK_INPUT(ranks <= kMaxRanks, "'{}': the chunk layout has {} shards, more than {} ranks", dir, ranks,
+                      kMaxRanks);
+  std::vector<int> owner;
+  for (int64_t r = 0; r < ranks; ++r) {
+    const int64_t n = log.shardRows[static_cast<size_t>(r)];
+    ORPHEUS_CHECK_INPUT(n <= kMaxSize, "'{}': the chunk layout's shard {} has {} rows", dir, r, n);
+    const int64_t chunks = (n + log.chunkRows - 1) / log.chunkRows;
+    ORPHEUS_CHECK_INPUT(static_cast<int64_t>(owner.size()) + chunks <= int64_t{1} << 30,
+                        "'{}': the chunk layout has more than 2^30 chunks", dir);
+    owner.insert(owner.end(), static_cast<size_t>(chunks), static_cast<int>(r));
+  }
+  for (const Rebalance& c : log.changes) {
+    for (const ChunkMove& m : c.moves) {
+      ORPHEUS_CHECK_INPUT(m.chunk < static_cast<int64_t>(owner.size()) && m.to < ranks,
+                          "'{}': the chunk move {}:{}>{} after clock {} is outside the layout's {} chunks on {} ranks",
+                          dir, m.chunk, m.from, m.to, c.clock, owner.size(), ranks);
+      int& at = owner[static_cast<size_t>(m.chunk)];
+      ORPHEUS_CHECK_INPUT(at == m.from, "'{}': the chunk move {}:{}>{} after clock {} moves chunk {} from rank {}, "
+                          "but rank {} owns it then", dir, m.chunk, m.from, m.to, c.clock, m.chunk, m.from, at);
+      at = m.to;
+    }
+  }
+}
+
 // An old DIR/chunks; an empty log when there is none.
 ChunkLog readChunkFile(const std::string& dir) {
   ChunkLog log;
@@ -232,6 +262,7 @@ ChunkLog readChunkLog(const std::string& dir) {
   if (!log.changes.empty() && log.chunkRows == 0) {
     throw InputError(fmt::format("'{}': chunk moves are recorded without a chunk layout", dir));
   }
+  checkChunkMoves(log, dir);
   return log;
 }
 

@@ -47,6 +47,9 @@ int restoreMain(const RestoreArgs& a) {
   }
   const auto backend = ops::makeBackend(a.device);
   const auto r = restore(a.dir, a.replica, clock, *backend);
+  // A --balance job: which rank trained on which rows at that clock (read before
+  // anything is written: a damaged chunk log leaves no --out).
+  const auto chunks = describeChunksAt(a.dir, r.clock);
   ckpt::ModelFileInfo info;
   info.modelSpec = job.modelSpec;
   if (!job.modelText.empty()) info.modelDigest = textDigest(job.modelText);
@@ -64,8 +67,7 @@ int restoreMain(const RestoreArgs& a) {
               r.groupsReplayed, a.out.c_str());
   // The digest a --param-digests run writes in its metrics (param_crc32c).
   std::printf("parameters crc32c %u\n", paramDigest(r.params));
-  // A --balance job: which rank trained on which rows at that clock.
-  if (const auto chunks = describeChunksAt(a.dir, r.clock)) {
+  if (chunks) {
     std::printf("data chunks at clock %llu: %s\n", static_cast<unsigned long long>(r.clock), chunks->c_str());
   }
   return 0;

@@ -169,7 +169,7 @@ TEST_CASE("a directory written before keeps its text logs, and a resumed job con
     SvLogWriter w(dir.str(), 0, size_t{64} << 20, 4);
     w.resumeAt(0, 6);
     for (uint64_t c = 7; c <= 12; ++c) {
-      if (c == 8) w.appendJobRecord(c, EventKind::kChunks, movesRecord(c, std::vector<ChunkMove>{{3, 0, 1}}));
+      if (c == 8) w.appendJobRecord(c, EventKind::kChunks, movesRecord(c, std::vector<ChunkMove>{{1, 0, 1}}));
       if (c == 10) w.appendJobRecord(c, EventKind::kMembership, epochRecord({2, 10, 2}));
       w.endClock(c);
     }
@@ -182,7 +182,7 @@ TEST_CASE("a directory written before keeps its text logs, and a resumed job con
   const ChunkLog chunks = readChunkLog(dir.str());
   REQUIRE(chunks.changes.size() == 2);
   CHECK(chunks.changes[0].clock == 2);
-  CHECK(chunks.changes[1].moves == std::vector<ChunkMove>{{3, 0, 1}});
+  CHECK(chunks.changes[1].moves == std::vector<ChunkMove>{{1, 0, 1}});
   // A record that does not follow the text's history is refused, naming the segment.
   {
     SvLogWriter w(dir.str(), 1, size_t{64} << 20, 4);
@@ -225,6 +225,18 @@ TEST_CASE("chunk ownership replays the changes up to a clock") {
   CHECK(changesUpTo(read, 9)[0].moves == log.changes[0].moves);
   CHECK(changesUpTo(read, 10).size() == 2);
   CHECK(describeMoves(log.changes[1].moves) == "1:1>0 2:1>0");
+  // Moves that the layout cannot have made are refused, naming the move and clock.
+  log.changes = {{5, {{4, 0, 1}}}};
+  writeChunkLog(dir.str(), log);
+  CHECK_THROWS_WITH(readChunkLog(dir.str()),
+                    Catch::Contains("the chunk move 4:0>1 after clock 5 is outside the layout's 4 chunks on 2 ranks"));
+  log.changes = {{5, {{1, 0, 2}}}};
+  writeChunkLog(dir.str(), log);
+  CHECK_THROWS_WITH(readChunkLog(dir.str()), Catch::Contains("is outside the layout's 4 chunks on 2 ranks"));
+  log.changes = {{5, {{1, 0, 1}}}, {6, {{1, 0, 1}}}};
+  writeChunkLog(dir.str(), log);
+  CHECK_THROWS_WITH(readChunkLog(dir.str()),
+                    Catch::Contains("the chunk move 1:0>1 after clock 6 moves chunk 1 from rank 0, but rank 1 owns it"));
 }
 
 TEST_CASE("the knobs replay as the newest record at or before a clock") {
