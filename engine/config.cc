@@ -129,13 +129,16 @@ void validateOptimizer(const TrainConfig& c) {
   ORPHEUS_CHECK_INPUT(c.lr >= 0.0 && std::isfinite(c.lr), "--lr {} must be a number > 0", c.lr);
   ORPHEUS_CHECK_INPUT(c.momentum < 0.0 || usesMomentum,
                       "--momentum applies to --optimizer momentum or nesterov, not {}", name);
-  ORPHEUS_CHECK_INPUT(c.momentum < 1.0, "--momentum {} must be in [0, 1)", c.momentum);
+  // The optimizers step in float: a value that rounds to 1 there is 1.
+  const auto belowOne = [](double v) { return static_cast<float>(v) < 1.0f; };
+  const auto roundsTo = [&](double v) { return v < 1.0 && !belowOne(v) ? " (it rounds to 1 in float)" : ""; };
+  ORPHEUS_CHECK_INPUT(belowOne(c.momentum), "--momentum {} must be in [0, 1){}", c.momentum, roundsTo(c.momentum));
   ORPHEUS_CHECK_INPUT(k != OptimizerKind::kNesterov || c.momentum != 0.0,
                       "--optimizer nesterov needs --momentum > 0 (0 is plain sgd)");
   ORPHEUS_CHECK_INPUT((c.beta1 < 0.0 && c.beta2 < 0.0) || k == OptimizerKind::kAdam,
                       "--beta1 and --beta2 apply to --optimizer adam, not {}", name);
-  ORPHEUS_CHECK_INPUT(c.beta1 < 1.0, "--beta1 {} must be in [0, 1)", c.beta1);
-  ORPHEUS_CHECK_INPUT(c.beta2 < 1.0, "--beta2 {} must be in [0, 1)", c.beta2);
+  ORPHEUS_CHECK_INPUT(belowOne(c.beta1), "--beta1 {} must be in [0, 1){}", c.beta1, roundsTo(c.beta1));
+  ORPHEUS_CHECK_INPUT(belowOne(c.beta2), "--beta2 {} must be in [0, 1){}", c.beta2, roundsTo(c.beta2));
   ORPHEUS_CHECK_INPUT(c.eps < 0.0 || k == OptimizerKind::kAdam || k == OptimizerKind::kAdagrad,
                       "--eps applies to --optimizer adam or adagrad, not {}", name);
   ORPHEUS_CHECK_INPUT(c.eps < 0.0 || (c.eps > 0.0 && std::isfinite(c.eps)), "--eps {} must be a number > 0", c.eps);

@@ -28,6 +28,7 @@ class GraphModel final : public Model {
 
   std::string spec() const override { return spec_; }
   std::string textDigest() const override { return textDigest_; }
+  bool keepsPerExample() const override { return !graph_.locals().empty(); }
   std::vector<ParamSpec> paramSpecs() const override;
   ParamSet initParams(uint64_t seed) const override;
   // Optimises the batch's data-dependent variables (kept per example across clocks),

@@ -160,6 +160,9 @@ class Model {
   // True when computeSvg carries state from one minibatch to the next that the
   // parameters do not hold (a sequence model's recurrent states per stream).
   virtual bool carriesState() const { return false; }
+  // True when computeSvg keeps variables per example across clocks (a topic model's
+  // data-dependent variables), keyed by the example's row in the rank's shard.
+  virtual bool keepsPerExample() const { return false; }
   // That state as named matrices, and back: a resumed job puts back what the
   // interrupted one carried after the clock it resumes from, so it continues
   // bitwise. Like computeSvg, these belong to the compute thread.

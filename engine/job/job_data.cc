@@ -147,6 +147,9 @@ void checkTrainingShard(const TrainConfig& config, const data::Dataset& train) {
   ORPHEUS_CHECK_INPUT(config.features <= 0 || train.streams == 0,
                       "--features {} applies to LIBSVM and CSV files; the token stream '{}' sets its vocabulary in "
                       "its header (drop --features)", config.features, config.train);
+  ORPHEUS_CHECK_INPUT(config.classes <= 0 || train.streams == 0,
+                      "--classes {} applies to labelled examples; the token stream '{}' sets its words in its header's "
+                      "vocabulary= (drop --classes)", config.classes, config.train);
   ORPHEUS_CHECK_INPUT(!config.balance || train.streams == 0,
                       "--balance moves rows between ranks, but the token streams of '{}' stay on theirs", config.train);
 }
@@ -200,6 +203,12 @@ void configureModel(const TrainConfig& config, ops::Model& model, int64_t steps)
   ORPHEUS_CHECK_INPUT(!config.balance || !model.carriesState(),
                       "--balance changes each rank's minibatch size, but model '{}' carries state from one "
                       "minibatch to the next", config.model);
+  ORPHEUS_CHECK_INPUT(config.targetAccuracy == 0.0 || model.hasAccuracy(),
+                      "--target-accuracy {}: model '{}' predicts no class (it has no 'predict'), so it has no "
+                      "accuracy to reach", config.targetAccuracy, config.model);
+  ORPHEUS_CHECK_INPUT(!config.balance || !model.keepsPerExample(),
+                      "--balance moves rows between ranks, but model '{}' keeps data-dependent variables (its "
+                      "'local's) for each row of a rank's shard", config.model);
 }
 
 void checkLabelsFit(const char* flag, const std::string& path, const data::Dataset& data, const ops::Model& model,

@@ -178,6 +178,16 @@ refused "--beta2: must be a number >= 0 and < 1, got 1" -- "$orpheus" train --tr
 refused "--timeout: must be a number >= 1" -- "$orpheus" train --train "$fix/small.libsvm" --timeout 1e-9
 refused "--timeout: must be a number >= 1" -- "$orpheus" train --train "$fix/small.libsvm" --timeout 0.001
 # Sizes priced before anything is allocated: replicas, minibatches and outputs; threads.
+# Flags the model or data cannot honour: --classes on a token stream, --target-accuracy without
+# a predicted class, --balance with per-row data-dependent variables (they would follow the wrong rows).
+refused "--classes 20 applies to labelled examples; the token stream '.*small.tokens' sets its words" -- \
+  "$orpheus" train --model "$here/../../examples/lstm.loss" --train "$fix/small.tokens" --batch 2 --clocks 3 --classes 20
+refused "--target-accuracy 0.5: model '.*tm.loss' predicts no class" -- "$orpheus" train \
+  --model "$here/../../examples/tm.loss" --train "$fix/small.libsvm" --test "$fix/small.libsvm" --batch 2 --clocks 4 \
+  --target-accuracy 0.5
+refused "--balance moves rows between ranks, but model '.*tm.loss' keeps data-dependent variables" -- "$mpiexec" -n 2 \
+  --oversubscribe "$orpheus" train --model "$here/../../examples/tm.loss" --train "$fix/small.libsvm" --batch 2 \
+  --clocks 4 --balance --balance-every 1 --chunk-rows 1
 # --sim-membership onto more ranks than the data has examples: refused before the first clock.
 refused "--sim-membership grows the job to 8 ranks, more than the 6 examples of '.*small.libsvm'" -- "$orpheus" \
   simulate --ranks 2 --train "$fix/small.libsvm" --clocks 4 --batch 1 --sim-membership 1:+6

@@ -231,6 +231,21 @@ TEST_CASE("optimizer flags: defaults per optimizer, and combinations that do not
     d.optimizer = OptimizerKind::kAdam;
     d.beta2 = 1.0;
   }, "--beta2");
+  // The optimizers step in float: 1 - 1e-8 is 1 there.
+  refused([](engine::TrainConfig& d) {
+    d.optimizer = OptimizerKind::kAdam;
+    d.beta2 = 0.99999999;
+  }, "--beta2 0.99999999 must be in [0, 1) (it rounds to 1 in float)");
+  refused([](engine::TrainConfig& d) {
+    d.optimizer = OptimizerKind::kMomentum;
+    d.momentum = 0.99999999999;
+  }, "(it rounds to 1 in float)");
+  {
+    engine::TrainConfig d;
+    d.optimizer = OptimizerKind::kAdam;
+    d.beta2 = 0.99999997;  // below 1 in float
+    CHECK_NOTHROW(engine::validate(d, 2));
+  }
   refused([](engine::TrainConfig& d) { d.eps = 1e-6; }, "--eps");
   refused([](engine::TrainConfig& d) {
     d.optimizer = OptimizerKind::kNesterov;
