@@ -109,7 +109,21 @@ bool readStringAttr(hid_t loc, const char* name, std::string* out) {
   H5Handle attr(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
   if (!attr.valid()) return false;
   H5Handle type(H5Aget_type(attr.get()), H5Tclose);
-  if (H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) != 0) return false;
+  if (H5Tget_class(type.get()) != H5T_STRING) return false;
+  if (H5Tis_variable_str(type.get()) > 0) {
+    // A variable-length string (what h5py writes for a Python str): one of them.
+    H5Handle space(H5Aget_space(attr.get()), H5Sclose);
+    if (!space.valid() || H5Sget_simple_extent_npoints(space.get()) != 1) return false;
+    H5Handle memType(H5Tcopy(H5T_C_S1), H5Tclose);
+    if (H5Tset_size(memType.get(), H5T_VARIABLE) < 0 || H5Tset_cset(memType.get(), H5Tget_cset(type.get())) < 0) {
+      return false;
+    }
+    char* text = nullptr;
+    if (H5Aread(attr.get(), memType.get(), &text) < 0) return false;
+    *out = text != nullptr ? std::string(text) : std::string();
+    H5free_memory(text);
+    return true;
+  }
   const size_t size = H5Tget_size(type.get());
   std::string value(size, '\0');
   // Read as stored: HDF5 does not convert between character sets.

@@ -85,7 +85,8 @@ bool readF64Attr(hid_t loc, const char* name, double* out);
 enum class StringAttr { kUtf8, kAscii };
 void writeStringAttr(hid_t loc, const char* name, const std::string& value, const std::string& path,
                      StringAttr kind = StringAttr::kUtf8);
-// Reads a fixed-length string attribute as stored, less its NUL padding.
+// Reads a fixed-length string attribute as stored, less its NUL padding, or one
+// variable-length string (as h5py writes a Python str).
 bool readStringAttr(hid_t loc, const char* name, std::string* out);
 
 // How a file is created. kParams: HDF5's defaults, as parameter files always were.

@@ -83,7 +83,12 @@ ParamSet loadParams(const std::string& path, ModelFileInfo* info) {
     // What saveParams wrote carries each dataset's CRC32C: a damaged file is named, not
     // loaded (a file from another writer has none and is taken as it is).
     uint32_t crc = 0;
-    ORPHEUS_CHECK_INPUT(!readU32Attr(set.get(), "crc32c", &crc) ||
+    const bool hasCrc = H5Aexists(set.get(), "crc32c") > 0;
+    // One there that is not an unsigned 32-bit value checks nothing: named, not skipped.
+    ORPHEUS_CHECK_INPUT(!hasCrc || readU32Attr(set.get(), "crc32c", &crc),
+                        "dataset '{}' in '{}' has a crc32c attribute that is not one unsigned 32-bit integer", name,
+                        path);
+    ORPHEUS_CHECK_INPUT(!hasCrc ||
                             crc32c(0, rowMajor.data(), static_cast<size_t>(rowMajor.size()) * sizeof(float)) == crc,
                         "dataset '{}' in '{}' does not match its crc32c: the file is damaged, or was changed by "
                         "another program (which should then remove the attribute)",

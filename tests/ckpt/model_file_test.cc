@@ -87,6 +87,49 @@ TEST_CASE("a dataset whose declared shape exceeds memory is refused before it is
   fs::remove_all(dir);
 }
 
+TEST_CASE("other writers' attributes: a variable-length model_spec is read, a crc32c of another type refused",
+          "[ckpt]") {
+  const auto dir = tempDir();
+  const std::string path = (dir / "other.h5").string();
+  const auto scalarAttr = [](hid_t loc, const char* name, hid_t type, const void* value) {
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t attr = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    REQUIRE(attr >= 0);
+    H5Awrite(attr, type, value);
+    H5Aclose(attr);
+    H5Sclose(space);
+  };
+  const auto write = [&](bool badCrc) {
+    const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t dims[2] = {2, 2};
+    const float values[4] = {1, 2, 3, 4};
+    const hid_t space = H5Screate_simple(2, dims, nullptr);
+    const hid_t set = H5Dcreate2(file, "W", H5T_NATIVE_FLOAT, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values);
+    if (badCrc) {
+      const int64_t crc = -5;
+      scalarAttr(set, "crc32c", H5T_NATIVE_INT64, &crc);
+    }
+    H5Dclose(set);
+    H5Sclose(space);
+    const hid_t vlen = H5Tcopy(H5T_C_S1);
+    H5Tset_size(vlen, H5T_VARIABLE);
+    H5Tset_cset(vlen, H5T_CSET_UTF8);
+    const char* spec = "graph examples/tm.loss features=4 classes=3";
+    scalarAttr(file, "model_spec", vlen, &spec);
+    H5Tclose(vlen);
+    H5Fclose(file);
+  };
+  write(false);
+  ckpt::ModelFileInfo info;
+  REQUIRE(ckpt::loadParams(path, &info).size() == 1);
+  CHECK(info.modelSpec == "graph examples/tm.loss features=4 classes=3");
+  write(true);
+  CHECK_THROWS_WITH(ckpt::loadParams(path),
+                    Catch::Contains("dataset 'W' in '" + path + "' has a crc32c attribute that is not one unsigned"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a failed save leaves no file and keeps an existing one", "[ckpt]") {
   const auto dir = tempDir();
   CHECK_THROWS_AS(ckpt::saveParams((dir / "missing" / "m.h5").string(), sample(), {}), IoError);
