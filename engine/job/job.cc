@@ -318,8 +318,8 @@ void runWorker(Worker& worker, MetricsWriter& metrics, comm::Transport& transpor
     if (v.reports) {
       std::vector<int> ranks = v.waiting;
       ranks.insert(ranks.begin(), transport.rank());
-      reportError(fmt::format("training diverged at clock {}: the loss is not finite on {} (lower --lr)", e.clock(),
-                              comm::rankList(ranks)));
+      reportError(fmt::format("training diverged at clock {}: the loss is not finite on {} ({})", e.clock(),
+                              comm::rankList(ranks), e.hint()));
     } else {
       leaveReportToPeer();
       std::this_thread::sleep_for(comm::stallGrace(transport.timeout()) + std::chrono::seconds(2));

@@ -162,10 +162,20 @@ SvBatchHeader Worker::header(uint64_t clock) const {
   return h;
 }
 
-Diverged::Diverged(uint64_t clock, int rank)
-    : InputError(fmt::format("training diverged at clock {} on rank {}: the loss is not finite (lower --lr)", clock,
-                             rank)),
-      clock_(clock) {}
+std::string divergenceHint(const TrainConfig& config, uint64_t clock) {
+  const std::string decay = config.weightDecay > 0.0 ? fmt::format(" or --weight-decay {}", config.weightDecay) : "";
+  if (clock <= 1) {
+    return fmt::format("at the first clock: check the model's init and loss, e.g. a log of a value that may be <= 0; "
+                       "then lower --lr{}", decay);
+  }
+  return fmt::format("lower --lr{}", decay);
+}
+
+Diverged::Diverged(uint64_t clock, int rank, const std::string& hint)
+    : InputError(fmt::format("training diverged at clock {} on rank {}: the loss is not finite ({})", clock, rank,
+                             hint)),
+      clock_(clock),
+      hint_(hint) {}
 
 ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch) {
   NullMetricsSink none;
@@ -195,7 +205,7 @@ ClockStats Worker::runClock(uint64_t clock, const data::Batch& batch, MetricsSin
     denseClock(clock, view(batch), stats);
   }
   if (!std::isfinite(stats.loss)) {
-    throw Diverged(clock, transport_.rank());
+    throw Diverged(clock, transport_.rank(), divergenceHint(config_, clock));
   }
   stats.bytesSent = transport_.counters().bytesSent - before.bytesSent;
   stats.messages = transport_.counters().messages - before.messages;

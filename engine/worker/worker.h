@@ -43,13 +43,20 @@ struct EvalResult {
 // This rank's loss is not finite at `clock` (runClock). Peers may find theirs the
 // same at that clock, since their replicas share its steps: the job says it once
 // (engine/job/job.cc).
+// What to change when the loss is not finite at `clock`: from the first clock, the
+// model (its init or loss) before the learning rate; a weight decay is named too.
+std::string divergenceHint(const TrainConfig& config, uint64_t clock);
+
 class Diverged : public InputError {
  public:
-  Diverged(uint64_t clock, int rank);
+  // `hint`: what to change (divergenceHint).
+  Diverged(uint64_t clock, int rank, const std::string& hint);
   uint64_t clock() const { return clock_; }
+  const std::string& hint() const { return hint_; }
 
  private:
   uint64_t clock_;
+  std::string hint_;
 };
 
 // Where a clock's phases begin, for an observer of the loop (the simulator,

@@ -333,11 +333,17 @@ if [ $rc -ne 2 ] || [ "$(grep -c . "$out/diverged.err")" -ne 1 ] ||
   [ -e "$out/diverged.h5" ]; then
   echo "FAIL: divergence of one process (exit $rc):"; cat "$out/diverged.err"; fail=1
 fi
+printf 'param W[classes, features] init normal(0.01)\nparam b[classes] init zeros\ninput x[features]\nlabel y[classes]\na = W * x + b\nloss sum(log(a))\npredict a\n' >"$out/log.loss"
 # Ranks that diverge at one clock are named in one line, not one line each.
 refused "training diverged at clock [0-9]+: the loss is not finite on ranks 0, 1 \(lower --lr\)" -- \
   "$mpiexec" -n 2 --oversubscribe "$orpheus" train --model "$out/chain.loss" \
   --train synthetic:examples=200,features=8,classes=3 --clocks 30 --batch 4 --progress off --log-level warn \
   --lr 1000000 --save "$out/diverged2.h5"
+# From the first clock the model is named before the learning rate, and a weight decay is named.
+refused "training diverged at clock 1: the loss is not finite on rank 0 \(at the first clock: check the model.s init" -- \
+  "$orpheus" train --model "$out/log.loss" --train "$fix/small.libsvm" --batch 2 --clocks 3
+refused "training diverged at clock [0-9]*: the loss is not finite on rank 0 \(lower --lr or --weight-decay 1000000\)" -- \
+  "$orpheus" train --train synthetic:examples=60,features=8,classes=3 --batch 4 --clocks 20 --weight-decay 1e6
 [ ! -e "$out/diverged2.h5" ] || { echo "FAIL: a model saved by the job that diverged"; fail=1; }
 # simulate's network model: rates below 1 kbit/s would overflow the virtual clock.
 sim=(simulate --ranks 2 --train synthetic:examples=100,features=4,classes=2 --clocks 2 --batch 4)
