@@ -18,7 +18,9 @@ int ctlShrinkMain(const std::string& dir, const std::vector<std::string>& words)
     int64_t rank = 0;
     std::string error;
     if (!parseInteger(word, 0, std::numeric_limits<int>::max(), &rank, &error)) {
-      throw InputError(fmt::format("ctl shrink: '{}' is not a rank of the job (a whole number)", word));
+      const bool digits = !word.empty() && word.find_first_not_of("0123456789") == std::string::npos;
+      throw InputError(digits ? fmt::format("ctl shrink: '{}' is not a rank of the job (more than any job has)", word)
+                              : fmt::format("ctl shrink: '{}' is not a rank of the job (a whole number)", word));
     }
     ranks.push_back(static_cast<int>(rank));
   }

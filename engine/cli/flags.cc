@@ -24,7 +24,11 @@ bool parseInteger(const std::string& text, int64_t min, int64_t max, int64_t* ou
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
   if (errno == ERANGE || v < min || v > max) {
-    *error = fmt::format("must be {}, got {}", range(), text);
+    // A number past int64 is said to be too large, not to be no integer.
+    *error = errno == ERANGE || max == std::numeric_limits<int64_t>::max()
+                 ? fmt::format("must be {}, got {}{}", range(), text,
+                               errno == ERANGE || v > max ? fmt::format(" (more than {})", max) : "")
+                 : fmt::format("must be {}, got {}", range(), text);
     return false;
   }
   *out = v;

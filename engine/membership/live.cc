@@ -249,7 +249,12 @@ void MembershipWatch::pollRequest() {
   const fs::path path = membershipRequestPath(dir_);
   std::error_code ec;
   if (!fs::exists(path, ec)) return;
-  const Request request = readRequest(path);
+  Request request = readRequest(path);
+  // The bound ctl keeps, for a request written by other means.
+  if (request.grow > kMaxJoining) {
+    spdlog::warn("membership request: {} ranks to join, more than {} at once; ignored", request.grow, kMaxJoining);
+    request.grow = 0;
+  }
   notices_.back() = std::max(notices_.back(), static_cast<double>(request.grow));
   for (const auto& [r, at] : request.leave) {
     if (r <= 0 || r >= size_) {
