@@ -364,6 +364,11 @@ void discardAfter(const std::string& dir, uint64_t clock) {
         std::error_code ec;
         fs::rename(s.path, ckpt::discardedPath(s.path), ec);
         if (ec) throw IoError(fmt::format("cannot set aside '{}': {}", s.path, ec.message()));
+        // Past the clock the job continues from is the expected; damage is said.
+        if (!s.intact) {
+          spdlog::warn("'{}' is damaged ({}): set aside as '{}'", s.path, s.problem,
+                       ckpt::discardedPath(s.path).string());
+        }
       }
     }
   }

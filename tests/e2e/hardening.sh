@@ -259,6 +259,14 @@ said() {
   local pattern=$1; shift
   "$@" --progress off --log-level warn 2>&1 >/dev/null | grep -q -- "$pattern" || { echo "FAIL: no '$pattern' from $*"; fail=1; }
 }
+# --resume sets a damaged segment aside by name, not without a word (here the snapshot of clock 60 is the
+# resume point, so nothing is redone).
+resumed=(--train "$fix/small.libsvm" --batch 2 --ckpt sv --ckpt-dir "$out/damaged-seg" --average-every 20 --timeout 30)
+"$mpiexec" -n 2 --oversubscribe "$orpheus" train "${resumed[@]}" --clocks 60 --progress off --log-level warn >/dev/null ||
+  { echo "FAIL: the job whose segment is damaged"; fail=1; }
+truncate -s 1000 "$out/damaged-seg/replica-0/seg-000000000051-000000000060.h5"
+said "warning: '.*replica-0/seg-000000000051-000000000060.h5' is damaged (.*): set aside as" "$mpiexec" -n 2 \
+  --oversubscribe "$orpheus" train "${resumed[@]}" --clocks 70 --resume
 # A .loss model's parameters record its text's digest: an edited file under the same name
 # is said, a renamed copy of the same text is not.
 mkdir -p "$out/edited" "$out/renamed"
