@@ -93,7 +93,9 @@ ParamSet loadParams(const std::string& path, ModelFileInfo* info) {
                         "dataset '{}' in '{}' does not match its crc32c: the file is damaged, or was changed by "
                         "another program (which should then remove the attribute)",
                         name, path);
-    ORPHEUS_CHECK_INPUT(rowMajor.allFinite(), "dataset '{}' in '{}' holds non-finite values", name, path);
+    ORPHEUS_CHECK_INPUT(rowMajor.allFinite(),
+                        "dataset '{}' in '{}' holds values that are not finite float32 (nan, inf, or beyond 3.4e38)",
+                        name, path);
     params.params.push_back({name, rowMajor});
   }
   if (info) {

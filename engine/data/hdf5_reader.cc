@@ -215,7 +215,9 @@ void readDense(const InputSet& x, const Rows& rows, const ReadOptions& options, 
   data.dense.resize(features, rows.count);
   x.readRows(rows.begin, rows.count, H5T_NATIVE_FLOAT, data.dense.data());
   for (int64_t j = 0; j < rows.count; ++j) {
-    if (!data.dense.col(j).allFinite()) fail(path, "row {} of X holds a non-finite value", rows.begin + j);
+    if (!data.dense.col(j).allFinite()) {
+      fail(path, "row {} of X holds a value that is not a finite float32 (nan, inf, or beyond 3.4e38)", rows.begin + j);
+    }
   }
 }
 
