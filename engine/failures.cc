@@ -143,10 +143,10 @@ void checkInputExists(const std::string& flag, const std::string& path) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (status.type() == std::filesystem::file_type::not_found) {
-    throw InputError(fmt::format("{}: cannot open: {}", path, std::strerror(ENOENT)));
+    throw InputError(fmt::format("{}: cannot open: {} (given as {})", path, std::strerror(ENOENT), flag));
   }
   if (std::filesystem::is_directory(status)) {
-    throw InputError(fmt::format("{}: cannot read: {}", path, std::strerror(EISDIR)));
+    throw InputError(fmt::format("{}: cannot read: {} (given as {})", path, std::strerror(EISDIR), flag));
   }
   if (!std::filesystem::is_regular_file(status)) {
     throw InputError(fmt::format("{} '{}' is not a regular file (a device, pipe or socket): inputs are read only "
