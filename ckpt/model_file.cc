@@ -5,6 +5,9 @@
 #include "engine/base/error.h"
 #include "engine/base/memory.h"
 
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 
 namespace orpheus::ckpt {
@@ -64,8 +67,19 @@ ParamSet loadParams(const std::string& path, ModelFileInfo* info) {
   }
 
   ParamSet params;
+  std::vector<std::string> skipped;
   for (const auto& name : names) {
     H5Handle set(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+    // Another writer's file may hold text or records beside its matrices: they are no
+    // parameters, and are passed over (said once below), not a reason to refuse the file.
+    {
+      const H5Handle type(H5Dget_type(set.get()), H5Tclose);
+      const H5T_class_t kind = H5Tget_class(type.get());
+      if (kind != H5T_FLOAT && kind != H5T_INTEGER) {
+        skipped.push_back(name);
+        continue;
+      }
+    }
     H5Handle space(H5Dget_space(set.get()), H5Sclose);
     const int rank = H5Sget_simple_extent_ndims(space.get());
     ORPHEUS_CHECK_INPUT(rank == 1 || rank == 2, "dataset '{}' in '{}' has {} dimensions, expected 1 or 2", name, path,
@@ -98,9 +112,19 @@ ParamSet loadParams(const std::string& path, ModelFileInfo* info) {
                         name, path);
     params.params.push_back({name, rowMajor});
   }
+  ORPHEUS_CHECK_INPUT(!params.params.empty(), "parameter file '{}' holds no numeric datasets (only {})", path,
+                      fmt::join(skipped, ", "));
+  if (!skipped.empty()) {
+    spdlog::warn("parameter file '{}': dataset{} {} {} not numeric, passed over", path, skipped.size() == 1 ? "" : "s",
+                 fmt::join(skipped, ", "), skipped.size() == 1 ? "is" : "are");
+  }
   if (info) {
     readStringAttr(file.get(), "model_spec", &info->modelSpec);
-    readI64Attr(file.get(), "clock", &info->clock);
+    // A clock of another type (a float from another writer) is not passed off as clock 0.
+    if (H5Aexists(file.get(), "clock") > 0 && !readI64Attr(file.get(), "clock", &info->clock)) {
+      info->clock = -1;
+      spdlog::warn("parameter file '{}': its clock attribute is not one 64-bit integer: the clock is unknown", path);
+    }
     int64_t seed = 0;
     if (readI64Attr(file.get(), "seed", &seed)) info->seed = static_cast<uint64_t>(seed);
     readI64Attr(file.get(), "replica", &info->replica);

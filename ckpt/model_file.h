@@ -16,7 +16,7 @@ namespace orpheus::ckpt {
 
 struct ModelFileInfo {
   std::string modelSpec;
-  int64_t clock = 0;
+  int64_t clock = 0;     // -1: the file has a clock attribute that is not one integer
   uint64_t seed = 0;
   int64_t replica = 0;
   int64_t features = 0;  // the data width the model was built for (0: unknown)
@@ -28,7 +28,8 @@ struct ModelFileInfo {
 void saveParams(const std::string& path, const ParamSet& params, const ModelFileInfo& info);
 
 // Throws InputError naming the path when the file is missing, not HDF5, holds no
-// float datasets, or a dataset does not match its crc32c. Datasets are returned in the order of their names' creation
+// numeric datasets, or a dataset does not match its crc32c; other datasets (text,
+// records) are passed over with a warning. Datasets are returned in the order of their names' creation
 // (the order saveParams wrote them).
 ParamSet loadParams(const std::string& path, ModelFileInfo* info = nullptr);
 

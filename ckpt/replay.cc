@@ -68,7 +68,9 @@ void addEpoch(std::vector<Epoch>& epochs, const std::string& line, const std::st
   std::string e, c, r;
   Epoch next;
   words >> e >> next.epoch >> c >> next.clock >> r >> next.ranks;
-  ORPHEUS_CHECK_INPUT(words && e == "epoch" && c == "clock" && r == "ranks" && next.ranks >= 1 &&
+  std::string more;  // nothing may follow: a line with more words is not one this engine wrote
+  const bool ended = words && !(words >> more);
+  ORPHEUS_CHECK_INPUT(ended && e == "epoch" && c == "clock" && r == "ranks" && next.ranks >= 1 &&
                           next.ranks <= kMaxRanks &&
                           next.epoch == epochs.back().epoch + 1 && next.clock >= epochs.back().clock,
                       "{}: expected 'epoch {} clock C ranks P' (C >= {}, P of 1 to {}), got '{}'", where,

@@ -60,6 +60,7 @@ Trace Trace::parse(const std::string& text, const std::string& source) {
   std::istringstream in(text);
   std::string line;
   int64_t number = 0;
+  std::map<uint64_t, int64_t> lineOf;  // clock -> the line that gave it
   while (std::getline(in, line)) {
     ++number;
     const size_t first = line.find_first_not_of(" \t\r");
@@ -83,6 +84,11 @@ Trace Trace::parse(const std::string& text, const std::string& source) {
                           "in seconds", source, number, key, v);
       return v;
     };
+    // One job's metrics hold each clock once: a second one is another job's file
+    // pasted on, and which of the two should count is not for the engine to guess.
+    const auto [seen, fresh] = lineOf.emplace(static_cast<uint64_t>(*clock), number);
+    ORPHEUS_CHECK_INPUT(fresh, "--adapt-trace '{}' line {}: clock {} is there already, on line {} (one job's metrics "
+                        "hold each clock once)", source, number, seen->first, seen->second);
     Timing t;
     t.computeSeconds = seconds("compute_seconds");
     t.commSeconds = seconds("comm_seconds");
@@ -142,13 +148,18 @@ Bounds boundsFor(const ControllerOptions& o, int ranks, int startFanout) {
   return b;
 }
 
+Decision Controller::start(const ControllerOptions& options, int ranks,
+                           const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout) {
+  const Bounds bounds = boundsFor(options, ranks, startFanout);
+  return initialKnobs(startKnobs(options, startFanout), bounds, byteModelFor(shapes, options.batch),
+                      options.consistency == Consistency::kSsp);
+}
+
 void Controller::checkBudget(const ControllerOptions& options, int ranks,
                              const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout) {
   if (!options.enabled || options.maxBytesPerClock <= 0.0) return;
   const Bounds bounds = boundsFor(options, ranks, startFanout);
-  const ByteModel bytes = byteModelFor(shapes, options.batch);
-  const Decision d =
-      initialKnobs(startKnobs(options, startFanout), bounds, bytes, options.consistency == Consistency::kSsp);
+  const Decision d = start(options, ranks, shapes, startFanout);
   ORPHEUS_CHECK_INPUT(d.predictedBytes <= bounds.maxBytesPerClock,
                       "--max-bytes-per-clock {}: even with every knob at its bound ({}) a rank sends about {:.0f} "
                       "bytes per clock; raise the budget or widen the --adapt-* bounds",

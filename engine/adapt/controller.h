@@ -104,6 +104,7 @@ class Trace {
   // The line of the newest recorded clock <= `clock` (the first line before it).
   const Timing& at(uint64_t clock) const;
   size_t size() const { return byClock_.size(); }
+  uint64_t lastClock() const { return byClock_.rbegin()->first; }
 
  private:
   std::map<uint64_t, Timing> byClock_;
@@ -127,6 +128,10 @@ class Controller {
   // checks it too; a job checks it first on all ranks together, so it is said once.
   static void checkBudget(const ControllerOptions& options, int ranks,
                           const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout);
+  // The knobs a fresh job starts from: the flags', moved inside the bounds and the
+  // budget (rule "start", or "budget"); what initial() holds, without a transport.
+  static Decision start(const ControllerOptions& options, int ranks,
+                        const std::vector<std::pair<int64_t, int64_t>>& shapes, int startFanout);
 
   bool enabled() const { return options_.enabled; }
   // The knobs to start from: the flags, inside the bounds and the budget.

@@ -236,7 +236,13 @@ ByteModel corrected(const ByteModel& model, const Knobs& current, const Window& 
 Decision initialKnobs(const Knobs& start, const Bounds& b, const ByteModel& m, bool ssp) {
   Knobs k = clamped(start, b, m.batch);
   if (!ssp) k.staleness = start.staleness;
-  if (auto fitted = fitBudget(k, b, m)) return *fitted;
+  if (auto fitted = fitBudget(k, b, m)) {
+    if (!(k == start)) fitted->reason = fmt::format("{} outside the --adapt-* bounds, then {}", toString(start), fitted->reason);
+    return *fitted;
+  }
+  if (!(k == start)) {
+    return made(k, m, "start", fmt::format("{} lies outside the --adapt-* bounds: {}", toString(start), toString(k)));
+  }
   return made(k, m, "start", fmt::format("{} within the bounds and the budget", toString(k)));
 }
 

@@ -35,9 +35,13 @@ void printJobRecords(const std::string& dir, const std::vector<Epoch>& epochs) {
 int inspectMain(const std::string& dir) {
   const auto view = inspectCheckpoint(dir);
   const auto& inv = view.inventory;
-  std::printf("checkpoint %s: %s, %d rank%s, seed %llu, %.1f MB\n", dir.c_str(), inv.job.modelSpec.c_str(),
-              inv.job.ranks, inv.job.ranks == 1 ? "" : "s", static_cast<unsigned long long>(inv.job.seed),
-              inv.totalBytes / 1e6);
+  const std::vector<Epoch> epochs = readMembership(dir);
+  // The ranks it runs on now (its last epoch), and those it started on where they differ.
+  const int ranks = epochs.back().ranks;
+  std::printf("checkpoint %s: %s, %d rank%s%s, seed %llu, %.1f MB\n", dir.c_str(), inv.job.modelSpec.c_str(), ranks,
+              ranks == 1 ? "" : "s",
+              ranks == inv.job.ranks ? "" : fmt::format(" (started on {})", inv.job.ranks).c_str(),
+              static_cast<unsigned long long>(inv.job.seed), inv.totalBytes / 1e6);
   for (const auto& r : inv.replicas) {
     const ckpt::ReplicaRestorability& restorable = *view.restorable.replica(r.replica);
     uint64_t bytes = 0;
@@ -49,8 +53,17 @@ int inspectMain(const std::string& dir) {
                                                                              : fmt::format("{}..{}", l.first, l.last));
       lostClocks += l.last - l.first + 1;
     }
-    std::printf("  replica %d: clocks %s restorable, %zu segment%s, %.1f MB\n", r.replica,
-                restorable.describe().c_str(), r.segments.size(), r.segments.size() == 1 ? "" : "s", bytes / 1e6);
+    // A replica a grow added has no clocks before it joined: none of them is missing.
+    uint64_t joined = 0;
+    for (const Epoch& e : epochs) {
+      if (e.ranks > r.replica) {
+        joined = e.clock;
+        break;
+      }
+    }
+    std::printf("  replica %d: clocks %s restorable, %zu segment%s, %.1f MB%s\n", r.replica,
+                restorable.describe().c_str(), r.segments.size(), r.segments.size() == 1 ? "" : "s", bytes / 1e6,
+                joined > 0 ? fmt::format(" (joined after clock {})", joined).c_str() : "");
     size_t own = 0, references = 0;
     for (const auto& s : r.segments) {
       own += s.ownBatches.size();
@@ -68,12 +81,12 @@ int inspectMain(const std::string& dir) {
       if (!s.intact) std::printf("    damaged: %s (%s)\n", s.path.c_str(), s.problem.c_str());
     }
     for (const auto& m : restorable.missing) {
+      if (m.last <= joined) continue;
       std::printf("    missing: clocks %llu..%llu (no segment holds them)\n", static_cast<unsigned long long>(m.first),
                   static_cast<unsigned long long>(m.last));
     }
   }
   // Replicas the job had whose log is not there at all.
-  const std::vector<Epoch> epochs = readMembership(dir);
   const int replicas = replicaCount(epochs);
   for (int id = 0; id < replicas; ++id) {
     const bool listed = std::any_of(inv.replicas.begin(), inv.replicas.end(), [&](const auto& r) { return r.replica == id; });

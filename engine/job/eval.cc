@@ -86,17 +86,25 @@ int runEval(const EvalConfig& config) {
   }
   checkDataKind("--test", config.test, test, config.model);
   auto model = ops::makeModel({config.model, "", ""}, features, classes, info.seed);
+  // The file's own features/classes attributes shape the model: where they disagree
+  // with its parameters, the attributes are named (not the data), before the model's
+  // parameters take any memory.
+  const std::string shapedBy =
+      info.features > 0 || info.classes > 0
+          ? fmt::format(" at the file's attributes features={}, classes={}", features, classes)
+          : std::string();
+  for (const auto& spec : model->paramSpecs()) {
+    const int i = saved.find(spec.name);
+    ORPHEUS_CHECK_INPUT(i >= 0, "parameter file '{}' lacks the parameter '{}' of model '{}'", config.params, spec.name,
+                        config.model);
+    ORPHEUS_CHECK_INPUT(saved[i].rows() == spec.rows && saved[i].cols() == spec.cols,
+                        "parameter '{}' in '{}' has shape {}x{}, but model '{}' expects {}x{}{}", spec.name,
+                        config.params, saved[i].rows(), saved[i].cols(), config.model, spec.rows, spec.cols,
+                        shapedBy);
+  }
   // Parameters by name, in the model's order, with the model's shapes.
   ParamSet params = model->zeroParams();
-  for (auto& p : params.params) {
-    const int i = saved.find(p.name);
-    ORPHEUS_CHECK_INPUT(i >= 0, "parameter file '{}' lacks the parameter '{}' of model '{}'", config.params, p.name,
-                        config.model);
-    ORPHEUS_CHECK_INPUT(saved[i].rows() == p.value.rows() && saved[i].cols() == p.value.cols(),
-                        "parameter '{}' in '{}' has shape {}x{}, but model '{}' expects {}x{}", p.name, config.params,
-                        saved[i].rows(), saved[i].cols(), config.model, p.value.rows(), p.value.cols());
-    p.value = saved[i];
-  }
+  for (auto& p : params.params) p.value = saved[saved.find(p.name)];
   warnIfOtherModel(config, info, *model);
 
   if (test.steps > 0) {  // a token stream: its steps and words, not features
@@ -123,7 +131,7 @@ int runEval(const EvalConfig& config) {
   JsonLine line;
   line.add("params", config.params)
       .add("model_spec", info.modelSpec)
-      .add("clock", info.clock)
+      .add("clock", info.clock)  // -1: unknown
       .add("examples", static_cast<int64_t>(sums.count))
       .add("test_loss", sums.lossSum / sums.count);
   if (model->reportsPerplexity()) line.add("test_perplexity", std::exp(sums.lossSum / sums.count));

@@ -85,7 +85,13 @@ void validateJob(const TrainConfig& config, comm::Transport& transport) {
     }
     checkInputExists("--train", config.train);
     checkInputExists("--test", config.test);
-    if (config.adapt && !config.adaptTrace.empty()) adapt::Trace::read(config.adaptTrace);
+    if (config.adapt && !config.adaptTrace.empty()) {
+      const adapt::Trace trace = adapt::Trace::read(config.adaptTrace);
+      if (transport.rank() == 0 && trace.lastClock() < static_cast<uint64_t>(config.clocks)) {
+        spdlog::warn("--adapt-trace '{}' ends at clock {}: the {} clocks after it take its last line's times",
+                     config.adaptTrace, trace.lastClock(), static_cast<uint64_t>(config.clocks) - trace.lastClock());
+      }
+    }
     checkOutputs(outputsOf(config, transport.rank() == 0), inputsOf(config));
     if (transport.rank() == 0 && !config.resume && (config.ckptSv || config.ckptMatrix)) {
       claimCheckpointDir(config.ckptDir, config.overwrite);
@@ -180,6 +186,15 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                                                  svgsPerClock(config, shards.train.steps))
                                    : "every SVG sent");
   }
+  if (config.adapt && !config.resume && config.sync == SyncMode::kSv && transport.size() > 1) {
+    // Knobs outside their bounds, or over the budget, move before the first clock.
+    const adapt::ControllerOptions options = controllerOptions(config, shards.train.steps);
+    const int fanout = comm::MulticastSchedule(scheduleConfig(config, transport.size())).fanout();
+    const adapt::Decision d = adapt::Controller::start(options, transport.size(), model.paramShapes(), fanout);
+    if (!(d.knobs == adapt::startKnobs(options, fanout))) {
+      spdlog::warn("--adapt starts at {}, not at the flags' knobs: {}", adapt::toString(d.knobs), d.reason);
+    }
+  }
   if (const std::string why = threadsWarning(config.blasThreads, ranksOnThisHost()); !why.empty()) {
     spdlog::warn("{}", why);
   }
@@ -252,6 +267,35 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   if (config.test.empty() && config.evalEvery != TrainConfig{}.evalEvery) {
     spdlog::warn("--eval-every {} evaluates on the test data: without --test it has nothing to do",
                  config.evalEvery);
+  }
+  // A period longer than the job never comes round.
+  const auto pastTheJob = [&](const char* flag, int64_t every, const char* what) {
+    if (every > config.clocks) {
+      spdlog::warn("{} {} is longer than the job's {} clocks: it never {}", flag, every, config.clocks, what);
+    }
+  };
+  if (transport.size() > 1) {
+    pastTheJob("--average-every", config.averageEvery, "averages the replicas");
+    pastTheJob("--rotate-every", config.rotateEvery, "rotates the replicas");
+  }
+  if (config.lrSchedule == LrScheduleKind::kStep) pastTheJob("--lr-step-every", config.lrStepEvery, "decays --lr");
+  if (transport.size() == 1 && config.dropLinks > 0.0) {
+    spdlog::warn("one rank: --drop-links {} has no links to drop", config.dropLinks);
+  }
+  if (transport.size() == 1 && config.fanout > 0) {
+    spdlog::warn("one rank: --fanout {} has no peers to send to", config.fanout);
+  }
+  // Every replica applies the same SVs in the same clock: they stay one replica (under
+  // --ckpt sv, averaging still writes the snapshots restore and --resume start from).
+  if (transport.size() > 1 && config.sync == SyncMode::kSv && config.averageEvery > 0 && config.outerLr == 0.0 &&
+      !config.ckptSv &&
+      config.consistency == Consistency::kBsp && config.multicast == comm::MulticastKind::kAll &&
+      config.select == 0 && config.svRank == 0 && !config.adapt && config.dropLinks == 0.0 &&
+      config.svDtype == SvDtype::kF32) {
+    spdlog::warn("--average-every {}: under BSP, with every SVG sent to every rank, every replica applies the same "
+                 "updates, so averaging them changes nothing (it only costs the all-reduce; --select, --multicast or "
+                 "--consistency ssp let replicas differ)",
+                 config.averageEvery);
   }
   if (config.paramDigests && config.metrics.empty()) {
     spdlog::warn("--param-digests adds each clock's digest to the metrics: without --metrics it has nothing to do");
@@ -472,6 +516,7 @@ int trainEpochs(const TrainConfig& config, const Outputs& out, ops::Backend& bac
         if (watch) watch->settle();
         if (live != nullptr && group->rank() == 0) endLive(config.ckptDir);
         saveAndReport(config, *group, worker, *out.model, *shards);
+        out.metrics->complete();
         return 0;
       }
       changedAfter = worker.changesAfter();

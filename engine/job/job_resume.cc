@@ -105,9 +105,11 @@ uint64_t prepareCheckpointDir(const TrainConfig& config, comm::Transport& transp
     // A complete snapshot past that clock is a resume point too (the log is written in
     // segments of up to 50 clocks, a snapshot at every averaging barrier): there every
     // replica is the snapshot's average, and the continued job needs nothing the log
-    // holds from before it, unless it carries states (written with segments), moves its
-    // knobs (--adapt) or its data (--balance), or changed its membership (records in the log).
-    const bool logFree = !carries && !config.adapt && !config.balance && !elastic && epochs.size() == 1;
+    // holds from before it, unless it carries states (written with segments; an elastic
+    // resume starts them afresh on every rank anyway), moves its knobs (--adapt) or its
+    // data (--balance), or changed its membership (records in the log). An elastic
+    // resume there starts the new epoch from the snapshot, which is the average it takes.
+    const bool logFree = (!carries || elastic) && !config.adapt && !config.balance && epochs.size() == 1;
     if (logFree && !inventory.snapshots.empty() && inventory.snapshots.back() > resumeClock) {
       spdlog::info("--resume: '{}' has a snapshot of clock {}, past the clock every replica's log reaches ({}): the "
                    "job resumes from the snapshot",

@@ -1,14 +1,17 @@
 #include "engine/metrics/metrics.h"
 
 #include "engine/base/error.h"
+#include "engine/outputs.h"
 #include "ops/model.h"
 
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 namespace orpheus::engine {
@@ -87,12 +90,38 @@ MetricsWriter::~MetricsWriter() {
   if (file_) std::fclose(file_);
 }
 
+void MetricsWriter::open() {
+  // Through a symlink, the file it names is what is set aside (the link stays).
+  const std::string target = resolveOutput(path_);
+  const std::string prev = target + ".prev";
+  std::error_code ec;
+  if (std::filesystem::exists(prev, ec)) {
+    // A job that failed left it: it is the last good file, and what is at the path
+    // now is that failed job's partial log.
+    prev_ = prev;
+    spdlog::info("--metrics: the earlier '{}' stays until this job ends well", prev);
+  } else if (std::filesystem::is_regular_file(target, ec) && std::filesystem::file_size(target, ec) > 0 && !ec) {
+    std::filesystem::rename(target, prev, ec);
+    if (ec) throw IoError(fmt::format("cannot set the earlier metrics file '{}' aside as '{}': {}", path_, prev,
+                                      ec.message()));
+    prev_ = prev;
+    spdlog::info("--metrics: the earlier '{}' is kept as '{}' until this job ends well", path_, prev);
+  }
+  file_ = std::fopen(path_.c_str(), "w");
+  if (!file_) throw IoError(fmt::format("cannot open metrics file '{}': {}", path_, std::strerror(errno)));
+}
+
+void MetricsWriter::complete() {
+  if (prev_.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove(prev_, ec);
+  if (ec) spdlog::warn("--metrics: cannot remove the earlier file '{}': {}", prev_, ec.message());
+  prev_.clear();
+}
+
 void MetricsWriter::write(const JsonLine& line) {
   if (path_.empty()) return;
-  if (!file_) {
-    file_ = std::fopen(path_.c_str(), "w");
-    if (!file_) throw IoError(fmt::format("cannot open metrics file '{}': {}", path_, std::strerror(errno)));
-  }
+  if (!file_) open();
   const std::string s = line.str() + "\n";
   if (std::fwrite(s.data(), 1, s.size(), file_) != s.size() || std::fflush(file_) != 0) {
     throw IoError(fmt::format("cannot write metrics file '{}': {}", path_, std::strerror(errno)));

@@ -70,6 +70,12 @@ class JsonLine {
 
 // Appends lines to a file, flushed per line so a killed job keeps what it measured.
 // An empty path makes a sink that discards everything.
+//
+// The file is a live log, written in place. A regular file there from before is
+// renamed to FILE.prev at the first line (and said so on the console), and removed
+// only by complete(): a job that fails, or is killed, loses no earlier metrics. A
+// FILE.prev already there (a failed job left it) is kept as it is, and that failed
+// job's partial FILE is replaced.
 class MetricsWriter {
  public:
   // Nothing is written, nor the file opened, before the first line.
@@ -79,10 +85,15 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
   void write(const JsonLine& line);
+  // The job ended well: the earlier file set aside at the first line goes.
+  void complete();
   const std::string& path() const { return path_; }
 
  private:
+  void open();
+
   std::string path_;
+  std::string prev_;  // the earlier file, set aside; empty: none
   std::FILE* file_ = nullptr;
 };
 

@@ -74,6 +74,13 @@ void checkSimulable(const TrainConfig& config, const SimConfig& sim) {
   ORPHEUS_CHECK_INPUT(!config.ckptSv && !config.ckptMatrix && !config.resume,
                       "simulate does not checkpoint: leave out --ckpt and --resume");
   ORPHEUS_CHECK_INPUT(config.failProb == 0.0, "simulate does not inject failures: leave out --fail-prob");
+  ORPHEUS_CHECK_INPUT(config.transport == TrainConfig{}.transport,
+                      "simulate sends over its own network model, not --transport {}: leave it out (--sim-link-gbps "
+                      "and --sim-latency-us shape the links)",
+                      config.transport);
+  ORPHEUS_CHECK_INPUT(config.delayRank < 0,
+                      "simulate times a worker's compute in simulated seconds, which --inject-delay's sleep would not "
+                      "enter: use --sim-slow FRACTION:FACTOR for stragglers");
   ORPHEUS_CHECK_INPUT(!config.elastic, "simulate has no checkpoint to continue: leave out --elastic (--sim-membership "
                                        "changes the ranks while the simulation runs)");
   checkMembership(config, sim);
@@ -335,6 +342,7 @@ int runSimulation(const TrainConfig& given, const SimConfig& sim) {
   const int final = static_cast<int>(done.size());
   const int fanout = comm::MulticastSchedule(scheduleConfig(config, final)).fanout();
   writer.write(simulationSummary(config, sim, model, fanout, totals, aggregator, done, realSeconds));
+  writer.complete();
 
   const uint64_t last = done[0].lastClock;
   const EvalResult& eval = done[0].eval;

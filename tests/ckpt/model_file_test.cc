@@ -99,8 +99,20 @@ TEST_CASE("other writers' attributes: a variable-length model_spec is read, a cr
     H5Aclose(attr);
     H5Sclose(space);
   };
-  const auto write = [&](bool badCrc) {
+  const auto write = [&](bool badCrc, bool extras = false) {
     const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (extras) {  // a text dataset beside the matrix, and a clock of floats
+      const hid_t text = H5Tcopy(H5T_C_S1);
+      H5Tset_size(text, 5);
+      const hid_t one = H5Screate(H5S_SCALAR);
+      const hid_t notes = H5Dcreate2(file, "notes", text, one, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      H5Dwrite(notes, text, H5S_ALL, H5S_ALL, H5P_DEFAULT, "hello");
+      H5Dclose(notes);
+      H5Sclose(one);
+      H5Tclose(text);
+      const double clock = 12.5;
+      scalarAttr(file, "clock", H5T_NATIVE_DOUBLE, &clock);
+    }
     const hsize_t dims[2] = {2, 2};
     const float values[4] = {1, 2, 3, 4};
     const hid_t space = H5Screate_simple(2, dims, nullptr);
@@ -127,6 +139,13 @@ TEST_CASE("other writers' attributes: a variable-length model_spec is read, a cr
   write(true);
   CHECK_THROWS_WITH(ckpt::loadParams(path),
                     Catch::Contains("dataset 'W' in '" + path + "' has a crc32c attribute that is not one unsigned"));
+  // A text dataset is passed over, not a reason to refuse the file; a clock of another
+  // type is unknown (-1), not clock 0.
+  write(false, true);
+  const ParamSet loaded = ckpt::loadParams(path, &info);
+  REQUIRE(loaded.size() == 1);
+  CHECK(loaded.params[0].name == "W");
+  CHECK(info.clock == -1);
   fs::remove_all(dir);
 }
 

@@ -284,4 +284,7 @@ TEST_CASE("a directory as earlier jobs wrote it replays: the text logs are read 
   CHECK(text == "layout rows 4 shards 8 8\nclock 5 moves 1:0>1\nclock 10 moves 1:1>0 2:1>0\n");
   std::ofstream(dir / "membership", std::ios::app) << "epoch 3 clock 40 ranks 2\n";  // epochs count up by one
   CHECK_THROWS_WITH(readMembership(dir.str()), Catch::Contains("line 2"));
+  // A line with words past its ranks is not one a job wrote.
+  std::ofstream(dir / "membership") << "epoch 1 clock 30 ranks 3 ranks 4\n";
+  CHECK_THROWS_WITH(readMembership(dir.str()), Catch::Contains("line 1: expected 'epoch 1 clock C ranks P'"));
 }

@@ -107,6 +107,11 @@ tail -n 1 "$out/grow/m.jsonl" | grep -q "\"ranks\": 6," || { echo "the job did n
 "$orpheus" restore --ckpt-dir "$out/grow/ckpt" --replica 5 --clock "$at" --out "$out/grow/at5.h5" >/dev/null
 "$compare" "$out/grow/at0.h5" "$out/grow/at5.h5" 0
 checkTotals "$out/grow/m.jsonl"
+# inspect says the ranks it runs on now, and a joined replica's earlier clocks are not missing.
+"$orpheus" inspect "$out/grow/ckpt" >"$out/grow/inspect"
+grep -q "6 ranks (started on 4)" "$out/grow/inspect" || { cat "$out/grow/inspect"; echo "inspect: the ranks"; exit 1; }
+grep -q "replica 5: .*(joined after clock $at)" "$out/grow/inspect" || { cat "$out/grow/inspect"; echo "inspect: joined"; exit 1; }
+! grep -q "missing" "$out/grow/inspect" || { cat "$out/grow/inspect"; echo "inspect: a joined replica's clocks missing"; exit 1; }
 # Every replica, old and new, restores after the change to what its rank held, bitwise.
 for r in 0 1 2 3 4 5; do
   "$orpheus" restore --ckpt-dir "$out/grow/ckpt" --replica $r --clock "$clocks" --out "$out/grow/restored$r.h5" >/dev/null

@@ -8,6 +8,7 @@
 #    job already past --clocks: refused, the checkpoint unchanged;
 #  - an output inside an output directory (--save inside --save-replicas);
 #  - --adapt with a --max-bytes-per-clock no setting can meet (an earlier --metrics file kept);
+#    a job killed mid-run keeps the earlier --metrics file as FILE.prev;
 #  - a token stream given to a model of feature vectors;
 #  - --select-unit step with --select or --adapt-select above B*T;
 #  - a --warmup as long as the job, whatever the schedule;
@@ -26,8 +27,12 @@
 #    --threads past the host's cores, --sync powersgd at a rank that compresses nothing,
 #    --average-every (without an outer step) and --rotate-every under an all-reduce, an --sv-rank
 #    that saves nothing on a matrix, --select-unit step without --sync sv, --adapt and --balance
-#    on one rank, --param-digests without --metrics: warned;
+#    on one rank, --param-digests without --metrics, periods longer than the job,
+#    --drop-links on one rank, averaging replicas that BSP broadcast keeps equal: warned;
+#  - --adapt knobs outside their bounds moved in before the first clock, and a trace that
+#    ends before the job: said on the console;
 #  - an unreadable --adapt-trace: one line, not one a rank;
+#  - a parameter file whose classes attribute disagrees with its W: the attribute named;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock;
 #  - a job of one rank trains with any --multicast (nothing to refuse), and under --sync sv
 #    says that no SV leaves it;
@@ -68,6 +73,11 @@ refused "--metrics '.*' is inside the checkpoint '.*ck'" -- "$orpheus" train --t
   --batch 2 --metrics "$out/ck/$segment"
 refused "--save '.*ck/new.h5' is inside the checkpoint '.*ck'" -- "$orpheus" simulate --ranks 2 \
   --train "$fix/small.libsvm" --clocks 2 --batch 2 --save "$out/ck/new.h5"
+# simulate has its own network and stragglers: --transport and --inject-delay would go unused.
+refused "simulate sends over its own network model, not --transport loopback: leave it out" -- "$orpheus" simulate \
+  --ranks 2 --train "$fix/small.libsvm" --clocks 2 --batch 2 --transport loopback
+refused "simulate times a worker's compute in simulated seconds.*use --sim-slow FRACTION:FACTOR" -- "$orpheus" simulate \
+  --ranks 2 --train "$fix/small.libsvm" --clocks 2 --batch 2 --inject-delay 1:5
 after=$(cd "$out/ck" && find . -type f -exec sha256sum {} + | sort)
 [ "$before" = "$after" ] || { echo "FAIL: the checkpoint changed"; fail=1; }
 "$orpheus" restore --ckpt-dir "$out/ck" --clock 12 --out "$out/r12.h5" >/dev/null || { echo "FAIL: restore after"; fail=1; }
@@ -218,6 +228,12 @@ syn=(--test synthetic:examples=50,features=20,classes=3)
 trained=$(tail -1 "$out/syn.jsonl" | grep -o '"test_loss": *[0-9.e-]*' | sed 's/.*: *//')
 scored=$("$orpheus" eval --params "$out/syn.h5" "${syn[@]}" | grep -o '"test_loss": *[0-9.e-]*' | sed 's/.*: *//')
 [ -n "$trained" ] && [ "$trained" = "$scored" ] || { echo "FAIL: eval of the synthetic test set: $scored, the job's $trained"; fail=1; }
+# A parameter file whose classes attribute disagrees with its W names the attribute.
+cp "$out/syn.h5" "$out/syn-attr.h5"
+/usr/bin/python3 -c "import h5py, numpy, sys; f = h5py.File(sys.argv[1], 'r+'); f.attrs['classes'] = numpy.int64(7)" \
+  "$out/syn-attr.h5"
+refused "parameter 'W' in '.*syn-attr.h5' has shape 3x20, but model 'mlr' expects 7x20 at the file's attributes features=20, classes=7" \
+  -- "$orpheus" eval --params "$out/syn-attr.h5" "${syn[@]}"
 refused "--format and --features apply to data files; synthetic data" -- "$orpheus" eval --params "$out/syn.h5" \
   "${syn[@]}" --format csv
 # An unreadable --adapt-trace is one line for the job, not one a rank.
@@ -303,6 +319,27 @@ said "warning: --select-unit step shapes the SVGs --sync sv sends: --sync dense 
   --model "$out/lstm.loss" --train "$out/tokens" --clocks 2 --batch 2 --select-unit step --sync dense
 said "warning: one rank: --adapt has nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 \
   --adapt
+# --adapt: knobs outside their bounds move in before the first clock, and it is said; a
+# trace that ends before the job is said too.
+printf '{"clock": 1, "compute_seconds": 0.01}\n{"clock": 2, "compute_seconds": 0.01}\n' >"$out/short.jsonl"
+said "warning: --adapt starts at C=3 Q=1 s=0 R=0, not at the flags' knobs: C=2 Q=1 s=0 R=0 lies outside the --adapt-\* bounds" \
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --train "$fix/small.libsvm" --clocks 6 --batch 4 --select 2 \
+  --adapt --adapt-every 3 --adapt-select 3:4
+said "warning: --adapt-trace '.*short.jsonl' ends at clock 2: the 4 clocks after it take its last line's times" \
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --train "$fix/small.libsvm" --clocks 6 --batch 4 --adapt \
+  --adapt-every 3 --adapt-trace "$out/short.jsonl"
+# Periods past the job, links to drop on one rank, averaging of replicas that cannot differ.
+said "warning: --average-every 50 is longer than the job's 6 clocks: it never averages the replicas" \
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --train "$fix/small.libsvm" --clocks 6 --batch 2 --select 1 \
+  --average-every 50
+said "warning: --lr-step-every 9 is longer than the job's 2 clocks: it never decays --lr" "$orpheus" train \
+  --train "$fix/small.libsvm" --clocks 2 --batch 2 --lr-schedule step --lr-step-every 9
+said "warning: one rank: --drop-links 0.5 has no links to drop" "$orpheus" train --train "$fix/small.libsvm" \
+  --clocks 2 --batch 2 --drop-links 0.5
+said "warning: one rank: --fanout 3 has no peers to send to" "$orpheus" train --train "$fix/small.libsvm" \
+  --clocks 2 --batch 2 --multicast random --fanout 3
+said "warning: --average-every 2: under BSP, with every SVG sent to every rank, every replica applies the same" \
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --train "$fix/small.libsvm" --clocks 4 --batch 2 --average-every 2
 said "warning: one rank: --balance has nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 \
   --batch 2 --balance
 said "warning: --param-digests adds each clock's digest to the metrics" "$orpheus" train --train "$fix/small.libsvm" \
@@ -347,6 +384,26 @@ refused "training diverged at clock [0-9]+: the loss is not finite on ranks 0, 1
   "$mpiexec" -n 2 --oversubscribe "$orpheus" train --model "$out/chain.loss" \
   --train synthetic:examples=200,features=8,classes=3 --clocks 30 --batch 4 --progress off --log-level warn \
   --lr 1000000 --save "$out/diverged2.h5"
+# The metrics file of an earlier job is kept aside as FILE.prev while the live log
+# replaces it, and goes only when a job ends well: a job killed mid-run loses nothing.
+echo '{"an earlier job": 2}' >"$out/live.jsonl"
+"$orpheus" train --train "$fix/small.libsvm" --clocks 100000 --batch 2 --inject-delay 0:20 --metrics "$out/live.jsonl" \
+  --progress off --log-level warn >/dev/null 2>&1 &
+killed=$!
+for _ in $(seq 1 300); do grep -q '"clock": 2,' "$out/live.jsonl" 2>/dev/null && break; sleep 0.1; done
+kill -9 "$killed"; wait "$killed" 2>/dev/null
+[ "$(cat "$out/live.jsonl.prev" 2>&1)" = '{"an earlier job": 2}' ] && grep -q '"clock": 1,' "$out/live.jsonl" ||
+  { echo "FAIL: a job that was killed lost the earlier --metrics file"; fail=1; }
+# The next job keeps that FILE.prev (the failed job's partial file is what it replaces).
+"$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --metrics "$out/live.jsonl" --progress off 2>&1 |
+  grep -q -- "the earlier '$out/live.jsonl.prev' stays until this job ends well" ||
+  { echo "FAIL: --metrics did not say it kept the earlier file"; fail=1; }
+[ ! -e "$out/live.jsonl.prev" ] && [ "$(grep -c '"clock": [12],' "$out/live.jsonl")" -eq 2 ] ||
+  { echo "FAIL: a job that ended well kept --metrics' earlier file"; fail=1; }
+"$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --metrics "$out/live.jsonl" --progress off 2>&1 |
+  grep -q -- "the earlier '$out/live.jsonl' is kept as '$out/live.jsonl.prev' until this job ends well" ||
+  { echo "FAIL: --metrics did not say it set the earlier file aside"; fail=1; }
+[ ! -e "$out/live.jsonl.prev" ] || { echo "FAIL: a job that ended well kept --metrics' earlier file"; fail=1; }
 # From the first clock the model is named before the learning rate, and a weight decay is named.
 refused "training diverged at clock 1: the loss is not finite on rank 0 \(at the first clock: check the model.s init" -- \
   "$orpheus" train --model "$out/log.loss" --train "$fix/small.libsvm" --batch 2 --clocks 3

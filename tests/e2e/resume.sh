@@ -44,3 +44,12 @@ for case in snapshot none; do
   grep -q "$want" "$out/cut.err" || { echo "FAIL ($case): no '$want'"; cat "$out/cut.err"; exit 1; }
   "$compare" "$out/cut.h5" "$out/early.h5" 0
 done
+# --resume --elastic onto 3 ranks (and --clocks 70) continues from that snapshot too (it was started over).
+rm -rf "$out/cut"; cp -r "$out/early" "$out/cut"; rm -rf "$out"/cut/replica-1
+for s in "$out"/cut/snapshot-*; do n=$((10#${s##*snapshot-})); [ "$n" -gt 40 ] && rm -rf "$s"; done
+"$mpiexec" -n 3 --oversubscribe "$orpheus" train "${short[@]/#60/70}" --ckpt-dir "$out/cut" --save "$out/cut.h5" \
+  --metrics "$out/cut.jsonl" --resume --elastic 2>"$out/cut.err" >/dev/null
+grep -q "has a snapshot of clock 40, past the clock every replica's log reaches (0): the job resumes from the snapshot" \
+  "$out/cut.err" || { echo "FAIL (elastic): it did not resume from the snapshot"; cat "$out/cut.err"; exit 1; }
+head -1 "$out/cut.jsonl" | grep -q '"clock": 41,' || { echo "FAIL (elastic): not from clock 41"; head -1 "$out/cut.jsonl"; exit 1; }
+"$orpheus" restore --ckpt-dir "$out/cut" --clock 70 --replica 2 --out "$out/cut70.h5" >/dev/null

@@ -175,6 +175,7 @@ TEST_CASE("a recorded trace gives each clock the timing of the newest line at or
   CHECK(trace.at(3).computeSeconds == 0.7);
   CHECK(trace.at(3).clockSeconds == 1.5);
   CHECK(trace.at(100).computeSeconds == 0.7);
+  CHECK(trace.lastClock() == 3);
   CHECK_THROWS_WITH(adapt::Trace::parse("{\"summary\":true}\n", "empty.jsonl"),
                     Catch::Contains("--adapt-trace 'empty.jsonl' holds no per-clock metrics line"));
 }
@@ -196,6 +197,8 @@ TEST_CASE("a trace's clocks and times are checked, naming the file and line", "[
   refused("{\"clock\":0x2,\"compute_seconds\":0.1}", "clock is not a number");
   refused("{\"clock\":2,\"compute_seconds\":+0.1}", "compute_seconds is not a number");
   refused("{\"clock\":2,\"compute_seconds\":0.1s}", "compute_seconds is not a number");
+  // Each clock once: a second line for it (another job's metrics pasted on) is named.
+  refused("{\"clock\":1,\"compute_seconds\":0.2}", "clock 1 is there already, on line 1");
   // A line cut off (a killed job's last) or one that is no JSON object drops no clock unsaid.
   CHECK_THROWS_WITH(adapt::Trace::parse("{\"clock\":1,\"compute_seconds\":0.1}\n{\"clock\": 2, \"comp\n", "t.jsonl"),
                     Catch::Contains("--adapt-trace 't.jsonl' line 2 is not one JSON object (cut off?)"));

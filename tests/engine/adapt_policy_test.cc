@@ -330,6 +330,18 @@ TEST_CASE("the budget bounds the start and every decision", "[adapt]") {
   CHECK(start.knobs == adapt::Knobs{5, 2, 1, 20});  // the largest C under 3000 bytes at Q = 2
   CHECK(start.predictedBytes <= 3000);
 
+  // Knobs outside the bounds move in before the budget does, and the reason says so.
+  const adapt::Decision below = adapt::initialKnobs({1, 2, 1, 20}, smallBounds(), m, true);
+  CHECK(below.rule == "start");
+  CHECK(below.knobs == adapt::Knobs{2, 2, 1, 20});
+  CHECK(below.reason == "C=1 Q=2 s=1 R=20 lies outside the --adapt-* bounds: C=2 Q=2 s=1 R=20");
+  const adapt::Decision above = adapt::initialKnobs({8, 2, 1, 200}, b, m, true);
+  CHECK(above.rule == "budget");
+  CHECK(above.knobs.averageEvery == 80);
+  CHECK_THAT(above.reason, Catch::StartsWith("C=8 Q=2 s=1 R=200 outside the --adapt-* bounds, then predicted"));
+  CHECK(adapt::initialKnobs({8, 2, 1, 20}, smallBounds(), m, true).reason ==
+        "C=8 Q=2 s=1 R=20 within the bounds and the budget");
+
   const adapt::Trace trace = adapt::Trace::read(dataPath("history.jsonl"));
   adapt::Knobs knobs = start.knobs;
   for (uint64_t end = 10; end <= 90; end += 10) {
