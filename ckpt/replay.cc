@@ -126,6 +126,13 @@ int replicaCount(const std::vector<Epoch>& epochs) {
   return n;
 }
 
+uint64_t replicaJoined(const std::vector<Epoch>& epochs, int replica) {
+  for (const Epoch& e : epochs) {
+    if (e.ranks > replica) return e.clock;
+  }
+  return epochs.empty() ? 0 : epochs.back().clock;
+}
+
 int replicaHeldAt(int rank, const std::vector<Epoch>& epochs, uint64_t clock, int64_t rotateEvery) {
   const Epoch& e = epochAfter(epochs, clock);
   if (rotateEvery <= 0 || e.ranks <= 1) return rank;

@@ -51,6 +51,9 @@ void appendEpoch(const std::string& dir, const Epoch& epoch);
 const Epoch& epochAfter(const std::vector<Epoch>& epochs, uint64_t clock);
 // The number of replica ids any epoch used (the largest epoch's ranks).
 int replicaCount(const std::vector<Epoch>& epochs);
+// The clock after which replica `replica` first ran: 0 for the job's first ranks, an
+// epoch's clock for one a grow added (it starts as the average at that clock).
+uint64_t replicaJoined(const std::vector<Epoch>& epochs, int replica);
 // The replica rank `rank` holds after `clock` clocks, rotating every `rotateEvery`
 // clocks (0: never) within the epoch of that clock.
 int replicaHeldAt(int rank, const std::vector<Epoch>& epochs, uint64_t clock, int64_t rotateEvery);

@@ -229,6 +229,14 @@ std::string ReplicaRestorability::whyNot(uint64_t clock) const {
   return fmt::format("clock {} is past the log of replica {} (latest: {})", clock, replica, latest());
 }
 
+void ReplicaRestorability::startAt(uint64_t first) {
+  if (first == 0) return;
+  std::erase_if(pieces, [&](const RestorableRange& p) { return p.last < first; });
+  for (RestorableRange& p : pieces) p.first = std::max(p.first, first);
+  std::erase_if(missing, [&](const ClockRange& m) { return m.last < first; });
+  for (ClockRange& m : missing) m.first = std::max(m.first, first);
+}
+
 const ReplicaRestorability* Restorability::replica(int id) const {
   const auto it = std::find_if(replicas.begin(), replicas.end(),
                                [&](const ReplicaRestorability& r) { return r.replica == id; });

@@ -76,6 +76,9 @@ struct ReplicaRestorability {
   // Why `clock` is not restorable, naming the damaged or missing segment, the
   // unusable snapshot part or the failure; "" when it is.
   std::string whyNot(uint64_t clock) const;
+  // Only the clocks from `first` on: a replica a grow added at `first` had none
+  // before (a snapshot before it is the other replicas' state).
+  void startAt(uint64_t first);
 };
 
 struct Restorability {

@@ -285,7 +285,7 @@ void addRunFlags(CLI::App& cmd, TrainConfig& c) {
       ->check(integerIn(0));
   cmd.add_option("--target-accuracy", c.targetAccuracy,
                  "Stop at the first eval clock whose test accuracy (all ranks' shards) reaches this; "
-                 "that eval is then a collective")
+                 "that eval is then a collective (0, the default: no target)")
       ->check(numberIn(0, 1));
   cmd.add_option("--metrics", c.metrics, "Write per-clock metrics as JSON lines to this file (rank 0)");
   cmd.add_flag("--param-digests", c.paramDigests,
@@ -430,9 +430,11 @@ void parseSimSlow(const std::string& v, sim::Stragglers& s) {
   const auto colon = v.find(':');
   if (colon == std::string::npos) throw CLI::ValidationError("--sim-slow", "expected FRACTION:FACTOR, got '" + v + "'");
   std::string error;
-  if (!parseNumber(v.substr(0, colon), 0.0, 1.0, false, &s.fraction, &error) ||
-      !parseNumber(v.substr(colon + 1), 1.0, 1e6, false, &s.factor, &error)) {
-    throw CLI::ValidationError("--sim-slow", fmt::format("FRACTION in [0, 1] and FACTOR >= 1: {}", error));
+  // A fraction of 0 or a factor of 1 would slow no worker: the flag would do nothing.
+  if (!parseNumber(v.substr(0, colon), 0.0, 1.0, true, &s.fraction, &error) ||
+      !parseNumber(v.substr(colon + 1), 1.0, 1e6, true, &s.factor, &error)) {
+    throw CLI::ValidationError("--sim-slow", fmt::format("FRACTION in (0, 1] and FACTOR > 1 (else no worker is "
+                                                         "slowed): {}", error));
   }
 }
 

@@ -43,7 +43,10 @@ int inspectMain(const std::string& dir) {
               ranks == inv.job.ranks ? "" : fmt::format(" (started on {})", inv.job.ranks).c_str(),
               static_cast<unsigned long long>(inv.job.seed), inv.totalBytes / 1e6);
   for (const auto& r : inv.replicas) {
-    const ckpt::ReplicaRestorability& restorable = *view.restorable.replica(r.replica);
+    // A replica a grow added has no clocks before it joined: none restorable, none missing.
+    const uint64_t joined = ckpt::replicaJoined(epochs, r.replica);
+    ckpt::ReplicaRestorability restorable = *view.restorable.replica(r.replica);
+    restorable.startAt(joined);
     uint64_t bytes = 0;
     for (const auto& s : r.segments) bytes += s.bytes;
     std::string lost;
@@ -52,14 +55,6 @@ int inspectMain(const std::string& dir) {
       lost += fmt::format("{}{}", lost.empty() ? "" : ", ", l.first == l.last ? fmt::format("{}", l.first)
                                                                              : fmt::format("{}..{}", l.first, l.last));
       lostClocks += l.last - l.first + 1;
-    }
-    // A replica a grow added has no clocks before it joined: none of them is missing.
-    uint64_t joined = 0;
-    for (const Epoch& e : epochs) {
-      if (e.ranks > r.replica) {
-        joined = e.clock;
-        break;
-      }
     }
     std::printf("  replica %d: clocks %s restorable, %zu segment%s, %.1f MB%s\n", r.replica,
                 restorable.describe().c_str(), r.segments.size(), r.segments.size() == 1 ? "" : "s", bytes / 1e6,
@@ -81,7 +76,6 @@ int inspectMain(const std::string& dir) {
       if (!s.intact) std::printf("    damaged: %s (%s)\n", s.path.c_str(), s.problem.c_str());
     }
     for (const auto& m : restorable.missing) {
-      if (m.last <= joined) continue;
       std::printf("    missing: clocks %llu..%llu (no segment holds them)\n", static_cast<unsigned long long>(m.first),
                   static_cast<unsigned long long>(m.last));
     }

@@ -59,6 +59,9 @@ int runEval(const EvalConfig& config) {
   checkInputExists("--test", config.test);
   ckpt::ModelFileInfo info;
   const ParamSet saved = ckpt::loadParams(config.params, &info);
+  ORPHEUS_CHECK_INPUT(info.features >= 0 && info.classes >= 0,
+                      "parameter file '{}': its features ({}) and classes ({}) attributes must not be negative",
+                      config.params, info.features, info.classes);
 
   data::Dataset test;
   if (isSyntheticSource(config.test)) {
@@ -72,7 +75,14 @@ int runEval(const EvalConfig& config) {
     options.features = config.features > 0 ? config.features : info.features > 0 ? info.features : -1;
     const data::Format format = data::resolveFormat(config.test, config.format);
     if (format != data::Format::kLibsvm && config.features <= 0) options.features = -1;
-    test = data::readDataset(config.test, options);
+    try {
+      test = data::readDataset(config.test, options);
+    } catch (const InputError& e) {
+      // A width the file's attribute gave is named as its, not only the data's.
+      if (config.features > 0 || options.features <= 0) throw;
+      throw InputError(fmt::format("{} (the width of '{}''s features attribute, {})", e.what(), config.params,
+                                   options.features));
+    }
   }
 
   // The model's shape: from the file's attributes, else from its parameters (MLR) or the data.

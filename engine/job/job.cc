@@ -258,6 +258,10 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
   if (config.selectUnit == ops::Model::SvgUnit::kStep && config.sync != SyncMode::kSv) {
     spdlog::warn("--select-unit step shapes the SVGs --sync sv sends: --sync {} sends gradients, so it has nothing to do",
                  toString(config.sync));
+  } else if (config.selectUnit == ops::Model::SvgUnit::kStep && config.svRank > 0) {
+    spdlog::warn("--select-unit step picks the (example, step) pairs a selection sends: --sv-rank {} compresses each "
+                 "matrix's whole update, so it has nothing to do",
+                 config.svRank);
   }
   if (transport.size() == 1 && (config.adapt || config.balance)) {
     spdlog::warn("one rank: {} nothing to do (no bytes to budget, no rows to move between ranks)",
@@ -279,6 +283,15 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
     pastTheJob("--rotate-every", config.rotateEvery, "rotates the replicas");
   }
   if (config.lrSchedule == LrScheduleKind::kStep) pastTheJob("--lr-step-every", config.lrStepEvery, "decays --lr");
+  if (transport.size() > 1 && config.balance) {
+    pastTheJob("--balance-every", config.balanceEvery, "moves data between ranks");
+    // A rank keeps at least one chunk: one chunk a rank leaves nothing to move.
+    if (config.chunkRows >= static_cast<int64_t>(shards.train.size())) {
+      spdlog::warn("--chunk-rows {}: rank 0's shard of {} rows is one chunk, and a rank keeps at least one, so "
+                   "--balance can move none (give a chunk fewer rows)",
+                   config.chunkRows, static_cast<int64_t>(shards.train.size()));
+    }
+  }
   if (transport.size() == 1 && config.dropLinks > 0.0) {
     spdlog::warn("one rank: --drop-links {} has no links to drop", config.dropLinks);
   }
@@ -296,6 +309,23 @@ void announce(const TrainConfig& config, comm::Transport& transport, const ops::
                  "updates, so averaging them changes nothing (it only costs the all-reduce; --select, --multicast or "
                  "--consistency ssp let replicas differ)",
                  config.averageEvery);
+  }
+  // --overlap streams each layer's SVs to every peer within the clock; a batch that may
+  // go point to point (SSP, multicast, broken links) or per (example, step) waits for
+  // the backward pass to end.
+  if (config.overlap && config.sync == SyncMode::kSv && transport.size() > 1) {
+    const comm::MulticastSchedule schedule(scheduleConfig(config, transport.size()));
+    const char* why = config.consistency == Consistency::kSsp              ? "--consistency ssp"
+                      : schedule.fanout() < transport.size() - 1           ? "a multicast to fewer than every peer"
+                      : config.dropLinks > 0.0                             ? "--drop-links"
+                      : config.selectUnit == ops::Model::SvgUnit::kStep    ? "--select-unit step"
+                      : model.svSites().empty()                            ? "a model without SV sites"
+                                                                           : nullptr;
+    if (why != nullptr) {
+      spdlog::warn("--overlap: under {} a clock's SVs are sent once the backward pass ends, so it has nothing to "
+                   "overlap",
+                   why);
+    }
   }
   if (config.paramDigests && config.metrics.empty()) {
     spdlog::warn("--param-digests adds each clock's digest to the metrics: without --metrics it has nothing to do");

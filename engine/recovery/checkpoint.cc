@@ -301,9 +301,17 @@ Restored restore(const std::string& dir, const ops::Model& model, uint64_t seed,
 Restored restore(const std::string& dir, int replica, uint64_t clock, ops::Backend& backend) {
   requireCheckpointDir(dir);
   const ckpt::JobInfo job = ckpt::readJobInfo(dir);
-  const int replicas = ckpt::replicaCount(ckpt::readMembership(dir));
+  const std::vector<ckpt::Epoch> epochs = ckpt::readMembership(dir);
+  const int replicas = ckpt::replicaCount(epochs);
   ORPHEUS_CHECK_INPUT(replica >= 0 && replica < replicas, "checkpoint '{}' has no replica {} (it has {})", dir,
                       replica, replicas);
+  // A replica a grow added began as the average at the clock it joined after.
+  const uint64_t joined = ckpt::replicaJoined(epochs, replica);
+  ORPHEUS_CHECK_INPUT(clock == 0 || clock >= joined,
+                      "replica {} of '{}' joined the job after clock {}: it has no clock {} (then the job ran on {} "
+                      "rank{}; restore one of those replicas)",
+                      replica, dir, joined, clock, ckpt::epochAfter(epochs, clock).ranks,
+                      ckpt::epochAfter(epochs, clock).ranks == 1 ? "" : "s");
   const auto model = modelOfJob(job);
   const OptimizerSettings settings = settingsOfJob(job);
   if (clock > 0) return restore(dir, *model, job.seed, settings, replica, clock, backend);

@@ -1,5 +1,6 @@
 #include "ops/cpu/cpu_backend.h"
 
+#include "engine/base/log.h"
 #include "ops/backend_checks.h"
 #include "ops/cpu/elementwise_chain.h"
 #include "ops/cpu/optimizer_step.h"
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <vector>
 
 namespace orpheus::ops::cpu {
 namespace {
@@ -155,25 +157,70 @@ void CpuBackend::gemm(Trans ta, Trans tb, float alpha, const Tensor& a, const Te
   if (ta == Trans::kYes && tb == Trans::kYes) product(am.transpose(), bm.transpose(), alpha, beta, cm);
 }
 
+#ifdef EIGEN_USE_BLAS
+namespace {
+
+// c[:, first, first + cols) += a b[first, first + cols)^T by one sgemm (column-major,
+// c m x n, a m x k, b n x k).
+void sgemmColumns(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, int64_t first,
+                  int64_t cols) {
+  const char transA = 'N', transB = 'T';
+  const float one = 1.0f;
+  const int mi = static_cast<int>(m), ni = static_cast<int>(cols), ki = static_cast<int>(k);
+  const int lda = static_cast<int>(m), ldb = static_cast<int>(n), ldc = static_cast<int>(m);
+  sgemm_(&transA, &transB, &mi, &ni, &ki, &one, a, &lda, b + first, &ldb, &one, c + first * m, &ldc);
+}
+
+// Whether products by tiles of kColumnGrain columns give this machine's BLAS's whole
+// product bit for bit: tried once, on small products of fixed values (a few
+// microseconds), with the BLAS threads of the first call.
+bool tilesSumAsWhole() {
+  static const bool exact = [] {
+    const struct { int64_t m, n, k, tile; } probes[] = {{64, 200, 24, 48}, {37, 301, 40, 96}, {130, 150, 8, 48}};
+    for (const auto& p : probes) {
+      std::vector<float> a(static_cast<size_t>(p.m * p.k)), b(static_cast<size_t>(p.n * p.k));
+      std::vector<float> whole(static_cast<size_t>(p.m * p.n));
+      uint32_t state = 12345;
+      const auto next = [&] {
+        state = state * 1664525u + 1013904223u;
+        return static_cast<float>(state >> 8) / 16777216.0f - 0.5f;
+      };
+      for (float& v : a) v = next();
+      for (float& v : b) v = next();
+      for (float& v : whole) v = next();
+      std::vector<float> tiled = whole;
+      sgemmColumns(a.data(), b.data(), whole.data(), p.m, p.n, p.k, 0, p.n);
+      for (int64_t first = 0; first < p.n; first += p.tile) {
+        sgemmColumns(a.data(), b.data(), tiled.data(), p.m, p.n, p.k, first, std::min(p.tile, p.n - first));
+      }
+      if (std::memcmp(whole.data(), tiled.data(), whole.size() * sizeof(float)) != 0) return false;
+    }
+    return true;
+  }();
+  return exact;
+}
+
+}  // namespace
+#endif
+
 bool gemmByColumnTiles(const Tensor& a, const Tensor& b, Tensor& c, int64_t tileCols,
                        const std::function<void(int64_t first, int64_t cols)>& tileDone) {
 #ifdef EIGEN_USE_BLAS
   const int64_t m = c.rows(), n = c.cols(), k = a.cols();
   if (a.rows() != m || b.rows() != n || b.cols() != k) return false;
-  // Tiles of at least 16 columns: a rest of fewer joins the last whole tile.
-  const int64_t tile = std::clamp<int64_t>(tileCols, 16, std::max<int64_t>(n, 16));
+  // Tiles of a multiple of kColumnGrain columns; a rest of fewer than 16 joins the last
+  // whole tile (every tile starts on a multiple of the grain).
+  const int64_t tile = std::max(kColumnGrain, tileCols / kColumnGrain * kColumnGrain);
   const int64_t full = n / tile, rest = n % tile;
   const int64_t last = full == 0 ? n : (rest == 0 ? tile : (rest >= 16 ? rest : tile + rest));
-  if (!runsAsBlasGemm(m, n, k) || !runsAsBlasGemm(m, tile, k) || !runsAsBlasGemm(m, last, k)) return false;
-  const char transA = 'N', transB = 'T';
-  const float one = 1.0f;
-  const int mi = static_cast<int>(m), ki = static_cast<int>(k), lda = static_cast<int>(m);
-  const int ldb = static_cast<int>(n), ldc = static_cast<int>(m);
+  if (!runsAsBlasGemm(m, n, k) || !runsAsBlasGemm(m, std::min(tile, n), k) || !runsAsBlasGemm(m, last, k)) {
+    return false;
+  }
+  // Threaded, the BLAS splits c's columns among its threads where it likes.
+  if (blasThreads() > 1 || !tilesSumAsWhole()) return false;
   for (int64_t first = 0; first < n;) {
     const int64_t cols = n - first == last ? last : tile;
-    const int ni = static_cast<int>(cols);
-    sgemm_(&transA, &transB, &mi, &ni, &ki, &one, a.data(), &lda, b.data() + first, &ldb, &one,
-           c.data() + first * m, &ldc);
+    sgemmColumns(a.data(), b.data(), c.data(), m, n, k, first, cols);
     tileDone(first, cols);
     first += cols;
   }

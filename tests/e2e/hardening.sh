@@ -32,7 +32,10 @@
 #  - --adapt knobs outside their bounds moved in before the first clock, and a trace that
 #    ends before the job: said on the console;
 #  - an unreadable --adapt-trace: one line, not one a rank;
-#  - a parameter file whose classes attribute disagrees with its W: the attribute named;
+#  - a parameter file whose classes attribute disagrees with its W, or whose features
+#    attribute is negative or past any data's width: the attribute named;
+#  - --overlap where SVs cannot stream, --balance that can move nothing, --select-unit step
+#    under --sv-rank: warned; simulate's --sim-slow that slows nobody: refused;
 #  - --target-accuracy met or not: said on the console, and counted at the last clock;
 #  - a job of one rank trains with any --multicast (nothing to refuse), and under --sync sv
 #    says that no SV leaves it;
@@ -234,6 +237,15 @@ cp "$out/syn.h5" "$out/syn-attr.h5"
   "$out/syn-attr.h5"
 refused "parameter 'W' in '.*syn-attr.h5' has shape 3x20, but model 'mlr' expects 7x20 at the file's attributes features=20, classes=7" \
   -- "$orpheus" eval --params "$out/syn-attr.h5" "${syn[@]}"
+# A features attribute past any data's width, or negative, is named as the file's.
+/usr/bin/python3 -c "import h5py, numpy, sys; f = h5py.File(sys.argv[1], 'r+'); f.attrs['features'] = numpy.int64(3000000000)" \
+  "$out/syn-attr.h5"
+refused "features is too many .*the width of '.*syn-attr.h5''s features attribute, 3000000000" -- "$orpheus" eval \
+  --params "$out/syn-attr.h5" --test "$fix/small.libsvm"
+/usr/bin/python3 -c "import h5py, numpy, sys; f = h5py.File(sys.argv[1], 'r+'); f.attrs['features'] = numpy.int64(-1)" \
+  "$out/syn-attr.h5"
+refused "parameter file '.*syn-attr.h5': its features \(-1\) and classes \(7\) attributes must not be negative" -- \
+  "$orpheus" eval --params "$out/syn-attr.h5" --test "$fix/small.libsvm"
 refused "--format and --features apply to data files; synthetic data" -- "$orpheus" eval --params "$out/syn.h5" \
   "${syn[@]}" --format csv
 # An unreadable --adapt-trace is one line for the job, not one a rank.
@@ -340,6 +352,24 @@ said "warning: one rank: --fanout 3 has no peers to send to" "$orpheus" train --
   --clocks 2 --batch 2 --multicast random --fanout 3
 said "warning: --average-every 2: under BSP, with every SVG sent to every rank, every replica applies the same" \
   "$mpiexec" -n 2 --oversubscribe "$orpheus" train --train "$fix/small.libsvm" --clocks 4 --batch 2 --average-every 2
+# --overlap where a clock's SVs cannot stream; --balance that can move nothing; --select-unit
+# step under --sv-rank.
+said "warning: --overlap: under --consistency ssp a clock's SVs are sent once the backward pass ends" \
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --model "$here/../../examples/mlp.loss" \
+  --train "$fix/small.libsvm" --clocks 2 --batch 2 --overlap on --consistency ssp --staleness 1
+said "warning: --chunk-rows 256: rank 0's shard of [0-9]* rows is one chunk, and a rank keeps at least one" \
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --balance
+said "warning: --balance-every 20 is longer than the job's 2 clocks: it never moves data between ranks" \
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --balance \
+  --chunk-rows 1
+said "warning: --select-unit step picks the (example, step) pairs a selection sends: --sv-rank 1 compresses" \
+  "$mpiexec" -n 2 --oversubscribe "$orpheus" train --model "$out/lstm.loss" --train "$out/tokens" --clocks 2 \
+  --batch 2 --sv-rank 1 --select-unit step
+# simulate's stragglers: a fraction of 0 or a factor of 1 slows nobody.
+refused "--sim-slow: FRACTION in \(0, 1\] and FACTOR > 1 \(else no worker is slowed\)" -- "$orpheus" simulate \
+  --ranks 2 --train "$fix/small.libsvm" --clocks 2 --batch 2 --sim-slow 0:2
+refused "--sim-slow: FRACTION in \(0, 1\] and FACTOR > 1" -- "$orpheus" simulate --ranks 2 --train "$fix/small.libsvm" \
+  --clocks 2 --batch 2 --sim-slow 0.5:1
 said "warning: one rank: --balance has nothing to do" "$orpheus" train --train "$fix/small.libsvm" --clocks 2 \
   --batch 2 --balance
 said "warning: --param-digests adds each clock's digest to the metrics" "$orpheus" train --train "$fix/small.libsvm" \

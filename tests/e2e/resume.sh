@@ -53,3 +53,12 @@ grep -q "has a snapshot of clock 40, past the clock every replica's log reaches 
   "$out/cut.err" || { echo "FAIL (elastic): it did not resume from the snapshot"; cat "$out/cut.err"; exit 1; }
 head -1 "$out/cut.jsonl" | grep -q '"clock": 41,' || { echo "FAIL (elastic): not from clock 41"; head -1 "$out/cut.jsonl"; exit 1; }
 "$orpheus" restore --ckpt-dir "$out/cut" --clock 70 --replica 2 --out "$out/cut70.h5" >/dev/null
+# The replica that joined after clock 40 has no earlier clock: inspect lists none, restore refuses one.
+"$orpheus" inspect "$out/cut" | grep -q "replica 2: clocks 40..70 (via snapshot 40) restorable, .*(joined after clock 40)" ||
+  { echo "FAIL (elastic): inspect of the joined replica"; "$orpheus" inspect "$out/cut"; exit 1; }
+if "$orpheus" restore --ckpt-dir "$out/cut" --clock 32 --replica 2 --out "$out/early2.h5" 2>"$out/early2.err"; then
+  echo "FAIL (elastic): restored replica 2 at clock 32, before it joined"; exit 1
+fi
+grep -q "replica 2 of '.*cut' joined the job after clock 40: it has no clock 32 (then the job ran on 2 ranks" \
+  "$out/early2.err" || { echo "FAIL (elastic): no reason"; cat "$out/early2.err"; exit 1; }
+[ ! -e "$out/early2.h5" ] || { echo "FAIL (elastic): a refused restore wrote --out"; exit 1; }
