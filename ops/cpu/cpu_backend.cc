@@ -171,13 +171,12 @@ void sgemmColumns(const float* a, const float* b, float* c, int64_t m, int64_t n
   sgemm_(&transA, &transB, &mi, &ni, &ki, &one, a, &lda, b + first, &ldb, &one, c + first * m, &ldc);
 }
 
-// Whether products by tiles of kColumnGrain columns give this machine's BLAS's whole
-// product bit for bit: tried once, on small products of fixed values (a few
-// microseconds), with the BLAS threads of the first call.
-bool tilesSumAsWhole() {
-  static const bool exact = [] {
-    const struct { int64_t m, n, k, tile; } probes[] = {{64, 200, 24, 48}, {37, 301, 40, 96}, {130, 150, 8, 48}};
-    for (const auto& p : probes) {
+// Whether tiles of `grain` columns (and of twice that) give the whole product bit for
+// bit on small products of fixed values.
+bool tilesOfGrainSumAsWhole(int64_t grain) {
+  const struct { int64_t m, n, k; } probes[] = {{64, 200, 24}, {37, 301, 40}, {130, 150, 8}};
+  for (const auto& p : probes) {
+    for (const int64_t tile : {grain, 2 * grain}) {
       std::vector<float> a(static_cast<size_t>(p.m * p.k)), b(static_cast<size_t>(p.n * p.k));
       std::vector<float> whole(static_cast<size_t>(p.m * p.n));
       uint32_t state = 12345;
@@ -190,34 +189,49 @@ bool tilesSumAsWhole() {
       for (float& v : whole) v = next();
       std::vector<float> tiled = whole;
       sgemmColumns(a.data(), b.data(), whole.data(), p.m, p.n, p.k, 0, p.n);
-      for (int64_t first = 0; first < p.n; first += p.tile) {
-        sgemmColumns(a.data(), b.data(), tiled.data(), p.m, p.n, p.k, first, std::min(p.tile, p.n - first));
+      for (int64_t first = 0; first < p.n; first += tile) {
+        sgemmColumns(a.data(), b.data(), tiled.data(), p.m, p.n, p.k, first, std::min(tile, p.n - first));
       }
       if (std::memcmp(whole.data(), tiled.data(), whole.size() * sizeof(float)) != 0) return false;
     }
-    return true;
-  }();
-  return exact;
+  }
+  return true;
 }
 
 }  // namespace
 #endif
+
+int64_t columnGrain() {
+#ifdef EIGEN_USE_BLAS
+  // Tried once (about a millisecond), with the BLAS threads of the first call.
+  static const int64_t grain = [] {
+    for (const int64_t g : {4, 8, 12, 16, 24, 48}) {
+      if (tilesOfGrainSumAsWhole(g)) return g;
+    }
+    return int64_t{0};
+  }();
+  return grain;
+#else
+  return 0;
+#endif
+}
 
 bool gemmByColumnTiles(const Tensor& a, const Tensor& b, Tensor& c, int64_t tileCols,
                        const std::function<void(int64_t first, int64_t cols)>& tileDone) {
 #ifdef EIGEN_USE_BLAS
   const int64_t m = c.rows(), n = c.cols(), k = a.cols();
   if (a.rows() != m || b.rows() != n || b.cols() != k) return false;
-  // Tiles of a multiple of kColumnGrain columns; a rest of fewer than 16 joins the last
-  // whole tile (every tile starts on a multiple of the grain).
-  const int64_t tile = std::max(kColumnGrain, tileCols / kColumnGrain * kColumnGrain);
+  // Threaded, the BLAS splits c's columns among its threads where it likes.
+  const int64_t grain = blasThreads() > 1 ? 0 : columnGrain();
+  if (grain == 0) return false;
+  // Tiles of a multiple of the grain, at least 16 columns; a rest of fewer than 16
+  // joins the last whole tile (every tile starts on a multiple of the grain).
+  const int64_t tile = std::max((16 + grain - 1) / grain * grain, tileCols / grain * grain);
   const int64_t full = n / tile, rest = n % tile;
   const int64_t last = full == 0 ? n : (rest == 0 ? tile : (rest >= 16 ? rest : tile + rest));
   if (!runsAsBlasGemm(m, n, k) || !runsAsBlasGemm(m, std::min(tile, n), k) || !runsAsBlasGemm(m, last, k)) {
     return false;
   }
-  // Threaded, the BLAS splits c's columns among its threads where it likes.
-  if (blasThreads() > 1 || !tilesSumAsWhole()) return false;
   for (int64_t first = 0; first < n;) {
     const int64_t cols = n - first == last ? last : tile;
     sgemmColumns(a.data(), b.data(), c.data(), m, n, k, first, cols);

@@ -70,19 +70,20 @@ Tensor view(const Eigen::PlainObjectBase<Derived>& m) {
 SparseTensor view(const Eigen::SparseMatrix<float, Eigen::ColMajor, int32_t>& s);
 
 // c += a b^T (host tensors: a m x k, b n x k, c m x n), one tile of about `tileCols`
-// (a multiple of kColumnGrain) of c's columns after another, calling tileDone(first,
+// (a multiple of columnGrain()) of c's columns after another, calling tileDone(first,
 // cols) as soon as a tile holds its final sums: what CpuBackend::gemm(kNo, kYes, 1,
 // a, b, 1, c) gives, bit for bit. Done only where that product and every tile run as
-// one BLAS sgemm on one thread, and where this machine's BLAS sums an element the
-// same whichever tile holds its column (tried once, on small products); false, and
+// one BLAS sgemm on one thread, and where this machine's BLAS has a grain; false, and
 // nothing done, elsewhere (tests/ops/rebuild_test.cc).
 bool gemmByColumnTiles(const Tensor& a, const Tensor& b, Tensor& c, int64_t tileCols,
                        const std::function<void(int64_t first, int64_t cols)>& tileDone);
-// OpenBLAS's sgemm walks c's columns in blocks of three times its kernel's column
-// unroll (12 for its Haswell and Zen kernels), each width of block running its own
-// code, whose sums may round differently: a tile that starts on a multiple of every
-// such block (tiles of 16 or 17 columns do not) keeps each column in the block it has
-// in the whole product.
-inline constexpr int64_t kColumnGrain = 48;
+// The fewest columns (of 4, 8, 12, 16, 24, 48) such that tiles starting on their
+// multiples sum each element as this machine's BLAS's whole product does, found once
+// on small products; 0: none (or no BLAS). OpenBLAS's sgemm walks c's columns in
+// blocks of three times its kernel's column unroll (12 for its Haswell and Zen
+// kernels), each width of block running its own code, whose sums may round
+// differently: a tile that starts on a multiple of every such block keeps each column
+// in the block it has in the whole product (tiles of 16 columns do not, there).
+int64_t columnGrain();
 
 }  // namespace orpheus::ops::cpu

@@ -284,8 +284,10 @@ for multicast in random ring fixed; do
 done
 # Flags that shape nothing in a job are said on the console (warned: a resumed job repeats its record's flags).
 said() {
-  local pattern=$1; shift
-  "$@" --progress off --log-level warn 2>&1 >/dev/null | grep -q -- "$pattern" || { echo "FAIL: no '$pattern' from $*"; fail=1; }
+  local pattern=$1 err; shift
+  # Read whole first: grep -q on a pipe may leave before the job ends, which then dies of SIGPIPE.
+  err=$("$@" --progress off --log-level warn 2>&1 >/dev/null)
+  grep -q -- "$pattern" <<<"$err" || { echo "FAIL: no '$pattern' from $*"; fail=1; }
 }
 # --resume sets a damaged segment aside by name, not without a word (here the snapshot of clock 60 is the
 # resume point, so nothing is redone).
@@ -425,13 +427,16 @@ kill -9 "$killed"; wait "$killed" 2>/dev/null
 [ "$(cat "$out/live.jsonl.prev" 2>&1)" = '{"an earlier job": 2}' ] && grep -q '"clock": 1,' "$out/live.jsonl" ||
   { echo "FAIL: a job that was killed lost the earlier --metrics file"; fail=1; }
 # The next job keeps that FILE.prev (the failed job's partial file is what it replaces).
-"$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --metrics "$out/live.jsonl" --progress off 2>&1 |
-  grep -q -- "the earlier '$out/live.jsonl.prev' stays until this job ends well" ||
+# (Output to a file, not a pipe into grep -q, whose early exit would end the job.)
+"$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --metrics "$out/live.jsonl" --progress off \
+  >"$out/live.out" 2>&1
+grep -q -- "the earlier '$out/live.jsonl.prev' stays until this job ends well" "$out/live.out" ||
   { echo "FAIL: --metrics did not say it kept the earlier file"; fail=1; }
 [ ! -e "$out/live.jsonl.prev" ] && [ "$(grep -c '"clock": [12],' "$out/live.jsonl")" -eq 2 ] ||
   { echo "FAIL: a job that ended well kept --metrics' earlier file"; fail=1; }
-"$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --metrics "$out/live.jsonl" --progress off 2>&1 |
-  grep -q -- "the earlier '$out/live.jsonl' is kept as '$out/live.jsonl.prev' until this job ends well" ||
+"$orpheus" train --train "$fix/small.libsvm" --clocks 2 --batch 2 --metrics "$out/live.jsonl" --progress off \
+  >"$out/live.out" 2>&1
+grep -q -- "the earlier '$out/live.jsonl' is kept as '$out/live.jsonl.prev' until this job ends well" "$out/live.out" ||
   { echo "FAIL: --metrics did not say it set the earlier file aside"; fail=1; }
 [ ! -e "$out/live.jsonl.prev" ] || { echo "FAIL: a job that ended well kept --metrics' earlier file"; fail=1; }
 # From the first clock the model is named before the learning rate, and a weight decay is named.
